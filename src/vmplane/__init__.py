@@ -1,0 +1,3 @@
+"""vmplane: a control plane for KVM clusters."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The REST API (FastAPI): one router per noun under /api/v1."""

@@ -1,0 +1,36 @@
+"""The FastAPI application: routers, error mapping, health and metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .. import __version__
+from ..orchestrator import Orchestrator
+from .errors import install_error_handlers
+from .routers import hosts, offerings, operations, projects, settings, vms, zones
+from .schemas import ErrorBody
+
+ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 409, 422)}
+
+
+def create_app(orch: Orchestrator) -> FastAPI:
+    app = FastAPI(title="vmplane", version=__version__, responses=ERRORS,
+                  description="Control plane for KVM clusters: migration-neutral quotas, live scaling.")
+    app.state.orchestrator = orch
+    install_error_handlers(app)
+    api = APIRouter(prefix="/api/v1")
+    for module in (zones, hosts, projects, offerings, settings, vms, operations):
+        api.include_router(module.router)
+    app.include_router(api)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict:
+        return {"status": "ok", "version": __version__, "hosts": len(orch.index)}
+
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,62 @@
+"""Maps every error to {"error", "message", "field"} once, for the whole app."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import VmplaneError
+
+log = logging.getLogger("vmplane.api")
+
+
+def _field_of(loc: tuple) -> str | None:
+    names = [str(part) for part in loc if isinstance(part, str) and part not in ("body", "query", "path")]
+    # pydantic adds the type tag of a union member ("int", "str") after the field name
+    names = [n for n in names if n not in ("int", "str", "float", "bool", "function-after[...]")]
+    return names[0] if names else None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(VmplaneError)
+    async def vmplane_error(_: Request, exc: VmplaneError):
+        return JSONResponse(exc.as_dict(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        field = _field_of(tuple(first.get("loc", ())))
+        if first.get("type") == "json_invalid":
+            message = "the request body is not valid JSON"
+        elif first.get("type") == "extra_forbidden":
+            message = f"{field}: unknown field"
+        elif first.get("type") == "missing":
+            message = f"{field}: field required"
+        else:
+            message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+        return JSONResponse({"error": "invalid", "message": message, "field": field}, status_code=422)
+
+    @app.exception_handler(IntegrityError)
+    async def integrity_error(_: Request, exc: IntegrityError):
+        # Two concurrent creates of one name on a database without a write lock (PostgreSQL).
+        return JSONResponse({"error": "already_exists", "message": "a record with this name already exists",
+                             "field": "name"}, status_code=409)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "error")
+        return JSONResponse({"error": code, "message": str(exc.detail)}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return JSONResponse({"error": "internal", "message": f"internal error: {type(exc).__name__}"},
+                            status_code=500)

@@ -1,0 +1,63 @@
+"""VMs: create, start, stop, delete, read. Long work returns 202 with an operation."""
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from ...orchestrator import Admitted
+from ..deps import AnyCaller, Caller, Orch
+from ..schemas import VmAccepted, VmCreate, VmOut
+from ..views import operation_out, vm_out
+
+router = APIRouter(tags=["vms"])
+
+
+def _accepted(orch, admitted: Admitted, created: bool = False) -> JSONResponse:
+    op = orch.operation(admitted.operation_id) if admitted.operation_id else None
+    body = VmAccepted(vm=vm_out(admitted.vm), operation=operation_out(op))
+    status = 202 if op is not None else (201 if created else 200)
+    return JSONResponse(body.model_dump(mode="json"), status_code=status)
+
+
+def _own_vm(orch, who: Caller, name: str):
+    vm = orch.vm(name)
+    who.check_project(vm.project_id, "vm", name)
+    return vm
+
+
+@router.post("/vms", status_code=201, response_model=VmAccepted,
+             responses={202: {"model": VmAccepted, "description": "created and starting"}})
+def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
+    if not who.is_admin:
+        who.check_project(orch.catalog.project(body.project).id, "project", body.project)
+    admitted = orch.create_vm(body.name, body.project, body.offering, body.template, vcpus=body.vcpus,
+                              memory_mib=body.memory_mib, dynamically_scalable=body.dynamically_scalable,
+                              start=body.start)
+    return _accepted(orch, admitted, created=True)
+
+
+@router.get("/vms", response_model=list[VmOut])
+def list_vms(orch: Orch, who: AnyCaller, project: str | None = None):
+    return [vm_out(v) for v in orch.vms(project) if who.is_admin or v.project_id == who.project_id]
+
+
+@router.get("/vms/{name}", response_model=VmOut)
+def show_vm(name: str, orch: Orch, who: AnyCaller):
+    return vm_out(_own_vm(orch, who, name))
+
+
+@router.post("/vms/{name}/start", status_code=202, response_model=VmAccepted)
+def start_vm(name: str, orch: Orch, who: AnyCaller):
+    _own_vm(orch, who, name)
+    return _accepted(orch, orch.start_vm(name))
+
+
+@router.post("/vms/{name}/stop", status_code=202, response_model=VmAccepted)
+def stop_vm(name: str, orch: Orch, who: AnyCaller):
+    _own_vm(orch, who, name)
+    return _accepted(orch, orch.stop_vm(name))
+
+
+@router.delete("/vms/{name}", status_code=204)
+def delete_vm(name: str, orch: Orch, who: AnyCaller):
+    _own_vm(orch, who, name)
+    orch.delete_vm(name)

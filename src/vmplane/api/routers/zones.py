@@ -1,0 +1,29 @@
+"""Zones and clusters."""
+
+from fastapi import APIRouter
+
+from ..deps import Admin, Orch
+from ..schemas import ClusterCreate, ClusterOut, ZoneCreate, ZoneOut
+
+router = APIRouter(tags=["zones and clusters"])
+
+
+@router.post("/zones", status_code=201, response_model=ZoneOut)
+def create_zone(body: ZoneCreate, orch: Orch, _: Admin):
+    return ZoneOut(name=orch.catalog.create_zone(body.name).name)
+
+
+@router.get("/zones", response_model=list[ZoneOut])
+def list_zones(orch: Orch, _: Admin):
+    return [ZoneOut(name=z.name) for z in orch.catalog.zones()]
+
+
+@router.post("/clusters", status_code=201, response_model=ClusterOut)
+def create_cluster(body: ClusterCreate, orch: Orch, _: Admin):
+    c = orch.catalog.create_cluster(body.name, body.zone)
+    return ClusterOut(name=c.name, zone=c.zone.name)
+
+
+@router.get("/clusters", response_model=list[ClusterOut])
+def list_clusters(orch: Orch, _: Admin):
+    return [ClusterOut(name=c.name, zone=c.zone.name) for c in orch.catalog.clusters()]

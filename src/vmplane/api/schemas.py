@@ -1,0 +1,235 @@
+"""Request and response bodies of the REST API (kept apart from the storage models)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+Name = Annotated[str, Field(min_length=1, max_length=63, description="lowercase letters, digits and '-'")]
+Positive = Annotated[StrictInt, Field(gt=0)]
+NonNegative = Annotated[StrictInt, Field(ge=0)]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Response(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    field: str | None = None
+
+
+# -- zones, clusters, hosts --------------------------------------------------------------------
+class ZoneCreate(Request):
+    name: Name
+
+
+class ZoneOut(Response):
+    name: str
+
+
+class ClusterCreate(Request):
+    name: Name
+    zone: Name
+
+
+class ClusterOut(Response):
+    name: str
+    zone: str
+
+
+class HostCreate(Request):
+    name: Name
+    cluster: Name
+    driver: Literal["sim", "libvirt"] = "sim"
+    cores: Positive | None = None
+    cpu_mhz: Positive | None = None
+    memory_mib: Positive | None = None
+    uri: Annotated[str, Field(max_length=1024)] | None = None
+
+
+class HostOut(Response):
+    name: str
+    cluster: str
+    zone: str
+    driver: str
+    uri: str | None
+    state: str
+    cores: int
+    cpu_mhz: int
+    memory_mib: int
+    vcpus_capacity: int
+    memory_capacity_mib: int
+    used_vcpus: int
+    used_memory_mib: int
+
+
+# -- projects ----------------------------------------------------------------------------------
+class ProjectCreate(Request):
+    name: Name
+    vcpus: NonNegative
+    memory_mib: NonNegative
+    vms: NonNegative = 100
+    count_overhead: StrictBool = False
+    max_concurrent_migrations: Positive | None = None
+
+
+class QuotaUpdate(Request):
+    vcpus: NonNegative | None = None
+    memory_mib: NonNegative | None = None
+    vms: NonNegative | None = None
+    count_overhead: StrictBool | None = None
+    max_concurrent_migrations: NonNegative | None = Field(None, description="0 = unlimited")
+
+
+class ResourceUsage(BaseModel):
+    used: int
+    quota: int
+    percent: float
+
+
+class ProjectOut(Response):
+    name: str
+    quota: dict[str, int]
+    usage: dict[str, int]
+    count_overhead: bool
+    max_concurrent_migrations: int | None
+
+
+class UsageOut(BaseModel):
+    project: str
+    count_overhead: bool
+    vcpus: ResourceUsage
+    memory_mib: ResourceUsage
+    vms: ResourceUsage
+    consistent: bool = Field(description="the ledger equals the usage recomputed from the VMs")
+
+
+# -- offerings and templates -------------------------------------------------------------------
+class OfferingCreate(Request):
+    name: Name
+    kind: Literal["fixed", "custom-constrained", "custom-unconstrained"]
+    vcpus: Positive | None = None
+    memory_mib: Positive | None = None
+    min_vcpus: Positive | None = None
+    max_vcpus: Positive | None = None
+    min_memory_mib: Positive | None = None
+    max_memory_mib: Positive | None = None
+    cpu_speed_mhz: Positive = 1000
+    cpu_cap: StrictBool = False
+    dynamic_scaling: StrictBool = False
+
+
+class OfferingOut(Response):
+    name: str
+    kind: str
+    vcpus: int | None
+    memory_mib: int | None
+    min_vcpus: int | None
+    max_vcpus: int | None
+    min_memory_mib: int | None
+    max_memory_mib: int | None
+    cpu_speed_mhz: int
+    cpu_cap: bool
+    dynamic_scaling: bool
+
+
+class TemplateCreate(Request):
+    name: Name
+    image: Annotated[str, Field(min_length=1, max_length=1024)]
+    dynamically_scalable: StrictBool = False
+
+
+class TemplateOut(Response):
+    name: str
+    image: str
+    dynamically_scalable: bool
+
+
+# -- settings ----------------------------------------------------------------------------------
+class SettingSet(Request):
+    value: Annotated[str, Field(max_length=256)] | StrictInt | float | StrictBool
+    scope: Literal["global", "zone", "cluster"] = "global"
+    scope_name: Name | None = None
+
+
+class SettingOut(BaseModel):
+    key: str
+    value: object
+    source: str
+    default: object
+    scope: str
+    scope_name: str | None
+    narrowest_scope: str
+    description: str
+
+
+# -- VMs and operations ------------------------------------------------------------------------
+class VmCreate(Request):
+    name: Name
+    project: Name
+    offering: Name
+    template: Name
+    vcpus: Positive | None = None
+    memory_mib: Positive | None = None
+    dynamically_scalable: StrictBool = True
+    start: StrictBool = False
+
+
+class VmOut(Response):
+    name: str
+    project: str
+    offering: str
+    template: str
+    state: str
+    host: str | None
+    vcpus: int
+    memory_mib: int
+    max_vcpus: int | None
+    max_memory_mib: int | None
+    overhead_mib: int
+    dynamically_scalable: bool
+    created_at: dt.datetime
+
+
+class OperationOut(Response):
+    id: str
+    kind: str
+    target: str
+    state: str
+    step: str
+    progress: int
+    message: str
+    result: dict | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class VmAccepted(BaseModel):
+    vm: VmOut
+    operation: OperationOut | None = None
+
+
+class TokenCreate(Request):
+    name: Name
+    role: Literal["admin", "member"] = "member"
+    project: Name | None = None
+
+
+class TokenOut(BaseModel):
+    name: str
+    role: str
+    project: str | None
+    token: str = Field(description="shown once; only its hash is stored")
+
+
+class AuditOut(BaseModel):
+    ok: bool
+    problems: list[str]

@@ -1,0 +1,306 @@
+"""Admin objects in the store: zones, clusters, projects, offerings, templates, settings, tokens.
+
+Thin: validation rules are in names/offerings/settings/quota; this module reads and writes rows.
+VM lifecycle and hosts (which need drivers) are the orchestrator's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+from typing import Callable
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from . import settings as settings_rules
+from .errors import AlreadyExists, Invalid, NotFound, Unauthorized
+from .model import CHARGED_STATES, Offering as OfferingData, OfferingKind, Quota, Size, Usage, VmState
+from .names import check_name
+from .offerings import validate_offering
+from .quota import check_quota_change, recompute_usage, running_charge
+from .store import Database
+from .store.schema import Cluster, Host, Offering, Project, Setting, Template, Token, Vm, Zone
+
+
+def get_by_name(s: Session, model, name: str, field: str | None = None, for_update: bool = False):
+    stmt = select(model).where(model.name == name)
+    if for_update:
+        stmt = stmt.with_for_update()
+    row = s.execute(stmt).unique().scalar_one_or_none()
+    if row is None:
+        noun = model.__tablename__.rstrip("s")
+        raise NotFound(f"{noun} {name!r} does not exist", field=field or noun)
+    return row
+
+
+def ensure_new(s: Session, model, name: str, field: str = "name") -> None:
+    check_name(name, field)
+    if s.execute(select(model.id).where(model.name == name)).first() is not None:
+        noun = model.__tablename__.rstrip("s")
+        raise AlreadyExists(f"{noun} {name!r} already exists", field=field)
+
+
+def offering_data(o: Offering) -> OfferingData:
+    return OfferingData(o.name, OfferingKind(o.kind), o.vcpus, o.memory_mib, o.min_vcpus, o.max_vcpus,
+                        o.min_memory_mib, o.max_memory_mib, o.cpu_speed_mhz, o.cpu_cap, o.dynamic_scaling)
+
+
+def quota_of(p: Project) -> Quota:
+    return Quota(p.quota_vcpus, p.quota_memory_mib, p.quota_vms)
+
+
+def ledger_of(p: Project) -> Usage:
+    return Usage(p.used_vcpus, p.used_memory_mib, p.used_vms)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Catalog:
+    def __init__(self, db: Database, on_settings_changed: Callable[[], None] = lambda: None):
+        self.db = db
+        self._on_settings_changed = on_settings_changed
+        self._settings_cache: dict[str, dict[tuple[str, str | None], str]] | None = None
+        self._cache_lock = threading.Lock()
+
+    # -- zones and clusters -------------------------------------------------------------------
+    def create_zone(self, name: str) -> Zone:
+        with self.db.write() as s:
+            ensure_new(s, Zone, name)
+            zone = Zone(name=name)
+            s.add(zone)
+        return zone
+
+    def zones(self) -> list[Zone]:
+        with self.db.read() as s:
+            return list(s.scalars(select(Zone).order_by(Zone.name)))
+
+    def create_cluster(self, name: str, zone: str) -> Cluster:
+        with self.db.write() as s:
+            ensure_new(s, Cluster, name)
+            z = get_by_name(s, Zone, zone, field="zone")
+            cluster = Cluster(name=name, zone_id=z.id)
+            s.add(cluster)
+            s.flush()
+            s.refresh(cluster)
+        return cluster
+
+    def clusters(self) -> list[Cluster]:
+        with self.db.read() as s:
+            return list(s.scalars(select(Cluster).order_by(Cluster.name)).unique())
+
+    # -- projects ------------------------------------------------------------------------------
+    def create_project(self, name: str, vcpus: int, memory_mib: int, vms: int, count_overhead: bool = False,
+                       max_concurrent_migrations: int | None = None) -> Project:
+        for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib), ("vms", vms)):
+            if value < 0:
+                raise Invalid(f"quota {field} must be 0 or more, got {value}", field=field)
+        if max_concurrent_migrations is not None and max_concurrent_migrations <= 0:
+            raise Invalid("max_concurrent_migrations must be greater than 0 (leave it out for unlimited)",
+                          field="max_concurrent_migrations")
+        with self.db.write() as s:
+            ensure_new(s, Project, name)
+            p = Project(name=name, quota_vcpus=vcpus, quota_memory_mib=memory_mib, quota_vms=vms,
+                        count_overhead=count_overhead, max_concurrent_migrations=max_concurrent_migrations,
+                        used_vcpus=0, used_memory_mib=0, used_vms=0)
+            s.add(p)
+        return p
+
+    def projects(self) -> list[Project]:
+        with self.db.read() as s:
+            return list(s.scalars(select(Project).order_by(Project.name)))
+
+    def project(self, name: str) -> Project:
+        with self.db.read() as s:
+            return get_by_name(s, Project, name, field="project")
+
+    def set_quota(self, name: str, vcpus: int | None = None, memory_mib: int | None = None,
+                  vms: int | None = None, count_overhead: bool | None = None,
+                  max_concurrent_migrations: int | None = None) -> Project:
+        """Change a quota. Lowering below usage is refused; changing count_overhead re-charges every
+        running VM in the same transaction (and is refused if that no longer fits)."""
+        for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib), ("vms", vms)):
+            if value is not None and value < 0:
+                raise Invalid(f"quota {field} must be 0 or more, got {value}", field=field)
+        if max_concurrent_migrations is not None and max_concurrent_migrations < 0:
+            raise Invalid("max_concurrent_migrations must be 0 (unlimited) or more", field="max_concurrent_migrations")
+        with self.db.write() as s:
+            p = get_by_name(s, Project, name, field="project", for_update=True)
+            new = Quota(vcpus if vcpus is not None else p.quota_vcpus,
+                        memory_mib if memory_mib is not None else p.quota_memory_mib,
+                        vms if vms is not None else p.quota_vms)
+            ledger = ledger_of(p)
+            if count_overhead is not None and count_overhead != p.count_overhead:
+                ledger = self._recharge(s, p, count_overhead)
+            check_quota_change(p.name, new, ledger)
+            p.quota_vcpus, p.quota_memory_mib, p.quota_vms = new.vcpus, new.memory_mib, new.vms
+            if count_overhead is not None:
+                p.count_overhead = count_overhead
+            if max_concurrent_migrations is not None:
+                p.max_concurrent_migrations = max_concurrent_migrations or None
+        return p
+
+    @staticmethod
+    def _recharge(s: Session, p: Project, count_overhead: bool) -> Usage:
+        vms = list(s.scalars(select(Vm).where(Vm.project_id == p.id)).unique())
+        for vm in vms:
+            if VmState(vm.state) in CHARGED_STATES:
+                charge = running_charge(Size(vm.vcpus, vm.memory_mib), vm.overhead_mib, count_overhead)
+                vm.charged_vcpus, vm.charged_memory_mib = charge.vcpus, charge.memory_mib
+        usage = recompute_usage(((VmState(v.state), Size(v.vcpus, v.memory_mib), v.overhead_mib) for v in vms),
+                                count_overhead)
+        p.used_vcpus, p.used_memory_mib, p.used_vms = usage.vcpus, usage.memory_mib, usage.vms
+        return usage
+
+    def recomputed_usage(self, s: Session, p: Project) -> Usage:
+        rows = s.execute(select(Vm.state, Vm.vcpus, Vm.memory_mib, Vm.overhead_mib).where(Vm.project_id == p.id))
+        return recompute_usage(((VmState(st), Size(c, m), o) for st, c, m, o in rows), p.count_overhead)
+
+    # -- offerings and templates ---------------------------------------------------------------
+    def create_offering(self, data: OfferingData) -> Offering:
+        check_name(data.name)
+        validate_offering(data)
+        with self.db.write() as s:
+            ensure_new(s, Offering, data.name)
+            row = Offering(name=data.name, kind=data.kind.value, vcpus=data.vcpus, memory_mib=data.memory_mib,
+                           min_vcpus=data.min_vcpus, max_vcpus=data.max_vcpus, min_memory_mib=data.min_memory_mib,
+                           max_memory_mib=data.max_memory_mib, cpu_speed_mhz=data.cpu_speed_mhz,
+                           cpu_cap=data.cpu_cap, dynamic_scaling=data.dynamic_scaling)
+            s.add(row)
+        return row
+
+    def offerings(self) -> list[Offering]:
+        with self.db.read() as s:
+            return list(s.scalars(select(Offering).order_by(Offering.name)))
+
+    def offering(self, name: str) -> Offering:
+        with self.db.read() as s:
+            return get_by_name(s, Offering, name, field="offering")
+
+    def create_template(self, name: str, image: str, dynamically_scalable: bool = False) -> Template:
+        if not image or len(image) > 1024 or any(c in image for c in "\0\n\r<>&'\""):
+            raise Invalid("image must be a non-empty name or path without quotes, angle brackets or "
+                          "control characters", field="image")
+        with self.db.write() as s:
+            ensure_new(s, Template, name)
+            row = Template(name=name, image=image, dynamically_scalable=dynamically_scalable)
+            s.add(row)
+        return row
+
+    def templates(self) -> list[Template]:
+        with self.db.read() as s:
+            return list(s.scalars(select(Template).order_by(Template.name)))
+
+    def template(self, name: str) -> Template:
+        with self.db.read() as s:
+            return get_by_name(s, Template, name, field="template")
+
+    # -- settings ------------------------------------------------------------------------------
+    def _scope_exists(self, s: Session, scope: str, scope_name: str | None) -> str:
+        if scope == "global":
+            if scope_name:
+                raise Invalid("global settings take no zone or cluster", field="scope")
+            return ""
+        if not scope_name:
+            raise Invalid(f"{scope} scope needs a {scope} name", field=scope)
+        get_by_name(s, Zone if scope == "zone" else Cluster, scope_name, field=scope)
+        return scope_name
+
+    def set_setting(self, key: str, value: str, scope: str = "global", scope_name: str | None = None) -> dict:
+        settings_rules.parse_value(key, scope, value)
+        with self.db.write() as s:
+            name = self._scope_exists(s, scope, scope_name)
+            row = s.execute(select(Setting).where(Setting.key == key, Setting.scope == scope,
+                                                  Setting.scope_name == name)).scalar_one_or_none()
+            if row is None:
+                s.add(Setting(key=key, scope=scope, scope_name=name, value=str(value)))
+            else:
+                row.value = str(value)
+        with self._cache_lock:
+            self._settings_cache = None
+        self._on_settings_changed()
+        return self.get_setting(key, scope, scope_name)
+
+    def _all_settings(self) -> dict[str, dict[tuple[str, str | None], str]]:
+        with self._cache_lock:
+            if self._settings_cache is None:
+                cache: dict[str, dict[tuple[str, str | None], str]] = {}
+                with self.db.read() as s:
+                    for row in s.scalars(select(Setting)):
+                        cache.setdefault(row.key, {})[(row.scope, row.scope_name or None)] = row.value
+                self._settings_cache = cache
+            return self._settings_cache
+
+    def effective(self, key: str, zone: str | None = None, cluster: str | None = None) -> object:
+        return settings_rules.resolve(key, self._all_settings().get(key, {}), zone=zone, cluster=cluster)
+
+    def get_setting(self, key: str, scope: str = "global", scope_name: str | None = None) -> dict:
+        spec = settings_rules.setting_key(key)
+        zone = cluster = None
+        with self.db.read() as s:
+            name = self._scope_exists(s, scope, scope_name)
+            if scope == "cluster":
+                cluster = name
+                zone = get_by_name(s, Cluster, name, field="cluster").zone.name
+            elif scope == "zone":
+                zone = name
+        values = self._all_settings().get(key, {})
+        source = "default"
+        for sc, nm in (("cluster", cluster), ("zone", zone), ("global", None)):
+            if (sc == "global" or nm) and (sc, nm) in values:
+                source = sc if sc == "global" else f"{sc} {nm}"
+                break
+        return {"key": key, "value": settings_rules.resolve(key, values, zone=zone, cluster=cluster),
+                "source": source, "default": spec.default, "scope": scope, "scope_name": scope_name,
+                "narrowest_scope": spec.narrowest_scope, "description": spec.description}
+
+    def list_settings(self) -> list[dict]:
+        values = self._all_settings()
+        out = []
+        for key, spec in sorted(settings_rules.KEYS.items()):
+            out.append({"key": key, "default": spec.default, "narrowest_scope": spec.narrowest_scope,
+                        "description": spec.description,
+                        "values": [{"scope": sc, "scope_name": nm, "value": v}
+                                   for (sc, nm), v in sorted(values.get(key, {}).items(), key=str)]})
+        return out
+
+    # -- tokens --------------------------------------------------------------------------------
+    def create_token(self, name: str, role: str = "admin", project: str | None = None,
+                     token: str | None = None) -> str:
+        """Store a token (hashed) and return its clear text, which is shown once."""
+        if role not in ("admin", "member"):
+            raise Invalid("role must be admin or member", field="role")
+        token = token or secrets.token_urlsafe(32)
+        with self.db.write() as s:
+            ensure_new(s, Token, name)
+            project_id = get_by_name(s, Project, project, field="project").id if project else None
+            if role == "member" and project_id is None:
+                raise Invalid("a member token needs a project", field="project")
+            s.add(Token(name=name, token_hash=hash_token(token), role=role, project_id=project_id))
+        return token
+
+    def ensure_admin_token(self, name: str, token: str) -> None:
+        """Make `token` the admin token called `name` (used by `vmplane up` at every start)."""
+        with self.db.write() as s:
+            row = s.execute(select(Token).where(Token.name == name)).scalar_one_or_none()
+            if row is None:
+                s.add(Token(name=name, token_hash=hash_token(token), role="admin"))
+            else:
+                row.token_hash, row.role, row.project_id = hash_token(token), "admin", None
+
+    def authenticate(self, token: str) -> Token:
+        with self.db.read() as s:
+            row = s.execute(select(Token).where(Token.token_hash == hash_token(token))).scalar_one_or_none()
+        if row is None:
+            raise Unauthorized("the bearer token is not valid")
+        return row
+
+    def count(self, model) -> int:
+        with self.db.read() as s:
+            return s.scalar(select(func.count()).select_from(model)) or 0
+
+
+__all__ = ["Catalog", "get_by_name", "ensure_new", "offering_data", "quota_of", "ledger_of", "Host"]

@@ -1,0 +1,1 @@
+"""Hypervisor drivers behind one interface: sim (in-memory) and, later, libvirt."""

@@ -1,0 +1,146 @@
+"""The hypervisor driver interface: what the orchestrator asks of a host, designed around libvirt.
+
+One driver object speaks to one host. Sizes are MiB and vCPUs; a CPU cap is a CFS period/quota
+applied per vCPU. Methods raise DriverError with a message naming the host.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+class DriverError(Exception):
+    """A host refused or failed a request; `host` says which."""
+
+    def __init__(self, host: str, message: str):
+        super().__init__(f"{host}: {message}")
+        self.host = host
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    cores: int
+    cpu_mhz: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class CpuCap:
+    """CFS bandwidth applied to each vCPU: quota_us of CPU time every period_us."""
+
+    period_us: int
+    quota_us: int
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    """Everything a host needs to run a VM. `max_*` is the live-scaling ceiling (== current when
+    the VM is not prepared)."""
+
+    name: str
+    vcpus: int
+    max_vcpus: int
+    memory_mib: int
+    max_memory_mib: int
+    image: str
+    cpu_cap: CpuCap | None = None
+
+    @property
+    def prepared(self) -> bool:
+        return self.max_vcpus > self.vcpus or self.max_memory_mib > self.memory_mib
+
+
+@dataclass(frozen=True)
+class DomainInfo:
+    name: str
+    running: bool
+    vcpus: int
+    memory_mib: int
+    cpu_cap: CpuCap | None = None
+
+
+@dataclass(frozen=True)
+class GuestView:
+    """What the guest itself reports: online vCPUs and MemTotal."""
+
+    vcpus_online: int
+    memtotal_kib: int
+
+
+@dataclass(frozen=True)
+class MigrationParams:
+    bandwidth_mib_s: int | None = None
+    max_downtime_ms: int | None = None
+    postcopy: bool = False
+    postcopy_after_s: float | None = None
+    parallel_connections: int | None = None
+
+
+@dataclass
+class MigrationStats:
+    total_ms: int = 0
+    downtime_ms: int = 0
+    bytes_sent: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+ProgressCallback = Callable[[int, str], None]     # (percent 0..100, message)
+
+
+class Driver(abc.ABC):
+    """One host's hypervisor."""
+
+    kind: str = "abstract"
+
+    def __init__(self, host: str):
+        self.host = host
+
+    @abc.abstractmethod
+    def host_info(self) -> HostInfo: ...
+
+    @abc.abstractmethod
+    def start(self, spec: DomainSpec) -> None:
+        """Define and start a domain; returns once the hypervisor runs it."""
+
+    @abc.abstractmethod
+    def stop(self, name: str, timeout_s: float = 30.0) -> None:
+        """Stop a domain (graceful first, then forced) and remove its definition."""
+
+    @abc.abstractmethod
+    def domains(self) -> list[DomainInfo]:
+        """Every domain this host runs or has defined."""
+
+    def domain(self, name: str) -> DomainInfo | None:
+        for info in self.domains():
+            if info.name == name:
+                return info
+        return None
+
+    @abc.abstractmethod
+    def set_vcpus(self, name: str, vcpus: int) -> str:
+        """Change the live vCPU count; returns the method used ("hotplug", "unplug", "soft")."""
+
+    @abc.abstractmethod
+    def set_memory(self, name: str, memory_mib: int) -> str:
+        """Change the live memory; returns the method used ("dimm", "virtio-mem", "balloon")."""
+
+    @abc.abstractmethod
+    def set_cpu_cap(self, name: str, cap: CpuCap | None) -> None:
+        """Apply, change or (None) remove the CPU cap of a running domain."""
+
+    @abc.abstractmethod
+    def migrate(self, name: str, target: "Driver", params: MigrationParams,
+                progress: ProgressCallback | None = None) -> MigrationStats:
+        """Live-migrate a running domain to the target host; on failure it keeps running here."""
+
+    @abc.abstractmethod
+    def guest_view(self, name: str) -> GuestView: ...
+
+    @abc.abstractmethod
+    def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
+        """Run a shell command inside the guest and return its output."""
+
+    def close(self) -> None:
+        """Release connections; the host itself keeps running."""

@@ -1,0 +1,140 @@
+"""Plain data of DESIGN section 2, shared by the pure rules and the shell. No I/O here."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class HostState(str, enum.Enum):
+    enabled = "enabled"
+    maintenance = "maintenance"
+    disabled = "disabled"
+    down = "down"
+
+
+class VmState(str, enum.Enum):
+    stopped = "stopped"
+    starting = "starting"
+    running = "running"
+    stopping = "stopping"
+    migrating = "migrating"
+    scaling = "scaling"
+    error = "error"
+    unknown = "unknown"
+
+
+# States in which a VM holds quota and host capacity (DESIGN section 3). A stopping VM keeps its
+# charge until its domain is gone: freeing it earlier would let a new VM in while the old one
+# still runs.
+CHARGED_STATES = frozenset({VmState.starting, VmState.running, VmState.stopping, VmState.migrating,
+                            VmState.scaling})
+
+
+class OfferingKind(str, enum.Enum):
+    fixed = "fixed"
+    custom_constrained = "custom-constrained"
+    custom_unconstrained = "custom-unconstrained"
+
+
+class OperationState(str, enum.Enum):
+    pending = "pending"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+IN_FLIGHT_OPERATION_STATES = frozenset({OperationState.pending, OperationState.running})
+
+
+class ClaimKind(str, enum.Enum):
+    running = "running"             # a VM started on / running on the host
+    migration_target = "migration-target"
+    scale = "scale"                 # the increase of a scale in progress
+
+
+@dataclass(frozen=True)
+class Quota:
+    vcpus: int
+    memory_mib: int
+    vms: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    vcpus: int = 0
+    memory_mib: int = 0
+    vms: int = 0
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(self.vcpus + other.vcpus, self.memory_mib + other.memory_mib, self.vms + other.vms)
+
+    def __sub__(self, other: "Usage") -> "Usage":
+        return Usage(self.vcpus - other.vcpus, self.memory_mib - other.memory_mib, self.vms - other.vms)
+
+
+@dataclass(frozen=True)
+class Offering:
+    name: str
+    kind: OfferingKind
+    vcpus: int | None = None
+    memory_mib: int | None = None
+    min_vcpus: int | None = None
+    max_vcpus: int | None = None
+    min_memory_mib: int | None = None
+    max_memory_mib: int | None = None
+    cpu_speed_mhz: int = 1000
+    cpu_cap: bool = False
+    dynamic_scaling: bool = False
+
+
+@dataclass(frozen=True)
+class Size:
+    """What a VM asks for: vCPUs and guest memory (without overhead)."""
+
+    vcpus: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class HostCapacity:
+    """A host as placement sees it: raw size, overcommit factors, and what is claimed on it."""
+
+    name: str
+    cluster: str
+    state: HostState
+    cores: int
+    memory_mib: int
+    cpu_factor: float = 1.0
+    mem_factor: float = 1.0
+    overhead_ratio: float = 1.0
+    strategy: str = "spread"
+    used_vcpus: int = 0
+    used_memory_mib: int = 0
+
+    @property
+    def vcpus_capacity(self) -> int:
+        return int(self.cores * self.cpu_factor)
+
+    @property
+    def memory_capacity_mib(self) -> int:
+        return int(self.memory_mib * self.mem_factor)
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    size: Size
+    exclude_hosts: frozenset[str] = field(default_factory=frozenset)
+    cluster: str | None = None      # restrict to one cluster
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why one host was filtered out, in words a dry run prints."""
+
+    host: str
+    filter: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.host}: {self.reason}"

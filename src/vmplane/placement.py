@@ -1,0 +1,276 @@
+"""Placement: filters drop hosts, weighers order the rest, over an in-memory capacity index (pure).
+
+Like the Kubernetes scheduler and Nova's filter scheduler, a decision is a pipeline of small
+filters (yes/no with a reason) and weighers (a score in [0, 1] times a multiplier). Here each
+filter is evaluated for all hosts at once on numpy arrays, so a decision at 2,000 hosts takes
+tens of microseconds; the same masks explain, host by host, why a host was refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from .errors import InsufficientCapacity, NotFound
+from .model import HostCapacity, HostState, PlacementRequest, Refusal
+from .quota import overhead_base_mib
+
+
+class CapacityIndex:
+    """Hosts' capacity and allocation as parallel arrays; names map to rows."""
+
+    _GROW = 64
+
+    def __init__(self, hosts: Iterable[HostCapacity] = ()):
+        self._rows: dict[str, int] = {}
+        self._hosts: list[HostCapacity | None] = []
+        n = self._GROW
+        self.enabled = np.zeros(n, dtype=bool)
+        self.present = np.zeros(n, dtype=bool)
+        self.vcpus_capacity = np.zeros(n)
+        self.memory_capacity = np.zeros(n)
+        self.used_vcpus = np.zeros(n)
+        self.used_memory = np.zeros(n)
+        self.overhead_ratio = np.ones(n)
+        self.pack = np.zeros(n, dtype=bool)
+        self.cluster_code = np.zeros(n, dtype=np.int64)
+        self._cluster_codes: dict[str, int] = {}
+        for host in hosts:
+            self.upsert(host)
+
+    # -- maintenance -------------------------------------------------------------------------
+    def _grow(self) -> None:
+        for attr in ("enabled", "present", "vcpus_capacity", "memory_capacity", "used_vcpus", "used_memory",
+                     "overhead_ratio", "pack", "cluster_code"):
+            old = getattr(self, attr)
+            new = np.zeros(len(old) * 2, dtype=old.dtype)
+            new[: len(old)] = old
+            setattr(self, attr, new)
+
+    def upsert(self, host: HostCapacity) -> None:
+        row = self._rows.get(host.name)
+        if row is None:
+            row = len(self._hosts)
+            if row >= len(self.present):
+                self._grow()
+            self._rows[host.name] = row
+            self._hosts.append(host)
+        self._hosts[row] = host
+        self.present[row] = True
+        self.enabled[row] = host.state == HostState.enabled
+        self.vcpus_capacity[row] = host.vcpus_capacity
+        self.memory_capacity[row] = host.memory_capacity_mib
+        self.used_vcpus[row] = host.used_vcpus
+        self.used_memory[row] = host.used_memory_mib
+        self.overhead_ratio[row] = host.overhead_ratio
+        self.pack[row] = host.strategy == "pack"
+        self.cluster_code[row] = self._cluster_codes.setdefault(host.cluster, len(self._cluster_codes) + 1)
+
+    def remove(self, name: str) -> None:
+        row = self._rows.pop(name)
+        self._hosts[row] = None
+        self.present[row] = False
+        self.enabled[row] = False
+
+    def add_usage(self, name: str, vcpus: int, memory_mib: int) -> None:
+        """Record a claim (positive) or its release (negative) on a host."""
+        row = self._row(name)
+        self.used_vcpus[row] += vcpus
+        self.used_memory[row] += memory_mib
+
+    def host(self, name: str) -> HostCapacity:
+        row = self._row(name)
+        return replace(self._hosts[row], used_vcpus=int(self.used_vcpus[row]),
+                       used_memory_mib=int(self.used_memory[row]))
+
+    def hosts(self) -> list[HostCapacity]:
+        return [self.host(name) for name in self._rows]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._rows
+
+    def _row(self, name: str) -> int:
+        try:
+            return self._rows[name]
+        except KeyError:
+            raise NotFound(f"host {name!r} is not in the capacity index", field="host") from None
+
+    def cluster_code_of(self, cluster: str) -> int:
+        return self._cluster_codes.get(cluster, -1)
+
+    @property
+    def size(self) -> int:
+        return len(self._hosts)
+
+    def names_at(self, rows: np.ndarray) -> list[str]:
+        return [self._hosts[i].name for i in rows]  # type: ignore[union-attr]
+
+
+# -- filters ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Demand:
+    """A request turned into per-host needs (memory depends on each host's overhead ratio)."""
+
+    vcpus: int
+    memory_mib: np.ndarray        # guest memory + overhead, per host row
+
+
+def demand_for(index: CapacityIndex, request: PlacementRequest) -> Demand:
+    n = index.size
+    base = overhead_base_mib(request.size)
+    memory = request.size.memory_mib + np.ceil(base * index.overhead_ratio[:n])
+    return Demand(request.size.vcpus, memory)
+
+
+@dataclass(frozen=True)
+class Filter:
+    name: str
+    mask: Callable[[CapacityIndex, PlacementRequest, Demand], np.ndarray]
+    reason: Callable[[CapacityIndex, int, PlacementRequest, Demand], str]
+
+
+def _state_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
+    return ix.enabled[: ix.size]
+
+
+def _state_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
+    return f"state is {ix._hosts[row].state.value}, not enabled"
+
+
+def _cluster_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
+    if req.cluster is None:
+        return np.ones(ix.size, dtype=bool)
+    return ix.cluster_code[: ix.size] == ix.cluster_code_of(req.cluster)
+
+
+def _cluster_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
+    return f"in cluster {ix._hosts[row].cluster}, not {req.cluster}"
+
+
+def _exclude_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
+    mask = np.ones(ix.size, dtype=bool)
+    for name in req.exclude_hosts:
+        if name in ix:
+            mask[ix._row(name)] = False
+    return mask
+
+
+def _exclude_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
+    return "excluded by the request"
+
+
+def _cpu_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
+    n = ix.size
+    return ix.used_vcpus[:n] + d.vcpus <= ix.vcpus_capacity[:n]
+
+
+def _cpu_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
+    return (f"vcpus {int(ix.used_vcpus[row])} of {int(ix.vcpus_capacity[row])} allocated, "
+            f"{d.vcpus} needed")
+
+
+def _memory_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
+    n = ix.size
+    return ix.used_memory[:n] + d.memory_mib <= ix.memory_capacity[:n]
+
+
+def _memory_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
+    need = int(d.memory_mib[row])
+    return (f"memory {int(ix.used_memory[row])} of {int(ix.memory_capacity[row])} MiB allocated, "
+            f"{need} MiB needed ({req.size.memory_mib} + {need - req.size.memory_mib} overhead)")
+
+
+FILTERS: tuple[Filter, ...] = (
+    Filter("state", _state_mask, _state_reason),
+    Filter("cluster", _cluster_mask, _cluster_reason),
+    Filter("exclude", _exclude_mask, _exclude_reason),
+    Filter("cpu", _cpu_mask, _cpu_reason),
+    Filter("memory", _memory_mask, _memory_reason),
+)
+
+
+# -- weighers ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Weigher:
+    name: str
+    score: Callable[[CapacityIndex, np.ndarray, Demand], np.ndarray]   # in [0, 1] for the given rows
+    multiplier: float = 1.0
+
+
+def _allocation_score(ix: CapacityIndex, rows: np.ndarray, d: Demand) -> np.ndarray:
+    """Fraction allocated after placing, averaged over CPU and memory; inverted where the cluster spreads."""
+    cpu = (ix.used_vcpus[rows] + d.vcpus) / np.maximum(ix.vcpus_capacity[rows], 1)
+    mem = (ix.used_memory[rows] + d.memory_mib[rows]) / np.maximum(ix.memory_capacity[rows], 1)
+    allocated = np.clip((cpu + mem) / 2.0, 0.0, 1.0)
+    return np.where(ix.pack[rows], allocated, 1.0 - allocated)
+
+
+WEIGHERS: tuple[Weigher, ...] = (Weigher("allocation", _allocation_score),)
+
+
+# -- decisions --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Placement:
+    host: str
+    memory_mib: int        # what the VM claims on that host: guest memory + overhead
+    overhead_mib: int
+    score: float
+
+
+def candidates(index: CapacityIndex, request: PlacementRequest,
+               filters: Sequence[Filter] = FILTERS) -> tuple[np.ndarray, Demand]:
+    demand = demand_for(index, request)
+    mask = index.present[: index.size].copy()
+    for f in filters:
+        mask &= f.mask(index, request, demand)
+    return np.flatnonzero(mask), demand
+
+
+def choose(index: CapacityIndex, request: PlacementRequest, filters: Sequence[Filter] = FILTERS,
+           weighers: Sequence[Weigher] = WEIGHERS) -> Placement:
+    """The best host for the request, or InsufficientCapacity explaining every refusal."""
+    rows, demand = candidates(index, request, filters)
+    if len(rows) == 0:
+        raise InsufficientCapacity(refusal_message(request, explain(index, request, filters)), field="host")
+    total = np.zeros(len(rows))
+    for w in weighers:
+        total += w.multiplier * w.score(index, rows, demand)
+    best = rows[int(np.argmax(total))]
+    memory = int(demand.memory_mib[best])
+    return Placement(index._hosts[best].name, memory, memory - request.size.memory_mib,  # type: ignore[union-attr]
+                     float(total.max()))
+
+
+def explain(index: CapacityIndex, request: PlacementRequest,
+            filters: Sequence[Filter] = FILTERS) -> list[Refusal]:
+    """For every host that cannot take the request, the first filter that refused it and why."""
+    demand = demand_for(index, request)
+    masks = [(f, f.mask(index, request, demand)) for f in filters]
+    refusals = []
+    for row in np.flatnonzero(index.present[: index.size]):
+        for f, mask in masks:
+            if not mask[row]:
+                refusals.append(Refusal(index._hosts[row].name, f.name,  # type: ignore[union-attr]
+                                        f.reason(index, int(row), request, demand)))
+                break
+    return refusals
+
+
+def refusal_message(request: PlacementRequest, refusals: list[Refusal], shown: int = 5) -> str:
+    size = request.size
+    head = f"no host can take {size.vcpus} vCPU(s) / {size.memory_mib} MiB (plus overhead)"
+    if not refusals:
+        return head + ": there are no hosts"
+    detail = "; ".join(str(r) for r in refusals[:shown])
+    more = f"; and {len(refusals) - shown} more" if len(refusals) > shown else ""
+    return f"{head}: {detail}{more}"
+
+
+def lower_bound_hosts(total_vcpus: int, total_memory_mib: int, host_vcpus: int, host_memory_mib: int) -> int:
+    """Fewest identical hosts that could hold a demand (ignoring fragmentation)."""
+    return max(-(-total_vcpus // host_vcpus), -(-total_memory_mib // host_memory_mib), 0)

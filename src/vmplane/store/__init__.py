@@ -1,0 +1,5 @@
+"""Persistence: SQLAlchemy tables, the database handle, Alembic migrations."""
+
+from .db import Database
+
+__all__ = ["Database"]

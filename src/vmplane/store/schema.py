@@ -1,0 +1,162 @@
+"""SQLAlchemy tables of vmplane; storage models only (API schemas live in vmplane.api.schemas)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Zone(Base):
+    __tablename__ = "zones"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+
+
+class Cluster(Base):
+    __tablename__ = "clusters"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    zone_id: Mapped[int] = mapped_column(ForeignKey("zones.id"), index=True)
+    zone: Mapped[Zone] = relationship(lazy="joined")
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), index=True)
+    driver: Mapped[str] = mapped_column(String(16))          # "sim" or "libvirt"
+    uri: Mapped[str | None] = mapped_column(String(1024))
+    cores: Mapped[int] = mapped_column(Integer)
+    cpu_mhz: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="enabled")
+    # Sum of the claims on this host; changed only together with claims, in one transaction.
+    used_vcpus: Mapped[int] = mapped_column(Integer, default=0)
+    used_memory_mib: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    cluster: Mapped[Cluster] = relationship(lazy="joined")
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    quota_vcpus: Mapped[int] = mapped_column(Integer)
+    quota_memory_mib: Mapped[int] = mapped_column(Integer)
+    quota_vms: Mapped[int] = mapped_column(Integer)
+    count_overhead: Mapped[bool] = mapped_column(Boolean, default=False)
+    max_concurrent_migrations: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The ledger: what the project's VMs are charged, kept equal to the recomputed usage.
+    used_vcpus: Mapped[int] = mapped_column(Integer, default=0)
+    used_memory_mib: Mapped[int] = mapped_column(Integer, default=0)
+    used_vms: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Offering(Base):
+    __tablename__ = "offerings"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    vcpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    min_vcpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_vcpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    min_memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    cpu_speed_mhz: Mapped[int] = mapped_column(Integer, default=1000)
+    cpu_cap: Mapped[bool] = mapped_column(Boolean, default=False)
+    dynamic_scaling: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Template(Base):
+    __tablename__ = "templates"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    image: Mapped[str] = mapped_column(String(1024))
+    dynamically_scalable: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Setting(Base):
+    __tablename__ = "settings"
+    __table_args__ = (UniqueConstraint("key", "scope", "scope_name"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), index=True)
+    scope: Mapped[str] = mapped_column(String(16))          # global / zone / cluster
+    scope_name: Mapped[str] = mapped_column(String(63), default="")   # "" for global
+    value: Mapped[str] = mapped_column(String(256))
+
+
+class Vm(Base):
+    __tablename__ = "vms"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    offering_id: Mapped[int] = mapped_column(ForeignKey("offerings.id"))
+    template_id: Mapped[int] = mapped_column(ForeignKey("templates.id"))
+    vcpus: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    dynamically_scalable: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Ceiling prepared at start (== current size when not prepared for live scaling).
+    max_vcpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    cpu_cap_percent: Mapped[float | None] = mapped_column(Float, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), default="stopped", index=True)
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True, index=True)
+    # What this VM has put on its project's ledger (0 while stopped) and its host footprint.
+    overhead_mib: Mapped[int] = mapped_column(Integer, default=0)
+    charged_vcpus: Mapped[int] = mapped_column(Integer, default=0)
+    charged_memory_mib: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+    project: Mapped[Project] = relationship(lazy="joined")
+    offering: Mapped[Offering] = relationship(lazy="joined")
+    template: Mapped[Template] = relationship(lazy="joined")
+    host: Mapped[Host | None] = relationship(lazy="joined")
+
+
+class Claim(Base):
+    __tablename__ = "claims"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id"), index=True)
+    operation_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    kind: Mapped[str] = mapped_column(String(24))
+    vcpus: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+
+
+class Operation(Base):
+    __tablename__ = "operations"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(24))
+    target: Mapped[str] = mapped_column(String(63))
+    vm_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    project_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    step: Mapped[str] = mapped_column(String(32), default="admitted")
+    progress: Mapped[int] = mapped_column(Integer, default=0)
+    message: Mapped[str] = mapped_column(Text, default="")
+    result: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+
+class Token(Base):
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))        # admin / member
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)

@@ -1,0 +1,42 @@
+"""Size parsing and formatting: the one place that turns `16GiB` / `512MiB` / `2048` into MiB."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS_MIB = {"": 1, "m": 1, "mi": 1, "mib": 1, "g": 1024, "gi": 1024, "gib": 1024, "t": 1024 * 1024,
+              "ti": 1024 * 1024, "tib": 1024 * 1024}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_mib(text: str | int) -> int:
+    """`512MiB` -> 512, `16GiB` -> 16384, `2048` -> 2048 (plain numbers are MiB).
+
+    Decimal units (MB, GB) are refused rather than guessed: 16GB is not 16GiB and an operator
+    should not find that out from a VM's MemTotal.
+    """
+    if isinstance(text, int):
+        value, unit = float(text), ""
+    else:
+        m = _SIZE.match(text)
+        if not m:
+            raise ValueError(f"{text!r} is not a size; use e.g. 512MiB, 16GiB or a plain number of MiB")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    if unit not in _UNITS_MIB:
+        raise ValueError(f"{text!r}: unknown unit {unit!r}; use MiB, GiB or TiB (binary units)")
+    mib = value * _UNITS_MIB[unit]
+    if mib != int(mib):
+        raise ValueError(f"{text!r} is not a whole number of MiB")
+    if mib <= 0:
+        raise ValueError(f"{text!r} must be greater than zero")
+    return int(mib)
+
+
+def format_mib(mib: int | float) -> str:
+    """2048 -> '2 GiB', 1536 -> '1536 MiB' (exact, never rounded)."""
+    mib = int(mib)
+    if mib and mib % (1024 * 1024) == 0:
+        return f"{mib // (1024 * 1024)} TiB"
+    if mib and mib % 1024 == 0:
+        return f"{mib // 1024} GiB"
+    return f"{mib} MiB"
