@@ -65,6 +65,9 @@ class Catalog:
         self._on_settings_changed = on_settings_changed
         self._settings_cache: dict[str, dict[tuple[str, str | None], str]] | None = None
         self._cache_lock = threading.Lock()
+        # Offerings and templates never change once created: admissions read them from here.
+        self._offerings: dict[str, Offering] = {}
+        self._templates: dict[str, Template] = {}
 
     # -- zones and clusters -------------------------------------------------------------------
     def create_zone(self, name: str) -> Zone:
@@ -177,8 +180,11 @@ class Catalog:
             return list(s.scalars(select(Offering).order_by(Offering.name)))
 
     def offering(self, name: str) -> Offering:
-        with self.db.read() as s:
-            return get_by_name(s, Offering, name, field="offering")
+        found = self._offerings.get(name)
+        if found is None:
+            with self.db.read() as s:
+                found = self._offerings[name] = get_by_name(s, Offering, name, field="offering")
+        return found
 
     def create_template(self, name: str, image: str, dynamically_scalable: bool = False) -> Template:
         if not image or len(image) > 1024 or any(c in image for c in "\0\n\r<>&'\""):
@@ -195,8 +201,11 @@ class Catalog:
             return list(s.scalars(select(Template).order_by(Template.name)))
 
     def template(self, name: str) -> Template:
-        with self.db.read() as s:
-            return get_by_name(s, Template, name, field="template")
+        found = self._templates.get(name)
+        if found is None:
+            with self.db.read() as s:
+                found = self._templates[name] = get_by_name(s, Template, name, field="template")
+        return found
 
     # -- settings ------------------------------------------------------------------------------
     def _scope_exists(self, s: Session, scope: str, scope_name: str | None) -> str:

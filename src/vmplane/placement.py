@@ -85,6 +85,11 @@ class CapacityIndex:
         return replace(self._hosts[row], used_vcpus=int(self.used_vcpus[row]),
                        used_memory_mib=int(self.used_memory[row]))
 
+    def capacity_of(self, name: str) -> tuple[int, int]:
+        """(vCPUs, memory MiB) a host may hold under its overcommit factors."""
+        row = self._row(name)
+        return int(self.vcpus_capacity[row]), int(self.memory_capacity[row])
+
     def hosts(self) -> list[HostCapacity]:
         return [self.host(name) for name in self._rows]
 
@@ -129,8 +134,11 @@ def demand_for(index: CapacityIndex, request: PlacementRequest) -> Demand:
 
 @dataclass(frozen=True)
 class Filter:
+    """`mask` says, for every host row, whether the host passes; None means the filter does not apply
+    to this request (every host passes) and costs nothing."""
+
     name: str
-    mask: Callable[[CapacityIndex, PlacementRequest, Demand], np.ndarray]
+    mask: Callable[[CapacityIndex, PlacementRequest, Demand], np.ndarray | None]
     reason: Callable[[CapacityIndex, int, PlacementRequest, Demand], str]
 
 
@@ -142,9 +150,9 @@ def _state_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand)
     return f"state is {ix._hosts[row].state.value}, not enabled"
 
 
-def _cluster_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
+def _cluster_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
     if req.cluster is None:
-        return np.ones(ix.size, dtype=bool)
+        return None
     return ix.cluster_code[: ix.size] == ix.cluster_code_of(req.cluster)
 
 
@@ -152,7 +160,9 @@ def _cluster_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Deman
     return f"in cluster {ix._hosts[row].cluster}, not {req.cluster}"
 
 
-def _exclude_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
+def _exclude_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
+    if not req.exclude_hosts:
+        return None
     mask = np.ones(ix.size, dtype=bool)
     for name in req.exclude_hosts:
         if name in ix:
@@ -227,7 +237,9 @@ def candidates(index: CapacityIndex, request: PlacementRequest,
     demand = demand_for(index, request)
     mask = index.present[: index.size].copy()
     for f in filters:
-        mask &= f.mask(index, request, demand)
+        passes = f.mask(index, request, demand)
+        if passes is not None:
+            mask &= passes
     return np.flatnonzero(mask), demand
 
 
@@ -250,7 +262,7 @@ def explain(index: CapacityIndex, request: PlacementRequest,
             filters: Sequence[Filter] = FILTERS) -> list[Refusal]:
     """For every host that cannot take the request, the first filter that refused it and why."""
     demand = demand_for(index, request)
-    masks = [(f, f.mask(index, request, demand)) for f in filters]
+    masks = [(f, m) for f in filters if (m := f.mask(index, request, demand)) is not None]
     refusals = []
     for row in np.flatnonzero(index.present[: index.size]):
         for f, mask in masks:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Iterator
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 DEFAULT_DB_URL = "sqlite:///var/vmplane.db"
@@ -80,6 +80,15 @@ class Database:
             raise
         finally:
             session.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """Like write(), for Core statements on a plain connection (the admission hot path)."""
+        with self.engine.connect() as conn:
+            if self.is_sqlite:
+                conn = conn.execution_options(sqlite_begin="IMMEDIATE")
+            with conn.begin():
+                yield conn
 
     def migrate(self) -> None:
         from .migrate import upgrade_to_head

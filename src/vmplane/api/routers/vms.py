@@ -13,7 +13,7 @@ router = APIRouter(tags=["vms"])
 
 def _accepted(orch, admitted: Admitted, created: bool = False) -> JSONResponse:
     op = orch.operation(admitted.operation_id) if admitted.operation_id else None
-    body = VmAccepted(vm=vm_out(admitted.vm), operation=operation_out(op))
+    body = VmAccepted(vm=vm_out(orch.vm(admitted.vm)), operation=operation_out(op))
     status = 202 if op is not None else (201 if created else 200)
     return JSONResponse(body.model_dump(mode="json"), status_code=status)
 

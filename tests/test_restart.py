@@ -1,0 +1,35 @@
+"""The control plane keeps everything across a restart of its process (SQLite file)."""
+
+import pytest
+
+
+def _state(c):
+    return {noun: c.get(f"/{noun}").json() for noun in ("hosts", "projects", "offerings", "templates", "vms")}
+
+
+@pytest.mark.parametrize("how", ["term", "kill"])
+def test_stop_and_start_the_api_process_keeps_all_state(live, how):
+    with live.client() as c:
+        c.post("/projects", json={"name": "p", "vcpus": 8, "memory_mib": 16384}).raise_for_status()
+        c.post("/offerings", json={"name": "one", "kind": "fixed", "vcpus": 1, "memory_mib": 512}).raise_for_status()
+        c.post("/templates", json={"name": "t", "image": "tiny-linux"}).raise_for_status()
+        c.put("/settings/vmplane.placement.strategy", json={"value": "pack"}).raise_for_status()
+        for i in range(3):
+            c.post("/vms", json={"name": f"run{i}", "project": "p", "offering": "one", "template": "t",
+                                 "start": True}).raise_for_status()
+        c.post("/vms", json={"name": "idle", "project": "p", "offering": "one", "template": "t"}).raise_for_status()
+        before = _state(c)
+    assert sum(v["state"] == "running" for v in before["vms"]) == 3
+
+    live.stop(how)
+    live.start()
+
+    with live.client() as c:
+        assert _state(c) == before
+        assert c.get("/settings/vmplane.placement.strategy").json()["value"] == "pack"
+        assert c.get("/audit").json() == {"ok": True, "problems": []}
+        # still usable: the running VMs can be stopped and the stopped one started
+        assert c.post("/vms/run0/stop").status_code == 202
+        assert c.post("/vms/idle/start").status_code == 202
+    r = live.cli("host", "list", "--output", "json")
+    assert r.returncode == 0 and r.stdout.count('"name"') == 3        # no duplicate hosts from `up`
