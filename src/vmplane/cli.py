@@ -97,7 +97,7 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
        port: int = typer.Option(8470, help="port to listen on"),
        token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN",
                                            help="admin token to use (default: a new one, printed once)")):
-    """Run a local cluster: the API, the dashboard and HOSTS hosts on this machine."""
+    """Run a local cluster: the API and HOSTS hosts on this machine (simulated hosts in this build)."""
     from . import server
 
     plane = server.build(db)
