@@ -19,6 +19,17 @@ if [ -z "$py" ]; then
   exit 1
 fi
 
+# The tests run the same admission races on SQLite and on a throwaway PostgreSQL server they start.
+if [ "$want_test" = 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "vmplane: installing the PostgreSQL server for the tests (apt-get)"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql >/dev/null
+  else
+    echo "vmplane: no PostgreSQL server and not root: the PostgreSQL variants of the tests will be skipped" >&2
+  fi
+fi
+
 [ -x .venv/bin/python ] || "$py" -m venv .venv
 extra=""
 [ "$want_test" = 1 ] && extra="[test]"

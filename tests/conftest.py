@@ -75,8 +75,8 @@ def free_port() -> int:
 class LiveServer:
     """`vmplane up --driver sim` in its own process, stopped by its pid."""
 
-    def __init__(self, tmp_path: Path, hosts: int = 3):
-        self.db_url = f"sqlite:///{tmp_path / 'live.db'}"
+    def __init__(self, tmp_path: Path, hosts: int = 3, db_url: str | None = None):
+        self.db_url = db_url or f"sqlite:///{tmp_path / 'live.db'}"
         self.hosts = hosts
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -130,3 +130,27 @@ def live(tmp_path):
     server = LiveServer(tmp_path).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for the session, or a skip that says why there is none."""
+    from .pg import Postgres, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    server = Postgres().start()
+    yield server
+    server.stop()
+
+
+_pg_databases = iter(range(1, 10**6))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """The same test on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'vmplane.db'}"
+    return request.getfixturevalue("postgres").create_database(f"t{next(_pg_databases)}")
