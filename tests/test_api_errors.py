@@ -131,3 +131,21 @@ def test_a_member_token_cannot_use_admin_endpoints_or_other_projects(setup, orch
     r = setup.post("/api/v1/vms", json={**VM, "name": "mine"}, headers=member)
     assert r.status_code == 201, r.text
     assert [v["name"] for v in setup.get("/api/v1/vms", headers=member).json()] == ["mine"]
+
+
+def test_a_second_vm_with_the_same_name_is_409_and_the_ledger_is_unchanged(setup):
+    assert setup.post("/api/v1/vms", json=VM).status_code == 201
+    before = setup.get("/api/v1/projects/p/usage").json()
+    r = setup.post("/api/v1/vms", json={**VM, "start": True})
+    assert_error(r, 409, "name", ["already exists"])
+    assert setup.get("/api/v1/projects/p/usage").json() == before
+
+
+def test_metrics_count_admissions_and_refusals(setup):
+    setup.post("/api/v1/vms", json={**VM, "start": True})
+    setup.post("/api/v1/vms", json={**VM, "name": "big", "offering": "any", "vcpus": 64, "memory_mib": 512,
+                                    "start": True})
+    text = setup.get("/metrics").text
+    assert 'vmplane_admissions_total{result="admitted"}' in text
+    assert 'vmplane_admissions_total{result="quota_exceeded"}' in text
+    assert 'vmplane_operations_total{kind="start",state="succeeded"}' in text

@@ -33,3 +33,32 @@ def test_stop_and_start_the_api_process_keeps_all_state(live, how):
         assert c.post("/vms/idle/start").status_code == 202
     r = live.cli("host", "list", "--output", "json")
     assert r.returncode == 0 and r.stdout.count('"name"') == 3        # no duplicate hosts from `up`
+
+
+def test_serve_runs_the_api_alone_on_the_same_database(live, tmp_path):
+    from .conftest import ADMIN_TOKEN, VMPLANE, free_port
+    import subprocess
+    import time
+
+    import httpx
+
+    with live.client() as c:
+        c.post("/projects", json={"name": "kept", "vcpus": 1, "memory_mib": 512}).raise_for_status()
+    live.stop()
+    port = free_port()
+    proc = subprocess.Popen([VMPLANE, "serve", "--db", live.db_url, "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/api/v1/projects", timeout=1,
+                              headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert [p["name"] for p in r.json()] == ["kept"]
+        assert len(httpx.get(f"http://127.0.0.1:{port}/api/v1/hosts", timeout=5,
+                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()) == 3
+    finally:
+        proc.terminate()
+        proc.wait(20)

@@ -18,7 +18,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine import Connection, Row
 
+import time
+
 from . import audit as audit_rules
+from . import metrics
 from .catalog import Catalog, ensure_new, get_by_name, ledger_of, offering_data, quota_of
 from .drivers.base import DomainSpec, Driver, HostInfo
 from .drivers.sim import SimDriver
@@ -201,10 +204,17 @@ class Orchestrator:
         if not start:
             check_admission(p.name, quota, ledger, base)
             return None, base
-        check_admission(p.name, quota, ledger, base + running_charge(size, 0, False))
-        placement = self._place(conn, size)
-        delta = base + running_charge(size, placement[0].overhead_mib, p.count_overhead)
-        check_admission(p.name, quota, ledger, delta)
+        t0 = time.perf_counter()
+        try:
+            check_admission(p.name, quota, ledger, base + running_charge(size, 0, False))
+            placement = self._place(conn, size)
+            delta = base + running_charge(size, placement[0].overhead_mib, p.count_overhead)
+            check_admission(p.name, quota, ledger, delta)
+        except VmplaneError as exc:
+            metrics.ADMISSIONS.labels(exc.code).inc()
+            raise
+        metrics.ADMISSIONS.labels("admitted").inc()
+        metrics.ADMISSION_SECONDS.observe(time.perf_counter() - t0)
         return placement, delta
 
     @staticmethod
@@ -312,6 +322,7 @@ class Orchestrator:
             L.set_vm(conn, vm.id, state=VmState.running)
             L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100,
                             message=f"running on {vm.host_name}")
+        metrics.OPERATIONS.labels("start", "succeeded").inc()
 
     def _run_stop(self, op_id: str) -> None:
         vm = self._begin_step(op_id, "stopping-domain")
@@ -323,6 +334,7 @@ class Orchestrator:
             freed = L.release_vm(conn, vm.id)
             L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100,
                             message=f"stopped on {vm.host_name}")
+        metrics.OPERATIONS.labels("stop", "succeeded").inc()
         self._unindex(freed)
 
     def _fail(self, op_id: str, exc: BaseException) -> None:
@@ -339,6 +351,7 @@ class Orchestrator:
                 L.set_vm(conn, vm.id, state=VmState.running)   # the domain still runs; the stop can be retried
             L.set_operation(conn, op_id, state=OperationState.failed, progress=100,
                             message=f"{op.kind} failed at step {op.step}: {reason}")
+        metrics.OPERATIONS.labels(op.kind, "failed").inc()
         self._unindex(freed)
 
     def _resume_operations(self) -> None:
