@@ -179,12 +179,15 @@ class Catalog:
         with self.db.read() as s:
             return list(s.scalars(select(Offering).order_by(Offering.name)))
 
-    def offering(self, name: str) -> Offering:
-        found = self._offerings.get(name)
+    def _immutable(self, cache: dict, model, name: str, field: str):
+        found = cache.get(name)
         if found is None:
             with self.db.read() as s:
-                found = self._offerings[name] = get_by_name(s, Offering, name, field="offering")
+                found = cache[name] = get_by_name(s, model, name, field=field)
         return found
+
+    def offering(self, name: str) -> Offering:
+        return self._immutable(self._offerings, Offering, name, "offering")
 
     def create_template(self, name: str, image: str, dynamically_scalable: bool = False) -> Template:
         if not image or len(image) > 1024 or any(c in image for c in "\0\n\r<>&'\""):
@@ -201,11 +204,7 @@ class Catalog:
             return list(s.scalars(select(Template).order_by(Template.name)))
 
     def template(self, name: str) -> Template:
-        found = self._templates.get(name)
-        if found is None:
-            with self.db.read() as s:
-                found = self._templates[name] = get_by_name(s, Template, name, field="template")
-        return found
+        return self._immutable(self._templates, Template, name, "template")
 
     # -- settings ------------------------------------------------------------------------------
     def _scope_exists(self, s: Session, scope: str, scope_name: str | None) -> str:
