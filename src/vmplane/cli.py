@@ -6,6 +6,7 @@ import enum
 import functools
 import inspect
 import os
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -96,13 +97,32 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
        bind: str = typer.Option("127.0.0.1", help="address to listen on"),
        port: int = typer.Option(8470, help="port to listen on"),
        token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN",
-                                           help="admin token to use (default: a new one, printed once)")):
-    """Run a local cluster: the API and HOSTS hosts on this machine (simulated hosts in this build)."""
+                                           help="admin token to use (default: a new one, printed once)"),
+       keep_hosts: bool = typer.Option(False, help="leave libvirt hosts and their VMs running on exit")):
+    """Run a local cluster: the API and HOSTS hosts on this machine (libvirtd daemons, or simulated)."""
     from . import server
+    from .errors import VmplaneError
 
+    server.exit_on_sigterm()
+    try:
+        kind, why = server.choose_driver(driver)
+    except VmplaneError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--driver") from None
+    try:
+        _lock = server.lock_home()  # noqa: F841 (held while this process lives)
+    except VmplaneError as exc:
+        console.print(f"[red]error[/red] {exc.message}")
+        raise typer.Exit(1)
     plane = server.build(db)
-    kind, why = server.choose_driver(driver)
-    names = server.prepare_local_cluster(plane.orchestrator, hosts, kind)
+    try:
+        names = server.prepare_local_cluster(plane.orchestrator, hosts, kind)
+        for finding in plane.orchestrator.reconcile():      # the hosts are up now: compare again
+            console.print(f"reconcile: {finding}")
+    except BaseException:
+        plane.close()
+        if kind == "libvirt" and not keep_hosts:
+            server.stop_local_hosts()
+        raise
     admin = token or server.new_token()
     plane.orchestrator.catalog.ensure_admin_token(server.UP_TOKEN_NAME, admin)
     url = f"http://{bind}:{port}"
@@ -118,6 +138,18 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
         server.serve(plane.app, bind, port)
     finally:
         plane.close()
+        if kind == "libvirt" and not keep_hosts:
+            stopped = server.stop_local_hosts()
+            console.print(f"vmplane up: stopped local hosts {', '.join(stopped) or '-'}")
+
+
+@app.command()
+def down():
+    """Stop the local libvirt hosts of `vmplane up --keep-hosts` (and their VMs)."""
+    from . import server
+
+    stopped = server.stop_local_hosts()
+    console.print(f"stopped local hosts: {', '.join(stopped) or 'none running'}")
 
 
 @app.command()
@@ -327,8 +359,29 @@ def vm_start(name: str, wait: bool = typer.Option(True, help="wait until it runs
 
 
 @api_command(groups["vm"], "stop")
-def vm_stop(name: str, wait: bool = typer.Option(True, help="wait until it stopped"), *, client: Client):
-    return _follow(client, client.post(f"/vms/{name}/stop"), wait)["vm"]
+def vm_stop(name: str, wait: bool = typer.Option(True, help="wait until it stopped"),
+            force: bool = typer.Option(False, help="power off at once, without asking the guest"), *, client: Client):
+    return _follow(client, client.post(f"/vms/{name}/stop", {"force": force}), wait)["vm"]
+
+
+@groups["vm"].command("exec")
+def vm_exec(name: str, command: list[str] = typer.Argument(..., help="the command, after --"),
+            timeout: float = typer.Option(60.0, help="seconds to wait for the guest"),
+            api: str = typer.Option(DEFAULT_API, envvar="VMPLANE_API"),
+            token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN"),
+            output: OutputFormat = Output):
+    """Run a command in the guest (libvirt hosts): `vmplane vm exec web1 -- nproc`."""
+    client = Client(api, token, timeout=timeout + 30)
+    try:
+        result = client.post(f"/vms/{name}/exec", {"command": " ".join(command), "timeout_s": timeout})
+    except ApiError as exc:
+        error(exc.body, OutputFormat(output).value)
+        raise typer.Exit(1)
+    if OutputFormat(output).value == "json":
+        render(result, "json")
+    else:
+        sys.stdout.write(result["output"])
+    raise typer.Exit(result["exit_code"])
 
 
 @api_command(groups["vm"], "delete")

@@ -23,7 +23,7 @@ import time
 from . import audit as audit_rules
 from . import metrics
 from .catalog import Catalog, ensure_new, get_by_name, ledger_of, offering_data, quota_of
-from .drivers.base import DomainSpec, Driver, HostInfo
+from .drivers.base import DomainSpec, Driver, DriverError, HostInfo
 from .drivers.sim import SimDriver
 from .errors import AlreadyExists, Conflict, InsufficientCapacity, Invalid, NotFound, VmplaneError
 from .model import (CHARGED_STATES, IN_FLIGHT_OPERATION_STATES, ClaimKind, HostCapacity, HostState,
@@ -32,6 +32,7 @@ from .names import check_name
 from .offerings import size_for
 from .placement import CapacityIndex, Placement, choose
 from .quota import check_admission, running_charge
+from .scaling import ScalingFlags, cap_for_share, cap_share, ceiling
 from .store import Database
 from .store import ledger as L
 from .store.schema import Cluster, Host, Operation, Project, Vm
@@ -47,6 +48,15 @@ def domain_name(vm_name: str) -> str:
     return DOMAIN_PREFIX + vm_name
 
 
+def libvirt_driver(host: str, uri: str | None) -> Driver:
+    try:
+        from .drivers.libvirt import LibvirtDriver
+    except ImportError:
+        raise Invalid("libvirt hosts need the libvirt-python package (scripts/setup.sh installs it)",
+                      field="driver") from None
+    return LibvirtDriver(host, uri or "")
+
+
 class InlineExecutor(Executor):
     """Runs operations in the caller's thread (benchmarks and deterministic tests)."""
 
@@ -58,6 +68,29 @@ class InlineExecutor(Executor):
 class Admitted:
     vm: str
     operation_id: str | None
+
+
+@dataclass(frozen=True)
+class HostMeta:
+    """What admission needs to know of a host besides its capacity."""
+
+    id: int
+    zone: str
+    cluster: str
+    cores: int
+    cpu_mhz: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class StartFacts:
+    """The offering, template and VM flags that decide how a VM is started."""
+
+    offering_dynamic: bool
+    template_dynamic: bool
+    vm_dynamic: bool
+    cpu_cap: bool
+    cpu_speed_mhz: int
 
 
 @dataclass(frozen=True)
@@ -76,7 +109,7 @@ class Orchestrator:
         self.catalog = Catalog(db, on_settings_changed=self.rebuild_index)
         self.drivers: dict[str, Driver] = {}
         self.index = CapacityIndex()
-        self._host_ids: dict[str, int] = {}
+        self._hosts: dict[str, HostMeta] = {}
         self._lock = threading.RLock()      # admissions in this process, and the index
         self.executor = executor or ThreadPoolExecutor(8, thread_name_prefix="vmplane-op")
 
@@ -94,12 +127,18 @@ class Orchestrator:
                 if isinstance(driver, SimDriver):   # sim hosts live in this process: re-seed them
                     driver.adopt(self._spec(vm))
         self.rebuild_index()
+        self.reconcile()
         self._resume_operations()
 
-    def _make_driver(self, host: Host) -> Driver:
+    @staticmethod
+    def _make_driver(host: Host) -> Driver:
         if host.driver == "sim":
             return SimDriver(host.name, HostInfo(host.cores, host.cpu_mhz, host.memory_mib))
-        raise Invalid(f"host {host.name}: driver {host.driver!r} is not available in this build", field="driver")
+        return libvirt_driver(host.name, host.uri)
+
+    @staticmethod
+    def _meta(h: Host) -> HostMeta:
+        return HostMeta(h.id, h.cluster.zone.name, h.cluster.name, h.cores, h.cpu_mhz, h.memory_mib)
 
     def _capacity(self, host: Host) -> HostCapacity:
         cluster, zone = host.cluster.name, host.cluster.zone.name
@@ -117,20 +156,33 @@ class Orchestrator:
         with self._lock:
             with self.db.read() as s:
                 hosts = list(s.scalars(select(Host).order_by(Host.id)).unique())
-            self._host_ids = {h.name: h.id for h in hosts}
+            self._hosts = {h.name: self._meta(h) for h in hosts}
             self.index = CapacityIndex([self._capacity(h) for h in hosts])
 
     # -- hosts ---------------------------------------------------------------------------------
     def add_host(self, name: str, cluster: str, driver: str, cores: int | None = None,
                  cpu_mhz: int | None = None, memory_mib: int | None = None, uri: str | None = None) -> Host:
         check_name(name)
-        if driver != "sim":
-            raise Invalid(f"driver {driver!r} is not available in this build; use sim", field="driver")
-        for field, value in (("cores", cores), ("cpu_mhz", cpu_mhz), ("memory_mib", memory_mib)):
-            if value is None:
-                raise Invalid(f"a sim host needs {field}", field=field)
-            if value <= 0:
-                raise Invalid(f"{field} must be greater than 0, got {value}", field=field)
+        if driver == "sim":
+            for field, value in (("cores", cores), ("cpu_mhz", cpu_mhz), ("memory_mib", memory_mib)):
+                if value is None:
+                    raise Invalid(f"a sim host needs {field}", field=field)
+                if value <= 0:
+                    raise Invalid(f"{field} must be greater than 0, got {value}", field=field)
+        elif driver == "libvirt":
+            if not uri:
+                raise Invalid("a libvirt host needs its uri (qemu+tls://HOST/system, or qemu+unix:///system?socket=...)",
+                              field="uri")
+            probe = libvirt_driver(name, uri)
+            try:
+                info = probe.host_info()
+            except DriverError as exc:
+                raise Invalid(f"cannot reach libvirt at {uri}: {exc}", field="uri") from None
+            finally:
+                probe.close()
+            cores, cpu_mhz, memory_mib = info.cores, info.cpu_mhz, info.memory_mib
+        else:
+            raise Invalid(f"unknown driver {driver!r}; use sim or libvirt", field="driver")
         with self._lock:
             with self.db.write() as s:
                 ensure_new(s, Host, name)
@@ -139,7 +191,7 @@ class Orchestrator:
                            memory_mib=memory_mib, state=HostState.enabled.value, used_vcpus=0, used_memory_mib=0))
             host = self.host(name)
             self.drivers[name] = self._make_driver(host)
-            self._host_ids[name] = host.id
+            self._hosts[name] = self._meta(host)
             self.index.upsert(self._capacity(host))
         return host
 
@@ -170,9 +222,11 @@ class Orchestrator:
                 p = L.lock_project(conn, name=project)
                 placement, delta = self._admit(conn, p, size, Usage(vms=1), start)
                 L.add_to_ledger(conn, p.id, delta)
+                facts = StartFacts(o.dynamic_scaling, t.dynamically_scalable, dynamically_scalable, o.cpu_cap,
+                                   o.cpu_speed_mhz)
                 fields = dict(name=name, project_id=p.id, offering_id=o.id, template_id=t.id, vcpus=size.vcpus,
                               memory_mib=size.memory_mib, dynamically_scalable=dynamically_scalable,
-                              **self._vm_charge_fields(size, placement, delta))
+                              **self._started_fields(size, placement, delta, facts))
                 try:
                     vm_id = L.insert_vm(conn, **fields)
                 except IntegrityError:
@@ -190,7 +244,9 @@ class Orchestrator:
                 size = Size(vm.vcpus, vm.memory_mib)
                 placement, delta = self._admit(conn, p, size, Usage(), True)
                 L.add_to_ledger(conn, p.id, delta)
-                L.set_vm(conn, vm.id, **self._vm_charge_fields(size, placement, delta))
+                facts = StartFacts(vm.offering_dynamic, vm.template_dynamic, vm.dynamically_scalable,
+                                   vm.offering_cpu_cap, vm.offering_cpu_mhz)
+                L.set_vm(conn, vm.id, **self._started_fields(size, placement, delta, facts))
                 claimed = self._claim(conn, vm.id, name, p.id, size, placement)
             return self._launch(name, claimed)
 
@@ -217,14 +273,23 @@ class Orchestrator:
         metrics.ADMISSION_SECONDS.observe(time.perf_counter() - t0)
         return placement, delta
 
-    @staticmethod
-    def _vm_charge_fields(size: Size, placement: tuple[Placement, int] | None, delta: Usage) -> dict:
+    def _started_fields(self, size: Size, placement: tuple[Placement, int] | None, delta: Usage,
+                        facts: StartFacts) -> dict:
+        """The VM's row once admitted: host, charge, the live-scaling ceiling and the CPU cap share."""
         if placement is None:
             return dict(state=VmState.stopped.value, overhead_mib=0, charged_vcpus=0, charged_memory_mib=0)
         chosen, host_id = placement
+        meta = self._hosts[chosen.host]
+        eff = self.catalog.effective
+        flags = ScalingFlags(bool(eff("enable.dynamic.scale.vm", meta.zone, meta.cluster)), facts.offering_dynamic,
+                             facts.template_dynamic, facts.vm_dynamic)
+        top = ceiling(flags, size, int(eff("kvm.cpu.dynamic.scaling.capacity", meta.zone, meta.cluster)),
+                      int(eff("kvm.memory.dynamic.scaling.capacity", meta.zone, meta.cluster)), meta.cores,
+                      meta.memory_mib)
+        share = cap_share(facts.cpu_speed_mhz, meta.cpu_mhz) if facts.cpu_cap else None
         return dict(state=VmState.starting.value, host_id=host_id, overhead_mib=chosen.overhead_mib,
-                    charged_vcpus=delta.vcpus, charged_memory_mib=delta.memory_mib, max_vcpus=size.vcpus,
-                    max_memory_mib=size.memory_mib)
+                    charged_vcpus=delta.vcpus, charged_memory_mib=delta.memory_mib, max_vcpus=top.vcpus,
+                    max_memory_mib=top.memory_mib, cpu_cap_percent=share * 100 if share else None)
 
     def _place(self, conn: Connection, size: Size) -> tuple[Placement, int]:
         """Pick a host from the index and take the capacity on its row (compare-and-add); if the store
@@ -232,7 +297,7 @@ class Orchestrator:
         (so a final refusal carries the host's real numbers). Returns the placement and the host's id."""
         for _ in range(PLACEMENT_RETRIES):
             placement = choose(self.index, PlacementRequest(size))
-            host_id = self._host_ids[placement.host]
+            host_id = self._hosts[placement.host].id
             cap_vcpus, cap_memory = self.index.capacity_of(placement.host)
             if L.take_on_host(conn, host_id, size.vcpus, placement.memory_mib, cap_vcpus, cap_memory):
                 return placement, host_id
@@ -261,12 +326,15 @@ class Orchestrator:
         return Admitted(name, claimed.operation_id)
 
     # -- VMs: stop and delete ------------------------------------------------------------------
-    def stop_vm(self, name: str) -> Admitted:
+    def stop_vm(self, name: str, force: bool = False) -> Admitted:
+        """Stop a running VM: the guest is asked to power off for `vmplane.vm.shutdown.timeout`
+        seconds, then forced off; `force` skips the wait."""
         with self.db.transaction() as conn:
             vm = L.vm_row(conn, name=name, lock=True)
             if vm.state != VmState.running.value:
                 raise Conflict(f"vm {name} is {vm.state}; only a running VM can be stopped", field="state")
-            op_id = L.new_operation(conn, "stop", name, vm.id, vm.project_id, step="stopping")
+            op_id = L.new_operation(conn, "stop", name, vm.id, vm.project_id, step="stopping",
+                                    result={"force": force})
             L.set_vm(conn, vm.id, state=VmState.stopping)
         self.executor.submit(self._run, op_id, self._run_stop)
         return Admitted(name, op_id)
@@ -296,10 +364,12 @@ class Orchestrator:
             log.warning("operation %s failed: %s", op_id, exc)
             self._fail(op_id, exc)
 
-    def _spec(self, vm: Row) -> DomainSpec:
+    @staticmethod
+    def _spec(vm: Row) -> DomainSpec:
         return DomainSpec(name=domain_name(vm.name), vcpus=vm.vcpus, max_vcpus=vm.max_vcpus or vm.vcpus,
                           memory_mib=vm.memory_mib, max_memory_mib=vm.max_memory_mib or vm.memory_mib,
-                          image=vm.image)
+                          image=vm.image,
+                          cpu_cap=cap_for_share(vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None)
 
     def _begin_step(self, op_id: str, step: str) -> Row | None:
         """Persist that an in-flight operation enters `step`; returns its VM, or None if it already ended."""
@@ -328,7 +398,11 @@ class Orchestrator:
         vm = self._begin_step(op_id, "stopping-domain")
         if vm is None:
             return
-        self.drivers[vm.host_name].stop(domain_name(vm.name))
+        with self.db.transaction() as conn:
+            force = bool((L.operation_row(conn, op_id).result or {}).get("force"))
+        meta = self._hosts[vm.host_name]
+        timeout = 0 if force else int(self.catalog.effective("vmplane.vm.shutdown.timeout", meta.zone, meta.cluster))
+        self.drivers[vm.host_name].stop(domain_name(vm.name), timeout_s=timeout)
         with self.db.transaction() as conn:
             L.lock_project(conn, vm.project_id)
             freed = L.release_vm(conn, vm.id)
@@ -353,6 +427,58 @@ class Orchestrator:
                             message=f"{op.kind} failed at step {op.step}: {reason}")
         metrics.OPERATIONS.labels(op.kind, "failed").inc()
         self._unindex(freed)
+
+    def reconcile(self) -> list[str]:
+        """Compare the store with what each reachable host runs: a VM the store has running whose domain
+        is gone is recorded as stopped (its charge and claim given back), never started twice.
+        Unreachable hosts are left alone: their VMs are not known to be gone."""
+        findings = []
+        with self.db.read() as s:
+            conn = s.connection()
+            rows = conn.execute(select(L.VMS.c.id, L.VMS.c.name, L.HOSTS.c.name).join(
+                L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id).where(L.VMS.c.state == VmState.running.value)).all()
+        by_host: dict[str, list[tuple[int, str]]] = {}
+        for vm_id, name, host in rows:
+            by_host.setdefault(host, []).append((vm_id, name))
+        for host, vms in by_host.items():
+            try:
+                running = {d.name for d in self.drivers[host].domains() if d.running}
+            except DriverError as exc:
+                log.warning("reconcile: host %s unreachable (%s); its VMs are left as they are", host, exc)
+                continue
+            for vm_id, name in vms:
+                if domain_name(name) in running:
+                    continue
+                with self.db.transaction() as conn:
+                    vm = L.vm_row(conn, vm_id, lock=True)
+                    L.lock_project(conn, vm.project_id)
+                    freed = L.release_vm(conn, vm_id)
+                    op_id = L.new_operation(conn, "reconcile", name, vm_id, vm.project_id, step="done",
+                                            progress=100)
+                    L.set_operation(conn, op_id, state=OperationState.failed,
+                                    message=f"vm {name} was not running on {host} at start-up; recorded as stopped")
+                self._unindex(freed)
+                findings.append(f"{name}: not running on {host}")
+                log.warning("reconcile: vm %s was not running on %s; recorded as stopped", name, host)
+        return findings
+
+    def exec_in_guest(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
+        """Run one shell line in a running VM's guest (through its console); (output, exit code)."""
+        if not command.strip():
+            raise Invalid("command is empty", field="command")
+        with self.db.read() as s:
+            vm = L.vm_row(s.connection(), name=name)
+        if vm.state not in (VmState.running.value, VmState.scaling.value, VmState.starting.value):
+            raise Conflict(f"vm {name} is {vm.state}; commands run in a running VM", field="state")
+        driver = self.drivers[vm.host_name]
+        run = getattr(driver, "guest_run", None)
+        if run is None:
+            raise Conflict(f"vm {name} runs on {vm.host_name}, a {driver.kind} host without a guest to run "
+                           f"commands in; use a libvirt host", field="host")
+        try:
+            return run(domain_name(name), command, timeout_s)
+        except DriverError as exc:
+            raise Conflict(str(exc), field="command") from None
 
     def _resume_operations(self) -> None:
         """Operations interrupted by a restart are driven to their end (start and stop are idempotent)."""

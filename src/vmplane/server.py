@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from .api.app import create_app
-from .errors import NotFound
+from . import localhosts
+from .errors import Invalid, NotFound
+from .guest import build as guest
 from .orchestrator import Orchestrator
 from .store import Database
 
@@ -23,8 +26,7 @@ SIM_HOST = {"cores": 16, "cpu_mhz": 2400, "memory_mib": 65536}
 
 
 def default_db_url() -> str:
-    home = Path(os.environ.get("VMPLANE_HOME", Path.home() / ".vmplane"))
-    return f"sqlite:///{home / 'vmplane.db'}"
+    return f"sqlite:///{home() / 'vmplane.db'}"
 
 
 @dataclass
@@ -46,34 +48,96 @@ def build(db_url: str | None = None) -> ControlPlane:
     return ControlPlane(db, orch, create_app(orch))
 
 
+def home() -> Path:
+    return Path(os.environ.get("VMPLANE_HOME", Path.home() / ".vmplane"))
+
+
+def hosts_dir() -> Path:
+    return home() / "hosts"
+
+
 def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str) -> list[str]:
-    """Zone, cluster and `hosts` hosts for `vmplane up`; existing ones are kept (restart-safe)."""
+    """Zone, cluster, the `tiny-linux` template and `hosts` hosts for `vmplane up`: simulated ones, or
+    libvirtd daemons started on this machine (adopted when already running). Restart-safe: what
+    exists is kept."""
     cat = orch.catalog
     if UP_ZONE not in {z.name for z in cat.zones()}:
         cat.create_zone(UP_ZONE)
     if UP_CLUSTER not in {c.name for c in cat.clusters()}:
         cat.create_cluster(UP_CLUSTER, UP_ZONE)
+    if guest.IMAGE_NAME not in {t.name for t in cat.templates()}:
+        cat.create_template(guest.IMAGE_NAME, guest.IMAGE_NAME, dynamically_scalable=True)
+    prefix = "lv" if driver == "libvirt" else "sim"
     names = []
     for i in range(1, hosts + 1):
-        name = f"{driver}{i}"
+        name = f"{prefix}{i}"
+        uri = None
+        if driver == "libvirt":
+            uri = localhosts.start(hosts_dir(), name, i - 1, netns=localhosts.netns_available()).uri
         try:
             orch.host(name)
         except NotFound:
-            orch.add_host(name, UP_CLUSTER, driver, **SIM_HOST)
+            if driver == "libvirt":
+                orch.add_host(name, UP_CLUSTER, "libvirt", uri=uri)
+            else:
+                orch.add_host(name, UP_CLUSTER, "sim", **SIM_HOST)
         names.append(name)
+    if driver == "libvirt":
+        guest.build()                 # once per machine; the first VM would otherwise wait for it
     return names
 
 
 def choose_driver(requested: str) -> tuple[str, str]:
-    """(driver, why). The libvirt driver is not part of this build yet, so auto means sim."""
-    if requested in ("auto", "sim"):
-        return "sim", "simulated hosts (libvirt hosts are not available in this build)" if requested == "auto" \
-            else "simulated hosts, as asked"
-    raise NotFound(f"driver {requested!r} is not available in this build; use sim", field="driver")
+    """(driver, why): libvirt when asked or when `auto` finds it usable here, else sim."""
+    if requested == "sim":
+        return "sim", "simulated hosts, as asked"
+    reason = localhosts.available()
+    if requested == "libvirt":
+        if reason:
+            raise Invalid(f"libvirt hosts can not run here: {reason}", field="driver")
+        return "libvirt", "libvirtd hosts on this machine, as asked"
+    if requested == "auto":
+        if reason:
+            return "sim", f"simulated hosts ({reason}; scripts/setup.sh installs libvirt as root)"
+        return "libvirt", "libvirtd hosts on this machine (libvirt found)"
+    raise Invalid(f"unknown driver {requested!r}; use auto, libvirt or sim", field="driver")
+
+
+def lock_home() -> object:
+    """One `vmplane up` per VMPLANE_HOME: a second one would fight the first over its hosts."""
+    import fcntl
+
+    home().mkdir(parents=True, exist_ok=True)
+    handle = open(home() / "up.lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise Invalid(f"another `vmplane up` is running with VMPLANE_HOME={home()}; stop it first "
+                      f"or use another VMPLANE_HOME", field="VMPLANE_HOME") from None
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def stop_local_hosts() -> list[str]:
+    return localhosts.stop_all(hosts_dir())
+
+
+def _exit(signum, frame):
+    raise SystemExit(0)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the process through `finally` blocks (so what was started is stopped)."""
+    signal.signal(signal.SIGTERM, _exit)
 
 
 def serve(app: FastAPI, host: str, port: int) -> None:
+    """Serve until SIGINT/SIGTERM. uvicorn shuts down gracefully, restores the previous handlers and
+    raises the signal again: SIGTERM's handler then exits through the callers' `finally` blocks, so
+    `vmplane up` stops what it started."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    exit_on_sigterm()
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 

@@ -89,6 +89,8 @@ KEYS: dict[str, SettingKey] = {k.key: k for k in [
                "Live migrations leaving one host at once."),
     SettingKey("vmplane.migration.max.inbound.per.host", _positive_int, 2, "cluster",
                "Live migrations arriving on one host at once."),
+    SettingKey("vmplane.vm.shutdown.timeout", _non_negative_int, 30, "cluster",
+               "Seconds a stop waits for the guest to power off (ACPI) before forcing it off."),
     SettingKey("vmplane.operation.history", _non_negative_int, 10000, "global",
                "Finished operations kept for `operations list`."),
 ]}

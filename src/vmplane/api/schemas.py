@@ -212,6 +212,20 @@ class OperationOut(Response):
     updated_at: dt.datetime
 
 
+class VmStop(Request):
+    force: StrictBool = Field(False, description="power off at once instead of asking the guest first")
+
+
+class ExecRequest(Request):
+    command: Annotated[str, Field(min_length=1, max_length=4096)]
+    timeout_s: Annotated[float, Field(gt=0, le=600)] = 60.0
+
+
+class ExecResult(BaseModel):
+    output: str
+    exit_code: int
+
+
 class VmAccepted(BaseModel):
     vm: VmOut
     operation: OperationOut | None = None

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Row
 
 from ..errors import NotFound
 from ..model import ClaimKind, OperationState, Quota, Usage, VmState
-from .schema import Claim, Host, Operation, Project, Template, Vm, utcnow
+from .schema import Claim, Host, Offering, Operation, Project, Template, Vm, utcnow
 
 PROJECTS = Project.__table__
 HOSTS = Host.__table__
@@ -51,8 +51,12 @@ _VM_CHARGE = select(_V.project_id, _V.charged_vcpus, _V.charged_memory_mib).wher
 _INSERT_OPERATION = insert(OPERATIONS)
 _OPERATION = select(OPERATIONS).where(_O.id == bindparam("id"))
 _VM_ID_BY_NAME = select(_V.id).where(_V.name == bindparam("name"))
-_VM_WITH_HOST = (select(VMS, _H.name.label("host_name"), _T.image.label("image"))
-                 .join(TEMPLATES, _T.id == _V.template_id).outerjoin(HOSTS, _H.id == _V.host_id))
+_F = Offering.__table__.c
+_VM_WITH_HOST = (select(VMS, _H.name.label("host_name"), _T.image.label("image"),
+                        _T.dynamically_scalable.label("template_dynamic"), _F.dynamic_scaling.label("offering_dynamic"),
+                        _F.cpu_cap.label("offering_cpu_cap"), _F.cpu_speed_mhz.label("offering_cpu_mhz"))
+                 .join(TEMPLATES, _T.id == _V.template_id).join(Offering.__table__, _F.id == _V.offering_id)
+                 .outerjoin(HOSTS, _H.id == _V.host_id))
 _VM_BY_ID = _VM_WITH_HOST.where(_V.id == bindparam("id"))
 _VM_BY_NAME = _VM_WITH_HOST.where(_V.name == bindparam("name"))
 # FOR UPDATE OF vms: a state transition (stopped -> starting ...) must not be read twice concurrently

@@ -5,7 +5,7 @@ from fastapi.responses import JSONResponse
 
 from ...orchestrator import Admitted
 from ..deps import AnyCaller, Caller, Orch
-from ..schemas import VmAccepted, VmCreate, VmOut
+from ..schemas import ExecRequest, ExecResult, VmAccepted, VmCreate, VmOut, VmStop
 from ..views import operation_out, vm_out
 
 router = APIRouter(tags=["vms"])
@@ -52,9 +52,17 @@ def start_vm(name: str, orch: Orch, who: AnyCaller):
 
 
 @router.post("/vms/{name}/stop", status_code=202, response_model=VmAccepted)
-def stop_vm(name: str, orch: Orch, who: AnyCaller):
+def stop_vm(name: str, orch: Orch, who: AnyCaller, body: VmStop | None = None):
     _own_vm(orch, who, name)
-    return _accepted(orch, orch.stop_vm(name))
+    return _accepted(orch, orch.stop_vm(name, force=body.force if body else False))
+
+
+@router.post("/vms/{name}/exec", response_model=ExecResult)
+def exec_in_vm(name: str, body: ExecRequest, orch: Orch, who: AnyCaller):
+    """Run one shell line in the guest through its serial console (libvirt hosts), for checks."""
+    _own_vm(orch, who, name)
+    output, code = orch.exec_in_guest(name, body.command, body.timeout_s)
+    return ExecResult(output=output, exit_code=code)
 
 
 @router.delete("/vms/{name}", status_code=204)

@@ -1,0 +1,373 @@
+"""The real hypervisor driver: one libvirtd host, through libvirt-python.
+
+libvirt does the domain XML, live vCPU and memory changes, CPU tuning and the migration protocol;
+this driver maps vmplane's requests onto it and reads the guest's own view through its serial
+console (virDomainOpenConsole), which works for local and remote (qemu+tls) hosts alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from pathlib import Path
+from xml.etree import ElementTree
+
+import libvirt
+
+from ..domainxml import domain_xml
+from ..guest import build as guest
+from .base import (CpuCap, DomainInfo, DomainSpec, Driver, DriverError, GuestView, HostInfo, MigrationParams,
+                   MigrationStats, ProgressCallback)
+
+LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
+_MARK = re.compile(rb"__VMP_B(\w+)__\r?\n(.*?)__VMP_E\1_(\d+)__", re.S)
+
+
+def _quiet(ctx, err):   # libvirt prints every error to stderr by default; we raise them instead
+    pass
+
+
+libvirt.registerErrorHandler(_quiet, None)
+
+
+class _EventLoop:
+    """libvirt's default event loop in a daemon thread: needed for keepalive (dead-host detection)
+    and domain events; must be registered before the first connection is opened."""
+
+    _started = False
+    _lock = threading.Lock()
+
+    @classmethod
+    def ensure(cls) -> None:
+        with cls._lock:
+            if cls._started:
+                return
+            libvirt.virEventRegisterDefaultImpl()
+            threading.Thread(target=cls._run, name="libvirt-events", daemon=True).start()
+            cls._started = True
+
+    @staticmethod
+    def _run() -> None:
+        while True:
+            libvirt.virEventRunDefaultImpl()
+
+
+def resolve_image(image: str) -> guest.GuestImage:
+    """`tiny-linux` is vmplane's test guest (built on first use); a folder holds vmlinuz + initrd.gz."""
+    if image == guest.IMAGE_NAME:
+        return guest.cached_image() or guest.build()
+    folder = Path(image)
+    if folder.is_dir() and (folder / "vmlinuz").exists() and (folder / "initrd.gz").exists():
+        return guest.GuestImage(folder / "vmlinuz", folder / "initrd.gz")
+    raise DriverError("-", f"image {image!r} is neither {guest.IMAGE_NAME} nor a folder with vmlinuz and initrd.gz")
+
+
+class LibvirtDriver(Driver):
+    kind = "libvirt"
+
+    def __init__(self, host: str, uri: str, accel: str | None = None):
+        super().__init__(host)
+        self.uri = uri
+        self._accel = accel or os.environ.get("VMPLANE_ACCEL") or None
+        self._conn: libvirt.virConnect | None = None
+        self._conn_lock = threading.Lock()
+        self._console_locks: dict[str, threading.Lock] = {}
+
+    # -- connection ----------------------------------------------------------------------------
+    @property
+    def conn(self) -> libvirt.virConnect:
+        with self._conn_lock:
+            if self._conn is None or not self._conn.isAlive():
+                _EventLoop.ensure()
+                try:
+                    self._conn = libvirt.open(self.uri)
+                except libvirt.libvirtError as exc:
+                    raise DriverError(self.host, f"cannot connect to {self.uri}: {exc.get_error_message()}") from None
+                self._conn.setKeepAlive(5, 3)
+            return self._conn
+
+    def _call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except libvirt.libvirtError as exc:
+            raise DriverError(self.host, f"{what}: {exc.get_error_message()}") from None
+
+    def _dom(self, name: str) -> libvirt.virDomain:
+        return self._call(f"domain {name}", self.conn.lookupByName, name)
+
+    def close(self) -> None:
+        with self._conn_lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except libvirt.libvirtError:
+                    pass
+                self._conn = None
+
+    # -- host ----------------------------------------------------------------------------------
+    def host_info(self) -> HostInfo:
+        model, _numa_mb, cpus, mhz, *_ = self._call("getInfo", self.conn.getInfo)
+        # getInfo() sums NUMA nodes, which some virtual machines under-report; the kernel's total is right
+        stats = self._call("memory stats", self.conn.getMemoryStats, libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS)
+        return HostInfo(cores=cpus, cpu_mhz=mhz, memory_mib=stats["total"] // 1024)
+
+    @property
+    def accel(self) -> str:
+        if self._accel is None:
+            self._accel = probe_accel(self)
+        return self._accel
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def domain_xml(self, spec: DomainSpec, accel: str | None = None) -> str:
+        image = resolve_image(spec.image)
+        return domain_xml(spec, str(image.kernel), str(image.initrd), image.cmdline, accel or self.accel)
+
+    def start(self, spec: DomainSpec) -> None:
+        xml = self.domain_xml(spec)
+        try:
+            old = self.conn.lookupByName(spec.name)
+        except libvirt.libvirtError:
+            old = None
+        if old is not None:
+            if old.isActive():
+                raise DriverError(self.host, f"domain {spec.name} is already running")
+            self._call("undefine stale definition", old.undefineFlags, 0)
+        dom = self._call("define", self.conn.defineXML, xml)
+        try:
+            self._call("start", dom.create)
+        except DriverError:
+            try:
+                dom.undefineFlags(0)
+            except libvirt.libvirtError:
+                pass
+            raise
+
+    def stop(self, name: str, timeout_s: float = 0.0) -> None:
+        """Ask the guest to power off (ACPI) for up to `timeout_s`, then destroy; undefine either way."""
+        try:
+            dom = self.conn.lookupByName(name)
+        except libvirt.libvirtError:
+            return              # already gone: stopping is idempotent
+        if dom.isActive() and timeout_s > 0:
+            try:
+                dom.shutdown()
+            except libvirt.libvirtError:
+                pass
+            deadline = time.monotonic() + timeout_s
+            while dom.isActive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        if dom.isActive():
+            self._call("destroy", dom.destroy)
+        self._call("undefine", dom.undefineFlags, 0)
+
+    def domains(self) -> list[DomainInfo]:
+        return [self._info(d) for d in self._call("list domains", self.conn.listAllDomains)]
+
+    def domain(self, name: str) -> DomainInfo | None:
+        try:
+            dom = self.conn.lookupByName(name)
+        except libvirt.libvirtError:
+            return None
+        return self._info(dom)
+
+    def _info(self, dom: libvirt.virDomain) -> DomainInfo:
+        state, _max_kib, mem_kib, vcpus, _cpu = dom.info()
+        running = state in (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_PAUSED, libvirt.VIR_DOMAIN_BLOCKED)
+        cap = None
+        if running:
+            try:
+                params = dom.schedulerParametersFlags(LIVE)
+            except libvirt.libvirtError:
+                params = {}             # no CPU cgroup for this domain: no cap can be read (or set)
+            quota, period = params.get("vcpu_quota", -1), params.get("vcpu_period", 0)
+            if 0 < quota < 17592186044415:
+                cap = CpuCap(period_us=period, quota_us=quota)
+        return DomainInfo(dom.name(), running, vcpus, mem_kib // 1024, cap)
+
+    # -- live changes --------------------------------------------------------------------------
+    def set_vcpus(self, name: str, vcpus: int) -> str:
+        dom = self._dom(name)
+        current = dom.vcpusFlags(LIVE)
+        if vcpus > current:
+            self._call(f"set {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
+            return "hotplug"
+        if vcpus == current:
+            return "unchanged"
+        # QEMU 7.2 under TCG never completes a vCPU unplug and later plugs crash it (DESIGN section 8):
+        # only unplug where the accelerator is KVM; issue 5 adds the soft method.
+        if self.accel != "kvm":
+            raise DriverError(self.host, "vCPU unplug is not safe on this host (TCG); soft scale-down is needed")
+        self._call(f"unplug to {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
+        return "unplug"
+
+    def set_memory(self, name: str, memory_mib: int) -> str:
+        """Grow by hot-plugging a DIMM of the difference (the domain must be prepared with maxMemory)."""
+        dom = self._dom(name)
+        current_mib = dom.info()[2] // 1024
+        if memory_mib == current_mib:
+            return "unchanged"
+        if memory_mib < current_mib:
+            raise DriverError(self.host, "memory shrink arrives with live scale-down")
+        dimm = (f"<memory model='dimm'><target><size unit='MiB'>{memory_mib - current_mib}</size>"
+                f"<node>0</node></target></memory>")
+        self._call(f"attach {memory_mib - current_mib} MiB DIMM", dom.attachDeviceFlags, dimm, LIVE)
+        return "dimm"
+
+    def set_cpu_cap(self, name: str, cap: CpuCap | None) -> None:
+        dom = self._dom(name)
+        params = ({"vcpu_quota": -1} if cap is None else {"vcpu_period": cap.period_us, "vcpu_quota": cap.quota_us})
+        self._call("set CPU cap", dom.setSchedulerParametersFlags, params, LIVE)
+
+    def migrate(self, name: str, target: Driver, params: MigrationParams,
+                progress: ProgressCallback | None = None) -> MigrationStats:
+        raise DriverError(self.host, "live migration between libvirt hosts is not in this build yet")
+
+    # -- the guest's view ----------------------------------------------------------------------
+    def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
+        output, code = self.guest_run(name, command, timeout_s)
+        return output
+
+    def guest_run(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
+        """Run one shell line in the guest through its serial console; (output, exit code).
+
+        The guest may still be booting: the line is sent again every few seconds until the shell
+        answers, each time with its own markers, so late answers can not be mistaken for this one."""
+        if "\n" in command or "\r" in command:
+            raise DriverError(self.host, "a guest command is one line")
+        lock = self._console_locks.setdefault(name, threading.Lock())
+        with lock:
+            dom = self._dom(name)
+            stream = self.conn.newStream(libvirt.VIR_STREAM_NONBLOCK)
+            self._call("open console", dom.openConsole, None, stream, libvirt.VIR_DOMAIN_CONSOLE_FORCE)
+            try:
+                return self._console_exchange(stream, command, timeout_s)
+            finally:
+                try:
+                    stream.abort()
+                except libvirt.libvirtError:
+                    pass
+
+    def _console_exchange(self, stream, command: str, timeout_s: float) -> tuple[str, int]:
+        """First make sure the shell answers (a harmless echo, repeated while the guest boots), then
+        send the command once; markers carry a fresh tag so no earlier output can be taken for its."""
+        deadline = time.monotonic() + timeout_s
+        buf = b""
+        probes: set[str] = set()
+        next_probe = 0.0
+        while True:
+            if time.monotonic() >= next_probe:
+                tag = uuid.uuid4().hex[:12]
+                probes.add(tag)
+                # the quotes keep an echoed command line from matching the markers
+                self._send(stream, f"echo __VMP''_R{tag}__\n")
+                next_probe = time.monotonic() + 0.5
+            buf = self._receive(stream, buf, deadline, command)
+            if any(f"__VMP_R{t}__".encode() in buf for t in probes):
+                break
+        tag = uuid.uuid4().hex[:12]
+        self._send(stream, f"echo __VMP''_B{tag}__; {command} 2>&1; echo __VMP''_E{tag}_$?__\n")
+        buf = b""
+        while True:
+            buf = self._receive(stream, buf, deadline, command)
+            for m in _MARK.finditer(buf):
+                if m.group(1).decode() == tag:
+                    return m.group(2).decode(errors="replace").replace("\r", ""), int(m.group(3))
+
+    def _send(self, stream, text: str) -> None:
+        try:
+            stream.send(text.encode())
+        except libvirt.libvirtError as exc:
+            raise DriverError(self.host, f"console: {exc.get_error_message()}") from None
+
+    def _receive(self, stream, buf: bytes, deadline: float, command: str) -> bytes:
+        try:
+            data = stream.recv(65536)
+        except libvirt.libvirtError as exc:
+            raise DriverError(self.host, f"console: {exc.get_error_message()}") from None
+        if data == b"":
+            raise DriverError(self.host, "the console closed: the domain stopped or went away")
+        if time.monotonic() > deadline:
+            raise DriverError(self.host, f"the guest did not answer {command!r} in time; console tail: "
+                                         f"{buf[-300:].decode(errors='replace')!r}")
+        if isinstance(data, bytes):
+            return buf + data
+        time.sleep(0.02)
+        return buf
+
+    def guest_view(self, name: str) -> GuestView:
+        out = self.guest_exec(name, "cat /sys/devices/system/cpu/online; grep MemTotal /proc/meminfo")
+        online, mem = out.strip().splitlines()[-2:]
+        return GuestView(count_cpu_list(online), int(mem.split()[1]))
+
+    # -- local measurement ---------------------------------------------------------------------
+    def qemu_pid(self, name: str) -> int:
+        """The QEMU process of a domain on a local host (for measurements: CPU time from /proc)."""
+        sock = re.search(r"socket=([^&]+)", self.uri)
+        if not sock:
+            raise DriverError(self.host, "the QEMU pid is only known for local hosts")
+        pid_file = Path(sock.group(1)).parent / "qemu" / f"{name}.pid"
+        try:
+            return int(pid_file.read_text().strip())
+        except OSError as exc:
+            raise DriverError(self.host, f"no QEMU pid for {name}: {exc}") from None
+
+
+def count_cpu_list(text: str) -> int:
+    """'0-2,4' -> 4 (the kernel's cpu list format)."""
+    total = 0
+    for part in text.strip().split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            total += int(hi) - int(lo) + 1
+        elif part:
+            total += 1
+    return total
+
+
+def _probe_cache(driver: LibvirtDriver) -> Path:
+    caps = ElementTree.fromstring(driver.conn.getCapabilities())
+    model = caps.findtext("host/cpu/model") or "?"
+    key = hashlib.sha256(f"{driver.conn.getHostname()}|{model}|{os.uname().release}".encode()).hexdigest()[:16]
+    return guest.cache_dir().parent / f"accel-{key}.json"
+
+
+def probe_accel(driver: LibvirtDriver, timeout_s: float = 20.0) -> str:
+    """KVM only if a probe guest boots under it on this host, else TCG ("qemu"); remembered per machine."""
+    cache = _probe_cache(driver)
+    try:
+        return json.loads(cache.read_text())["accel"]
+    except (OSError, ValueError, KeyError):
+        pass
+    accel, why = "qemu", "no KVM on this host"
+    try:
+        driver.conn.getDomainCapabilities(None, None, None, "kvm", 0)
+        kvm_listed = True
+    except libvirt.libvirtError:
+        kvm_listed = False
+    if kvm_listed:
+        name = f"vmplane-probe-{uuid.uuid4().hex[:8]}"
+        spec = DomainSpec(name, 1, 1, 256, 256, guest.IMAGE_NAME)
+        dom = None
+        try:
+            dom = driver.conn.defineXML(driver.domain_xml(spec, accel="kvm"))
+            dom.create()
+            driver.guest_run(name, "true", timeout_s)
+            accel, why = "kvm", "a probe guest booted under KVM"
+        except (libvirt.libvirtError, DriverError) as exc:
+            why = f"a probe guest did not boot under KVM within {timeout_s:.0f} s ({str(exc)[:120]})"
+        finally:
+            if dom is not None:
+                try:
+                    if dom.isActive():
+                        dom.destroy()
+                    dom.undefineFlags(0)
+                except libvirt.libvirtError:
+                    pass
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"accel": accel, "why": why}))
+    return accel

@@ -1,0 +1,27 @@
+#!/bin/sh
+# /init of vmplane's test guest (busybox only). Answers commands on the serial console (ttyS0).
+/bin/busybox mkdir -p /proc /sys /dev /tmp /run /bin /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+mkdir -p /dev/shm /dev/pts
+mount -t tmpfs -o size=90% tmpfs /dev/shm
+dmesg -n 1                     # keep kernel messages off the console the control plane reads
+for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_balloon virtio_mem; do
+  [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko 2>/dev/null
+done
+# Online hot-added vCPUs (what udev does on a distribution), unless the control plane asked to keep a
+# vCPU offline (soft scale-down): it lists such vCPUs in /run/vmplane-offline.
+( while :; do
+    for f in /sys/devices/system/cpu/cpu[0-9]*/online; do
+      cpu=${f%/online}; cpu=${cpu##*/}
+      grep -qx "$cpu" /run/vmplane-offline 2>/dev/null && continue
+      [ "$(cat $f 2>/dev/null)" = 0 ] && echo 1 > $f 2>/dev/null
+    done
+    sleep 0.2
+  done ) &
+echo "VMPLANE-BOOT-OK uptime=$(cut -d' ' -f1 /proc/uptime)"
+stty -echo 2>/dev/null
+export PS1=''
+exec setsid cttyhack sh

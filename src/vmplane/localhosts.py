@@ -1,0 +1,274 @@
+"""Local libvirtd "hosts" on this machine, for `vmplane up` and the tests.
+
+Each host is a libvirtd in its own mount namespace with its own /etc, /run, /var/lib, /var/cache and
+/var/log libvirt folders (kept under BASE/NAME) and its own host_uuid, so several of them run side by
+side and can live-migrate to each other. With `netns=True` each also gets its own network namespace
+on a private bridge (10.88.0.0/24), so migration streams cross a veth as between real hosts.
+
+A host outlives the process that started it (as a hypervisor outlives a control-plane restart): a
+later `start()` of the same name adopts the running daemon. `stop()` destroys its domains and kills
+the daemon by its pid; namespaces, bridges and folders made here are removed by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+LIBVIRTD = "/usr/sbin/libvirtd"
+BRIDGE = "vmpbr0"
+SUBNET = "10.88.0"
+
+
+def _tag(base: Path) -> str:
+    """Short tag of a hosts folder, so that two clusters on one machine name their namespaces apart."""
+    import hashlib
+
+    return hashlib.sha1(str(base.resolve()).encode()).hexdigest()[:4]
+
+
+def switch_ns(base: Path) -> str:
+    return f"vmp{_tag(base)}-sw"
+
+
+def available() -> str | None:
+    """None when local libvirt hosts can run here, else the reason they can not."""
+    if shutil.which("qemu-system-x86_64") is None:
+        return "qemu-system-x86_64 is not installed"
+    if not os.path.exists(LIBVIRTD):
+        return "libvirtd is not installed"
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        return "unshare or nsenter (util-linux) is missing"
+    if os.geteuid() != 0:
+        return "local libvirt hosts need root (mount namespaces, QEMU as root)"
+    try:
+        import libvirt  # noqa: F401
+    except ImportError:
+        return "the libvirt-python package is not installed"
+    return None
+
+
+@dataclass(frozen=True)
+class LocalHost:
+    name: str
+    dir: Path
+    netns: str | None
+    address: str           # where QEMU listens for incoming migrations
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "run" / "libvirt-sock"
+
+    @property
+    def uri(self) -> str:
+        # "+unix" matters: a plain qemu:///system?socket= destination is refused as "the same host"
+        return f"qemu+unix:///system?socket={self.socket}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / "libvirtd.pid"
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return pid
+
+    def running(self) -> bool:
+        return self.pid() is not None and self.socket.exists()
+
+
+def _host_uuid(name: str, base: Path) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"vmplane-local-host:{base}:{name}"))
+
+
+def _write_config(host: LocalHost, base: Path) -> None:
+    for sub in ("etc/qemu", "run", "lib", "cache", "log"):
+        (host.dir / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(host.dir, 0o700)        # the socket inside is root's alone
+    (host.dir / "etc" / "libvirtd.conf").write_text(
+        f'host_uuid = "{_host_uuid(host.name, base)}"\n'
+        'unix_sock_rw_perms = "0700"\nunix_sock_ro_perms = "0700"\n'
+        'auth_unix_rw = "none"\nauth_unix_ro = "none"\n'
+        'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n')
+    (host.dir / "etc" / "qemu.conf").write_text(
+        'user = "root"\ngroup = "root"\ndynamic_ownership = 0\nremember_owner = 0\nsecurity_driver = "none"\n'
+        'stdio_handler = "file"\nnamespaces = [ ]\n'
+        # libvirt refuses loopback addresses here: a host in its own network namespace listens on its
+        # own address; a host sharing this machine's network listens on all (the URI picks 127.0.0.1)
+        + (f'migration_address = "{host.address}"\nmigration_host = "{host.address}"\n' if host.netns
+           else 'migration_address = "0.0.0.0"\n'))
+    (host.dir / "etc" / "libvirt.conf").write_text("")
+    (host.dir / "start.sh").write_text(f"""set -e
+mount --make-rprivate /
+for d in /run /var/lib /var/cache /var/log; do mount -t tmpfs tmpfs $d; done
+mkdir -p /run/libvirt /run/lock /var/lib/libvirt /var/cache/libvirt /var/log/libvirt /etc/libvirt
+mount --bind {host.dir}/etc /etc/libvirt
+mount --bind {host.dir}/run /run/libvirt
+mount --bind {host.dir}/lib /var/lib/libvirt
+mount --bind {host.dir}/cache /var/cache/libvirt
+mount --bind {host.dir}/log /var/log/libvirt
+echo $$ > {host.pid_file}
+exec {LIBVIRTD} -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid
+""")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def _netns_exists(name: str) -> bool:
+    return os.path.exists(f"/run/netns/{name}")
+
+
+def _ensure_switch(base: Path) -> str:
+    sw = switch_ns(base)
+    if not _netns_exists(sw):
+        _ip("netns", "add", sw)
+        _ip("-n", sw, "link", "add", BRIDGE, "type", "bridge")
+        _ip("-n", sw, "link", "set", BRIDGE, "up")
+        _ip("-n", sw, "link", "set", "lo", "up")
+    return sw
+
+
+def _ensure_netns(base: Path, host: LocalHost, index: int) -> None:
+    if _netns_exists(host.netns):
+        return
+    sw = _ensure_switch(base)
+    _ip("netns", "add", host.netns)
+    tag = _tag(base)
+    host_end, switch_end = f"v{tag}h{index}", f"v{tag}s{index}"
+    _ip("link", "add", host_end, "type", "veth", "peer", "name", switch_end)
+    _ip("link", "set", host_end, "netns", host.netns)
+    _ip("link", "set", switch_end, "netns", sw)
+    _ip("-n", sw, "link", "set", switch_end, "master", BRIDGE)
+    _ip("-n", sw, "link", "set", switch_end, "up")
+    _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host_end)
+    _ip("-n", host.netns, "link", "set", host_end, "up")
+    _ip("-n", host.netns, "link", "set", "lo", "up")
+
+
+def netns_available() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+def describe(base: Path, name: str, index: int, netns: bool) -> LocalHost:
+    return LocalHost(name, base / name, f"vmp{_tag(base)}-{name}" if netns else None,
+                     f"{SUBNET}.{index + 1}" if netns else "127.0.0.1")
+
+
+def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s: float = 30.0) -> LocalHost:
+    """Start (or adopt, if it already runs) the libvirtd host NAME under BASE."""
+    reason = available()
+    if reason:
+        raise RuntimeError(f"cannot start local libvirt host {name}: {reason}")
+    host = describe(base, name, index, netns)
+    if host.running():
+        return host
+    if netns:
+        _ensure_netns(base, host, index)
+    _write_config(host, base)
+    (host.dir / "host.json").write_text(json.dumps({"index": index, "netns": netns}))
+    host.socket.unlink(missing_ok=True)
+    cmd = ["unshare", "-m", "bash", str(host.dir / "start.sh")]
+    if host.netns:
+        # nsenter, not `ip netns exec`: the latter remounts /sys, which hides the cgroup mounts and
+        # leaves libvirt unable to cap or account its domains
+        cmd = ["nsenter", f"--net=/run/netns/{host.netns}"] + cmd
+    with open(host.dir / "daemon.out", "ab") as out:
+        subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if host.socket.exists() and host.pid() is not None and _answers(host):
+            return host
+        time.sleep(0.05)
+    log = (host.dir / "daemon.out").read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"libvirtd host {name} did not come up in {timeout_s:.0f} s: {log}")
+
+
+def _answers(host: LocalHost) -> bool:
+    import libvirt
+
+    try:
+        conn = libvirt.open(host.uri)
+    except libvirt.libvirtError:
+        return False
+    try:
+        conn.getHostname()
+        return True
+    except libvirt.libvirtError:
+        return False
+    finally:
+        conn.close()
+
+
+def _destroy_domains(host: LocalHost) -> None:
+    try:
+        import libvirt
+    except ImportError:
+        return
+    try:
+        conn = libvirt.open(host.uri)
+    except libvirt.libvirtError:
+        return
+    try:
+        for dom in conn.listAllDomains():
+            try:
+                if dom.isActive():
+                    dom.destroy()
+                dom.undefineFlags(0)
+            except libvirt.libvirtError:
+                pass
+    finally:
+        conn.close()
+
+
+def stop(host: LocalHost, remove_files: bool = False) -> None:
+    """Destroy the host's domains, stop its daemon (by pid), remove its network namespace."""
+    pid = host.pid()
+    if pid is not None:
+        _destroy_domains(host)
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    if host.netns and _netns_exists(host.netns):
+        _ip("netns", "del", host.netns, check=False)
+    if remove_files:
+        shutil.rmtree(host.dir, ignore_errors=True)
+
+
+def stop_switch(base: Path) -> None:
+    """Remove the bridge namespace of a hosts folder (once its hosts are stopped)."""
+    if _netns_exists(switch_ns(base)):
+        _ip("netns", "del", switch_ns(base), check=False)
+
+
+def stop_all(base: Path) -> list[str]:
+    """Stop every host started under BASE (by its pid file) and the bridge; returns their names."""
+    stopped = []
+    for name in sorted(p.name for p in base.iterdir() if (p / "host.json").exists()) if base.exists() else []:
+        saved = json.loads((base / name / "host.json").read_text())
+        host = describe(base, name, saved["index"], saved["netns"])
+        if host.pid() is not None or (host.netns and _netns_exists(host.netns)):
+            stop(host)
+            stopped.append(name)
+    stop_switch(base)
+    return stopped
