@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up vmplane on a fresh machine: a virtual environment at .venv (repo root) with pinned packages.
+# Set up vmplane on a fresh machine: a virtual environment at .venv (repo root) with pinned packages,
+# and, as root on Debian, QEMU + libvirt (no systemd) for real hosts and the PostgreSQL server the
+# tests race on.
 #   scripts/setup.sh          what `vmplane up` needs
 #   scripts/setup.sh --test   plus what the tests need
 # Idempotent: a second run only checks.
@@ -7,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
+say() { echo "vmplane setup: $*"; }
 
 py=""
 for candidate in python3.11 python3; do
@@ -19,25 +22,50 @@ if [ -z "$py" ]; then
   exit 1
 fi
 
-# The tests run the same admission races on SQLite and on a throwaway PostgreSQL server they start.
+# -- Debian packages (root only; without them vmplane runs on simulated hosts) -------------------
+packages=()
+command -v qemu-system-x86_64 >/dev/null || packages+=(qemu-system-x86)
+[ -x /usr/sbin/libvirtd ] || packages+=(libvirt-daemon libvirt-daemon-driver-qemu)
+command -v virsh >/dev/null || packages+=(libvirt-clients)
+dpkg -s libvirt-dev >/dev/null 2>&1 || packages+=(libvirt-dev)
+command -v pkg-config >/dev/null || packages+=(pkg-config)
+command -v ip >/dev/null || packages+=(iproute2)
+command -v nsenter >/dev/null || packages+=(util-linux)
 if [ "$want_test" = 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  packages+=(postgresql)
+fi
+if [ "${#packages[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "vmplane: installing the PostgreSQL server for the tests (apt-get)"
+    say "installing ${packages[*]} (apt-get, no recommends: libvirt without systemd)"
     apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null
   else
-    echo "vmplane: no PostgreSQL server and not root: the PostgreSQL variants of the tests will be skipped" >&2
+    say "not root or no apt-get: missing ${packages[*]}; vmplane will use simulated hosts" >&2
   fi
 fi
+if [ "$(id -u)" = 0 ] && [ -x /usr/sbin/libvirtd ]; then
+  # libvirt's QEMU driver refuses to start unless its compiled-in user exists (libvirt-daemon-system
+  # would create it, but pulls in systemd)
+  getent group libvirt-qemu >/dev/null || groupadd -r libvirt-qemu
+  id libvirt-qemu >/dev/null 2>&1 || useradd -r -g libvirt-qemu -d /var/lib/libvirt -s /usr/sbin/nologin libvirt-qemu
+fi
+# the guest image is built from Debian packages with `apt-get download`, which needs package lists
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then
+  apt-get update -q >/dev/null
+fi
 
+# -- Python ------------------------------------------------------------------------------------
 [ -x .venv/bin/python ] || "$py" -m venv .venv
-extra=""
-[ "$want_test" = 1 ] && extra="[test]"
-stamp=".venv/.vmplane-installed$extra"
+extras=()
+[ "$want_test" = 1 ] && extras+=(test)
+dpkg -s libvirt-dev >/dev/null 2>&1 && extras+=(libvirt)
+spec="."
+[ "${#extras[@]}" -gt 0 ] && spec=".[$(IFS=,; echo "${extras[*]}")]"
+stamp=".venv/.installed-$(echo "$spec" | tr -c 'a-z' '_')"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade "pip==25.3" 2>&1 | grep -v -i "warning" || true
-  .venv/bin/python -m pip install -q -e ".$extra" 2>&1 | grep -v -i "warning" || true
-  .venv/bin/python -c "import vmplane, fastapi, sqlalchemy, typer" # fail loudly if the install did not work
+  .venv/bin/python -m pip install -q -e "$spec" 2>&1 | grep -v -i "warning" || true
+  .venv/bin/python -c "import vmplane, fastapi, sqlalchemy, typer"   # fail loudly if the install did not work
   touch "$stamp"
 fi
-echo "vmplane: .venv ready ($(.venv/bin/python --version))"
+say ".venv ready ($(.venv/bin/python --version); extras: ${extras[*]:-none})"

@@ -75,9 +75,11 @@ def free_port() -> int:
 class LiveServer:
     """`vmplane up --driver sim` in its own process, stopped by its pid."""
 
-    def __init__(self, tmp_path: Path, hosts: int = 3, db_url: str | None = None):
+    def __init__(self, tmp_path: Path, hosts: int = 3, db_url: str | None = None, driver: str = "sim"):
         self.db_url = db_url or f"sqlite:///{tmp_path / 'live.db'}"
         self.hosts = hosts
+        self.driver = driver
+        self.home = tmp_path / "home"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / "server.log"
@@ -85,14 +87,14 @@ class LiveServer:
 
     @property
     def env(self) -> dict:
-        return {**os.environ, "VMPLANE_API": self.url, "VMPLANE_TOKEN": ADMIN_TOKEN}
+        return {**os.environ, "VMPLANE_API": self.url, "VMPLANE_TOKEN": ADMIN_TOKEN, "VMPLANE_HOME": str(self.home)}
 
-    def start(self) -> "LiveServer":
+    def start(self, *extra: str) -> "LiveServer":
         self.proc = subprocess.Popen(
-            [VMPLANE, "up", "--driver", "sim", "--hosts", str(self.hosts), "--db", self.db_url,
-             "--port", str(self.port), "--token", ADMIN_TOKEN],
-            stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
+            [VMPLANE, "up", "--driver", self.driver, "--hosts", str(self.hosts), "--db", self.db_url,
+             "--port", str(self.port), "--token", ADMIN_TOKEN, *extra],
+            stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vmplane up exited: {self.log.read_text()}")
@@ -102,7 +104,7 @@ class LiveServer:
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"vmplane up did not answer in 60 s: {self.log.read_text()}")
+        raise RuntimeError(f"vmplane up did not answer in 180 s: {self.log.read_text()}")
 
     def stop(self, sig: str = "term") -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -112,7 +114,7 @@ class LiveServer:
         else:
             self.proc.terminate()
         try:
-            self.proc.wait(20)
+            self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
@@ -121,8 +123,8 @@ class LiveServer:
         return httpx.Client(base_url=self.url + "/api/v1", timeout=timeout,
                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([VMPLANE, *args], env=self.env, capture_output=True, text=True, timeout=60)
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run([VMPLANE, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -466,9 +466,14 @@ class Orchestrator:
         """Run one shell line in a running VM's guest (through its console); (output, exit code)."""
         if not command.strip():
             raise Invalid("command is empty", field="command")
-        with self.db.read() as s:
-            vm = L.vm_row(s.connection(), name=name)
-        if vm.state not in (VmState.running.value, VmState.scaling.value, VmState.starting.value):
+        deadline = time.monotonic() + timeout_s
+        while True:                       # a VM that is starting is waited for, within the timeout
+            with self.db.read() as s:
+                vm = L.vm_row(s.connection(), name=name)
+            if vm.state != VmState.starting.value or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if vm.state not in (VmState.running.value, VmState.scaling.value):
             raise Conflict(f"vm {name} is {vm.state}; commands run in a running VM", field="state")
         driver = self.drivers[vm.host_name]
         run = getattr(driver, "guest_run", None)
@@ -476,7 +481,7 @@ class Orchestrator:
             raise Conflict(f"vm {name} runs on {vm.host_name}, a {driver.kind} host without a guest to run "
                            f"commands in; use a libvirt host", field="host")
         try:
-            return run(domain_name(name), command, timeout_s)
+            return run(domain_name(name), command, max(deadline - time.monotonic(), 1.0))
         except DriverError as exc:
             raise Conflict(str(exc), field="command") from None
 

@@ -270,7 +270,8 @@ class LibvirtDriver(Driver):
             if any(f"__VMP_R{t}__".encode() in buf for t in probes):
                 break
         tag = uuid.uuid4().hex[:12]
-        self._send(stream, f"echo __VMP''_B{tag}__; {command} 2>&1; echo __VMP''_E{tag}_$?__\n")
+        # a subshell: `exit`, `cd` or `set -e` in the command must not touch the console's shell
+        self._send(stream, f"echo __VMP''_B{tag}__; ( {command} ) 2>&1; echo __VMP''_E{tag}_$?__\n")
         buf = b""
         while True:
             buf = self._receive(stream, buf, deadline, command)

@@ -36,10 +36,26 @@ def cache_dir() -> Path:
     return Path(base)
 
 
+def recipe_hash() -> str:
+    """Changes whenever the guest's init or the way it is packed changes: the cache is rebuilt then."""
+    import hashlib
+
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in ("init.sh", "initramfs.py"):
+        digest.update((here / name).read_bytes())
+    digest.update(" ".join(MODULES).encode())
+    return digest.hexdigest()[:16]
+
+
 def cached_image() -> GuestImage | None:
     d = cache_dir()
     image = GuestImage(d / "vmlinuz", d / "initrd.gz")
-    return image if image.kernel.exists() and image.initrd.exists() else None
+    try:
+        current = (d / "RECIPE").read_text().strip() == recipe_hash()
+    except OSError:
+        current = False
+    return image if current and image.kernel.exists() and image.initrd.exists() else None
 
 
 def _kernel_package() -> str:
@@ -78,6 +94,7 @@ def build(force: bool = False) -> GuestImage:
         (tmp / "initrd.gz").replace(d / "initrd.gz")
         (tmp / "vmlinuz").replace(d / "vmlinuz")
         (d / "VERSION").write_text(f"{package}\n")
+        (d / "RECIPE").write_text(recipe_hash() + "\n")
     return GuestImage(d / "vmlinuz", d / "initrd.gz")
 
 

@@ -22,6 +22,9 @@ done
     sleep 0.2
   done ) &
 echo "VMPLANE-BOOT-OK uptime=$(cut -d' ' -f1 /proc/uptime)"
-stty -echo 2>/dev/null
 export PS1=''
-exec setsid cttyhack sh
+# PID 1 must never end (the kernel would panic): the console shell is started again if it exits
+while :; do
+  stty -echo 2>/dev/null
+  setsid cttyhack sh
+done

@@ -1,0 +1,87 @@
+"""Helpers for tests on real QEMU guests: a `vmplane up --driver libvirt` cluster and measurements."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from vmplane import localhosts
+
+from .conftest import LiveServer
+
+
+def require_libvirt() -> None:
+    reason = localhosts.available()
+    if reason:
+        pytest.skip(f"real-QEMU test skipped: {reason}")
+
+
+def libvirt_cluster(tmp_path: Path, hosts: int = 2) -> LiveServer:
+    require_libvirt()
+    live = LiveServer(tmp_path, hosts=hosts, driver="libvirt").start()
+    with live.client() as c:
+        # every local host sees this machine's 2 cores: overcommit so that a few guests fit
+        c.put("/settings/cpu.overprovisioning.factor", json={"value": "4", "scope": "cluster",
+                                                             "scope_name": "cluster1"}).raise_for_status()
+        c.post("/projects", json={"name": "p", "vcpus": 16, "memory_mib": 16384, "vms": 50}).raise_for_status()
+    return live
+
+
+def run_json(live: LiveServer, *args: str) -> dict:
+    r = live.cli(*args, "--output", "json")
+    assert r.returncode == 0, f"{args}: {r.stdout} {r.stderr}"
+    return json.loads(r.stdout)
+
+
+def guest(live: LiveServer, vm: str, command: str, timeout: float = 120) -> str:
+    r = live.cli("vm", "exec", vm, "--timeout", str(timeout), "--", command)
+    assert r.returncode == 0, f"{command}: {r.stdout} {r.stderr}"
+    return r.stdout
+
+
+def host_of(live: LiveServer, name: str):
+    """The LocalHost behind a registered host name of this cluster."""
+    saved = json.loads((live.home / "hosts" / name / "host.json").read_text())
+    return localhosts.describe(live.home / "hosts", name, saved["index"], saved["netns"])
+
+
+def domains_on(live: LiveServer, host: str) -> list[str]:
+    import libvirt
+
+    conn = libvirt.open(host_of(live, host).uri)
+    try:
+        return sorted(d.name() for d in conn.listAllDomains())
+    finally:
+        conn.close()
+
+
+def qemu_pids(domain: str) -> list[int]:
+    """QEMU processes whose command line names this domain (there must be at most one)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline and cmdline[0].endswith(b"qemu-system-x86_64") and f"guest={domain},".encode() in b" ".join(cmdline):
+            pids.append(int(entry))
+    return pids
+
+
+def cpu_seconds(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_use(pid: int, seconds: float = 4.0) -> float:
+    """CPUs used by a process over `seconds` (1.0 = one full CPU), from utime + stime."""
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
