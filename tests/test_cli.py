@@ -34,7 +34,7 @@ def test_walkthrough_with_json_output(live):
     assert run_json(live, "template", "create", "tiny", "--image", "tiny-linux",
                     "--dynamically-scalable")["dynamically_scalable"] is True
     assert run_json(live, "template", "show", "tiny")["image"] == "tiny-linux"
-    assert [t["name"] for t in run_json(live, "template", "list")] == ["tiny"]
+    assert [t["name"] for t in run_json(live, "template", "list")] == ["tiny", "tiny-linux"]   # up registers tiny-linux
 
     assert run_json(live, "setting", "set", "mem.overprovisioning.factor", "1.5", "--cluster", "cluster1")["value"] == 1.5
     assert run_json(live, "setting", "set", "enable.dynamic.scale.vm", "true", "--zone", "zone1")["value"] is True
