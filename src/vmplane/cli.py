@@ -21,7 +21,10 @@ groups = {name: typer.Typer(help=text, no_args_is_help=True) for name, text in [
     ("zone", "Zones."), ("cluster", "Clusters of hosts."), ("host", "Hypervisor hosts."),
     ("project", "Projects (tenants) and their quotas."), ("offering", "Compute offerings."),
     ("template", "Guest images."), ("setting", "Settings at global, zone or cluster scope."),
-    ("vm", "Virtual machines."), ("operation", "Asynchronous operations."), ("token", "API tokens.")]}
+    ("vm", "Virtual machines."), ("operation", "Asynchronous operations."), ("token", "API tokens."),
+    ("migration", "Live migrations.")]}
+maintenance_app = typer.Typer(help="Drain a host by live migration, or enable it again.", no_args_is_help=True)
+groups["host"].add_typer(maintenance_app, name="maintenance")
 for _name, _group in groups.items():
     app.add_typer(_group, name=_name)
 
@@ -87,6 +90,36 @@ HOST_COLUMNS = ["name", "cluster", "state", "driver", "cores", "used_vcpus", "vc
                 "used_memory_mib", "memory_capacity_mib"]
 VM_COLUMNS = ["name", "project", "state", "host", "vcpus", "memory_mib", "overhead_mib", "offering"]
 OP_COLUMNS = ["id", "kind", "target", "state", "step", "progress", "message"]
+MIGRATION_COLUMNS = ["vm_name", "source", "target", "state", "progress", "waiting_for", "reason"]
+DONE = ("succeeded", "failed", "cancelled")
+
+
+def follow_migrations(client: Client, ids: list[str], output: str, timeout_s: float = 3600) -> list[dict]:
+    """Wait for migrations to end, with a Rich progress bar per VM (plain polling for --output json)."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    deadline = time.monotonic() + timeout_s
+    if output == "json":
+        while True:
+            rows = [client.get(f"/migrations/{i}") for i in ids]
+            if all(r["state"] in DONE for r in rows) or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.2)
+    with Progress(TextColumn("{task.fields[vm]:<16}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TextColumn("{task.fields[status]}"), console=console) as bar:
+        tasks = {i: bar.add_task("", total=100, vm=i[:8], status="") for i in ids}
+        while True:
+            rows = [client.get(f"/migrations/{i}") for i in ids]
+            for r in rows:
+                status = r["state"] + (f": {r['waiting_for']}" if r["waiting_for"] else "") + (
+                    f" ({r['reason']})" if r["state"] in ("failed", "cancelled") else "")
+                bar.update(tasks[r["id"]], completed=r["progress"], vm=f"{r['vm_name']} -> {r['target']}",
+                           status=status[:70])
+            if all(r["state"] in DONE for r in rows) or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.2)
 
 
 # -- local cluster -----------------------------------------------------------------------------
@@ -382,6 +415,84 @@ def vm_exec(name: str, command: list[str] = typer.Argument(..., help="the comman
     else:
         sys.stdout.write(result["output"])
     raise typer.Exit(result["exit_code"])
+
+
+@groups["vm"].command("migrate")
+def vm_migrate(name: str, to: Optional[str] = typer.Option(None, help="target host (default: placement chooses)"),
+               dry_run: bool = typer.Option(False, help="say which host and why, change nothing"),
+               wait: bool = typer.Option(False, help="follow the migration until it ends"),
+               cancel: bool = typer.Option(False, help="cancel this VM's migration"),
+               api: str = typer.Option(DEFAULT_API, envvar="VMPLANE_API"),
+               token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN"), output: OutputFormat = Output):
+    """Live-migrate a running VM (quota-neutral: its project's usage does not change)."""
+    out = OutputFormat(output).value
+    client = Client(api, token)
+    try:
+        if cancel:
+            render(client.post(f"/vms/{name}/migrate/cancel"), out, MIGRATION_COLUMNS if out == "table" else None)
+            return
+        body = {"to": to, "dry_run": dry_run}
+        result = client.post(f"/vms/{name}/migrate", {k: v for k, v in body.items() if v is not None})
+        if wait and not dry_run:
+            result = follow_migrations(client, [result["id"]], out)[0]
+        render(result, out)
+        if result.get("state") in ("failed", "cancelled"):
+            raise typer.Exit(1)
+    except ApiError as exc:
+        error(exc.body, out)
+        raise typer.Exit(1)
+
+
+@maintenance_app.command("enter")
+def maintenance_enter(name: str, dry_run: bool = typer.Option(False, help="print the plan, change nothing"),
+                      wait: bool = typer.Option(False, help="follow the drain until it ends"),
+                      api: str = typer.Option(DEFAULT_API, envvar="VMPLANE_API"),
+                      token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN"),
+                      output: OutputFormat = Output):
+    """Drain a host by live migration, within the limits; VMs that fit nowhere are listed and stay."""
+    out = OutputFormat(output).value
+    client = Client(api, token)
+    try:
+        plan = client.post(f"/hosts/{name}/maintenance", {"action": "enter", "dry_run": dry_run})
+        if wait and not dry_run:
+            ids = [m["migration"] for m in plan["migrations"] if m.get("migration")]
+            plan["migrations"] = follow_migrations(client, ids, out) if ids else []
+        if out == "json":
+            render(plan, out)
+        else:
+            render(plan["migrations"], out, None, f"{name}: {'plan' if dry_run else 'drain'}")
+            for item in plan["unplaceable"]:
+                console.print(f"[yellow]stays on {name}[/yellow] {item['vm']}: {item['reason']}")
+        failed = [m for m in plan["migrations"] if m.get("state") in ("failed", "cancelled")]
+        if failed or plan["unplaceable"]:
+            raise typer.Exit(1)
+    except ApiError as exc:
+        error(exc.body, out)
+        raise typer.Exit(1)
+
+
+@maintenance_app.command("exit")
+def maintenance_exit(name: str, api: str = typer.Option(DEFAULT_API, envvar="VMPLANE_API"),
+                     token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN"),
+                     output: OutputFormat = Output):
+    """Enable the host again."""
+    out = OutputFormat(output).value
+    try:
+        render(Client(api, token).post(f"/hosts/{name}/maintenance", {"action": "exit"}), out)
+    except ApiError as exc:
+        error(exc.body, out)
+        raise typer.Exit(1)
+
+
+@api_command(groups["migration"], "list")
+def migration_list(vm: Optional[str] = typer.Option(None), host: Optional[str] = typer.Option(None),
+                   active: bool = typer.Option(False, help="only queued or copying"), *, client: Client):
+    return client.get("/migrations", vm=vm, host=host, active=active or None), MIGRATION_COLUMNS, "migrations"
+
+
+@api_command(groups["migration"], "show")
+def migration_show(migration_id: str, client: Client):
+    return client.get(f"/migrations/{migration_id}")
 
 
 @api_command(groups["vm"], "delete")

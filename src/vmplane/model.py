@@ -126,6 +126,7 @@ class PlacementRequest:
     size: Size
     exclude_hosts: frozenset[str] = field(default_factory=frozenset)
     cluster: str | None = None      # restrict to one cluster
+    exclude_reason: str = "excluded by the request"
 
 
 @dataclass(frozen=True)

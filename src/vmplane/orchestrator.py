@@ -28,6 +28,7 @@ from .drivers.sim import SimDriver
 from .errors import AlreadyExists, Conflict, InsufficientCapacity, Invalid, NotFound, VmplaneError
 from .model import (CHARGED_STATES, IN_FLIGHT_OPERATION_STATES, ClaimKind, HostCapacity, HostState,
                     OperationState, PlacementRequest, Size, Usage, VmState)
+from .migrator import Migrator
 from .names import check_name
 from .offerings import size_for
 from .placement import CapacityIndex, Placement, choose
@@ -80,6 +81,7 @@ class HostMeta:
     cores: int
     cpu_mhz: int
     memory_mib: int
+    migration_address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ class Orchestrator:
         self.index = CapacityIndex()
         self._hosts: dict[str, HostMeta] = {}
         self._lock = threading.RLock()      # admissions in this process, and the index
-        self.executor = executor or ThreadPoolExecutor(8, thread_name_prefix="vmplane-op")
+        self.executor = executor or ThreadPoolExecutor(16, thread_name_prefix="vmplane-op")
+        self.migrator = Migrator(self)
 
     # -- start-up ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -129,6 +132,8 @@ class Orchestrator:
         self.rebuild_index()
         self.reconcile()
         self._resume_operations()
+        self.migrator.recover()
+        self.migrator.pump()
 
     @staticmethod
     def _make_driver(host: Host) -> Driver:
@@ -138,7 +143,21 @@ class Orchestrator:
 
     @staticmethod
     def _meta(h: Host) -> HostMeta:
-        return HostMeta(h.id, h.cluster.zone.name, h.cluster.name, h.cores, h.cpu_mhz, h.memory_mib)
+        return HostMeta(h.id, h.cluster.zone.name, h.cluster.name, h.cores, h.cpu_mhz, h.memory_mib,
+                        h.migration_address)
+
+    def _migration_address(self, host: str) -> str | None:
+        return self._hosts[host].migration_address
+
+    domain_name = staticmethod(domain_name)
+
+    def set_host_state(self, name: str, state: HostState) -> None:
+        """Enable a host or take it out of placement (maintenance, disabled, down)."""
+        with self._lock:
+            with self.db.transaction() as conn:
+                if conn.execute(L.HOSTS.update().where(L.HOSTS.c.name == name).values(state=state.value)).rowcount != 1:
+                    raise NotFound(f"host {name!r} does not exist", field="host")
+            self.index.upsert(replace(self.index.host(name), state=state))
 
     def _capacity(self, host: Host) -> HostCapacity:
         cluster, zone = host.cluster.name, host.cluster.zone.name
@@ -161,7 +180,8 @@ class Orchestrator:
 
     # -- hosts ---------------------------------------------------------------------------------
     def add_host(self, name: str, cluster: str, driver: str, cores: int | None = None,
-                 cpu_mhz: int | None = None, memory_mib: int | None = None, uri: str | None = None) -> Host:
+                 cpu_mhz: int | None = None, memory_mib: int | None = None, uri: str | None = None,
+                 migration_address: str | None = None) -> Host:
         check_name(name)
         if driver == "sim":
             for field, value in (("cores", cores), ("cpu_mhz", cpu_mhz), ("memory_mib", memory_mib)):
@@ -188,7 +208,8 @@ class Orchestrator:
                 ensure_new(s, Host, name)
                 c = get_by_name(s, Cluster, cluster, field="cluster")
                 s.add(Host(name=name, cluster_id=c.id, driver=driver, uri=uri, cores=cores, cpu_mhz=cpu_mhz,
-                           memory_mib=memory_mib, state=HostState.enabled.value, used_vcpus=0, used_memory_mib=0))
+                           memory_mib=memory_mib, state=HostState.enabled.value, used_vcpus=0, used_memory_mib=0,
+                           migration_address=migration_address))
             host = self.host(name)
             self.drivers[name] = self._make_driver(host)
             self._hosts[name] = self._meta(host)

@@ -171,7 +171,7 @@ def _exclude_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.nda
 
 
 def _exclude_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
-    return "excluded by the request"
+    return req.exclude_reason
 
 
 def _cpu_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
@@ -256,6 +256,19 @@ def choose(index: CapacityIndex, request: PlacementRequest, filters: Sequence[Fi
     memory = int(demand.memory_mib[best])
     return Placement(index._hosts[best].name, memory, memory - request.size.memory_mib,  # type: ignore[union-attr]
                      float(total.max()))
+
+
+def fit_on(index: CapacityIndex, request: PlacementRequest, host: str,
+           filters: Sequence[Filter] = FILTERS) -> Placement:
+    """The placement on one named host, or InsufficientCapacity naming the host and the resource."""
+    row = index._row(host)
+    demand = demand_for(index, request)
+    for f in filters:
+        mask = f.mask(index, request, demand)
+        if mask is not None and not mask[row]:
+            raise InsufficientCapacity(f"{host}: {f.reason(index, row, request, demand)}", field="to")
+    memory = int(demand.memory_mib[row])
+    return Placement(host, memory, memory - request.size.memory_mib, 0.0)
 
 
 def explain(index: CapacityIndex, request: PlacementRequest,

@@ -71,14 +71,14 @@ def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str) -> list[s
     names = []
     for i in range(1, hosts + 1):
         name = f"{prefix}{i}"
-        uri = None
+        local = None
         if driver == "libvirt":
-            uri = localhosts.start(hosts_dir(), name, i - 1, netns=localhosts.netns_available()).uri
+            local = localhosts.start(hosts_dir(), name, i - 1, netns=localhosts.netns_available())
         try:
             orch.host(name)
         except NotFound:
-            if driver == "libvirt":
-                orch.add_host(name, UP_CLUSTER, "libvirt", uri=uri)
+            if local is not None:
+                orch.add_host(name, UP_CLUSTER, "libvirt", uri=local.uri, migration_address=local.address)
             else:
                 orch.add_host(name, UP_CLUSTER, "sim", **SIM_HOST)
         names.append(name)

@@ -53,6 +53,7 @@ class HostCreate(Request):
     cpu_mhz: Positive | None = None
     memory_mib: Positive | None = None
     uri: Annotated[str, Field(max_length=1024)] | None = None
+    migration_address: Annotated[str, Field(max_length=255, pattern=r"^[A-Za-z0-9.:\[\]-]+$")] | None = None
 
 
 class HostOut(Response):
@@ -69,6 +70,7 @@ class HostOut(Response):
     memory_capacity_mib: int
     used_vcpus: int
     used_memory_mib: int
+    migration_address: str | None = None
 
 
 # -- projects ----------------------------------------------------------------------------------
@@ -224,6 +226,45 @@ class ExecRequest(Request):
 class ExecResult(BaseModel):
     output: str
     exit_code: int
+
+
+class MigrateRequest(Request):
+    to: Name | None = Field(None, description="target host; placement chooses when left out")
+    dry_run: StrictBool = False
+    bandwidth_mib_s: Annotated[StrictInt, Field(gt=0)] | None = Field(None, description="override the policy")
+    postcopy: StrictBool | None = Field(None, description="override the policy")
+    max_downtime_ms: Annotated[StrictInt, Field(gt=0)] | None = None
+
+
+class MigrationOut(BaseModel):
+    id: str
+    vm_name: str
+    source: str
+    target: str
+    state: str
+    reason: str
+    waiting_for: str
+    progress: int
+    params: dict | None
+    stats: dict | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+class MigrationPlan(BaseModel):
+    vm: str
+    source: str
+    target: str
+    dry_run: bool
+    claim_vcpus: int
+    claim_memory_mib: int
+    reason: str
+
+
+class MaintenanceRequest(Request):
+    action: Literal["enter", "exit"]
+    dry_run: StrictBool = False
 
 
 class VmAccepted(BaseModel):

@@ -12,7 +12,8 @@ def host_out(orch: Orchestrator, h: Host) -> schemas.HostOut:
     return schemas.HostOut(name=h.name, cluster=h.cluster.name, zone=h.cluster.zone.name, driver=h.driver,
                            uri=h.uri, state=h.state, cores=h.cores, cpu_mhz=h.cpu_mhz, memory_mib=h.memory_mib,
                            vcpus_capacity=cap.vcpus_capacity, memory_capacity_mib=cap.memory_capacity_mib,
-                           used_vcpus=h.used_vcpus, used_memory_mib=h.used_memory_mib)
+                           used_vcpus=h.used_vcpus, used_memory_mib=h.used_memory_mib,
+                           migration_address=h.migration_address)
 
 
 def project_out(p: Project) -> schemas.ProjectOut:

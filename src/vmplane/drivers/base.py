@@ -71,10 +71,11 @@ class GuestView:
 
 @dataclass(frozen=True)
 class MigrationParams:
-    bandwidth_mib_s: int | None = None
+    bandwidth_mib_s: int | None = None          # pre-copy bandwidth cap; None = the hypervisor's default
     max_downtime_ms: int | None = None
     postcopy: bool = False
-    postcopy_after_s: float | None = None
+    postcopy_after_s: float | None = None       # switch to post-copy this long after the first pass starts
+    postcopy_bandwidth_mib_s: int | None = None
     parallel_connections: int | None = None
 
 
@@ -96,6 +97,7 @@ class Driver(abc.ABC):
 
     def __init__(self, host: str):
         self.host = host
+        self.migration_address: str | None = None     # where this host takes incoming migrations
 
     @abc.abstractmethod
     def host_info(self) -> HostInfo: ...
@@ -134,6 +136,9 @@ class Driver(abc.ABC):
     def migrate(self, name: str, target: "Driver", params: MigrationParams,
                 progress: ProgressCallback | None = None) -> MigrationStats:
         """Live-migrate a running domain to the target host; on failure it keeps running here."""
+
+    def abort_migration(self, name: str) -> None:
+        """Cancel an outgoing migration of `name`; it then fails and the domain keeps running here."""
 
     @abc.abstractmethod
     def guest_view(self, name: str) -> GuestView: ...

@@ -8,6 +8,7 @@ stands in for the real path in tests of guest behaviour.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 from .base import (CpuCap, DomainInfo, DomainSpec, Driver, DriverError, GuestView, HostInfo, MigrationParams,
@@ -23,6 +24,9 @@ class SimDriver(Driver):
         self._domains: dict[str, DomainInfo] = {}
         self._specs: dict[str, DomainSpec] = {}
         self._lock = threading.Lock()
+        # None: a migration is instant; else memory is copied at this rate (for limit and drain timelines)
+        self.copy_rate_mib_s: float | None = None
+        self._aborts: set[str] = set()
 
     def host_info(self) -> HostInfo:
         return self._info
@@ -85,11 +89,26 @@ class SimDriver(Driver):
         with self._lock:
             info = self._running(name)
             spec = self._specs[name]
+            self._aborts.discard(name)
+        t0 = time.monotonic()
+        if self.copy_rate_mib_s:
+            duration = info.memory_mib / self.copy_rate_mib_s
+            while (elapsed := time.monotonic() - t0) < duration:
+                if name in self._aborts:
+                    raise DriverError(self.host, f"migration of {name} cancelled; it keeps running here")
+                if progress:
+                    progress(int(100 * elapsed / duration), f"copied {int(info.memory_mib * elapsed / duration)} "
+                                                            f"of {info.memory_mib} MiB")
+                time.sleep(min(0.02, duration - elapsed))
         target.start(replace(spec, vcpus=info.vcpus, memory_mib=info.memory_mib, cpu_cap=info.cpu_cap))
         self.stop(name)
         if progress:
             progress(100, "switched over")
-        return MigrationStats(total_ms=0, downtime_ms=0, bytes_sent=info.memory_mib * 1024 * 1024)
+        return MigrationStats(total_ms=int((time.monotonic() - t0) * 1000), downtime_ms=0,
+                              bytes_sent=info.memory_mib * 1024 * 1024)
+
+    def abort_migration(self, name: str) -> None:
+        self._aborts.add(name)
 
     def guest_view(self, name: str) -> GuestView:
         with self._lock:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Row
 
 from ..errors import NotFound
 from ..model import ClaimKind, OperationState, Quota, Usage, VmState
-from .schema import Claim, Host, Offering, Operation, Project, Template, Vm, utcnow
+from .schema import Claim, Host, Migration, Offering, Operation, Project, Template, Vm, utcnow
 
 PROJECTS = Project.__table__
 HOSTS = Host.__table__
@@ -26,6 +26,7 @@ VMS = Vm.__table__
 CLAIMS = Claim.__table__
 OPERATIONS = Operation.__table__
 TEMPLATES = Template.__table__
+MIGRATIONS = Migration.__table__
 
 _P, _H, _V, _C, _O, _T = (t.c for t in (PROJECTS, HOSTS, VMS, CLAIMS, OPERATIONS, TEMPLATES))
 
@@ -67,7 +68,7 @@ _OPERATION_LOCKED = _OPERATION.with_for_update()
 
 @functools.lru_cache(maxsize=None)
 def _update_by_id(table_name: str, fields: tuple[str, ...]):
-    table = {"vms": VMS, "operations": OPERATIONS}[table_name]
+    table = {"vms": VMS, "operations": OPERATIONS, "migrations": MIGRATIONS}[table_name]
     return update(table).where(table.c.id == bindparam("_id")).values({f: bindparam(f) for f in fields})
 
 
@@ -130,6 +131,30 @@ def release_vm(conn: Connection, vm_id: int) -> list[tuple[str, int, int]]:
     return freed
 
 
+def release_claim(conn: Connection, vm_id: int, operation_id: str | None,
+                  kind: ClaimKind | None = None) -> list[tuple[str, int, int]]:
+    """Release one VM's claim(s) selected by operation (a migration target) or by kind; returns freed."""
+    where = [_C.vm_id == vm_id]
+    if operation_id is not None:
+        where.append(_C.operation_id == operation_id)
+    if kind is not None:
+        where.append(_C.kind == kind.value)
+    freed = []
+    for claim_id, host_id, vcpus, memory, host_name in conn.execute(
+            select(_C.id, _C.host_id, _C.vcpus, _C.memory_mib, _H.name).join(HOSTS, _H.id == _C.host_id)
+            .where(*where)).all():
+        conn.execute(_ADD_TO_HOST, {"_id": host_id, "dv": -vcpus, "dm": -memory})
+        conn.execute(delete(CLAIMS).where(_C.id == claim_id))
+        freed.append((host_name, vcpus, memory))
+    return freed
+
+
+def promote_claim(conn: Connection, vm_id: int, operation_id: str) -> None:
+    """A migration target's claim becomes the VM's running claim."""
+    conn.execute(update(CLAIMS).where(_C.vm_id == vm_id, _C.operation_id == operation_id)
+                 .values(kind=ClaimKind.running.value))
+
+
 def new_operation(conn: Connection, kind: str, target: str, vm_id: int | None, project_id: int | None,
                   step: str, message: str = "", result: dict | None = None, progress: int = 10) -> str:
     op_id = str(uuid.uuid4())
@@ -166,6 +191,12 @@ def vm_row(conn: Connection, vm_id: int | None = None, name: str | None = None, 
     if row is None:
         raise NotFound(f"vm {name or vm_id!r} does not exist", field="vm")
     return row
+
+
+def set_migration(conn: Connection, migration_id: str, **fields) -> None:
+    if "state" in fields and not isinstance(fields["state"], str):
+        fields["state"] = fields["state"].value
+    conn.execute(_update_by_id("migrations", tuple(sorted(fields))), {"_id": migration_id, **fields})
 
 
 def set_vm(conn: Connection, vm_id: int, **fields) -> None:

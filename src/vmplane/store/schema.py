@@ -41,6 +41,8 @@ class Host(Base):
     cpu_mhz: Mapped[int] = mapped_column(Integer)
     memory_mib: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16), default="enabled")
+    # Where QEMU on this host listens for incoming migrations (None: derived from the URI).
+    migration_address: Mapped[str | None] = mapped_column(String(255), nullable=True)
     # Sum of the claims on this host; changed only together with claims, in one transaction.
     used_vcpus: Mapped[int] = mapped_column(Integer, default=0)
     used_memory_mib: Mapped[int] = mapped_column(Integer, default=0)
@@ -150,6 +152,29 @@ class Operation(Base):
     result: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+
+class Migration(Base):
+    __tablename__ = "migrations"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"), index=True)
+    vm_name: Mapped[str] = mapped_column(String(63))
+    project_id: Mapped[int] = mapped_column(Integer, index=True)
+    source_host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    target_host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    source: Mapped[str] = mapped_column(String(63))
+    target: Mapped[str] = mapped_column(String(63))
+    cluster: Mapped[str] = mapped_column(String(63))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")            # why it failed / waits / what drains it
+    waiting_for: Mapped[str] = mapped_column(Text, default="")
+    progress: Mapped[int] = mapped_column(Integer, default=0)
+    params: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    stats: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # total_ms, downtime_ms, bytes, guest check
+    operation_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class Token(Base):

@@ -5,7 +5,8 @@ from fastapi.responses import JSONResponse
 
 from ...orchestrator import Admitted
 from ..deps import AnyCaller, Caller, Orch
-from ..schemas import ExecRequest, ExecResult, VmAccepted, VmCreate, VmOut, VmStop
+from ..schemas import (ExecRequest, ExecResult, MigrateRequest, MigrationOut, MigrationPlan, VmAccepted, VmCreate,
+                       VmOut, VmStop)
 from ..views import operation_out, vm_out
 
 router = APIRouter(tags=["vms"])
@@ -69,3 +70,37 @@ def exec_in_vm(name: str, body: ExecRequest, orch: Orch, who: AnyCaller):
 def delete_vm(name: str, orch: Orch, who: AnyCaller):
     _own_vm(orch, who, name)
     orch.delete_vm(name)
+
+
+@router.post("/vms/{name}/migrate", status_code=202, response_model=MigrationOut | MigrationPlan,
+             responses={200: {"model": MigrationPlan, "description": "dry run: the plan"}})
+def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
+    """Live-migrate a running VM. Quota-neutral: the project's usage does not change. The target is
+    claimed now; the copy starts when the migration limits allow (it waits in a queue, never refused)."""
+    _own_vm(orch, who, name)
+    overrides = {k: v for k, v in (("bandwidth_mib_s", body.bandwidth_mib_s), ("postcopy", body.postcopy),
+                                   ("max_downtime_ms", body.max_downtime_ms)) if v is not None}
+    result = orch.migrator.migrate(name, to=body.to, dry_run=body.dry_run, params=overrides or None)
+    if body.dry_run:
+        return JSONResponse(MigrationPlan(**result).model_dump(mode="json"), status_code=200)
+    return JSONResponse(MigrationOut(**result).model_dump(mode="json"), status_code=202)
+
+
+@router.post("/vms/{name}/migrate/cancel", response_model=MigrationOut)
+def cancel_migration(name: str, orch: Orch, who: AnyCaller):
+    _own_vm(orch, who, name)
+    return MigrationOut(**orch.migrator.cancel(name))
+
+
+@router.get("/migrations", response_model=list[MigrationOut])
+def list_migrations(orch: Orch, who: AnyCaller, vm: str | None = None, host: str | None = None,
+                    active: bool = False):
+    rows = orch.migrator.list(vm=vm, host=host, active_only=active)
+    return [MigrationOut(**r) for r in rows if who.is_admin or r["project_id"] == who.project_id]
+
+
+@router.get("/migrations/{migration_id}", response_model=MigrationOut)
+def show_migration(migration_id: str, orch: Orch, who: AnyCaller):
+    row = orch.migrator.get(migration_id)
+    who.check_project(row["project_id"], "migration", migration_id)
+    return MigrationOut(**row)

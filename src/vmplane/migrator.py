@@ -1,0 +1,336 @@
+"""Live migrations and host maintenance: admission, the queue under the limits, the copy, the guest check.
+
+Composed into the Orchestrator (it shares its store, drivers, index and lock). A migration never
+touches the quota ledger: the VM is charged once, before, during and after (DESIGN section 3). Only
+host claims move: the target is claimed at admission (with overhead, under overcommit), the source
+claim is released after the guest answers on the target. Every state change is persisted before it
+is acted on, following migration.TRANSITIONS.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+
+from . import migration as rules
+from .drivers.base import DriverError, MigrationParams
+from .errors import Conflict, Invalid, NotFound
+from .migration import Action, MigrationState
+from .model import ClaimKind, HostState, PlacementRequest, Size, VmState
+from .placement import Placement, choose, fit_on
+from .store import ledger as L
+from .store.schema import utcnow
+
+if TYPE_CHECKING:
+    from .orchestrator import Orchestrator
+
+log = logging.getLogger("vmplane.migrator")
+HEALTH_COMMAND = "cut -d' ' -f1 /proc/uptime; dmesg | grep -c -E 'Oops|BUG:|general protection|Kernel panic' || true"
+_ACTIVE = [s.value for s in rules.ACTIVE]
+
+
+class Migrator:
+    def __init__(self, orch: "Orchestrator"):
+        self.o = orch
+        self._pump_lock = threading.Lock()
+        self._cancelled: set[str] = set()
+
+    # -- reads ---------------------------------------------------------------------------------
+    def get(self, migration_id: str) -> dict:
+        with self.o.db.read() as s:
+            row = s.connection().execute(select(L.MIGRATIONS).where(L.MIGRATIONS.c.id == migration_id)).first()
+        if row is None:
+            raise NotFound(f"migration {migration_id} does not exist", field="migration")
+        return dict(row._mapping)
+
+    def list(self, vm: str | None = None, host: str | None = None, active_only: bool = False,
+             limit: int = 200) -> list[dict]:
+        m = L.MIGRATIONS.c
+        stmt = select(L.MIGRATIONS).order_by(m.created_at.desc()).limit(limit)
+        if vm:
+            stmt = stmt.where(m.vm_name == vm)
+        if host:
+            stmt = stmt.where((m.source == host) | (m.target == host))
+        if active_only:
+            stmt = stmt.where(m.state.in_(_ACTIVE))
+        with self.o.db.read() as s:
+            return [dict(r._mapping) for r in s.connection().execute(stmt)]
+
+    # -- planning ------------------------------------------------------------------------------
+    def _plan(self, vm, to: str | None, planned: dict[str, tuple[int, int]] | None = None) -> Placement:
+        """Where `vm` would go: the host asked for, or placement's choice among the others."""
+        request = PlacementRequest(Size(vm.vcpus, vm.memory_mib), exclude_hosts=frozenset({vm.host_name}),
+                                   exclude_reason="the VM already runs here")
+        if to is None:
+            return choose(self.o.index, request)
+        if to == vm.host_name:
+            raise Invalid(f"vm {vm.name} already runs on {to}; choose another host", field="to")
+        if to not in self.o.index:
+            raise NotFound(f"host {to!r} does not exist", field="to")
+        return fit_on(self.o.index, request, to)
+
+    def _check_migratable(self, vm) -> None:
+        if vm.state == VmState.migrating.value:
+            raise Conflict(f"vm {vm.name} is already migrating (see `vmplane vm migrate {vm.name} --cancel`)",
+                           field="state")
+        if vm.state != VmState.running.value:
+            raise Conflict(f"vm {vm.name} is {vm.state}; only a running VM can be live-migrated", field="state")
+
+    # -- admission -----------------------------------------------------------------------------
+    def migrate(self, vm_name: str, to: str | None = None, dry_run: bool = False,
+                params: dict | None = None, reason: str = "requested") -> dict:
+        """Admit a live migration: claim the target (refused, naming host and resource, if it has no
+        room), queue it, and let the pump start it within the limits. The ledger is not touched."""
+        with self.o._lock:
+            with self.o.db.transaction() as conn:
+                vm = L.vm_row(conn, name=vm_name, lock=True)
+                self._check_migratable(vm)
+                placement = self._plan(vm, to)
+                if dry_run:
+                    return {"vm": vm_name, "source": vm.host_name, "target": placement.host, "dry_run": True,
+                            "claim_memory_mib": placement.memory_mib, "claim_vcpus": vm.vcpus,
+                            "reason": f"{placement.host} has room for {vm.vcpus} vCPU(s) / "
+                                      f"{placement.memory_mib} MiB (with overhead)"}
+                migration_id = self._admit(conn, vm, placement, params, reason)
+            self.o.index.add_usage(placement.host, vm.vcpus, placement.memory_mib)
+        self.pump()
+        return self.get(migration_id)
+
+    def _admit(self, conn, vm, placement: Placement, params: dict | None, reason: str) -> str:
+        target = self.o._hosts[placement.host]
+        cap_vcpus, cap_memory = self.o.index.capacity_of(placement.host)
+        if not L.take_on_host(conn, target.id, vm.vcpus, placement.memory_mib, cap_vcpus, cap_memory):
+            raise Conflict(f"{placement.host} was claimed by someone else meanwhile; retry", field="to")
+        migration_id = str(uuid.uuid4())
+        L.record_claim(conn, target.id, vm.id, migration_id, ClaimKind.migration_target, vm.vcpus,
+                       placement.memory_mib)
+        source = self.o._hosts[vm.host_name]
+        conn.execute(L.MIGRATIONS.insert().values(
+            id=migration_id, vm_id=vm.id, vm_name=vm.name, project_id=vm.project_id, source_host_id=source.id,
+            target_host_id=target.id, source=vm.host_name, target=placement.host, cluster=source.cluster,
+            state=MigrationState.queued.value, reason=reason, waiting_for="", progress=0, params=params,
+            created_at=utcnow()))
+        L.set_vm(conn, vm.id, state=VmState.migrating)
+        return migration_id
+
+    # -- the queue -----------------------------------------------------------------------------
+    def _limits(self, cluster: str, zone: str, project_limit: int | None) -> rules.Limits:
+        eff = self.o.catalog.effective
+        return rules.Limits(int(eff("vmplane.migration.max.per.cluster", zone, cluster)),
+                            int(eff("vmplane.migration.max.outbound.per.host", zone, cluster)),
+                            int(eff("vmplane.migration.max.inbound.per.host", zone, cluster)), project_limit)
+
+    def pump(self) -> None:
+        """Start the queued migrations the limits allow now (oldest first); say why the others wait."""
+        with self._pump_lock:
+            m, p = L.MIGRATIONS.c, L.PROJECTS.c
+            with self.o.db.read() as s:
+                rows = s.connection().execute(
+                    select(m.id, m.state, m.cluster, m.source, m.target, p.name, p.max_concurrent_migrations)
+                    .join(L.PROJECTS, p.id == m.project_id).where(m.state.in_(_ACTIVE))
+                    .order_by(m.created_at)).all()
+            slots = {r.id: rules.MigrationSlot(r.id, r.cluster, r.source, r.target, r.name) for r in rows}
+            project_limit = {r.name: r.max_concurrent_migrations for r in rows}
+            zone_of = {meta.cluster: meta.zone for meta in self.o._hosts.values()}
+            limits_of = lambda slot: self._limits(slot.cluster, zone_of.get(slot.cluster), project_limit[slot.project])
+            copying = [slots[r.id] for r in rows if r.state in (s.value for s in rules.COPYING)]
+            queued = [slots[r.id] for r in rows if r.state == MigrationState.queued.value]
+            to_start = rules.startable(queued, copying, limits_of)
+            started = {x.id for x in to_start}
+            with self.o.db.transaction() as conn:
+                for slot in to_start:
+                    state, _actions = rules.transition(MigrationState.queued, "slot-free")
+                    L.set_migration(conn, slot.id, state=state, started_at=utcnow(), waiting_for="")
+                running = copying + to_start
+                for slot in queued:
+                    if slot.id not in started:
+                        why = rules.blocking_limit(slot, running, limits_of(slot)) or ""
+                        L.set_migration(conn, slot.id, waiting_for=why)
+        for slot in to_start:
+            self.o.executor.submit(self._run_guarded, slot.id)
+
+    # -- the copy ------------------------------------------------------------------------------
+    def _run_guarded(self, migration_id: str) -> None:
+        try:
+            self._run(migration_id)
+        except Exception as exc:   # a migration must end; the VM stays where libvirt says it is
+            log.exception("migration %s", migration_id)
+            self._finish(migration_id, "copy-failed", reason=f"internal error: {exc}")
+        finally:
+            self.pump()
+
+    def _params(self, row: dict, source_driver) -> MigrationParams:
+        accel = getattr(source_driver, "accel", "qemu")
+        base = rules.policy(accel)
+        overrides = {k: v for k, v in (row.get("params") or {}).items() if k in MigrationParams.__dataclass_fields__}
+        return MigrationParams(**{**asdict(base), **overrides})
+
+    def _run(self, migration_id: str) -> None:
+        row = self.get(migration_id)
+        source, target = self.o.drivers[row["source"]], self.o.drivers[row["target"]]
+        target.migration_address = self.o._migration_address(row["target"])
+        domain = self.o.domain_name(row["vm_name"])
+        params = self._params(row, source)
+        with self.o.db.transaction() as conn:
+            L.set_migration(conn, migration_id, params={**asdict(params), "policy": getattr(source, "accel", "sim")})
+        last = [0.0]
+
+        def progress(percent: int, message: str) -> None:
+            if time.monotonic() - last[0] >= 0.5 or percent >= 100:
+                last[0] = time.monotonic()
+                with self.o.db.transaction() as conn:
+                    L.set_migration(conn, migration_id, progress=percent, waiting_for=message)
+
+        try:
+            stats = source.migrate(domain, target, params, progress)
+        except DriverError as exc:
+            event = "copy-cancelled" if migration_id in self._cancelled else "copy-failed"
+            self._finish(migration_id, event, reason=str(exc))
+            return
+        stats_dict = {"total_ms": stats.total_ms, "downtime_ms": stats.downtime_ms, "bytes": stats.bytes_sent,
+                      **stats.extra}
+        with self.o.db.transaction() as conn:
+            state, _ = rules.transition(MigrationState.copying, "copied")
+            L.set_migration(conn, migration_id, state=state, progress=100, stats=stats_dict,
+                            waiting_for="checking the guest on the target")
+        healthy, check = self._check_guest(target, domain)
+        stats_dict["guest_check"] = check
+        self._finish(migration_id, "guest-healthy" if healthy else "guest-unhealthy", stats=stats_dict,
+                     reason="" if healthy else f"the guest is not healthy on {row['target']}: {check}")
+
+    def _check_guest(self, target, domain: str) -> tuple[bool, str]:
+        """Never call a migration good unchecked: the guest must answer on the target, without oopses."""
+        run = getattr(target, "guest_run", None)
+        if run is None:
+            return True, "not checked: a sim host has no guest"
+        try:
+            out, _code = run(domain, HEALTH_COMMAND, 60.0)
+        except DriverError as exc:
+            return False, f"no answer on the console ({exc})"
+        lines = [line for line in out.split() if line]
+        if len(lines) < 2 or lines[-1] != "0":
+            return False, f"kernel errors in dmesg ({lines[-1] if lines else '?'} lines)"
+        return True, f"answered, uptime {lines[0]} s, no kernel errors"
+
+    def _finish(self, migration_id: str, event: str, reason: str = "", stats: dict | None = None) -> None:
+        """Apply a terminal event: persist the state, then move or release the claims."""
+        freed: list = []
+        moved = None
+        with self.o._lock:
+            with self.o.db.transaction() as conn:
+                row = conn.execute(select(L.MIGRATIONS).where(L.MIGRATIONS.c.id == migration_id)
+                                   .with_for_update()).first()
+                state, actions = rules.transition(MigrationState(row.state), event)
+                fields = dict(state=state, finished_at=utcnow(), waiting_for="")
+                if reason:
+                    fields["reason"] = reason
+                if stats is not None:
+                    fields["stats"] = stats
+                L.set_migration(conn, migration_id, **fields)
+                if Action.release_target in actions:
+                    freed = L.release_claim(conn, row.vm_id, migration_id)
+                    L.set_vm(conn, row.vm_id, state=VmState.running)
+                if Action.move_claims in actions:
+                    freed = L.release_claim(conn, row.vm_id, None, kind=ClaimKind.running)
+                    L.promote_claim(conn, row.vm_id, migration_id)
+                    L.set_vm(conn, row.vm_id, state=VmState.running, host_id=row.target_host_id)
+                    moved = row.target
+            self.o._unindex(freed)
+        self._cancelled.discard(migration_id)
+        if state == MigrationState.failed:
+            log.error("migration %s of %s failed: %s", migration_id, row.vm_name, reason)
+        if moved:
+            log.info("migration %s: %s now runs on %s", migration_id, row.vm_name, moved)
+
+    def cancel(self, vm_name: str) -> dict:
+        active = self.list(vm=vm_name, active_only=True)
+        if not active:
+            raise Conflict(f"vm {vm_name} has no migration to cancel", field="vm")
+        mig = active[0]
+        if mig["state"] == MigrationState.queued.value:
+            self._finish(mig["id"], "cancel", reason="cancelled while queued")
+            self.pump()
+        elif mig["state"] == MigrationState.copying.value:
+            self._cancelled.add(mig["id"])
+            self.o.drivers[mig["source"]].abort_migration(self.o.domain_name(vm_name))
+        else:
+            raise Conflict(f"the migration of {vm_name} has switched over; it can not be cancelled", field="state")
+        return self.get(mig["id"])
+
+    def recover(self) -> None:
+        """After a restart: a migration that was copying is finished or rolled back by asking both hosts
+        which one runs the VM; queued ones wait for the pump."""
+        for mig in self.list(active_only=True):
+            if mig["state"] == MigrationState.queued.value:
+                continue
+            domain = self.o.domain_name(mig["vm_name"])
+            try:
+                on_target = (self.o.drivers[mig["target"]].domain(domain) or None)
+                on_source = (self.o.drivers[mig["source"]].domain(domain) or None)
+            except DriverError as exc:
+                log.warning("migration %s: hosts unreachable at start-up (%s); left as it is", mig["id"], exc)
+                continue
+            if on_target is not None and on_target.running and (on_source is None or not on_source.running):
+                with self.o.db.transaction() as conn:
+                    L.set_migration(conn, mig["id"], state=MigrationState.checking)
+                healthy, check = self._check_guest(self.o.drivers[mig["target"]], domain)
+                self._finish(mig["id"], "guest-healthy" if healthy else "guest-unhealthy",
+                             stats={**(mig["stats"] or {}), "guest_check": check, "recovered": True},
+                             reason="" if healthy else f"after a restart: {check}")
+            else:
+                with self.o.db.transaction() as conn:
+                    L.set_migration(conn, mig["id"], state=MigrationState.copying)
+                self._finish(mig["id"], "copy-failed", reason="interrupted by a control-plane restart; "
+                                                               "the VM runs on the source")
+
+    # -- host maintenance ----------------------------------------------------------------------
+    def enter_maintenance(self, host: str, dry_run: bool = False) -> dict:
+        """Drain a host by live migration: every running VM gets a target from placement (the host is
+        out of placement from now on); VMs that fit nowhere are listed and stay where they are."""
+        if host not in self.o.index:
+            raise NotFound(f"host {host!r} does not exist", field="host")
+        if not dry_run:
+            self.o.set_host_state(host, HostState.maintenance)
+        with self.o.db.read() as s:
+            vms = s.connection().execute(
+                select(L.VMS.c.name, L.VMS.c.state, L.VMS.c.memory_mib).join(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id)
+                .where(L.HOSTS.c.name == host).order_by(L.VMS.c.memory_mib.desc(), L.VMS.c.name)).all()
+        planned, unplaceable, held = [], [], []
+        try:
+            for name, state, _memory in vms:
+                if state != VmState.running.value:
+                    if state == VmState.migrating.value:
+                        planned.append({"vm": name, "note": "already migrating"})
+                    continue
+                try:
+                    if dry_run:
+                        with self.o._lock, self.o.db.read() as s:
+                            vm = L.vm_row(s.connection(), name=name)
+                            placement = self._plan(vm, None)
+                            self.o.index.add_usage(placement.host, vm.vcpus, placement.memory_mib)
+                            held.append((placement.host, vm.vcpus, placement.memory_mib))
+                        planned.append({"vm": name, "target": placement.host, "claim_memory_mib": placement.memory_mib})
+                    else:
+                        mig = self.migrate(name, reason=f"draining {host} for maintenance")
+                        planned.append({"vm": name, "target": mig["target"], "migration": mig["id"],
+                                        "state": mig["state"]})
+                except (Conflict, Invalid, NotFound) as exc:
+                    unplaceable.append({"vm": name, "reason": exc.message})
+                except Exception as exc:    # InsufficientCapacity and the like: reported, not stopped
+                    unplaceable.append({"vm": name, "reason": getattr(exc, "message", str(exc))})
+        finally:
+            with self.o._lock:
+                for target, vcpus, memory in held:     # a dry run leaves the index as it found it
+                    self.o.index.add_usage(target, -vcpus, -memory)
+        return {"host": host, "state": "maintenance" if not dry_run else self.o.host_capacity(host).state.value,
+                "dry_run": dry_run, "migrations": planned, "unplaceable": unplaceable}
+
+    def exit_maintenance(self, host: str) -> dict:
+        self.o.set_host_state(host, HostState.enabled)
+        return {"host": host, "state": "enabled"}
