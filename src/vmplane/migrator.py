@@ -167,7 +167,8 @@ class Migrator:
 
     def _params(self, row: dict, source_driver) -> MigrationParams:
         accel = getattr(source_driver, "accel", "qemu")
-        base = rules.policy(accel)
+        asked = row.get("params") or {}
+        base = MigrationParams() if asked.get("policy") == "hypervisor-default" else rules.policy(accel)
         overrides = {k: v for k, v in (row.get("params") or {}).items() if k in MigrationParams.__dataclass_fields__}
         return MigrationParams(**{**asdict(base), **overrides})
 
@@ -177,8 +178,9 @@ class Migrator:
         target.migration_address = self.o._migration_address(row["target"])
         domain = self.o.domain_name(row["vm_name"])
         params = self._params(row, source)
+        policy_name = (row.get("params") or {}).get("policy") or f"vmplane ({getattr(source, 'accel', 'sim')})"
         with self.o.db.transaction() as conn:
-            L.set_migration(conn, migration_id, params={**asdict(params), "policy": getattr(source, "accel", "sim")})
+            L.set_migration(conn, migration_id, params={**asdict(params), "policy": policy_name})
         last = [0.0]
 
         def progress(percent: int, message: str) -> None:

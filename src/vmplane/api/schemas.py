@@ -231,6 +231,8 @@ class ExecResult(BaseModel):
 class MigrateRequest(Request):
     to: Name | None = Field(None, description="target host; placement chooses when left out")
     dry_run: StrictBool = False
+    policy: Literal["vmplane", "hypervisor-default"] = Field(
+        "vmplane", description="vmplane's measured policy per accelerator, or the hypervisor's own defaults")
     bandwidth_mib_s: Annotated[StrictInt, Field(gt=0)] | None = Field(None, description="override the policy")
     postcopy: StrictBool | None = Field(None, description="override the policy")
     max_downtime_ms: Annotated[StrictInt, Field(gt=0)] | None = None

@@ -263,6 +263,7 @@ class LibvirtDriver(Driver):
         worker = threading.Thread(target=copy, name=f"migrate-{name}", daemon=True)
         worker.start()
         switched = None
+        first_pass_at = None          # when memory started to move (jobStats' iteration reads 0 in pass 1)
         try:
             while worker.is_alive():
                 try:
@@ -274,15 +275,17 @@ class LibvirtDriver(Driver):
                     progress(min(99, int(100 * (total - remaining) / total)),
                              f"iteration {stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
                              + (", post-copy" if switched else ""))
+                if first_pass_at is None and (stats.get("memory_processed") or 0) > 0:
+                    first_pass_at = time.monotonic()
+                # switch during the first pass (healthy 13/13 under TCG), not after it (2/8)
                 if (params.postcopy and switched is None and params.postcopy_after_s is not None
-                        and stats.get("memory_iteration", 0) >= 1
-                        and time.monotonic() - t0 >= params.postcopy_after_s):
+                        and first_pass_at is not None and time.monotonic() - first_pass_at >= params.postcopy_after_s):
                     try:
                         dom.migrateStartPostCopy(0)
                         switched = time.monotonic() - t0
                     except libvirt.libvirtError:
                         switched = -1.0       # finished as pre-copy before the switch
-                worker.join(0.25)
+                worker.join(0.1)
         finally:
             worker.join()
             try:
@@ -297,6 +300,7 @@ class LibvirtDriver(Driver):
                               bytes_sent=int(completed.get("data_processed") or completed.get("memory_processed") or 0),
                               extra={"call_ms": int((time.monotonic() - t0) * 1000),
                                      "postcopy_switch_s": round(switched, 2) if switched else None,
+                                     "first_pass_s": round(first_pass_at - t0, 2) if first_pass_at else None,
                                      "iterations": completed.get("memory_iteration")})
 
     def abort_migration(self, name: str) -> None:

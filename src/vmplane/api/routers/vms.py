@@ -80,6 +80,8 @@ def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     _own_vm(orch, who, name)
     overrides = {k: v for k, v in (("bandwidth_mib_s", body.bandwidth_mib_s), ("postcopy", body.postcopy),
                                    ("max_downtime_ms", body.max_downtime_ms)) if v is not None}
+    if body.policy != "vmplane":
+        overrides["policy"] = body.policy
     result = orch.migrator.migrate(name, to=body.to, dry_run=body.dry_run, params=overrides or None)
     if body.dry_run:
         return JSONResponse(MigrationPlan(**result).model_dump(mode="json"), status_code=200)

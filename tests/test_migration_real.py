@@ -1,0 +1,109 @@
+"""Live migration of real QEMU guests between local libvirtd hosts (each in its own network namespace)."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from .realguest import domains_on, guest, host_of, libvirt_cluster, qemu_pids, run_json
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    server = libvirt_cluster(tmp_path_factory.mktemp("migrate"))
+    yield server
+    server.stop()
+
+
+def wait(live, migration_ids, timeout=180):
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [run_json(live, "migration", "show", m) for m in migration_ids]
+        if all(r["state"] in ("succeeded", "failed", "cancelled") for r in rows):
+            return rows
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.3)
+
+
+def usage(live, project):
+    u = run_json(live, "project", "usage", project)
+    assert u["consistent"]
+    return {k: u[k]["used"] for k in ("vcpus", "memory_mib", "vms")}
+
+
+def test_seed_3_two_busy_guests_at_most_of_their_quota_migrate_concurrently_and_stay_healthy(live):
+    run_json(live, "project", "create", "proj-a", "--vcpus", "3", "--memory", "4000", "--count-overhead")
+    run_json(live, "offering", "create", "flex", "--kind", "custom-unconstrained")
+    for vm, memory in (("vm1", "1GiB"), ("vm2", "2GiB")):
+        run_json(live, "vm", "create", vm, "--project", "proj-a", "--offering", "flex", "--template", "tiny-linux",
+                 "--vcpus", "1", "--memory", memory, "--start")
+        guest(live, vm, f"echo {vm}-marker > /tmp/marker")
+        guest(live, vm, "(while :; do dd if=/dev/urandom of=/dev/shm/x bs=1M count=50 2>/dev/null; done) "
+                        ">/dev/null 2>&1 &")
+    before = usage(live, "proj-a")
+    assert before["memory_mib"] > 3 * 1024          # overhead counted: 3072 + 270 + 272 of 4000
+    sources = {vm: run_json(live, "vm", "show", vm)["host"] for vm in ("vm1", "vm2")}
+    ids = []
+    for vm in ("vm1", "vm2"):
+        r = live.cli("vm", "migrate", vm, "--output", "json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        ids.append(json.loads(r.stdout)["id"])
+    assert usage(live, "proj-a") == before                            # during: charged once
+    rows = wait(live, ids)
+    assert [r["state"] for r in rows] == ["succeeded", "succeeded"], rows
+    for r in rows:
+        assert r["stats"]["guest_check"].startswith("answered") and r["stats"]["downtime_ms"] < 1000
+        vm = r["vm_name"]
+        assert run_json(live, "vm", "show", vm)["host"] == r["target"] != sources[vm]
+        assert guest(live, vm, "cat /tmp/marker").strip() == f"{vm}-marker"
+        assert f"vmplane-{vm}" in domains_on(live, r["target"]) and f"vmplane-{vm}" not in domains_on(live, r["source"])
+        assert len(qemu_pids(f"vmplane-{vm}")) == 1
+    assert usage(live, "proj-a") == before and run_json(live, "audit")["ok"]
+
+
+def test_killing_the_destination_mid_copy_leaves_the_vm_healthy_on_its_source(live):
+    run_json(live, "offering", "create", "half", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB")
+    vm = run_json(live, "vm", "create", "victim", "--project", "p", "--offering", "half", "--template",
+                  "tiny-linux", "--start")
+    guest(live, "victim", "echo still-here > /tmp/marker")
+    source = vm["host"]
+    target = "lv2" if source == "lv1" else "lv1"
+    # a slow pre-copy (no post-copy) so that there is time to kill the destination while it copies
+    with live.client() as c:
+        r = c.post("/vms/victim/migrate", json={"to": target, "bandwidth_mib_s": 4, "postcopy": False})
+        assert r.status_code == 202, r.text
+        mig = r.json()
+    incoming = host_of(live, target).dir / "run" / "qemu" / "vmplane-victim.pid"
+    deadline = time.monotonic() + 60
+    while not incoming.exists():
+        assert time.monotonic() < deadline, "the destination QEMU never started"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    os.kill(int(incoming.read_text()), signal.SIGKILL)
+    [row] = wait(live, [mig["id"]])
+    assert row["state"] == "failed" and row["reason"]
+    shown = run_json(live, "vm", "show", "victim")
+    assert shown["state"] == "running" and shown["host"] == source
+    assert guest(live, "victim", "cat /tmp/marker").strip() == "still-here"
+    assert "vmplane-victim" not in domains_on(live, target)
+    assert run_json(live, "audit")["ok"]             # the target claim is gone, the source claim remains
+
+
+def test_a_real_host_drains_by_live_migration_and_comes_back(live):
+    running = [v for v in run_json(live, "vm", "list") if v["state"] == "running"]
+    host = running[0]["host"]
+    on_host = sorted(v["name"] for v in running if v["host"] == host)
+    plan = run_json(live, "host", "maintenance", "enter", host, "--dry-run")
+    assert sorted(m["vm"] for m in plan["migrations"]) == on_host and plan["unplaceable"] == []
+    assert run_json(live, "host", "show", host)["state"] == "enabled"           # a dry run changes nothing
+    r = live.cli("host", "maintenance", "enter", host, "--wait", "--output", "json", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout)
+    assert sorted(m["vm_name"] for m in result["migrations"]) == on_host
+    assert all(m["state"] == "succeeded" for m in result["migrations"])
+    assert all(v["host"] != host for v in run_json(live, "vm", "list") if v["state"] == "running")
+    assert domains_on(live, host) == []
+    assert run_json(live, "host", "maintenance", "exit", host)["state"] == "enabled"
+    assert run_json(live, "audit")["ok"]
