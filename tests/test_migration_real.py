@@ -107,3 +107,24 @@ def test_a_real_host_drains_by_live_migration_and_comes_back(live):
     assert domains_on(live, host) == []
     assert run_json(live, "host", "maintenance", "exit", host)["state"] == "enabled"
     assert run_json(live, "audit")["ok"]
+
+
+def test_seed_1_three_guests_at_three_quarters_of_the_memory_quota_migrate_one_then_all(live):
+    """The Harvester scenario scaled down by a constant: 3 guests of Q/4 (with overhead) in a quota Q."""
+    footprint = 512 + 269                                        # guest memory + overhead for 1 vCPU / 512 MiB
+    run_json(live, "project", "create", "seed1", "--vcpus", "8", "--memory", str(4 * footprint),
+             "--count-overhead")
+    names = ["s1", "s2", "s3"]
+    for vm in names:
+        run_json(live, "vm", "create", vm, "--project", "seed1", "--offering", "half", "--template", "tiny-linux",
+                 "--start")
+    before = usage(live, "seed1")
+    assert before["memory_mib"] == 3 * footprint
+    first = json.loads(live.cli("vm", "migrate", "s1", "--wait", "--output", "json", timeout=300).stdout)
+    assert first["state"] == "succeeded" and usage(live, "seed1") == before
+    ids = [json.loads(live.cli("vm", "migrate", vm, "--output", "json").stdout)["id"] for vm in names]
+    assert usage(live, "seed1") == before
+    rows = wait(live, ids)
+    assert all(r["state"] == "succeeded" for r in rows), rows
+    assert all(guest(live, vm, "echo ok").strip() == "ok" for vm in names)
+    assert usage(live, "seed1") == before and run_json(live, "audit")["ok"]

@@ -198,3 +198,42 @@ def test_limits_rules():
     assert [x.id for x in startable([m(1, "a", "x"), m(2, "a", "y"), m(3, "a", "z")], [], lambda _: lim)] == ["1", "2"]
     with pytest.raises(Conflict):
         transition(MigrationState.succeeded, "cancel")
+
+
+def test_quota_changes_are_allowed_while_migrations_run_and_lowering_below_usage_is_refused(threaded):
+    o = threaded
+    add_sim_hosts(o, 2, cores=16, memory_mib=64 * GIB)
+    o.catalog.create_offering(Offering("one", OfferingKind.fixed, vcpus=2, memory_mib=4 * GIB))
+    o.catalog.create_project("p", 4, 8 * GIB, 10)
+    start_vms(o, "p", "one", ["a", "b"])                       # exactly at the vCPU quota
+    for d in o.drivers.values():
+        d.copy_rate_mib_s = 8 * GIB                           # 0.5 s per VM
+    ids = [o.migrator.migrate(n)["id"] for n in ("a", "b")]
+    o.catalog.set_quota("p", vcpus=8)                         # raised during the copies
+    with pytest.raises(Conflict, match="used 4, asked 3"):
+        o.catalog.set_quota("p", vcpus=3)
+    assert o.migrator.get(ids[0])["state"] in ("queued", "copying")
+    assert all(r["state"] == "succeeded" for r in wait_migrations(o, ids))
+    assert o.catalog.project("p").quota_vcpus == 8 and usage(o, "p") == Usage(4, 8 * GIB, 2) and o.audit() == []
+
+
+def test_a_drain_lists_the_vms_that_fit_nowhere_and_leaves_them_running(threaded):
+    o = threaded
+    add_sim_hosts(o, 1, cores=32, memory_mib=64 * GIB, prefix="big")
+    add_sim_hosts(o, 1, cores=32, memory_mib=8 * GIB, prefix="small")
+    o.catalog.create_offering(Offering("any", OfferingKind.custom_unconstrained))
+    o.catalog.create_project("p", 100, 100 * GIB, 10)
+    o.set_host_state("small1", __import__("vmplane.model", fromlist=["HostState"]).HostState.disabled)
+    o.create_vm("huge", "p", "any", "t", vcpus=2, memory_mib=32 * GIB, start=True)
+    o.create_vm("tiny", "p", "any", "t", vcpus=1, memory_mib=1 * GIB, start=True)
+    time.sleep(0.2)
+    o.migrator.exit_maintenance("small1")
+    plan = o.migrator.enter_maintenance("big1", dry_run=True)
+    assert [m["vm"] for m in plan["migrations"]] == ["tiny"] and plan["unplaceable"][0]["vm"] == "huge"
+    assert o.host_capacity("big1").state.value == "enabled" and o.host_capacity("small1").used_vcpus == 0
+    result = o.migrator.enter_maintenance("big1")
+    [item] = result["unplaceable"]
+    assert item["vm"] == "huge" and "small1: memory" in item["reason"]
+    wait_migrations(o, [m["migration"] for m in result["migrations"]])
+    assert o.vm("huge").state == "running" and o.vm("huge").host.name == "big1"     # reported, not stopped
+    assert o.vm("tiny").host.name == "small1" and o.audit() == []
