@@ -189,6 +189,13 @@ class Catalog:
     def offering(self, name: str) -> Offering:
         return self._immutable(self._offerings, Offering, name, "offering")
 
+    def offering_by_id(self, offering_id: int) -> Offering:
+        with self.db.read() as s:
+            found = s.get(Offering, offering_id)
+        if found is None:
+            raise NotFound(f"offering #{offering_id} does not exist", field="offering")
+        return found
+
     def create_template(self, name: str, image: str, dynamically_scalable: bool = False) -> Template:
         if not image or len(image) > 1024 or any(c in image for c in "\0\n\r<>&'\""):
             raise Invalid("image must be a non-empty name or path without quotes, angle brackets or "

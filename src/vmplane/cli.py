@@ -443,6 +443,27 @@ def vm_migrate(name: str, to: Optional[str] = typer.Option(None, help="target ho
         raise typer.Exit(1)
 
 
+class CapSwitch(str, enum.Enum):
+    on = "on"
+    off = "off"
+
+
+@api_command(groups["vm"], "scale")
+def vm_scale(name: str, offering: Optional[str] = typer.Option(None, help="another offering (fixed ones too)"),
+             vcpus: Optional[int] = typer.Option(None, min=1), memory: Size = None,
+             cpu_cap: Optional[CapSwitch] = typer.Option(None, help="on or off"),
+             dry_run: bool = typer.Option(False, help="say which path would be taken, change nothing"),
+             wait: bool = typer.Option(True, help="wait until the guest has the new size"), *, client: Client):
+    """Live-scale a running VM: vCPUs, memory and CPU cap, without a reboot."""
+    body = {"offering": offering, "vcpus": vcpus, "memory_mib": mib(memory), "dry_run": dry_run,
+            "cpu_cap": None if cpu_cap is None else CapSwitch(cpu_cap) == CapSwitch.on}
+    result = client.post(f"/vms/{name}/scale", {k: v for k, v in body.items() if v is not None})
+    if dry_run:
+        return result
+    done = _follow(client, result, wait)
+    return {**done["vm"], "scale": (done.get("operation") or {}).get("message")}
+
+
 @maintenance_app.command("enter")
 def maintenance_enter(name: str, dry_run: bool = typer.Option(False, help="print the plan, change nothing"),
                       wait: bool = typer.Option(False, help="follow the drain until it ends"),

@@ -29,6 +29,7 @@ from .errors import AlreadyExists, Conflict, InsufficientCapacity, Invalid, NotF
 from .model import (CHARGED_STATES, IN_FLIGHT_OPERATION_STATES, ClaimKind, HostCapacity, HostState,
                     OperationState, PlacementRequest, Size, Usage, VmState)
 from .migrator import Migrator
+from .scaler import Scaler
 from .names import check_name
 from .offerings import size_for
 from .placement import CapacityIndex, Placement, choose
@@ -115,6 +116,7 @@ class Orchestrator:
         self._lock = threading.RLock()      # admissions in this process, and the index
         self.executor = executor or ThreadPoolExecutor(16, thread_name_prefix="vmplane-op")
         self.migrator = Migrator(self)
+        self.scaler = Scaler(self)
 
     # -- start-up ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -310,7 +312,8 @@ class Orchestrator:
         share = cap_share(facts.cpu_speed_mhz, meta.cpu_mhz) if facts.cpu_cap else None
         return dict(state=VmState.starting.value, host_id=host_id, overhead_mib=chosen.overhead_mib,
                     charged_vcpus=delta.vcpus, charged_memory_mib=delta.memory_mib, max_vcpus=top.vcpus,
-                    max_memory_mib=top.memory_mib, cpu_cap_percent=share * 100 if share else None)
+                    max_memory_mib=top.memory_mib, cpu_cap_percent=share * 100 if share else None,
+                    prepared=flags.prepared)
 
     def _place(self, conn: Connection, size: Size) -> tuple[Placement, int]:
         """Pick a host from the index and take the capacity on its row (compare-and-add); if the store

@@ -70,3 +70,72 @@ def cap_for_share(share: float) -> CpuCap:
         quota = CAP_MIN_QUOTA_US
         period = min(int(CAP_MIN_QUOTA_US / share), CAP_MAX_PERIOD_US)
     return CpuCap(period_us=period, quota_us=quota)
+
+
+MEMORY_STEP_MIB = 128       # Linux onlines hot-plugged memory in 128 MiB blocks (x86_64)
+
+
+@dataclass(frozen=True)
+class ScaleFacts:
+    """What a scale decision needs to know of a VM, as plain data."""
+
+    name: str
+    state: str
+    current: Size
+    ceiling: Size
+    prepared: bool                       # it was started with a ceiling (all four switches on then)
+    flags: ScalingFlags                  # the switches now
+    cap_share: float | None              # the CPU cap now (fraction of a host CPU per vCPU), None = uncapped
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    current: Size
+    target: Size
+    cap_share: float | None              # after the scale
+    cap_changes: bool
+
+    @property
+    def vcpus_delta(self) -> int:
+        return self.target.vcpus - self.current.vcpus
+
+    @property
+    def memory_delta_mib(self) -> int:
+        return self.target.memory_mib - self.current.memory_mib
+
+    @property
+    def grows(self) -> bool:
+        return self.vcpus_delta > 0 or self.memory_delta_mib > 0
+
+    @property
+    def size_changes(self) -> bool:
+        return self.target != self.current
+
+
+def plan_scale(vm: ScaleFacts, target: Size, cap_share: float | None, cap_changes: bool) -> ScalePlan:
+    """Check a live scale (DESIGN section 5) and say what it does; every refusal names its cause.
+    Quota and host capacity are checked by the caller with the plan's deltas."""
+    from .errors import Conflict, Invalid
+
+    if vm.state != "running":
+        raise Conflict(f"vm {vm.name} is {vm.state}; live scaling needs a running VM", field="state")
+    plan = ScalePlan(vm.current, target, cap_share, cap_changes)
+    if not plan.size_changes and not cap_changes:
+        raise Invalid(f"vm {vm.name} already has {target.vcpus} vCPU(s) / {target.memory_mib} MiB and that CPU cap; "
+                      f"nothing to change", field="vcpus")
+    if plan.size_changes:
+        off = vm.flags.first_off()
+        if off:
+            raise Conflict(f"vm {vm.name} can not be live-scaled: {off} is false", field="dynamic_scaling")
+        if not vm.prepared:
+            raise Conflict(f"vm {vm.name} was not prepared for live scaling when it started (a switch was off "
+                           f"then); restart it to prepare it", field="dynamic_scaling")
+        for field, asked, top in (("vcpus", target.vcpus, vm.ceiling.vcpus),
+                                  ("memory_mib", target.memory_mib, vm.ceiling.memory_mib)):
+            if asked > top:
+                raise Conflict(f"{field}={asked} is above vm {vm.name}'s ceiling of {top} prepared at start; "
+                               f"a restart is needed to go beyond it", field=field)
+        if plan.memory_delta_mib % MEMORY_STEP_MIB:
+            raise Invalid(f"live memory changes go in steps of {MEMORY_STEP_MIB} MiB (the guest's memory block); "
+                          f"{vm.current.memory_mib} -> {target.memory_mib} MiB is not one", field="memory_mib")
+    return plan

@@ -264,6 +264,15 @@ class MigrationPlan(BaseModel):
     reason: str
 
 
+class ScaleRequest(Request):
+    offering: Name | None = Field(None, description="scale to this offering (any kind, fixed included)")
+    vcpus: Positive | None = None
+    memory_mib: Positive | None = None
+    cpu_cap: StrictBool | None = Field(None, description="true/false to apply/remove the CPU cap; left out: kept, "
+                                                          "or the new offering's")
+    dry_run: StrictBool = False
+
+
 class MaintenanceRequest(Request):
     action: Literal["enter", "exit"]
     dry_run: StrictBool = False

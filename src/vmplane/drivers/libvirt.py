@@ -190,33 +190,90 @@ class LibvirtDriver(Driver):
         return DomainInfo(dom.name(), running, vcpus, mem_kib // 1024, cap)
 
     # -- live changes --------------------------------------------------------------------------
+    # Safe vCPU unplug needs KVM: QEMU 7.2 under TCG never completes it and a later plug crashes QEMU.
+    UNPLUG_SAFE_ACCELS = ("kvm",)
+
     def set_vcpus(self, name: str, vcpus: int) -> str:
+        """Plug vCPUs up to `vcpus`, or lower the count: by unplug where that is safe, else softly (the
+        guest offlines the extra vCPUs, which stay plugged, and a whole-domain CPU cap holds it to
+        `vcpus` CPUs); a later increase onlines soft-offlined vCPUs first."""
         dom = self._dom(name)
-        current = dom.vcpusFlags(LIVE)
-        if vcpus > current:
-            self._call(f"set {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
-            return "hotplug"
-        if vcpus == current:
+        plugged = dom.vcpusFlags(LIVE)
+        online = self._online_vcpus(name)
+        if vcpus == online and vcpus == plugged:
             return "unchanged"
-        # QEMU 7.2 under TCG never completes a vCPU unplug and later plugs crash it (DESIGN section 8):
-        # only unplug where the accelerator is KVM; issue 5 adds the soft method.
-        if self.accel != "kvm":
-            raise DriverError(self.host, "vCPU unplug is not safe on this host (TCG); soft scale-down is needed")
-        self._call(f"unplug to {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
-        return "unplug"
+        if vcpus > online:
+            method = []
+            if online < plugged:             # bring soft-offlined vCPUs back first
+                self.guest_run(name, "rm -f /run/vmplane-offline; for c in /sys/devices/system/cpu/cpu[0-9]*/online; "
+                                     "do echo 1 > $c; done", 30)
+                self._set_domain_cap(dom, None)
+                method.append("online")
+            if vcpus > plugged:
+                self._call(f"set {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
+                method.append("hotplug")
+            if vcpus < plugged:
+                return self.set_vcpus(name, vcpus)
+            self._wait_online(name, vcpus)
+            return "+".join(method)
+        if self.accel in self.UNPLUG_SAFE_ACCELS and online == plugged:
+            self._call(f"unplug to {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
+            return "unplug"
+        extra = " ".join(f"cpu{i}" for i in range(vcpus, plugged))
+        self.guest_run(name, f"for c in {extra}; do echo $c; done > /run/vmplane-offline; for c in {extra}; do "
+                             f"echo 0 > /sys/devices/system/cpu/$c/online; done", 30)
+        self._set_domain_cap(dom, vcpus)
+        self._wait_online(name, vcpus)
+        return "soft"
+
+    def _online_vcpus(self, name: str) -> int:
+        return count_cpu_list(self.guest_exec(name, "cat /sys/devices/system/cpu/online", 30).strip().splitlines()[-1])
+
+    def _wait_online(self, name: str, vcpus: int, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while (online := self._online_vcpus(name)) != vcpus:
+            if time.monotonic() > deadline:
+                raise DriverError(self.host, f"the guest shows {online} vCPUs online, not {vcpus}")
+            time.sleep(0.2)
+
+    def _set_domain_cap(self, dom, cpus: int | None) -> None:
+        """A whole-domain CFS cap of `cpus` CPUs (None removes it). cgroup v1 refuses a vCPU ratio above the
+        domain's, so a per-vCPU cap stays within it (it is at most one CPU per vCPU)."""
+        period = 100000
+        params = ({"global_period": period, "global_quota": 17592186044415} if cpus is None
+                  else {"global_period": period, "global_quota": cpus * period})
+        self._call("set the domain's CPU cap", dom.setSchedulerParametersFlags, params, LIVE)
 
     def set_memory(self, name: str, memory_mib: int) -> str:
-        """Grow by hot-plugging a DIMM of the difference (the domain must be prepared with maxMemory)."""
+        """Grow by hot-plugging a DIMM of the difference; shrink by unplugging the newest DIMMs that
+        add up to the decrease (the guest migrates their pages away: its kernel onlines hot-added
+        memory as movable). Memory below what the domain booted with can not be released live."""
         dom = self._dom(name)
         current_mib = dom.info()[2] // 1024
         if memory_mib == current_mib:
             return "unchanged"
-        if memory_mib < current_mib:
-            raise DriverError(self.host, "memory shrink arrives with live scale-down")
-        dimm = (f"<memory model='dimm'><target><size unit='MiB'>{memory_mib - current_mib}</size>"
-                f"<node>0</node></target></memory>")
-        self._call(f"attach {memory_mib - current_mib} MiB DIMM", dom.attachDeviceFlags, dimm, LIVE)
-        return "dimm"
+        if memory_mib > current_mib:
+            dimm = (f"<memory model='dimm'><target><size unit='MiB'>{memory_mib - current_mib}</size>"
+                    f"<node>0</node></target></memory>")
+            self._call(f"attach {memory_mib - current_mib} MiB DIMM", dom.attachDeviceFlags, dimm, LIVE)
+            return "dimm"
+        release = current_mib - memory_mib
+        dimms = [(xml, int(re.search(r"<size unit='KiB'>(\d+)</size>", xml).group(1)) // 1024)
+                 for xml in re.findall(r"(<memory model='dimm'.*?</memory>)", dom.XMLDesc(0), re.S)]
+        chosen, total = [], 0
+        for xml, size_mib in reversed(dimms):       # newest first
+            if total + size_mib <= release:
+                chosen.append(xml)
+                total += size_mib
+            if total == release:
+                break
+        if total != release:
+            plugged = sum(size for _, size in dimms)
+            raise DriverError(self.host, f"the guest can not release {release} MiB live: only hot-plugged DIMMs can "
+                                         f"be removed ({plugged} MiB plugged); stop and restart it smaller")
+        for xml in chosen:
+            self._call("unplug a DIMM (the guest could not free its memory)", dom.detachDeviceFlags, xml, LIVE)
+        return "dimm-unplug"
 
     def set_cpu_cap(self, name: str, cap: CpuCap | None) -> None:
         dom = self._dom(name)

@@ -113,6 +113,8 @@ class Vm(Base):
     max_vcpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
     cpu_cap_percent: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Started with a live-scaling ceiling (all four switches were on then).
+    prepared: Mapped[bool] = mapped_column(Boolean, default=False)
     state: Mapped[str] = mapped_column(String(16), default="stopped", index=True)
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True, index=True)
     # What this VM has put on its project's ledger (0 while stopped) and its host footprint.

@@ -5,8 +5,8 @@ from fastapi.responses import JSONResponse
 
 from ...orchestrator import Admitted
 from ..deps import AnyCaller, Caller, Orch
-from ..schemas import (ExecRequest, ExecResult, MigrateRequest, MigrationOut, MigrationPlan, VmAccepted, VmCreate,
-                       VmOut, VmStop)
+from ..schemas import (ExecRequest, ExecResult, MigrateRequest, MigrationOut, MigrationPlan, ScaleRequest, VmAccepted,
+                       VmCreate, VmOut, VmStop)
 from ..views import operation_out, vm_out
 
 router = APIRouter(tags=["vms"])
@@ -106,3 +106,21 @@ def show_migration(migration_id: str, orch: Orch, who: AnyCaller):
     row = orch.migrator.get(migration_id)
     who.check_project(row["project_id"], "migration", migration_id)
     return MigrationOut(**row)
+
+
+@router.post("/vms/{name}/scale", status_code=202, response_model=VmAccepted,
+             responses={200: {"description": "dry run: the plan"}})
+def scale_vm(name: str, body: ScaleRequest, orch: Orch, who: AnyCaller):
+    """Live-scale a running VM: another offering (fixed ones too) or custom values within the offering's
+    ranges, and/or the CPU cap on or off. Every refusal names its cause. When its host lacks room and
+    auto.migrate.vm.on.live.scale.insufficient.capacity is on, the VM moves first."""
+    _own_vm(orch, who, name)
+    if body.offering is None and body.vcpus is None and body.memory_mib is None and body.cpu_cap is None:
+        from ...errors import Invalid
+        raise Invalid("give an offering, vcpus / memory_mib, or cpu_cap", field="offering")
+    result = orch.scaler.scale(name, offering=body.offering, vcpus=body.vcpus, memory_mib=body.memory_mib,
+                               cpu_cap=body.cpu_cap, dry_run=body.dry_run)
+    if body.dry_run:
+        return JSONResponse(result, status_code=200)
+    return _accepted(orch, __import__("vmplane.orchestrator", fromlist=["Admitted"]).Admitted(
+        name, result["operation_id"]))
