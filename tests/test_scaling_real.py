@@ -1,0 +1,113 @@
+"""Live scaling of real QEMU guests (TCG): what the guest sees, what the QEMU process may use."""
+
+import json
+import time
+
+import pytest
+
+from .realguest import cpu_use, guest, libvirt_cluster, qemu_pids, run_json
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    server = libvirt_cluster(tmp_path_factory.mktemp("scale"))
+    run_json(server, "setting", "set", "enable.dynamic.scale.vm", "true", "--zone", "zone1")
+    run_json(server, "setting", "set", "kvm.cpu.dynamic.scaling.capacity", "4", "--cluster", "cluster1")
+    run_json(server, "setting", "set", "kvm.memory.dynamic.scaling.capacity", "2048", "--cluster", "cluster1")
+    run_json(server, "template", "create", "scalable", "--image", "tiny-linux", "--dynamically-scalable")
+    run_json(server, "offering", "create", "f1", "--kind", "fixed", "--vcpus", "1", "--memory", "256MiB",
+             "--dynamic-scaling")
+    run_json(server, "offering", "create", "f2", "--kind", "fixed", "--vcpus", "2", "--memory", "512MiB",
+             "--dynamic-scaling")
+    yield server
+    server.stop()
+
+
+def guest_size(live, vm):
+    out = guest(live, vm, "nproc; grep MemTotal /proc/meminfo; cut -d' ' -f1 /proc/uptime").split()
+    return int(out[0]), int(out[2]), float(out[4])
+
+
+def scale(live, vm, *args):
+    r = live.cli("vm", "scale", vm, *args, "--output", "json", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_fixed_offering_vm_scales_up_and_down_live_seen_in_the_guest(live):
+    run_json(live, "vm", "create", "fx", "--project", "p", "--offering", "f1", "--template", "scalable", "--start")
+    vcpus, mem0, up0 = guest_size(live, "fx")
+    assert vcpus == 1
+    out = scale(live, "fx", "--offering", "f2")
+    assert (out["vcpus"], out["memory_mib"], out["offering"]) == (2, 512, "f2") and "hotplug" in out["scale"]
+    vcpus, mem1, up1 = guest_size(live, "fx")
+    assert vcpus == 2 and mem1 - mem0 == 256 * 1024 and up1 > up0                 # grew, no reboot
+
+    # down, live: 2 -> 1 vCPU, 512 -> 256 MiB; then a busy guest may use one CPU at most
+    out = scale(live, "fx", "--offering", "f1")
+    assert (out["vcpus"], out["memory_mib"]) == (1, 256)
+    assert "soft" in out["scale"] or "unplug" in out["scale"]
+    vcpus, mem2, up2 = guest_size(live, "fx")
+    assert vcpus == 1 and mem2 == mem0 and up2 > up1
+    guest(live, "fx", "for i in 1 2; do (while :; do :; done) >/dev/null 2>&1 & done")
+    [pid] = qemu_pids("vmplane-fx")
+    assert cpu_use(pid) <= 1.15
+
+    out = scale(live, "fx", "--offering", "f2")                                    # back up
+    vcpus, mem3, up3 = guest_size(live, "fx")
+    assert vcpus == 2 and mem3 == mem1 and up3 > up2
+    assert qemu_pids("vmplane-fx") == [pid]                                        # the same QEMU, alive
+    assert cpu_use(pid) > 1.4                                                      # both busy vCPUs run again
+    run_json(live, "vm", "stop", "fx", "--force")
+    assert run_json(live, "audit")["ok"]
+
+
+def test_the_cpu_cap_is_applied_updated_and_removed_live(live):
+    mhz = run_json(live, "host", "show", "lv1")["cpu_mhz"]
+    run_json(live, "offering", "create", "quarter", "--kind", "fixed", "--vcpus", "1", "--memory", "256MiB",
+             "--dynamic-scaling", "--cpu-speed", str(mhz // 4), "--cpu-cap")
+    run_json(live, "offering", "create", "half", "--kind", "fixed", "--vcpus", "1", "--memory", "256MiB",
+             "--dynamic-scaling", "--cpu-speed", str(mhz // 2), "--cpu-cap")
+    run_json(live, "vm", "create", "cap", "--project", "p", "--offering", "f1", "--template", "scalable", "--start")
+    guest(live, "cap", "(while :; do :; done) >/dev/null 2>&1 &")
+    [pid] = qemu_pids("vmplane-cap")
+    assert cpu_use(pid) > 0.8                                                      # uncapped
+    scale(live, "cap", "--offering", "quarter")                                    # applied
+    assert cpu_use(pid) <= 0.3
+    scale(live, "cap", "--offering", "half")                                       # updated
+    assert 0.35 <= cpu_use(pid) <= 0.6
+    scale(live, "cap", "--cpu-cap", "off")                                         # removed
+    assert cpu_use(pid) > 0.8
+    run_json(live, "vm", "stop", "cap", "--force")
+
+
+def test_a_full_host_moves_the_vm_then_scales_it_and_without_auto_migrate_refuses(live):
+    # small host capacity so that one VM fills a host: 24 GiB x 0.05 ~ 1.2 GiB each
+    run_json(live, "setting", "set", "mem.overprovisioning.factor", "0.05", "--cluster", "cluster1")
+    try:
+        run_json(live, "vm", "create", "mover", "--project", "p", "--offering", "f1", "--template", "scalable",
+                 "--start")
+        home = run_json(live, "vm", "show", "mover")["host"]
+        other = "lv2" if home == "lv1" else "lv1"
+        run_json(live, "host", "maintenance", "enter", other)
+        run_json(live, "vm", "create", "filler", "--project", "p", "--offering", "f1", "--template", "scalable",
+                 "--start")                                                        # lands on `home` too
+        run_json(live, "host", "maintenance", "exit", other)
+        run_json(live, "setting", "set", "auto.migrate.vm.on.live.scale.insufficient.capacity", "false",
+                 "--cluster", "cluster1")
+        r = live.cli("vm", "scale", "mover", "--offering", "f2", "--output", "json")
+        body = json.loads(r.stdout)
+        assert r.returncode == 1 and body["error"] == "insufficient_capacity"
+        assert f"host {home}" in body["message"] and "auto.migrate.vm.on.live.scale.insufficient.capacity" in body["message"]
+        assert run_json(live, "vm", "show", "mover")["vcpus"] == 1
+        run_json(live, "setting", "set", "auto.migrate.vm.on.live.scale.insufficient.capacity", "true",
+                 "--cluster", "cluster1")
+        plan = run_json(live, "vm", "scale", "mover", "--offering", "f2", "--dry-run")
+        assert plan["path"] == "migrate-then-scale" and plan["migrate_to"] == other
+        out = scale(live, "mover", "--offering", "f2")
+        assert out["host"] == other and out["vcpus"] == 2
+        vcpus, mem, _ = guest_size(live, "mover")
+        assert vcpus == 2 and mem > 400 * 1024
+        assert run_json(live, "audit")["ok"]
+    finally:
+        run_json(live, "setting", "set", "mem.overprovisioning.factor", "1.0", "--cluster", "cluster1")
