@@ -58,6 +58,13 @@ def add_basics(o: Orchestrator) -> None:
     o.catalog.create_template("tiny", "tiny-linux")
 
 
+def ledger_usage(o: Orchestrator, project: str):
+    """A project's ledger, after checking that it equals the usage recomputed from its VMs."""
+    u = o.project_usage(project)
+    assert u["ledger"] == u["recomputed"]
+    return u["ledger"]
+
+
 @pytest.fixture
 def api(orch):
     """An in-process API client with the admin token, on the `orch` fixture."""

@@ -6,9 +6,9 @@ import itertools
 import pytest
 
 from vmplane.domainxml import domain_xml
-from vmplane.model import Offering, OfferingKind
-from vmplane.scaling import ScalingFlags, cap_for_share, cpu_cap
 from vmplane.drivers.base import CpuCap
+from vmplane.model import Offering, OfferingKind
+from vmplane.scaling import ScalingFlags, cpu_cap
 from vmplane.store import ledger as L
 
 from .conftest import add_sim_hosts

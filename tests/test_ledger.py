@@ -3,23 +3,18 @@
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from vmplane.errors import Conflict, InsufficientCapacity, QuotaExceeded, VmplaneError
-from vmplane.model import Usage
+from vmplane.model import Size, Usage
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.quota import overhead_mib
-from vmplane.model import Size
 from vmplane.store import Database
 
 from .conftest import add_basics, add_sim_hosts
-
-
-def usage(o, project):
-    u = o.project_usage(project)
-    assert u["ledger"] == u["recomputed"]
-    return u["ledger"]
+from .conftest import ledger_usage as usage
 
 
 @pytest.fixture

@@ -1,26 +1,29 @@
 """Quota-neutral live migration and host maintenance on sim hosts (the Harvester seed scenarios)."""
 
-import datetime as dt
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from vmplane.errors import Conflict, InsufficientCapacity
-from vmplane.migration import Limits, MigrationSlot, blocking_limit, startable, transition, MigrationState
-from vmplane.model import Offering, OfferingKind, Size, Usage
+from vmplane.migration import (
+    Limits,
+    MigrationSlot,
+    MigrationState,
+    blocking_limit,
+    startable,
+    transition,
+)
+from vmplane.model import HostState, Offering, OfferingKind, Size, Usage
+from vmplane.orchestrator import Orchestrator
 from vmplane.quota import overhead_mib
-from vmplane.orchestrator import InlineExecutor, Orchestrator
 
 from .conftest import add_sim_hosts
+from .conftest import ledger_usage as usage
 
 GIB = 1024
 
 
-def usage(o, project):
-    u = o.project_usage(project)
-    assert u["ledger"] == u["recomputed"]
-    return u["ledger"]
 
 
 @pytest.fixture
@@ -142,13 +145,11 @@ def test_ten_migrations_at_once_never_copy_more_than_two_from_one_host(threaded)
     names = [f"v{i}" for i in range(10)]
     for n in names:
         o.create_vm(n, "p", "one", "t")
-    o.set_host_state("h2", __import__("vmplane.model", fromlist=["HostState"]).HostState.disabled)
-    for h in ("h3", "h4", "h5", "h6"):
-        o.set_host_state(h, __import__("vmplane.model", fromlist=["HostState"]).HostState.disabled)
+    for h in ("h2", "h3", "h4", "h5", "h6"):
+        o.set_host_state(h, HostState.disabled)
     for n in names:                                   # all on h1
         o.start_vm(n)
     time.sleep(0.3)
-    from vmplane.model import HostState
     for h in ("h2", "h3", "h4", "h5", "h6"):
         o.set_host_state(h, HostState.enabled)
     for d in o.drivers.values():
@@ -181,7 +182,7 @@ def test_a_queued_migration_can_be_cancelled_and_gives_back_its_target_claim(thr
     first, second = o.migrator.migrate("a"), o.migrator.migrate("b")
     assert o.migrator.get(second["id"])["state"] == "queued"
     assert o.migrator.cancel("b")["state"] == "cancelled" and o.vm("b").state == "running"
-    cancelled = o.migrator.cancel("a")                       # copying: aborted, stays on its source
+    o.migrator.cancel("a")                                   # copying: aborted, stays on its source
     rows = wait_migrations(o, [first["id"]])
     assert rows[0]["state"] == "cancelled" and o.vm("a").host.name == first["source"]
     assert o.audit() == []
@@ -223,7 +224,7 @@ def test_a_drain_lists_the_vms_that_fit_nowhere_and_leaves_them_running(threaded
     add_sim_hosts(o, 1, cores=32, memory_mib=8 * GIB, prefix="small")
     o.catalog.create_offering(Offering("any", OfferingKind.custom_unconstrained))
     o.catalog.create_project("p", 100, 100 * GIB, 10)
-    o.set_host_state("small1", __import__("vmplane.model", fromlist=["HostState"]).HostState.disabled)
+    o.set_host_state("small1", HostState.disabled)
     o.create_vm("huge", "p", "any", "t", vcpus=2, memory_mib=32 * GIB, start=True)
     o.create_vm("tiny", "p", "any", "t", vcpus=1, memory_mib=1 * GIB, start=True)
     time.sleep(0.2)

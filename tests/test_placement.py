@@ -1,7 +1,8 @@
 """Placement on hand-built clusters, and a brute-force check over generated ones."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vmplane.errors import InsufficientCapacity
 from vmplane.model import HostCapacity, HostState, PlacementRequest, Size

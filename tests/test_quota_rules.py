@@ -1,12 +1,20 @@
 """The ledger's pure rules: overhead, charges, admission and quota changes."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vmplane.errors import Conflict, QuotaExceeded
 from vmplane.model import Quota, Size, Usage, VmState
-from vmplane.quota import (check_admission, check_quota_change, first_exceeded, overhead_mib, recompute_usage,
-                           running_charge, vm_charge)
+from vmplane.quota import (
+    check_admission,
+    check_quota_change,
+    first_exceeded,
+    overhead_mib,
+    recompute_usage,
+    running_charge,
+    vm_charge,
+)
 
 
 def test_overhead_follows_the_kubevirt_like_model():

@@ -5,7 +5,15 @@ import time
 
 import pytest
 
-from .realguest import cpu_use, domains_on, guest, host_of, libvirt_cluster, qemu_pids, run_json
+from .realguest import (
+    cpu_use,
+    domains_on,
+    guest,
+    host_of,
+    libvirt_cluster,
+    qemu_pids,
+    run_json,
+)
 
 
 @pytest.fixture(scope="module")

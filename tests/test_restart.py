@@ -36,11 +36,12 @@ def test_stop_and_start_the_api_process_keeps_all_state(live, how):
 
 
 def test_serve_runs_the_api_alone_on_the_same_database(live, tmp_path):
-    from .conftest import ADMIN_TOKEN, VMPLANE, free_port
     import subprocess
     import time
 
     import httpx
+
+    from .conftest import ADMIN_TOKEN, VMPLANE, free_port
 
     with live.client() as c:
         c.post("/projects", json={"name": "kept", "vcpus": 1, "memory_mib": 512}).raise_for_status()

@@ -1,7 +1,6 @@
 """Live scaling of real QEMU guests (TCG): what the guest sees, what the QEMU process may use."""
 
 import json
-import time
 
 import pytest
 

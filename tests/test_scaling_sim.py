@@ -1,6 +1,5 @@
 """Live scaling rules and ledger on sim hosts (DESIGN section 5)."""
 
-import time
 
 import pytest
 
@@ -9,14 +8,11 @@ from vmplane.model import Offering, OfferingKind, Size, Usage
 from vmplane.quota import overhead_mib
 
 from .conftest import add_sim_hosts
+from .conftest import ledger_usage as usage
 
 GIB = 1024
 
 
-def usage(o, project):
-    u = o.project_usage(project)
-    assert u["ledger"] == u["recomputed"]
-    return u["ledger"]
 
 
 def op_of(o, result):

@@ -16,12 +16,23 @@ from sqlalchemy.orm import Session
 
 from . import settings as settings_rules
 from .errors import AlreadyExists, Invalid, NotFound, Unauthorized
-from .model import CHARGED_STATES, Offering as OfferingData, OfferingKind, Quota, Size, Usage, VmState
+from .model import CHARGED_STATES, OfferingKind, Quota, Size, Usage, VmState
+from .model import Offering as OfferingData
 from .names import check_name
 from .offerings import validate_offering
 from .quota import check_quota_change, recompute_usage, running_charge
 from .store import Database
-from .store.schema import Cluster, Host, Offering, Project, Setting, Template, Token, Vm, Zone
+from .store.schema import (
+    Cluster,
+    Host,
+    Offering,
+    Project,
+    Setting,
+    Template,
+    Token,
+    Vm,
+    Zone,
+)
 
 
 def get_by_name(s: Session, model, name: str, field: str | None = None, for_update: bool = False):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
-import os
 import sys
 from typing import Annotated, Optional
 

@@ -217,6 +217,8 @@ def _answers(host: LocalHost) -> bool:
 def _destroy_domains(host: LocalHost) -> None:
     try:
         import libvirt
+
+        from .drivers.libvirt import discard_domain
     except ImportError:
         return
     try:
@@ -225,12 +227,7 @@ def _destroy_domains(host: LocalHost) -> None:
         return
     try:
         for dom in conn.listAllDomains():
-            try:
-                if dom.isActive():
-                    dom.destroy()
-                dom.undefineFlags(0)
-            except libvirt.libvirtError:
-                pass
+            discard_domain(dom)
     finally:
         conn.close()
 

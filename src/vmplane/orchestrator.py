@@ -11,29 +11,52 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine import Connection, Row
-
-import time
+from sqlalchemy.exc import IntegrityError
 
 from . import audit as audit_rules
 from . import metrics
-from .catalog import Catalog, ensure_new, get_by_name, ledger_of, offering_data, quota_of
+from .catalog import (
+    Catalog,
+    ensure_new,
+    get_by_name,
+    ledger_of,
+    offering_data,
+    quota_of,
+)
 from .drivers.base import DomainSpec, Driver, DriverError, HostInfo
 from .drivers.sim import SimDriver
-from .errors import AlreadyExists, Conflict, InsufficientCapacity, Invalid, NotFound, VmplaneError
-from .model import (CHARGED_STATES, IN_FLIGHT_OPERATION_STATES, ClaimKind, HostCapacity, HostState,
-                    OperationState, PlacementRequest, Size, Usage, VmState)
+from .errors import (
+    AlreadyExists,
+    Conflict,
+    InsufficientCapacity,
+    Invalid,
+    NotFound,
+    VmplaneError,
+)
 from .migrator import Migrator
-from .scaler import Scaler
+from .model import (
+    CHARGED_STATES,
+    IN_FLIGHT_OPERATION_STATES,
+    ClaimKind,
+    HostCapacity,
+    HostState,
+    OperationState,
+    PlacementRequest,
+    Size,
+    Usage,
+    VmState,
+)
 from .names import check_name
 from .offerings import size_for
 from .placement import CapacityIndex, Placement, choose
 from .quota import check_admission, running_charge
+from .scaler import Scaler
 from .scaling import ScalingFlags, cap_for_share, cap_share, ceiling
 from .store import Database
 from .store import ledger as L

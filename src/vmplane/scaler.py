@@ -14,16 +14,22 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select, update
+from sqlalchemy import update
 
 from .catalog import offering_data
-from .drivers.base import DriverError
-from .errors import Conflict, InsufficientCapacity, Invalid, VmplaneError
+from .errors import Conflict, InsufficientCapacity, VmplaneError
 from .model import OperationState, PlacementRequest, Size, Usage, VmState
 from .offerings import size_for
 from .placement import choose
 from .quota import check_admission, overhead_mib, running_charge
-from .scaling import ScaleFacts, ScalePlan, ScalingFlags, cap_for_share, cap_share, plan_scale
+from .scaling import (
+    ScaleFacts,
+    ScalePlan,
+    ScalingFlags,
+    cap_for_share,
+    cap_share,
+    plan_scale,
+)
 from .store import ledger as L
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from .api.app import create_app
 from . import localhosts
+from .api.app import create_app
 from .errors import Invalid, NotFound
 from .guest import build as guest
 from .orchestrator import Orchestrator

@@ -21,8 +21,18 @@ import libvirt
 
 from ..domainxml import domain_xml
 from ..guest import build as guest
-from .base import (CpuCap, DomainInfo, DomainSpec, Driver, DriverError, GuestView, HostInfo, MigrationParams,
-                   MigrationStats, ProgressCallback)
+from .base import (
+    CpuCap,
+    DomainInfo,
+    DomainSpec,
+    Driver,
+    DriverError,
+    GuestView,
+    HostInfo,
+    MigrationParams,
+    MigrationStats,
+    ProgressCallback,
+)
 
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
 _MARK = re.compile(rb"__VMP_B(\w+)__\r?\n(.*?)__VMP_E\1_(\d+)__", re.S)
@@ -470,6 +480,16 @@ class LibvirtDriver(Driver):
             raise DriverError(self.host, f"no QEMU pid for {name}: {exc}") from None
 
 
+def discard_domain(dom: libvirt.virDomain) -> None:
+    """Destroy (if running) and undefine a domain, whatever state it is in; errors mean it is gone."""
+    try:
+        if dom.isActive():
+            dom.destroy()
+        dom.undefineFlags(0)
+    except libvirt.libvirtError:
+        pass
+
+
 def count_cpu_list(text: str) -> int:
     """'0-2,4' -> 4 (the kernel's cpu list format)."""
     total = 0
@@ -515,12 +535,7 @@ def probe_accel(driver: LibvirtDriver, timeout_s: float = 20.0) -> str:
             why = f"a probe guest did not boot under KVM within {timeout_s:.0f} s ({str(exc)[:120]})"
         finally:
             if dom is not None:
-                try:
-                    if dom.isActive():
-                        dom.destroy()
-                    dom.undefineFlags(0)
-                except libvirt.libvirtError:
-                    pass
+                discard_domain(dom)
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({"accel": accel, "why": why}))
     return accel

@@ -11,8 +11,18 @@ import threading
 import time
 from dataclasses import replace
 
-from .base import (CpuCap, DomainInfo, DomainSpec, Driver, DriverError, GuestView, HostInfo, MigrationParams,
-                   MigrationStats, ProgressCallback)
+from .base import (
+    CpuCap,
+    DomainInfo,
+    DomainSpec,
+    Driver,
+    DriverError,
+    GuestView,
+    HostInfo,
+    MigrationParams,
+    MigrationStats,
+    ProgressCallback,
+)
 
 
 class SimDriver(Driver):

@@ -18,7 +18,17 @@ from sqlalchemy.engine import Connection, Row
 
 from ..errors import NotFound
 from ..model import ClaimKind, OperationState, Quota, Usage, VmState
-from .schema import Claim, Host, Migration, Offering, Operation, Project, Template, Vm, utcnow
+from .schema import (
+    Claim,
+    Host,
+    Migration,
+    Offering,
+    Operation,
+    Project,
+    Template,
+    Vm,
+    utcnow,
+)
 
 PROJECTS = Project.__table__
 HOSTS = Host.__table__

@@ -3,10 +3,21 @@
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from ...errors import Invalid
 from ...orchestrator import Admitted
 from ..deps import AnyCaller, Caller, Orch
-from ..schemas import (ExecRequest, ExecResult, MigrateRequest, MigrationOut, MigrationPlan, ScaleRequest, VmAccepted,
-                       VmCreate, VmOut, VmStop)
+from ..schemas import (
+    ExecRequest,
+    ExecResult,
+    MigrateRequest,
+    MigrationOut,
+    MigrationPlan,
+    ScaleRequest,
+    VmAccepted,
+    VmCreate,
+    VmOut,
+    VmStop,
+)
 from ..views import operation_out, vm_out
 
 router = APIRouter(tags=["vms"])
@@ -116,11 +127,9 @@ def scale_vm(name: str, body: ScaleRequest, orch: Orch, who: AnyCaller):
     auto.migrate.vm.on.live.scale.insufficient.capacity is on, the VM moves first."""
     _own_vm(orch, who, name)
     if body.offering is None and body.vcpus is None and body.memory_mib is None and body.cpu_cap is None:
-        from ...errors import Invalid
         raise Invalid("give an offering, vcpus / memory_mib, or cpu_cap", field="offering")
     result = orch.scaler.scale(name, offering=body.offering, vcpus=body.vcpus, memory_mib=body.memory_mib,
                                cpu_cap=body.cpu_cap, dry_run=body.dry_run)
     if body.dry_run:
         return JSONResponse(result, status_code=200)
-    return _accepted(orch, __import__("vmplane.orchestrator", fromlist=["Admitted"]).Admitted(
-        name, result["operation_id"]))
+    return _accepted(orch, Admitted(name, result["operation_id"]))
