@@ -7,6 +7,7 @@ VM lifecycle and hosts (which need drivers) are the orchestrator's.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import threading
 from typing import Callable
@@ -18,7 +19,7 @@ from . import settings as settings_rules
 from .errors import AlreadyExists, Invalid, NotFound, Unauthorized
 from .model import CHARGED_STATES, OfferingKind, Quota, Size, Usage, VmState
 from .model import Offering as OfferingData
-from .names import check_name
+from .names import NAME_RE, check_name
 from .offerings import validate_offering
 from .quota import check_quota_change, recompute_usage, running_charge
 from .store import Database
@@ -64,6 +65,17 @@ def quota_of(p: Project) -> Quota:
 
 def ledger_of(p: Project) -> Usage:
     return Usage(p.used_vcpus, p.used_memory_mib, p.used_vms)
+
+
+_IMAGE_PATH = re.compile(r"^/[A-Za-z0-9._/-]{1,1023}$")
+
+
+def valid_image(image: str) -> bool:
+    """An image is a name (vmplane's own images) or an absolute folder path; nothing that could climb
+    out of it or break into domain XML."""
+    if NAME_RE.match(image or ""):
+        return True
+    return bool(_IMAGE_PATH.match(image or "")) and ".." not in image.split("/")
 
 
 def hash_token(token: str) -> str:
@@ -208,9 +220,9 @@ class Catalog:
         return found
 
     def create_template(self, name: str, image: str, dynamically_scalable: bool = False) -> Template:
-        if not image or len(image) > 1024 or any(c in image for c in "\0\n\r<>&'\""):
-            raise Invalid("image must be a non-empty name or path without quotes, angle brackets or "
-                          "control characters", field="image")
+        if not valid_image(image):
+            raise Invalid("image must be an image name (like tiny-linux) or an absolute path of letters, digits, "
+                          "'.', '_', '-' and '/', without '..'", field="image")
         with self.db.write() as s:
             ensure_new(s, Template, name)
             row = Template(name=name, image=image, dynamically_scalable=dynamically_scalable)

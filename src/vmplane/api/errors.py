@@ -50,8 +50,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
-        code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
-            exc.status_code, "error")
+        code = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+                405: "method_not_allowed"}.get(exc.status_code, "error")
         return JSONResponse({"error": code, "message": str(exc.detail)}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 

@@ -1,0 +1,107 @@
+"""Who may do what: admin vs project member, over every endpoint, and tenants kept apart."""
+
+import pytest
+
+from vmplane.model import Offering, OfferingKind
+
+from .conftest import ADMIN_TOKEN, add_sim_hosts
+
+# every /api/v1 route is one of these; a new route must be classified here or the test fails
+ADMIN_ONLY = {("POST", "/zones"), ("GET", "/zones"), ("POST", "/clusters"), ("GET", "/clusters"),
+              ("POST", "/hosts"), ("GET", "/hosts"), ("GET", "/hosts/{name}"),
+              ("POST", "/hosts/{name}/maintenance"), ("POST", "/projects"), ("PATCH", "/projects/{name}/quota"),
+              ("POST", "/offerings"), ("POST", "/templates"), ("GET", "/settings"), ("GET", "/settings/{key}"),
+              ("PUT", "/settings/{key}"), ("GET", "/audit"), ("POST", "/tokens")}
+MEMBER_SCOPED = {("GET", "/projects"), ("GET", "/projects/{name}"), ("GET", "/projects/{name}/usage"),
+                 ("GET", "/offerings"), ("GET", "/offerings/{name}"), ("GET", "/templates"),
+                 ("GET", "/templates/{name}"), ("POST", "/vms"), ("GET", "/vms"), ("GET", "/vms/{name}"),
+                 ("POST", "/vms/{name}/start"), ("POST", "/vms/{name}/stop"), ("DELETE", "/vms/{name}"),
+                 ("POST", "/vms/{name}/exec"), ("POST", "/vms/{name}/migrate"),
+                 ("POST", "/vms/{name}/migrate/cancel"), ("POST", "/vms/{name}/scale"), ("GET", "/migrations"),
+                 ("GET", "/migrations/{migration_id}"), ("GET", "/operations"), ("GET", "/operations/{op_id}")}
+
+
+@pytest.fixture
+def tenants(orch, api):
+    add_sim_hosts(orch, 2)
+    orch.catalog.set_setting("enable.dynamic.scale.vm", "true", "zone", "z1")
+    orch.catalog.create_offering(Offering("o", OfferingKind.fixed, vcpus=1, memory_mib=512, dynamic_scaling=True))
+    orch.catalog.create_offering(Offering("o2", OfferingKind.fixed, vcpus=2, memory_mib=1024, dynamic_scaling=True))
+    orch.catalog.create_template("t", "tiny-linux", dynamically_scalable=True)
+    for project in ("a", "b"):
+        orch.catalog.create_project(project, 8, 16384, 10)
+        orch.create_vm(f"{project}-run", project, "o", "t", start=True)
+        orch.create_vm(f"{project}-off", project, "o", "t")
+    mig = orch.migrator.migrate("b-run")
+    tokens = {p: api.post("/api/v1/tokens", json={"name": f"m-{p}", "role": "member", "project": p}).json()["token"]
+              for p in ("a", "b")}
+    return api, tokens, mig
+
+
+def as_member(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_every_api_route_is_classified(tenants):
+    api, _, _ = tenants
+    paths = api.get("/openapi.json").json()["paths"]
+    routes = {(method.upper(), path.removeprefix("/api/v1")) for path, ops in paths.items()
+              if path.startswith("/api/v1") for method in ops}
+    assert routes == ADMIN_ONLY | MEMBER_SCOPED and not ADMIN_ONLY & MEMBER_SCOPED
+
+
+@pytest.mark.parametrize("method,path", sorted(ADMIN_ONLY))
+def test_admin_only_routes_refuse_a_member_with_403_and_change_nothing(tenants, method, path):
+    api, tokens, _ = tenants
+    before = api.get("/api/v1/hosts").json(), api.get("/api/v1/projects").json()
+    url = "/api/v1" + path.format(name="h1", key="cpu.overprovisioning.factor")
+    body = {"name": "x", "zone": "z1", "action": "enter", "value": "2", "vcpus": 1, "memory_mib": 1, "kind": "fixed",
+            "image": "tiny-linux", "cluster": "c1", "cores": 1, "cpu_mhz": 1, "role": "admin"}
+    r = api.request(method, url, json=body if method != "GET" else None, headers=as_member(tokens["a"]))
+    assert r.status_code == 403 and r.json()["error"] == "forbidden", (method, path, r.text)
+    assert (api.get("/api/v1/hosts").json(), api.get("/api/v1/projects").json()) == before
+
+
+@pytest.mark.parametrize("method,path,body", [
+    ("GET", "/vms/b-run", None), ("POST", "/vms/b-off/start", None), ("POST", "/vms/b-run/stop", {}),
+    ("DELETE", "/vms/b-off", None), ("POST", "/vms/b-run/exec", {"command": "true"}),
+    ("POST", "/vms/b-run/migrate", {}), ("POST", "/vms/b-run/migrate/cancel", None),
+    ("POST", "/vms/b-run/scale", {"offering": "o2"}), ("GET", "/projects/b", None), ("GET", "/projects/b/usage", None),
+    ("POST", "/vms", {"name": "sneaky", "project": "b", "offering": "o", "template": "t"}),
+])
+def test_a_member_of_a_can_not_touch_project_b(tenants, method, path, body):
+    api, tokens, _ = tenants
+    before = api.get("/api/v1/vms").json(), api.get("/api/v1/projects/b/usage").json()
+    r = api.request(method, "/api/v1" + path, json=body, headers=as_member(tokens["a"]))
+    assert r.status_code in (403, 404), (method, path, r.status_code, r.text)
+    assert "b-" not in r.text or "does not exist" in r.text
+    assert (api.get("/api/v1/vms").json(), api.get("/api/v1/projects/b/usage").json()) == before
+
+
+def test_lists_and_ids_of_other_projects_are_hidden(tenants):
+    api, tokens, mig = tenants
+    member = as_member(tokens["a"])
+    assert {v["name"] for v in api.get("/api/v1/vms", headers=member).json()} == {"a-run", "a-off"}
+    assert [p["name"] for p in api.get("/api/v1/projects", headers=member).json()] == ["a"]
+    assert api.get("/api/v1/migrations", headers=member).json() == []
+    assert api.get(f"/api/v1/migrations/{mig['id']}", headers=member).status_code == 404
+    theirs = [o for o in api.get("/api/v1/operations").json() if o["target"].startswith("b-")]
+    assert theirs and all(api.get(f"/api/v1/operations/{o['id']}", headers=member).status_code == 404 for o in theirs)
+    assert all(not o["target"].startswith("b-") for o in api.get("/api/v1/operations", headers=member).json())
+
+
+def test_a_member_runs_its_own_project(tenants):
+    api, tokens, _ = tenants
+    member = as_member(tokens["a"])
+    assert api.post("/api/v1/vms/a-off/start", headers=member).status_code == 202
+    assert api.post("/api/v1/vms/a-run/scale", json={"offering": "o2"}, headers=member).status_code == 202
+    assert api.post("/api/v1/vms/a-run/migrate", json={}, headers=member).status_code == 202
+    assert api.get("/api/v1/projects/a/usage", headers=member).json()["consistent"] is True
+
+
+def test_tokens_are_stored_hashed(orch, api):
+    from sqlalchemy import select
+    from vmplane.store.schema import Token
+    with orch.db.read() as s:
+        stored = [t.token_hash for t in s.scalars(select(Token))]
+    assert ADMIN_TOKEN not in stored and all(len(h) == 64 for h in stored)

@@ -1,0 +1,85 @@
+"""Hostile input: schemathesis over every endpoint of the OpenAPI schema (no 5xx, every error in the
+documented shape), and names built to break paths, XML and shells."""
+
+import atexit
+import shutil
+import tempfile
+
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, settings
+
+from vmplane.api.app import create_app
+from vmplane.model import Offering, OfferingKind
+from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.store import Database
+
+TOKEN = "hostile-admin"
+
+
+def _seeded_app():
+    """An API on sim hosts with one of everything, so that generated paths hit real objects too."""
+    folder = tempfile.mkdtemp(prefix="vmplane-hostile-")
+    atexit.register(shutil.rmtree, folder, True)
+    db = Database(f"sqlite:///{folder}/h.db")
+    db.migrate()
+    o = Orchestrator(db, InlineExecutor())
+    o.load()
+    o.catalog.create_zone("z1")
+    o.catalog.create_cluster("c1", "z1")
+    for name in ("h1", "h2"):
+        o.add_host(name, "c1", "sim", 16, 2400, 65536)
+    o.catalog.create_offering(Offering("small", OfferingKind.fixed, vcpus=1, memory_mib=512, dynamic_scaling=True))
+    o.catalog.create_template("t", "tiny-linux", dynamically_scalable=True)
+    o.catalog.create_project("p", 64, 1 << 20, 100)
+    o.create_vm("v1", "p", "small", "t", start=True)
+    o.create_vm("v2", "p", "small", "t")
+    o.catalog.ensure_admin_token("admin", TOKEN)
+    return create_app(o)
+
+
+APP = _seeded_app()
+schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
+ERROR_KEYS = {"error", "message", "field"}
+
+
+def check_shape(response) -> None:
+    assert response.status_code < 500, f"{response.status_code}: {response.text[:300]}"
+    if response.status_code >= 400:
+        body = response.json()
+        assert set(body) <= ERROR_KEYS and body.get("error") and body.get("message"), body
+
+
+@schema.parametrize()
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_endpoint_answers_5xx_and_errors_have_the_documented_shape(case):
+    check_shape(case.call(headers={"Authorization": f"Bearer {TOKEN}"}))
+
+
+@schema.parametrize()
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+def test_without_a_token_every_api_call_is_401(case):
+    response = case.call()
+    check_shape(response)
+    if case.path.startswith("/api/"):
+        assert response.status_code in (401, 405, 422), (case.method, case.path, response.status_code)
+
+
+HOSTILE = ["a'b", 'a"b', "<vm>", "a/b", "..", "../../etc/passwd", "a b", "a;rm -rf /", "$(reboot)", "`id`",
+           "ä-unicode", "\u202eevil", "a\nb", "a\x00b", "x" * 10_000, "", "-leading", "trailing-", "UPPER", "%2e%2e"]
+
+
+@pytest.mark.parametrize("name", HOSTILE, ids=[repr(n)[:24] for n in HOSTILE])
+def test_hostile_names_are_refused_before_they_reach_xml_paths_or_libvirt(name):
+    with TestClient(APP, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        before = c.get("/api/v1/vms").json()
+        for path, body in (("/api/v1/vms", {"name": name, "project": "p", "offering": "small", "template": "t"}),
+                           ("/api/v1/projects", {"name": name, "vcpus": 1, "memory_mib": 1}),
+                           ("/api/v1/zones", {"name": name}),
+                           ("/api/v1/templates", {"name": "ok", "image": name or "<x>"})):
+            r = c.post(path, json=body)
+            assert r.status_code == 422, (path, name, r.status_code, r.text[:200])
+            check_shape(r)
+            assert r.json()["field"] in ("name", "image")
+        assert c.get("/api/v1/vms").json() == before
