@@ -105,3 +105,14 @@ def test_tokens_are_stored_hashed(orch, api):
     with orch.db.read() as s:
         stored = [t.token_hash for t in s.scalars(select(Token))]
     assert ADMIN_TOKEN not in stored and all(len(h) == 64 for h in stored)
+
+
+def test_up_token_reuse_never_promotes_a_member_token(orch, api):
+    from vmplane.errors import Conflict
+    orch.catalog.create_project("p", 1, 1, 1)
+    member = orch.catalog.create_token("dev", "member", "p")
+    with pytest.raises(Conflict, match="member token 'dev'"):
+        orch.catalog.ensure_admin_token("up-admin", member)
+    assert orch.catalog.authenticate(member)[1] == "member"
+    orch.catalog.ensure_admin_token("up-admin", ADMIN_TOKEN)       # already an admin token: accepted as is
+    assert orch.catalog.authenticate(ADMIN_TOKEN)[1] == "admin"

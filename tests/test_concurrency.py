@@ -1,6 +1,7 @@
 """Admission is atomic: concurrent starts never overrun a quota, on SQLite and on PostgreSQL."""
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -107,3 +108,63 @@ def test_eight_control_planes_racing_never_overrun_quota_or_hosts(db_url):
     for o in [a, *others]:
         o.close()
         o.db.dispose()
+
+
+def test_1000_concurrent_creates_starts_and_scales_never_overrun_tight_quotas(tmp_path):
+    """A mixed storm over REST: creates with start, starts and live scale-ups from 100 clients, against
+    three projects whose quotas fit a fraction; afterwards the ledger is exact and within quota."""
+    live = LiveServer(tmp_path).start()
+    try:
+        with live.client() as c:
+            c.put("/settings/cpu.overprovisioning.factor", json={"value": "8"}).raise_for_status()
+            c.put("/settings/enable.dynamic.scale.vm", json={"value": "true"}).raise_for_status()
+            c.post("/offerings", json={"name": "one", "kind": "fixed", "vcpus": 1, "memory_mib": 256,
+                                       "dynamic_scaling": True}).raise_for_status()
+            c.post("/offerings", json={"name": "two", "kind": "fixed", "vcpus": 2, "memory_mib": 512,
+                                       "dynamic_scaling": True}).raise_for_status()
+            c.post("/templates", json={"name": "t", "image": "tiny-linux", "dynamically_scalable": True}
+                   ).raise_for_status()
+            quotas = {"q1": (20, 8192, 60), "q2": (35, 6000, 80), "q3": (50, 1 << 20, 40)}
+            for name, (vcpus, memory, vms) in quotas.items():
+                c.post("/projects", json={"name": name, "vcpus": vcpus, "memory_mib": memory, "vms": vms,
+                                          "count_overhead": name == "q2"}).raise_for_status()
+                for i in range(30):          # stopped VMs to start or scale
+                    c.post("/vms", json={"name": f"{name}-s{i}", "project": name, "offering": "one", "template": "t"})
+
+        requests = []
+        for i in range(1000):
+            project = ("q1", "q2", "q3")[i % 3]
+            kind = i % 4
+            if kind == 0:
+                requests.append(("POST", "/vms", {"name": f"{project}-c{i}", "project": project, "offering": "one",
+                                                  "template": "t", "start": True}))
+            elif kind == 1:
+                requests.append(("POST", f"/vms/{project}-s{i % 30}/start", None))
+            else:
+                requests.append(("POST", f"/vms/{project}-s{(i * 7) % 30}/scale", {"offering": "two"}))
+
+        def send(req):
+            method, path, body = req
+            with httpx.Client(base_url=live.url + "/api/v1", timeout=120,
+                              headers={"Authorization": f"Bearer {live.env['VMPLANE_TOKEN']}"}) as c:
+                return c.request(method, path, json=body)
+
+        with ThreadPoolExecutor(max_workers=100) as pool:
+            results = list(pool.map(send, requests))
+        codes = {r.status_code for r in results}
+        assert codes <= {200, 201, 202, 404, 409, 422}, codes          # no 5xx, nothing unexpected
+        assert all(set(r.json()) <= {"error", "message", "field"} for r in results if r.status_code >= 400)
+        assert sum(r.status_code == 202 for r in results) > 50 and sum(r.status_code == 409 for r in results) > 50
+        with live.client() as c:
+            for _ in range(600):          # let the operations finish
+                if not c.get("/operations", params={"state": "running"}).json() and \
+                        not c.get("/operations", params={"state": "pending"}).json():
+                    break
+                time.sleep(0.1)
+            for name, (vcpus, memory, vms) in quotas.items():
+                u = c.get(f"/projects/{name}/usage").json()
+                assert u["consistent"] is True, u
+                assert u["vcpus"]["used"] <= vcpus and u["memory_mib"]["used"] <= memory and u["vms"]["used"] <= vms
+            assert c.get("/audit").json() == {"ok": True, "problems": []}
+    finally:
+        live.stop()

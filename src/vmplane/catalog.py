@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from . import settings as settings_rules
-from .errors import AlreadyExists, Invalid, NotFound, Unauthorized
+from .errors import AlreadyExists, Conflict, Invalid, NotFound, Unauthorized
 from .model import CHARGED_STATES, OfferingKind, Quota, Size, Usage, VmState
 from .model import Offering as OfferingData
 from .names import NAME_RE, check_name
@@ -91,6 +91,8 @@ class Catalog:
         # Offerings and templates never change once created: admissions read them from here.
         self._offerings: dict[str, Offering] = {}
         self._templates: dict[str, Template] = {}
+        # token hash -> (name, role, project id); cleared whenever a token is written
+        self._tokens: dict[str, tuple[str, str, int | None]] = {}
 
     # -- zones and clusters -------------------------------------------------------------------
     def create_zone(self, name: str) -> Zone:
@@ -318,23 +320,36 @@ class Catalog:
             if role == "member" and project_id is None:
                 raise Invalid("a member token needs a project", field="project")
             s.add(Token(name=name, token_hash=hash_token(token), role=role, project_id=project_id))
+        self._tokens.clear()
         return token
 
     def ensure_admin_token(self, name: str, token: str) -> None:
         """Make `token` the admin token called `name` (used by `vmplane up` at every start)."""
         with self.db.write() as s:
+            same = s.execute(select(Token).where(Token.token_hash == hash_token(token))).scalar_one_or_none()
+            if same is not None:
+                if same.role != "admin":
+                    raise Conflict(f"that token is the member token {same.name!r}; an admin token must be another "
+                                   f"secret", field="token")
+                return                          # already an admin token (under any name): nothing to do
             row = s.execute(select(Token).where(Token.name == name)).scalar_one_or_none()
             if row is None:
                 s.add(Token(name=name, token_hash=hash_token(token), role="admin"))
             else:
                 row.token_hash, row.role, row.project_id = hash_token(token), "admin", None
+        self._tokens.clear()
 
-    def authenticate(self, token: str) -> Token:
-        with self.db.read() as s:
-            row = s.execute(select(Token).where(Token.token_hash == hash_token(token))).scalar_one_or_none()
-        if row is None:
-            raise Unauthorized("the bearer token is not valid")
-        return row
+    def authenticate(self, token: str) -> tuple[str, str, int | None]:
+        """(name, role, project id) of a valid token; the store is read once per token."""
+        digest = hash_token(token)
+        found = self._tokens.get(digest)
+        if found is None:
+            with self.db.read() as s:
+                row = s.execute(select(Token).where(Token.token_hash == digest)).scalar_one_or_none()
+            if row is None:
+                raise Unauthorized("the bearer token is not valid")
+            found = self._tokens[digest] = (row.name, row.role, row.project_id)
+        return found
 
     def count(self, model) -> int:
         with self.db.read() as s:

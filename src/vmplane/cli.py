@@ -156,7 +156,11 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
             server.stop_local_hosts()
         raise
     admin = token or server.new_token()
-    plane.orchestrator.catalog.ensure_admin_token(server.UP_TOKEN_NAME, admin)
+    try:
+        plane.orchestrator.catalog.ensure_admin_token(server.UP_TOKEN_NAME, admin)
+    except VmplaneError as exc:
+        plane.close()
+        raise typer.BadParameter(exc.message, param_hint="--token") from None
     url = f"http://{bind}:{port}"
     console.print(f"vmplane up: {why}; {len(names)} host(s): {', '.join(names) or '-'}")
     console.print(f"database: {plane.db.url}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -22,26 +22,35 @@ def _unauthorized(message: str) -> JSONResponse:
                         headers={"WWW-Authenticate": "Bearer"})
 
 
+class BearerAuth:
+    """Every /api call needs a valid bearer token, checked before the request body is even read.
+    A plain ASGI middleware (Starlette's BaseHTTPMiddleware costs a task group per request)."""
+
+    def __init__(self, app, catalog):
+        self.app = app
+        self.catalog = catalog
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/api/"):
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            kind, _, token = header.partition(" ")
+            if kind.lower() != "bearer" or not token.strip():
+                return await _unauthorized("an Authorization: Bearer <token> header is required")(scope, receive, send)
+            try:
+                name, role, project_id = self.catalog.authenticate(token.strip())
+            except VmplaneError as exc:
+                return await _unauthorized(exc.message)(scope, receive, send)
+            scope.setdefault("state", {})["caller"] = Caller(name, role, project_id)
+        await self.app(scope, receive, send)
+
+
 def create_app(orch: Orchestrator) -> FastAPI:
     app = FastAPI(title="vmplane", version=__version__, responses=ERRORS,
                   description="Control plane for KVM clusters: migration-neutral quotas, live scaling.")
     app.state.orchestrator = orch
     install_error_handlers(app)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        """Every /api call needs a valid bearer token, checked before the request body is even parsed."""
-        if request.url.path.startswith("/api/"):
-            header = request.headers.get("authorization", "")
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                return _unauthorized("an Authorization: Bearer <token> header is required")
-            try:
-                row = orch.catalog.authenticate(token.strip())
-            except VmplaneError as exc:
-                return _unauthorized(exc.message)
-            request.state.caller = Caller(row.name, row.role, row.project_id)
-        return await call_next(request)
+    app.add_middleware(BearerAuth, catalog=orch.catalog)
     api = APIRouter(prefix="/api/v1")
     for module in (zones, hosts, projects, offerings, settings, vms, operations):
         api.include_router(module.router)

@@ -39,7 +39,7 @@ class Caller:
 
 def caller(request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Caller:
     """The caller the authentication middleware established (declaring `bearer` documents the scheme)."""
-    who = getattr(request.state, "caller", None)
+    who = request.scope.get("state", {}).get("caller")
     if who is None:
         raise Unauthorized("an Authorization: Bearer <token> header is required")
     return who
