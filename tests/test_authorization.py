@@ -101,6 +101,7 @@ def test_a_member_runs_its_own_project(tenants):
 
 def test_tokens_are_stored_hashed(orch, api):
     from sqlalchemy import select
+
     from vmplane.store.schema import Token
     with orch.db.read() as s:
         stored = [t.token_hash for t in s.scalars(select(Token))]

@@ -81,13 +81,15 @@ class LocalHost:
         except (OSError, ValueError):
             return None
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        if stat[stat.rfind(")") + 2] == "Z":      # killed but not yet reaped: a zombie is not a daemon
             return None
         return pid
 
     def running(self) -> bool:
-        return self.pid() is not None and self.socket.exists()
+        return self.pid() is not None and self.socket.exists() and _answers(self)
 
 
 def _host_uuid(name: str, base: Path) -> str:
@@ -232,6 +234,18 @@ def _destroy_domains(host: LocalHost) -> None:
         conn.close()
 
 
+def _kill_orphaned_qemu(host: LocalHost) -> None:
+    """QEMU processes this host started whose daemon died before it could destroy them (by pid file)."""
+    for pid_file in (host.dir / "run" / "qemu").glob("*.pid"):
+        try:
+            pid = int(pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if b"qemu-system" in cmdline:
+            os.kill(pid, signal.SIGKILL)
+
+
 def stop(host: LocalHost, remove_files: bool = False) -> None:
     """Destroy the host's domains, stop its daemon (by pid), remove its network namespace."""
     pid = host.pid()
@@ -246,6 +260,7 @@ def stop(host: LocalHost, remove_files: bool = False) -> None:
             time.sleep(0.1)
         else:
             os.kill(pid, signal.SIGKILL)
+    _kill_orphaned_qemu(host)
     if host.netns and _netns_exists(host.netns):
         _ip("netns", "del", host.netns, check=False)
     if remove_files:

@@ -28,7 +28,7 @@ class VmState(str, enum.Enum):
 # charge until its domain is gone: freeing it earlier would let a new VM in while the old one
 # still runs.
 CHARGED_STATES = frozenset({VmState.starting, VmState.running, VmState.stopping, VmState.migrating,
-                            VmState.scaling})
+                            VmState.scaling, VmState.unknown})   # unknown: its host is unreachable; it may run
 
 
 class OfferingKind(str, enum.Enum):

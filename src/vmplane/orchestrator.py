@@ -509,6 +509,68 @@ class Orchestrator:
                 log.warning("reconcile: vm %s was not running on %s; recorded as stopped", name, host)
         return findings
 
+    # -- host health -------------------------------------------------------------------------
+    def check_hosts(self) -> list[str]:
+        """One pass over the libvirt hosts. A host whose libvirtd does not answer is marked down and its
+        running VMs unknown: they keep their charge and claim (they may well still run) and are never
+        started again elsewhere. When it answers again it is enabled, and each unknown VM is found
+        running again or, if its domain is gone, recorded as stopped."""
+        events = []
+        for name, driver in list(self.drivers.items()):
+            if isinstance(driver, SimDriver) or name not in self.index:
+                continue
+            try:
+                running = {d.name for d in driver.domains() if d.running}
+            except DriverError as exc:
+                if self.index.host(name).state != HostState.down:
+                    self.set_host_state(name, HostState.down)
+                    moved = self._set_vm_states(name, VmState.running, VmState.unknown)
+                    events.append(f"{name} is down ({exc}); {moved} VM(s) unknown")
+                    log.error("host %s is down: %s; its VMs are unknown", name, exc)
+                continue
+            if self.index.host(name).state == HostState.down:
+                self.set_host_state(name, HostState.enabled)
+                found = self._set_vm_states(name, VmState.unknown, VmState.running,
+                                            only={n.removeprefix(DOMAIN_PREFIX) for n in running})
+                gone = self.reconcile_unknown(name)
+                events.append(f"{name} is back; {found} VM(s) found running, {gone} gone")
+                log.warning("host %s is back: %d VM(s) running, %d gone", name, found, gone)
+        return events
+
+    def _set_vm_states(self, host: str, old: VmState, new: VmState, only: set[str] | None = None) -> int:
+        with self.db.transaction() as conn:
+            v = L.VMS.c
+            stmt = L.VMS.update().where(v.host_id == self._hosts[host].id, v.state == old.value)
+            if only is not None:
+                stmt = stmt.where(v.name.in_(sorted(only)))
+            return conn.execute(stmt.values(state=new.value)).rowcount
+
+    def reconcile_unknown(self, host: str) -> int:
+        """VMs still unknown on a host that answers again have no domain there: recorded as stopped."""
+        with self.db.read() as s:
+            ids = s.connection().execute(select(L.VMS.c.id).where(
+                L.VMS.c.host_id == self._hosts[host].id, L.VMS.c.state == VmState.unknown.value)).scalars().all()
+        for vm_id in ids:
+            with self.db.transaction() as conn:
+                vm = L.vm_row(conn, vm_id, lock=True)
+                L.lock_project(conn, vm.project_id)
+                freed = L.release_vm(conn, vm_id)
+            self._unindex(freed)
+        return len(ids)
+
+    def start_monitor(self) -> None:
+        """Check the hosts every `vmplane.host.check.interval` seconds until close()."""
+        self._stop_monitor = threading.Event()
+
+        def loop():
+            while not self._stop_monitor.wait(float(self.catalog.effective("vmplane.host.check.interval"))):
+                try:
+                    self.check_hosts()
+                except Exception:       # the monitor must survive anything one pass meets
+                    log.exception("host check")
+
+        threading.Thread(target=loop, name="vmplane-host-monitor", daemon=True).start()
+
     def exec_in_guest(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
         """Run one shell line in a running VM's guest (through its console); (output, exit code)."""
         if not command.strip():
@@ -520,6 +582,9 @@ class Orchestrator:
             if vm.state != VmState.starting.value or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
+        if vm.state == VmState.unknown.value:
+            raise Conflict(f"vm {name} is unknown: its host {vm.host_name} does not answer; retry when it is back",
+                           field="state")
         if vm.state not in (VmState.running.value, VmState.scaling.value):
             raise Conflict(f"vm {name} is {vm.state}; commands run in a running VM", field="state")
         driver = self.drivers[vm.host_name]
@@ -581,6 +646,8 @@ class Orchestrator:
             return audit_rules.audit(self.db, self.catalog.recomputed_usage, self.index)
 
     def close(self) -> None:
+        if getattr(self, "_stop_monitor", None) is not None:
+            self._stop_monitor.set()
         if isinstance(self.executor, ThreadPoolExecutor):
             self.executor.shutdown(wait=True)
         for driver in self.drivers.values():

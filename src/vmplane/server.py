@@ -45,6 +45,7 @@ def build(db_url: str | None = None) -> ControlPlane:
     db.migrate()
     orch = Orchestrator(db)
     orch.load()
+    orch.start_monitor()
     return ControlPlane(db, orch, create_app(orch))
 
 

@@ -91,6 +91,8 @@ KEYS: dict[str, SettingKey] = {k.key: k for k in [
                "Live migrations arriving on one host at once."),
     SettingKey("vmplane.vm.shutdown.timeout", _non_negative_int, 30, "cluster",
                "Seconds a stop waits for the guest to power off (ACPI) before forcing it off."),
+    SettingKey("vmplane.host.check.interval", _positive_float, 5.0, "global",
+               "Seconds between checks that each libvirt host answers (a host that does not is marked down)."),
     SettingKey("vmplane.operation.history", _non_negative_int, 10000, "global",
                "Finished operations kept for `operations list`."),
 ]}
