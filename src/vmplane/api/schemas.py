@@ -8,8 +8,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 Name = Annotated[str, Field(min_length=1, max_length=63, description="lowercase letters, digits and '-'")]
-Positive = Annotated[StrictInt, Field(gt=0)]
-NonNegative = Annotated[StrictInt, Field(ge=0)]
+INT_MAX = 2**31 - 1        # the store's integer columns are 32-bit on PostgreSQL
+Positive = Annotated[StrictInt, Field(gt=0, le=INT_MAX)]
+NonNegative = Annotated[StrictInt, Field(ge=0, le=INT_MAX)]
 
 
 class Request(BaseModel):
@@ -233,9 +234,9 @@ class MigrateRequest(Request):
     dry_run: StrictBool = False
     policy: Literal["vmplane", "hypervisor-default"] = Field(
         "vmplane", description="vmplane's measured policy per accelerator, or the hypervisor's own defaults")
-    bandwidth_mib_s: Annotated[StrictInt, Field(gt=0)] | None = Field(None, description="override the policy")
+    bandwidth_mib_s: Positive | None = Field(None, description="override the policy")
     postcopy: StrictBool | None = Field(None, description="override the policy")
-    max_downtime_ms: Annotated[StrictInt, Field(gt=0)] | None = None
+    max_downtime_ms: Positive | None = None
 
 
 class MigrationOut(BaseModel):

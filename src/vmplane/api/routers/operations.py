@@ -1,8 +1,8 @@
 """Operations: state and progress of asynchronous requests; the ledger audit; tokens."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from ..deps import Admin, AnyCaller, Orch
 from ..schemas import AuditOut, OperationOut, TokenCreate, TokenOut
@@ -13,8 +13,9 @@ router = APIRouter(tags=["operations"])
 
 @router.get("/operations", response_model=list[OperationOut])
 def list_operations(orch: Orch, who: AnyCaller,
-                    state: Literal["pending", "running", "succeeded", "failed"] | None = None, limit: int = 100):
-    ops = orch.operations(state, max(1, min(limit, 1000)))
+                    state: Literal["pending", "running", "succeeded", "failed"] | None = None,
+                    limit: Annotated[int, Query(ge=1, le=1000)] = 100):
+    ops = orch.operations(state, limit)
     return [operation_out(op) for op in ops if who.is_admin or op.project_id == who.project_id]
 
 
