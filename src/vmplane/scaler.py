@@ -14,8 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy import update
-
 from .catalog import offering_data
 from .errors import Conflict, InsufficientCapacity, VmplaneError
 from .model import OperationState, PlacementRequest, Size, Usage, VmState
@@ -110,13 +108,13 @@ class Scaler:
         path, migrate_to = "in-place", None
         grow_vcpus, grow_memory = max(plan.vcpus_delta, 0), max(footprint_delta, 0)
         if grow_vcpus or grow_memory:
-            cap_vcpus, cap_memory = self.o.index.capacity_of(vm.host_name)
-            taken = (not dry_run and L.take_on_host(conn, meta.id, grow_vcpus, grow_memory, cap_vcpus, cap_memory))
             if dry_run:
                 host = self.o.index.host(vm.host_name)
-                taken = (host.used_vcpus + grow_vcpus <= cap_vcpus and host.used_memory_mib + grow_memory <= cap_memory)
-                taken = taken or None      # None: would not fit in place (dry run)
-            if not taken:
+                fits = (host.used_vcpus + grow_vcpus <= host.vcpus_capacity
+                        and host.used_memory_mib + grow_memory <= host.memory_capacity_mib)
+            else:
+                fits = self._take_growth(conn, vm.host_name, vm.id, grow_vcpus, grow_memory)
+            if not fits:
                 if not self.o.catalog.effective("auto.migrate.vm.on.live.scale.insufficient.capacity",
                                                 meta.zone, meta.cluster):
                     raise InsufficientCapacity(
@@ -126,17 +124,17 @@ class Scaler:
                                            exclude_reason="the VM's own host has no room for the new size")
                 migrate_to = choose(self.o.index, request).host
                 path = "migrate-then-scale"
-            else:
-                self._grow_claim(conn, vm.id, grow_vcpus, grow_memory) if not dry_run else None
         if not dry_run and (increase.vcpus or increase.memory_mib):
             L.add_to_ledger(conn, p.id, increase)
         return Admitted(plan, delta, footprint_delta, new_overhead, offering_id, path, migrate_to)
 
-    @staticmethod
-    def _grow_claim(conn, vm_id: int, vcpus: int, memory_mib: int) -> None:
-        c = L.CLAIMS.c
-        conn.execute(update(L.CLAIMS).where(c.vm_id == vm_id, c.kind == "running").values(
-            vcpus=c.vcpus + vcpus, memory_mib=c.memory_mib + memory_mib))
+    def _take_growth(self, conn, host: str, vm_id: int, vcpus: int, memory_mib: int) -> bool:
+        """Take a VM's growth on its host (compare-and-add) and add it to its running claim; False if no room."""
+        cap_vcpus, cap_memory = self.o.index.capacity_of(host)
+        if not L.take_on_host(conn, self.o._hosts[host].id, vcpus, memory_mib, cap_vcpus, cap_memory):
+            return False
+        L.grow_running_claim(conn, vm_id, vcpus, memory_mib)
+        return True
 
     @staticmethod
     def _describe(vm, a: Admitted) -> dict:
@@ -193,13 +191,10 @@ class Scaler:
                 if mig["state"] != "succeeded":
                     raise Conflict(f"the migration to {a.migrate_to} before scaling {mig['state']}: {mig['reason']}")
                 vm = L.vm_row(conn, vm_id)
-                meta = self.o._hosts[vm.host_name]
                 grow_vcpus, grow_memory = max(a.plan.vcpus_delta, 0), max(a.footprint_delta, 0)
-                cap_vcpus, cap_memory = self.o.index.capacity_of(vm.host_name)
-                if not L.take_on_host(conn, meta.id, grow_vcpus, grow_memory, cap_vcpus, cap_memory):
+                if not self._take_growth(conn, vm.host_name, vm_id, grow_vcpus, grow_memory):
                     raise InsufficientCapacity(f"{vm.host_name} filled up during the migration; the VM runs there "
                                                f"at its old size", field="host")
-                self._grow_claim(conn, vm_id, grow_vcpus, grow_memory)
             self.o.index.add_usage(vm.host_name, grow_vcpus, grow_memory)
 
     def _commit(self, op_id: str, vm_id: int, a: Admitted, steps: list[str]) -> None:
@@ -213,10 +208,7 @@ class Scaler:
                 if decrease.vcpus or decrease.memory_mib:
                     L.add_to_ledger(conn, vm.project_id, decrease)
                 if shrink_vcpus or shrink_memory:
-                    self._grow_claim(conn, vm_id, -shrink_vcpus, -shrink_memory)
-                    conn.execute(L.HOSTS.update().where(L.HOSTS.c.id == vm.host_id).values(
-                        used_vcpus=L.HOSTS.c.used_vcpus - shrink_vcpus,
-                        used_memory_mib=L.HOSTS.c.used_memory_mib - shrink_memory))
+                    L.shrink_running_claim(conn, vm_id, vm.host_id, shrink_vcpus, shrink_memory)
                 L.set_vm(conn, vm_id, state=VmState.running, vcpus=p.target.vcpus, memory_mib=p.target.memory_mib,
                          overhead_mib=a.overhead_mib, offering_id=a.offering_id,
                          charged_vcpus=vm.charged_vcpus + a.charge_delta.vcpus,
@@ -240,10 +232,7 @@ class Scaler:
                 if increase.vcpus or increase.memory_mib:
                     L.add_to_ledger(conn, vm.project_id, Usage(-increase.vcpus, -increase.memory_mib, 0))
                 if (grow_vcpus or grow_memory) and claimed_here:
-                    self._grow_claim(conn, vm_id, -grow_vcpus, -grow_memory)
-                    conn.execute(L.HOSTS.update().where(L.HOSTS.c.id == vm.host_id).values(
-                        used_vcpus=L.HOSTS.c.used_vcpus - grow_vcpus,
-                        used_memory_mib=L.HOSTS.c.used_memory_mib - grow_memory))
+                    L.shrink_running_claim(conn, vm_id, vm.host_id, grow_vcpus, grow_memory)
                 L.set_vm(conn, vm_id, state=VmState.running)
                 L.set_operation(conn, op_id, state=OperationState.failed, progress=100,
                                 message=f"scale failed after [{'; '.join(steps) or 'no step'}]: {reason}")

@@ -55,6 +55,8 @@ _TAKE_ON_HOST = update(HOSTS).where(
 _ADD_TO_HOST = update(HOSTS).where(_H.id == bindparam("_id")).values(
     used_vcpus=_H.used_vcpus + bindparam("dv"), used_memory_mib=_H.used_memory_mib + bindparam("dm"))
 _INSERT_CLAIM = insert(CLAIMS)
+_RESIZE_RUNNING_CLAIM = update(CLAIMS).where(_C.vm_id == bindparam("_vm"), _C.kind == ClaimKind.running.value).values(
+    vcpus=_C.vcpus + bindparam("dv"), memory_mib=_C.memory_mib + bindparam("dm"))
 _CLAIMS_OF_VM = (select(_C.host_id, _C.vcpus, _C.memory_mib, _H.name)
                  .join(HOSTS, _H.id == _C.host_id).where(_C.vm_id == bindparam("vm_id")))
 _DELETE_CLAIMS_OF_VM = delete(CLAIMS).where(_C.vm_id == bindparam("vm_id"))
@@ -118,6 +120,17 @@ def take_on_host(conn: Connection, host_id: int, vcpus: int, memory_mib: int, ca
     """Add to a host's usage if it stays within the given capacity and the host is enabled; False if not."""
     return conn.execute(_TAKE_ON_HOST, {"_id": host_id, "dv": vcpus, "dm": memory_mib, "cap_vcpus": cap_vcpus,
                                         "cap_memory": cap_memory_mib}).rowcount == 1
+
+
+def grow_running_claim(conn: Connection, vm_id: int, vcpus: int, memory_mib: int) -> None:
+    """Add to a VM's running claim row what take_on_host() already took on its host."""
+    conn.execute(_RESIZE_RUNNING_CLAIM, {"_vm": vm_id, "dv": vcpus, "dm": memory_mib})
+
+
+def shrink_running_claim(conn: Connection, vm_id: int, host_id: int, vcpus: int, memory_mib: int) -> None:
+    """Give back part of a VM's running claim: the claim row and its host's usage together."""
+    conn.execute(_RESIZE_RUNNING_CLAIM, {"_vm": vm_id, "dv": -vcpus, "dm": -memory_mib})
+    conn.execute(_ADD_TO_HOST, {"_id": host_id, "dv": -vcpus, "dm": -memory_mib})
 
 
 def record_claim(conn: Connection, host_id: int, vm_id: int, operation_id: str | None, kind: ClaimKind,
