@@ -31,6 +31,7 @@ from .catalog import (
 )
 from .drivers.base import DomainSpec, Driver, DriverError, HostInfo
 from .drivers.sim import SimDriver
+from .drivers.simfabric import SimFabric
 from .errors import (
     AlreadyExists,
     Conflict,
@@ -41,7 +42,6 @@ from .errors import (
 )
 from .migrator import Migrator
 from .model import (
-    CHARGED_STATES,
     IN_FLIGHT_OPERATION_STATES,
     ClaimKind,
     HostCapacity,
@@ -143,27 +143,22 @@ class Orchestrator:
 
     # -- start-up ------------------------------------------------------------------------------
     def load(self) -> None:
-        """Build drivers and the capacity index from the store, then finish interrupted operations."""
+        """Build drivers and the capacity index from the store, then finish interrupted operations:
+        VMs whose domain is gone are recorded stopped, migrations are finished or rolled back by
+        asking their hosts, and other operations are resumed (or rolled back) from their last step."""
         with self.db.read() as s:
             for host in s.scalars(select(Host)).unique():
                 self.drivers[host.name] = self._make_driver(host)
-            held = [st.value for st in CHARGED_STATES if st != VmState.starting]
-            rows = s.connection().execute(select(L.VMS.c.id).where(L.VMS.c.state.in_(held))).scalars().all()
-            for vm_id in rows:
-                vm = L.vm_row(s.connection(), vm_id)
-                driver = self.drivers.get(vm.host_name)
-                if isinstance(driver, SimDriver):   # sim hosts live in this process: re-seed them
-                    driver.adopt(self._spec(vm))
         self.rebuild_index()
         self.reconcile()
-        self._resume_operations()
         self.migrator.recover()
+        self._resume_operations()
         self.migrator.pump()
 
-    @staticmethod
-    def _make_driver(host: Host) -> Driver:
+    def _make_driver(self, host: Host) -> Driver:
         if host.driver == "sim":
-            return SimDriver(host.name, HostInfo(host.cores, host.cpu_mhz, host.memory_mib))
+            return SimDriver(host.name, HostInfo(host.cores, host.cpu_mhz, host.memory_mib),
+                             SimFabric.for_store(self.db.url))
         return libvirt_driver(host.name, host.uri)
 
     @staticmethod
