@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sqlalchemy import func, select
 
 from .catalog import ledger_of, quota_of
+from .drivers.base import DomainInfo
 from .model import CHARGED_STATES, VmState
 from .placement import CapacityIndex
 from .store import Database
@@ -43,4 +46,61 @@ def audit(db: Database, recomputed_usage, index: CapacityIndex | None = None) ->
                     problems.append(f"vm {name}: {state} with {n} claims on host {host_id}")
             elif n or cv or cm:
                 problems.append(f"vm {name}: {state} still holds {n} claims / a charge")
+    return problems
+
+
+# VMs in these states are between two steps of an operation: where their domain is may change any moment.
+MOVING_STATES = frozenset({VmState.starting, VmState.stopping, VmState.migrating, VmState.scaling})
+
+
+@dataclass(frozen=True)
+class StoredVm:
+    """What the store says of one VM, for comparing with what the hosts run."""
+
+    name: str
+    domain: str
+    state: VmState
+    host: str | None
+    vcpus: int
+    memory_mib: int
+
+
+def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | None], prefix: str,
+                       sized: frozenset[str] = frozenset()) -> list[str]:
+    """Compare the store with what the hosts run (`seen[host]` None: the host did not answer).
+    A running VM runs on its host and nowhere else; a stopped one runs nowhere; no host runs a
+    vmplane domain the store does not know. On `sized` hosts the domain's size is checked too.
+    VMs in the middle of an operation are only checked for running twice."""
+    where: dict[str, list[tuple[str, DomainInfo]]] = {}
+    for host, domains in seen.items():
+        for d in domains or ():
+            if d.running and d.name.startswith(prefix):
+                where.setdefault(d.name, []).append((host, d))
+    problems = []
+    known = set()
+    for vm in vms:
+        known.add(vm.domain)
+        found = where.get(vm.domain, [])
+        hosts = sorted(h for h, _ in found)
+        if len(found) > 1:
+            problems.append(f"vm {vm.name}: runs {len(found)} times, on {', '.join(hosts)}")
+            continue
+        if vm.state in MOVING_STATES:
+            continue
+        if vm.state == VmState.running:
+            if seen.get(vm.host) is None:
+                continue                       # its host did not answer: the monitor's business
+            if not found:
+                problems.append(f"vm {vm.name}: running on {vm.host} in the store, but no host runs it")
+            elif hosts[0] != vm.host:
+                problems.append(f"vm {vm.name}: the store says {vm.host}, but it runs on {hosts[0]}")
+            elif vm.host in sized and (found[0][1].vcpus, found[0][1].memory_mib) != (vm.vcpus, vm.memory_mib):
+                d = found[0][1]
+                problems.append(f"vm {vm.name}: {vm.vcpus} vCPU(s) / {vm.memory_mib} MiB in the store, "
+                                f"{d.vcpus} / {d.memory_mib} on {vm.host}")
+        elif vm.state in (VmState.stopped, VmState.error) and found:
+            problems.append(f"vm {vm.name}: {vm.state.value} in the store, but it runs on {hosts[0]}")
+    for domain in sorted(set(where) - known):
+        problems.append(f"domain {domain}: runs on {', '.join(sorted(h for h, _ in where[domain]))} "
+                        f"but the store has no such VM")
     return problems

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
+from . import failpoints
 from . import migration as rules
 from .drivers.base import DriverError, MigrationParams
 from .errors import Conflict, Invalid, NotFound
 from .migration import Action, MigrationState
-from .model import ClaimKind, HostState, PlacementRequest, Size, VmState
+from .model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
 from .placement import Placement, choose, fit_on
 from .store import ledger as L
 from .store.schema import utcnow
@@ -99,6 +100,7 @@ class Migrator:
                                       f"{placement.memory_mib} MiB (with overhead)"}
                 migration_id = self._admit(conn, vm, placement, params, reason)
             self.o.index.add_usage(placement.host, vm.vcpus, placement.memory_mib)
+        failpoints.hit("migrate.admitted")
         self.pump()
         return self.get(migration_id)
 
@@ -152,6 +154,8 @@ class Migrator:
                     if slot.id not in started:
                         why = rules.blocking_limit(slot, running, limits_of(slot)) or ""
                         L.set_migration(conn, slot.id, waiting_for=why)
+        if to_start:
+            failpoints.hit("migrate.copying")
         for slot in to_start:
             self.o.executor.submit(self._run_guarded, slot.id)
 
@@ -184,6 +188,8 @@ class Migrator:
         last = [0.0]
 
         def progress(percent: int, message: str) -> None:
+            if percent < 100:
+                failpoints.hit("migrate.mid-copy")
             if time.monotonic() - last[0] >= 0.5 or percent >= 100:
                 last[0] = time.monotonic()
                 with self.o.db.transaction() as conn:
@@ -195,6 +201,7 @@ class Migrator:
             event = "copy-cancelled" if migration_id in self._cancelled else "copy-failed"
             self._finish(migration_id, event, reason=str(exc))
             return
+        failpoints.hit("migrate.after-copy")
         stats_dict = {"total_ms": stats.total_ms, "downtime_ms": stats.downtime_ms, "bytes": stats.bytes_sent,
                       **stats.extra}
         with self.o.db.transaction() as conn:
@@ -202,6 +209,7 @@ class Migrator:
             L.set_migration(conn, migration_id, state=state, progress=100, stats=stats_dict,
                             waiting_for="checking the guest on the target")
         healthy, check = self._check_guest(target, domain)
+        failpoints.hit("migrate.checked")
         stats_dict["guest_check"] = check
         self._finish(migration_id, "guest-healthy" if healthy else "guest-unhealthy", stats=stats_dict,
                      reason="" if healthy else f"the guest is not healthy on {row['target']}: {check}")
@@ -294,11 +302,27 @@ class Migrator:
     # -- host maintenance ----------------------------------------------------------------------
     def enter_maintenance(self, host: str, dry_run: bool = False) -> dict:
         """Drain a host by live migration: every running VM gets a target from placement (the host is
-        out of placement from now on); VMs that fit nowhere are listed and stay where they are."""
+        out of placement from now on); VMs that fit nowhere are listed and stay where they are. The
+        drain is an operation: a restart in the middle admits migrations for the VMs it had not reached."""
         if host not in self.o.index:
             raise NotFound(f"host {host!r} does not exist", field="host")
+        if dry_run:
+            return self._drain(host, None)
+        with self.o.db.transaction() as conn:
+            op_id = L.new_operation(conn, "drain", host, None, None, step="maintenance")
+        return self._drain(host, op_id)
+
+    def resume_drain(self, op_id: str) -> None:
+        with self.o.db.read() as s:
+            host = L.operation_row(s.connection(), op_id).target
+        self._drain(host, op_id)
+
+    def _drain(self, host: str, op_id: str | None) -> dict:
+        dry_run = op_id is None
         if not dry_run:
             self.o.set_host_state(host, HostState.maintenance)
+            with self.o.db.transaction() as conn:
+                L.set_operation(conn, op_id, state=OperationState.running, step="admitting migrations", progress=20)
         with self.o.db.read() as s:
             vms = s.connection().execute(
                 select(L.VMS.c.name, L.VMS.c.state, L.VMS.c.memory_mib).join(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id)
@@ -322,6 +346,7 @@ class Migrator:
                         mig = self.migrate(name, reason=f"draining {host} for maintenance")
                         planned.append({"vm": name, "target": mig["target"], "migration": mig["id"],
                                         "state": mig["state"]})
+                        failpoints.hit("drain.mid")
                 except (Conflict, Invalid, NotFound) as exc:
                     unplaceable.append({"vm": name, "reason": exc.message})
                 except Exception as exc:    # InsufficientCapacity and the like: reported, not stopped
@@ -330,8 +355,14 @@ class Migrator:
             with self.o._lock:
                 for target, vcpus, memory in held:     # a dry run leaves the index as it found it
                     self.o.index.add_usage(target, -vcpus, -memory)
-        return {"host": host, "state": "maintenance" if not dry_run else self.o.host_capacity(host).state.value,
-                "dry_run": dry_run, "migrations": planned, "unplaceable": unplaceable}
+        result = {"host": host, "state": "maintenance" if not dry_run else self.o.host_capacity(host).state.value,
+                  "dry_run": dry_run, "migrations": planned, "unplaceable": unplaceable}
+        if not dry_run:
+            with self.o.db.transaction() as conn:
+                L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100, result=result,
+                                message=f"{len(planned)} migration(s) admitted, {len(unplaceable)} VM(s) fit nowhere")
+            result["operation_id"] = op_id
+        return result
 
     def exit_maintenance(self, host: str) -> dict:
         self.o.set_host_state(host, HostState.enabled)

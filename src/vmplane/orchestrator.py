@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
 from . import audit as audit_rules
-from . import metrics
+from . import failpoints, metrics
 from .catalog import (
     Catalog,
     ensure_new,
@@ -364,6 +364,7 @@ class Orchestrator:
         if claimed is None:
             return Admitted(name, None)
         self.index.add_usage(claimed.host, claimed.vcpus, claimed.memory_mib)
+        failpoints.hit("start.admitted")
         self.executor.submit(self._run, claimed.operation_id, self._run_start)
         return Admitted(name, claimed.operation_id)
 
@@ -378,6 +379,7 @@ class Orchestrator:
             op_id = L.new_operation(conn, "stop", name, vm.id, vm.project_id, step="stopping",
                                     result={"force": force})
             L.set_vm(conn, vm.id, state=VmState.stopping)
+        failpoints.hit("stop.admitted")
         self.executor.submit(self._run, op_id, self._run_stop)
         return Admitted(name, op_id)
 
@@ -427,9 +429,11 @@ class Orchestrator:
         if vm is None:
             return
         spec, driver = self._spec(vm), self.drivers[vm.host_name]
+        failpoints.hit("start.before-domain")
         current = driver.domain(spec.name)
         if current is None or not current.running:
             driver.start(spec)
+        failpoints.hit("start.after-domain")
         with self.db.transaction() as conn:
             L.set_vm(conn, vm.id, state=VmState.running)
             L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100,
@@ -444,7 +448,9 @@ class Orchestrator:
             force = bool((L.operation_row(conn, op_id).result or {}).get("force"))
         meta = self._hosts[vm.host_name]
         timeout = 0 if force else int(self.catalog.effective("vmplane.vm.shutdown.timeout", meta.zone, meta.cluster))
+        failpoints.hit("stop.before-domain")
         self.drivers[vm.host_name].stop(domain_name(vm.name), timeout_s=timeout)
+        failpoints.hit("stop.after-domain")
         with self.db.transaction() as conn:
             L.lock_project(conn, vm.project_id)
             freed = L.release_vm(conn, vm.id)
@@ -465,6 +471,8 @@ class Orchestrator:
                 freed = L.release_vm(conn, vm.id)
             elif vm is not None and op.kind == "stop" and vm.state == VmState.stopping.value:
                 L.set_vm(conn, vm.id, state=VmState.running)   # the domain still runs; the stop can be retried
+            elif vm is not None and op.kind == "scale" and vm.state == VmState.scaling.value:
+                L.set_vm(conn, vm.id, state=VmState.running)   # at the size the store has; `vmplane audit` checks
             L.set_operation(conn, op_id, state=OperationState.failed, progress=100,
                             message=f"{op.kind} failed at step {op.step}: {reason}")
         metrics.OPERATIONS.labels(op.kind, "failed").inc()
@@ -593,12 +601,16 @@ class Orchestrator:
             raise Conflict(str(exc), field="command") from None
 
     def _resume_operations(self) -> None:
-        """Operations interrupted by a restart are driven to their end (start and stop are idempotent)."""
+        """Operations interrupted by a restart are driven to their end from their persisted step:
+        start and stop are idempotent, a scale redoes its (absolute) driver steps or rolls back, a
+        drain admits migrations for the VMs it had not reached."""
         with self.db.read() as s:
             pending = s.connection().execute(select(L.OPERATIONS.c.id, L.OPERATIONS.c.kind).where(
-                L.OPERATIONS.c.state.in_(IN_FLIGHT))).all()
+                L.OPERATIONS.c.state.in_(IN_FLIGHT)).order_by(L.OPERATIONS.c.created_at)).all()
+        bodies = {"start": self._run_start, "stop": self._run_stop, "scale": self.scaler.resume,
+                  "drain": self.migrator.resume_drain}
         for op_id, kind in pending:
-            body = {"start": self._run_start, "stop": self._run_stop}.get(kind)
+            body = bodies.get(kind)
             if body is None:
                 self._fail(op_id, Conflict(f"interrupted {kind} cannot be resumed"))
             else:
@@ -636,9 +648,27 @@ class Orchestrator:
             return {"project": p.name, "count_overhead": p.count_overhead, "ledger": ledger_of(p),
                     "recomputed": self.catalog.recomputed_usage(s, p), "quota": quota_of(p)}
 
-    def audit(self) -> list[str]:
+    def audit(self, hosts: bool = True) -> list[str]:
+        """Broken invariants in words: the ledger and claims (audit.audit) and, with `hosts`, the store
+        against what every host runs (audit.placement_problems)."""
         with self._lock:
-            return audit_rules.audit(self.db, self.catalog.recomputed_usage, self.index)
+            problems = audit_rules.audit(self.db, self.catalog.recomputed_usage, self.index)
+        return problems + (self.audit_hosts() if hosts else [])
+
+    def audit_hosts(self) -> list[str]:
+        seen: dict[str, list | None] = {}
+        for name, driver in list(self.drivers.items()):
+            try:
+                seen[name] = driver.domains()
+            except DriverError:
+                seen[name] = None
+        with self.db.read() as s:
+            rows = s.connection().execute(select(L.VMS.c.name, L.VMS.c.state, L.HOSTS.c.name, L.VMS.c.vcpus,
+                                                 L.VMS.c.memory_mib)
+                                          .outerjoin(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id)).all()
+        vms = [audit_rules.StoredVm(n, domain_name(n), VmState(st), h, c, m) for n, st, h, c, m in rows]
+        sized = frozenset(n for n, d in self.drivers.items() if isinstance(d, SimDriver))
+        return audit_rules.placement_problems(vms, seen, DOMAIN_PREFIX, sized)
 
     def close(self) -> None:
         if getattr(self, "_stop_monitor", None) is not None:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import failpoints
 from .catalog import offering_data
 from .errors import Conflict, InsufficientCapacity, VmplaneError
 from .model import OperationState, PlacementRequest, Size, Usage, VmState
@@ -45,6 +46,21 @@ class Admitted:
     offering_id: int
     path: str                    # "in-place" or "migrate-then-scale"
     migrate_to: str | None
+
+    def to_record(self) -> dict:
+        """Plain JSON, persisted with the operation so a restarted control plane can finish it."""
+        p = self.plan
+        return {"current": [p.current.vcpus, p.current.memory_mib], "target": [p.target.vcpus, p.target.memory_mib],
+                "cap_share": p.cap_share, "cap_changes": p.cap_changes,
+                "charge_delta": [self.charge_delta.vcpus, self.charge_delta.memory_mib],
+                "footprint_delta": self.footprint_delta, "overhead_mib": self.overhead_mib,
+                "offering_id": self.offering_id, "path": self.path, "migrate_to": self.migrate_to}
+
+    @classmethod
+    def from_record(cls, r: dict) -> "Admitted":
+        plan = ScalePlan(Size(*r["current"]), Size(*r["target"]), r["cap_share"], r["cap_changes"])
+        return cls(plan, Usage(*r["charge_delta"], 0), r["footprint_delta"], r["overhead_mib"], r["offering_id"],
+                   r["path"], r["migrate_to"])
 
 
 class Scaler:
@@ -85,14 +101,26 @@ class Scaler:
                 admitted = self._admit(conn, vm, plan, new_offering.id, dry_run)
                 if dry_run:
                     return self._describe(vm, admitted)
+                described = self._describe(vm, admitted)
                 op_id = L.new_operation(conn, "scale", name, vm.id, vm.project_id, step="admitted",
-                                        message=self._describe(vm, admitted)["summary"],
-                                        result=self._describe(vm, admitted))
+                                        message=described["summary"],
+                                        result={**described, "admitted": admitted.to_record()})
                 L.set_vm(conn, vm.id, state=VmState.scaling)
             if admitted.footprint_delta > 0 and admitted.path == "in-place":
                 self.o.index.add_usage(vm.host_name, max(plan.vcpus_delta, 0), admitted.footprint_delta)
+        failpoints.hit("scale.admitted")
         self.o.executor.submit(self.o._run, op_id, lambda op: self._run(op, vm.id, admitted))
         return {"vm": name, "operation_id": op_id}
+
+    def resume(self, op_id: str) -> None:
+        """Finish a scale interrupted by a restart from its persisted step: the driver steps set
+        absolute sizes, so doing them again is safe; a failure rolls back as it would have."""
+        with self.o.db.read() as s:
+            op = L.operation_row(s.connection(), op_id)
+        record = (op.result or {}).get("admitted")
+        if record is None:
+            raise Conflict("an interrupted scale without its admission record can not be resumed")
+        self._run(op_id, op.vm_id, Admitted.from_record(record))
 
     def _admit(self, conn, vm, plan: ScalePlan, offering_id: int, dry_run: bool) -> Admitted:
         p = L.lock_project(conn, vm.project_id)
@@ -151,40 +179,59 @@ class Scaler:
 
     # -- the work ------------------------------------------------------------------------------
     def _run(self, op_id: str, vm_id: int, a: Admitted) -> None:
+        """The work, from the operation's persisted step: `admitted` (a move may be needed first),
+        `migrating to X` (its migration may exist), `resizing` (the growth is claimed where the VM
+        runs). Each step is persisted before it is acted on."""
         with self.o.db.transaction() as conn:
-            L.set_operation(conn, op_id, state=OperationState.running, step="scaling", progress=20)
-        steps: list[str] = []
-        claimed = [a.path == "in-place"]      # whether the growth is claimed on the VM's current host
+            op = L.operation_row(conn, op_id, lock=True)
+            claimed = a.path == "in-place" or op.step == "resizing"
+            L.set_operation(conn, op_id, state=OperationState.running, progress=20,
+                            **({"step": "resizing"} if claimed else {}))
+        applied: list[tuple[str, str]] = []      # (what, method) done by the driver in this run
         try:
-            if a.path == "migrate-then-scale":
-                self._migrate_first(op_id, vm_id, a)
-                claimed[0] = True
+            if not claimed:
+                self._migrate_first(op_id, vm_id, a, resuming=op.step.startswith("migrating"), since=op.created_at)
+                claimed = True
             with self.o.db.read() as s:
                 vm = L.vm_row(s.connection(), vm_id)
             driver = self.o.drivers[vm.host_name]
             domain = self.o.domain_name(vm.name)
             p = a.plan
             if p.memory_delta_mib:
-                steps.append(f"memory {driver.set_memory(domain, p.target.memory_mib)}")
+                applied.append(("memory", driver.set_memory(domain, p.target.memory_mib)))
+                failpoints.hit("scale.after-memory")
             if p.vcpus_delta:
-                steps.append(f"vcpus {driver.set_vcpus(domain, p.target.vcpus)}")
+                applied.append(("vcpus", driver.set_vcpus(domain, p.target.vcpus)))
             if p.cap_changes or (p.cap_share is not None and p.vcpus_delta):
                 driver.set_cpu_cap(domain, cap_for_share(p.cap_share) if p.cap_share is not None else None)
-                steps.append("cpu cap " + ("off" if p.cap_share is None else f"{p.cap_share:.2f}"))
+                applied.append(("cpu cap", "off" if p.cap_share is None else f"{p.cap_share:.2f}"))
         except Exception as exc:
-            self._roll_back(op_id, vm_id, a, steps, exc, claimed[0])
+            self._roll_back(op_id, vm_id, a, applied, exc, claimed)
             return
-        self._commit(op_id, vm_id, a, steps)
+        failpoints.hit("scale.before-commit")
+        self._commit(op_id, vm_id, a, [f"{what} {how}" for what, how in applied])
 
-    def _migrate_first(self, op_id: str, vm_id: int, a: Admitted) -> None:
-        with self.o.db.transaction() as conn:
-            vm = L.vm_row(conn, vm_id)
-            L.set_vm(conn, vm_id, state=VmState.running)      # the migration admits running VMs
-            L.set_operation(conn, op_id, step=f"migrating to {a.migrate_to}", progress=30)
-        mig = self.o.migrator.migrate(vm.name, to=a.migrate_to, reason=f"live scale of {vm.name} needs room")
+    def _migration_since(self, vm_name: str, since) -> dict | None:
+        """The migration this scale admitted before a restart, if it got that far."""
+        for mig in self.o.migrator.list(vm=vm_name, limit=5):
+            if mig["created_at"] >= since:
+                return mig
+        return None
+
+    def _migrate_first(self, op_id: str, vm_id: int, a: Admitted, resuming: bool, since) -> None:
+        with self.o.db.read() as s:
+            vm = L.vm_row(s.connection(), vm_id)
+        mig = self._migration_since(vm.name, since) if resuming else None
+        if mig is None:
+            with self.o.db.transaction() as conn:
+                L.set_vm(conn, vm_id, state=VmState.running)      # the migration admits running VMs
+                L.set_operation(conn, op_id, step=f"migrating to {a.migrate_to}", progress=30)
+            failpoints.hit("scale.migrating")
+            mig = self.o.migrator.migrate(vm.name, to=a.migrate_to, reason=f"live scale of {vm.name} needs room")
         while mig["state"] not in ("succeeded", "failed", "cancelled"):
             time.sleep(0.1)
             mig = self.o.migrator.get(mig["id"])
+        failpoints.hit("scale.after-migration")
         with self.o._lock:
             with self.o.db.transaction() as conn:
                 L.set_vm(conn, vm_id, state=VmState.scaling)
@@ -195,6 +242,7 @@ class Scaler:
                 if not self._take_growth(conn, vm.host_name, vm_id, grow_vcpus, grow_memory):
                     raise InsufficientCapacity(f"{vm.host_name} filled up during the migration; the VM runs there "
                                                f"at its old size", field="host")
+                L.set_operation(conn, op_id, step="resizing", progress=60)
             self.o.index.add_usage(vm.host_name, grow_vcpus, grow_memory)
 
     def _commit(self, op_id: str, vm_id: int, a: Admitted, steps: list[str]) -> None:
@@ -220,10 +268,12 @@ class Scaler:
             if shrink_vcpus or shrink_memory:
                 self.o.index.add_usage(vm.host_name, -shrink_vcpus, -shrink_memory)
 
-    def _roll_back(self, op_id: str, vm_id: int, a: Admitted, steps: list[str], exc: Exception,
+    def _roll_back(self, op_id: str, vm_id: int, a: Admitted, applied: list[tuple[str, str]], exc: Exception,
                    claimed_here: bool) -> None:
-        """Give back what the increase took; the VM keeps running at the size the guest has."""
+        """Undo the driver steps this run did (best effort, newest first) and give back what the
+        increase took, so the store, the claims and the host agree on the old size."""
         reason = exc.message if isinstance(exc, VmplaneError) else str(exc)
+        undone = self._undo(vm_id, a, applied)
         grow_vcpus, grow_memory = max(a.plan.vcpus_delta, 0), max(a.footprint_delta, 0)
         with self.o._lock:
             with self.o.db.transaction() as conn:
@@ -234,8 +284,28 @@ class Scaler:
                 if (grow_vcpus or grow_memory) and claimed_here:
                     L.shrink_running_claim(conn, vm_id, vm.host_id, grow_vcpus, grow_memory)
                 L.set_vm(conn, vm_id, state=VmState.running)
+                done = "; ".join(f"{what} {how}" for what, how in applied) or "no step"
                 L.set_operation(conn, op_id, state=OperationState.failed, progress=100,
-                                message=f"scale failed after [{'; '.join(steps) or 'no step'}]: {reason}")
+                                message=f"scale failed after [{done}]: {reason}" + (f"; {undone}" if undone else ""))
             if (grow_vcpus or grow_memory) and claimed_here:
                 self.o.index.add_usage(vm.host_name, -grow_vcpus, -grow_memory)
         log.warning("scale of vm %s failed: %s", vm_id, reason)
+
+    def _undo(self, vm_id: int, a: Admitted, applied: list[tuple[str, str]]) -> str:
+        """Put the domain back at its old size; says what could not be undone."""
+        if not applied:
+            return ""
+        with self.o.db.read() as s:
+            vm = L.vm_row(s.connection(), vm_id)
+        driver, domain, old = self.o.drivers[vm.host_name], self.o.domain_name(vm.name), a.plan.current
+        undo = {"memory": lambda: driver.set_memory(domain, old.memory_mib),
+                "vcpus": lambda: driver.set_vcpus(domain, old.vcpus),
+                "cpu cap": lambda: driver.set_cpu_cap(
+                    domain, cap_for_share(vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None)}
+        failed = []
+        for what, _how in reversed(applied):
+            try:
+                undo[what]()
+            except Exception as exc:    # reported in the operation; the audit shows the difference
+                failed.append(f"{what} not undone ({exc})")
+        return "; ".join(failed)

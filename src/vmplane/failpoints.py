@@ -1,0 +1,72 @@
+"""Named crash points for crash tests, in the manner of etcd's gofail.
+
+Each multi-step operation passes a named point between persisting a step and acting on it (or
+between acting and persisting the result). A crash test arms one point, `VMPLANE_FAILPOINTS=name=N`
+in the environment or `arm({name: N})` in a forked child, and the process kills itself with SIGKILL
+the N-th time it passes there: no `finally`, no flush, exactly what a power cut or an OOM kill does
+to the control plane. Unarmed, a point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+# Every point, so a crash test can cover them all (and a test checks each is reached).
+POINTS = (
+    "start.admitted",          # the start is committed (VM starting, claim taken), no domain yet
+    "start.before-domain",     # the operation has persisted its step; the domain is not started
+    "start.after-domain",      # the host runs the domain; the store still says starting
+    "stop.admitted",
+    "stop.before-domain",
+    "stop.after-domain",       # the domain is gone; its claim and charge are still held
+    "migrate.admitted",        # target claimed, migration queued
+    "migrate.copying",         # persisted as copying; the copy has not begun
+    "migrate.mid-copy",        # memory is being copied
+    "migrate.after-copy",      # the target runs the domain; the store says copying
+    "migrate.checked",         # the guest answered on the target; claims not yet moved
+    "scale.admitted",          # increase charged and claimed; nothing changed on the host
+    "scale.migrating",         # a scale that needs room: about to admit its migration
+    "scale.after-migration",   # the VM moved; the growth is not yet claimed on its new host
+    "scale.after-memory",      # the guest has its new memory; vCPUs and the cap not yet changed
+    "scale.before-commit",     # every driver step done; the store still has the old size
+    "drain.mid",               # the host is in maintenance and some of its VMs are admitted to migrate
+)
+
+_armed: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def parse(spec: str) -> dict[str, int]:
+    """`name=N,name2=M` (N defaults to 1)."""
+    armed = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, count = item.partition("=")
+        if name not in POINTS:
+            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+        armed[name] = int(count or 1)
+    return armed
+
+
+def arm(points: dict[str, int]) -> None:
+    with _lock:
+        _armed.clear()
+        _armed.update(points)
+
+
+def hit(name: str) -> None:
+    """Pass the point `name`: kill this process if it is armed and this is its N-th pass."""
+    if not _armed:
+        return
+    with _lock:
+        left = _armed.get(name)
+        if left is None:
+            return
+        _armed[name] = left - 1
+        if left > 1:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+arm(parse(os.environ.get("VMPLANE_FAILPOINTS", "")))
