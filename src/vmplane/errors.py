@@ -63,3 +63,8 @@ class Unauthorized(VmplaneError):
 class Forbidden(VmplaneError):
     status = 403
     code = "forbidden"
+
+
+class Interrupted(Exception):
+    """The control plane is shutting down in the middle of an operation: it stays in flight, at its
+    persisted step, and the next start resumes it. Never shown to API callers."""

@@ -85,13 +85,18 @@ class Migrator:
 
     # -- admission -----------------------------------------------------------------------------
     def migrate(self, vm_name: str, to: str | None = None, dry_run: bool = False,
-                params: dict | None = None, reason: str = "requested") -> dict:
+                params: dict | None = None, reason: str = "requested", for_scale: bool = False) -> dict:
         """Admit a live migration: claim the target (refused, naming host and resource, if it has no
-        room), queue it, and let the pump start it within the limits. The ledger is not touched."""
+        room), queue it, and let the pump start it within the limits. The ledger is not touched.
+        `for_scale`: the move of a live scale in progress; the VM stays `scaling` throughout, so no
+        other operation can be admitted on it meanwhile."""
         with self.o._lock:
             with self.o.db.transaction() as conn:
                 vm = L.vm_row(conn, name=vm_name, lock=True)
-                self._check_migratable(vm)
+                if not for_scale:
+                    self._check_migratable(vm)
+                elif vm.state != VmState.scaling.value:
+                    raise Conflict(f"vm {vm_name} is {vm.state}, not scaling", field="state")
                 placement = self._plan(vm, to)
                 if dry_run:
                     return {"vm": vm_name, "source": vm.host_name, "target": placement.host, "dry_run": True,
@@ -118,7 +123,8 @@ class Migrator:
             target_host_id=target.id, source=vm.host_name, target=placement.host, cluster=source.cluster,
             state=MigrationState.queued.value, reason=reason, waiting_for="", progress=0, params=params,
             created_at=utcnow()))
-        L.set_vm(conn, vm.id, state=VmState.migrating)
+        if vm.state == VmState.running.value:
+            L.set_vm(conn, vm.id, state=VmState.migrating)
         return migration_id
 
     # -- the queue -----------------------------------------------------------------------------
@@ -243,13 +249,16 @@ class Migrator:
                 if stats is not None:
                     fields["stats"] = stats
                 L.set_migration(conn, migration_id, **fields)
+                # a migrating VM runs again; a scaling one stays scaling: its scale is not over
+                after = VmState.running if L.vm_row(conn, row.vm_id).state == VmState.migrating.value else None
+                vm_state = {"state": after} if after else {}
                 if Action.release_target in actions:
                     freed = L.release_claim(conn, row.vm_id, migration_id)
-                    L.set_vm(conn, row.vm_id, state=VmState.running)
+                    L.set_vm(conn, row.vm_id, **vm_state)
                 if Action.move_claims in actions:
                     freed = L.release_claim(conn, row.vm_id, None, kind=ClaimKind.running)
                     L.promote_claim(conn, row.vm_id, migration_id)
-                    L.set_vm(conn, row.vm_id, state=VmState.running, host_id=row.target_host_id)
+                    L.set_vm(conn, row.vm_id, host_id=row.target_host_id, **vm_state)
                     moved = row.target
             self.o._unindex(freed)
         self._cancelled.discard(migration_id)

@@ -36,6 +36,7 @@ from .errors import (
     AlreadyExists,
     Conflict,
     InsufficientCapacity,
+    Interrupted,
     Invalid,
     NotFound,
     VmplaneError,
@@ -138,6 +139,7 @@ class Orchestrator:
         self._hosts: dict[str, HostMeta] = {}
         self._lock = threading.RLock()      # admissions in this process, and the index
         self.executor = executor or ThreadPoolExecutor(16, thread_name_prefix="vmplane-op")
+        self.closing = threading.Event()    # set by close(): long waits inside operations end early
         self.migrator = Migrator(self)
         self.scaler = Scaler(self)
 
@@ -404,6 +406,8 @@ class Orchestrator:
     def _run(self, op_id: str, body) -> None:
         try:
             body(op_id)
+        except Interrupted:
+            log.info("operation %s left at its step for the next start", op_id)
         except Exception as exc:  # an operation must end, whatever happened
             log.warning("operation %s failed: %s", op_id, exc)
             self._fail(op_id, exc)
@@ -671,6 +675,7 @@ class Orchestrator:
         return audit_rules.placement_problems(vms, seen, DOMAIN_PREFIX, sized)
 
     def close(self) -> None:
+        self.closing.set()
         if getattr(self, "_stop_monitor", None) is not None:
             self._stop_monitor.set()
         if isinstance(self.executor, ThreadPoolExecutor):

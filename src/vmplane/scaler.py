@@ -10,13 +10,12 @@ rolls back what it charged and claimed.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import failpoints
 from .catalog import offering_data
-from .errors import Conflict, InsufficientCapacity, VmplaneError
+from .errors import Conflict, InsufficientCapacity, Interrupted, VmplaneError
 from .model import OperationState, PlacementRequest, Size, Usage, VmState
 from .offerings import size_for
 from .placement import choose
@@ -205,6 +204,8 @@ class Scaler:
             if p.cap_changes or (p.cap_share is not None and p.vcpus_delta):
                 driver.set_cpu_cap(domain, cap_for_share(p.cap_share) if p.cap_share is not None else None)
                 applied.append(("cpu cap", "off" if p.cap_share is None else f"{p.cap_share:.2f}"))
+        except Interrupted:
+            raise
         except Exception as exc:
             self._roll_back(op_id, vm_id, a, applied, exc, claimed)
             return
@@ -224,17 +225,17 @@ class Scaler:
         mig = self._migration_since(vm.name, since) if resuming else None
         if mig is None:
             with self.o.db.transaction() as conn:
-                L.set_vm(conn, vm_id, state=VmState.running)      # the migration admits running VMs
                 L.set_operation(conn, op_id, step=f"migrating to {a.migrate_to}", progress=30)
             failpoints.hit("scale.migrating")
-            mig = self.o.migrator.migrate(vm.name, to=a.migrate_to, reason=f"live scale of {vm.name} needs room")
+            mig = self.o.migrator.migrate(vm.name, to=a.migrate_to, reason=f"live scale of {vm.name} needs room",
+                                          for_scale=True)
         while mig["state"] not in ("succeeded", "failed", "cancelled"):
-            time.sleep(0.1)
+            if self.o.closing.wait(0.1):
+                raise Interrupted(f"shutting down while {vm.name} migrates for its scale")
             mig = self.o.migrator.get(mig["id"])
         failpoints.hit("scale.after-migration")
         with self.o._lock:
             with self.o.db.transaction() as conn:
-                L.set_vm(conn, vm_id, state=VmState.scaling)
                 if mig["state"] != "succeeded":
                     raise Conflict(f"the migration to {a.migrate_to} before scaling {mig['state']}: {mig['reason']}")
                 vm = L.vm_row(conn, vm_id)

@@ -132,3 +132,10 @@ class SimFabric:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def forget_shared() -> None:
+    """In a process just forked from one that used sim hosts: drop the inherited fabrics (an SQLite
+    connection must not cross a fork) so this process opens its own."""
+    with _shared_lock:
+        _shared.clear()
