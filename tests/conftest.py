@@ -91,6 +91,7 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / "server.log"
         self.proc: subprocess.Popen | None = None
+        self.extra_env: dict[str, str] = {}        # for the server only (e.g. VMPLANE_FAILPOINTS)
 
     @property
     def env(self) -> dict:
@@ -100,7 +101,7 @@ class LiveServer:
         self.proc = subprocess.Popen(
             [VMPLANE, "up", "--driver", self.driver, "--hosts", str(self.hosts), "--db", self.db_url,
              "--port", str(self.port), "--token", ADMIN_TOKEN, *extra],
-            stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=self.env)
+            stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env={**self.env, **self.extra_env})
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -115,6 +116,8 @@ class LiveServer:
 
     def stop(self, sig: str = "term") -> None:
         if self.proc is None or self.proc.poll() is not None:
+            if self.driver == "libvirt" and sig == "term":
+                self.cli("down")       # `up` died without its cleanup (a crash test): stop its hosts
             return
         if sig == "kill":
             self.proc.kill()

@@ -46,6 +46,8 @@ def test_a_killed_libvirtd_makes_its_host_down_and_its_vms_unknown_until_it_retu
     assert r.returncode == 1 and "does not answer" in json.loads(r.stdout)["message"]
     r = live.cli("vm", "stop", "survivor", "--output", "json")
     assert r.returncode == 1 and "unknown" in json.loads(r.stdout)["message"]
+    r = live.cli("vm", "migrate", "survivor", "--output", "json")
+    assert r.returncode == 1 and "does not answer" in json.loads(r.stdout)["message"]
     # placement no longer uses the down host
     other = run_json(live, "vm", "create", "newcomer", "--project", "p", "--offering", "one", "--template",
                      "tiny-linux", "--start")
@@ -58,4 +60,8 @@ def test_a_killed_libvirtd_makes_its_host_down_and_its_vms_unknown_until_it_retu
     assert run_json(live, "host", "show", vm["host"])["state"] == "enabled"
     assert qemu_pids("vmplane-survivor") == [qemu]       # the same QEMU: not restarted
     assert guest(live, "survivor", "cat /tmp/marker").strip() == "alive"
+    assert run_json(live, "audit")["ok"]
+    # what was refused while the host was down is safe to retry now
+    stopped = run_json(live, "vm", "stop", "survivor", "--force", "--wait")
+    assert stopped["state"] == "stopped" and qemu_pids("vmplane-survivor") == []
     assert run_json(live, "audit")["ok"]

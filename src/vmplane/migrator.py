@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .orchestrator import Orchestrator
 
 log = logging.getLogger("vmplane.migrator")
+RECOVERY_WAIT_S = 600           # how long a restart waits for a copy the hypervisor carries on by itself
 HEALTH_COMMAND = "cut -d' ' -f1 /proc/uptime; dmesg | grep -c -E 'Oops|BUG:|general protection|Kernel panic' || true"
 _ACTIVE = [s.value for s in rules.ACTIVE]
 
@@ -80,6 +81,9 @@ class Migrator:
         if vm.state == VmState.migrating.value:
             raise Conflict(f"vm {vm.name} is already migrating (see `vmplane vm migrate {vm.name} --cancel`)",
                            field="state")
+        if vm.state == VmState.unknown.value:
+            raise Conflict(f"vm {vm.name} is unknown: its host {vm.host_name} does not answer; retry when it is "
+                           f"back", field="state")
         if vm.state != VmState.running.value:
             raise Conflict(f"vm {vm.name} is {vm.state}; only a running VM can be live-migrated", field="state")
 
@@ -289,7 +293,11 @@ class Migrator:
             if mig["state"] == MigrationState.queued.value:
                 continue
             domain = self.o.domain_name(mig["vm_name"])
+            source = self.o.drivers[mig["source"]]
+            deadline = time.monotonic() + RECOVERY_WAIT_S
             try:
+                while source.migration_active(domain) and time.monotonic() < deadline:
+                    time.sleep(0.2)      # the hypervisor is still copying: its outcome decides
                 on_target = (self.o.drivers[mig["target"]].domain(domain) or None)
                 on_source = (self.o.drivers[mig["source"]].domain(domain) or None)
             except DriverError as exc:

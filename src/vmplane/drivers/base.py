@@ -140,6 +140,10 @@ class Driver(abc.ABC):
     def abort_migration(self, name: str) -> None:
         """Cancel an outgoing migration of `name`; it then fails and the domain keeps running here."""
 
+    def migration_active(self, name: str) -> bool:
+        """Whether the hypervisor still migrates `name` away from this host on its own."""
+        return False
+
     @abc.abstractmethod
     def guest_view(self, name: str) -> GuestView: ...
 

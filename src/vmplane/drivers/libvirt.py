@@ -176,14 +176,24 @@ class LibvirtDriver(Driver):
         self._call("undefine", dom.undefineFlags, 0)
 
     def domains(self) -> list[DomainInfo]:
-        return [self._info(d) for d in self._call("list domains", self.conn.listAllDomains)]
+        infos = (self._info_if_present(d) for d in self._call("list domains", self.conn.listAllDomains))
+        return [info for info in infos if info is not None]
 
     def domain(self, name: str) -> DomainInfo | None:
         try:
             dom = self.conn.lookupByName(name)
         except libvirt.libvirtError:
             return None
-        return self._info(dom)
+        return self._info_if_present(dom)
+
+    def _info_if_present(self, dom: libvirt.virDomain) -> DomainInfo | None:
+        """A domain can go between two calls (a migration completes, a guest is destroyed)."""
+        try:
+            return self._info(dom)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return None
+            raise DriverError(self.host, f"reading domain {dom.name()}: {exc.get_error_message()}") from None
 
     def _info(self, dom: libvirt.virDomain) -> DomainInfo:
         state, _max_kib, mem_kib, vcpus, _cpu = dom.info()
@@ -377,6 +387,15 @@ class LibvirtDriver(Driver):
             pass
         except libvirt.libvirtError:
             pass
+
+    def migration_active(self, name: str) -> bool:
+        """Whether libvirtd still runs a migration job of `name` here. A p2p migration belongs to the
+        source daemon: it goes on (or fails) on its own when the control plane that asked for it dies."""
+        try:
+            kind = self._dom(name).jobInfo()[0]
+        except (DriverError, libvirt.libvirtError):
+            return False
+        return kind in (libvirt.VIR_DOMAIN_JOB_BOUNDED, libvirt.VIR_DOMAIN_JOB_UNBOUNDED)
 
     def p2p_uri(self) -> str:
         """The URI the source daemon uses to reach this one: `+unix` is required between daemons on one
