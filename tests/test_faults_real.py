@@ -65,3 +65,11 @@ def test_a_killed_libvirtd_makes_its_host_down_and_its_vms_unknown_until_it_retu
     stopped = run_json(live, "vm", "stop", "survivor", "--force", "--wait")
     assert stopped["state"] == "stopped" and qemu_pids("vmplane-survivor") == []
     assert run_json(live, "audit")["ok"]
+
+
+def test_local_hosts_libvirt_sockets_are_not_reachable_by_other_users(live):
+    for name in ("lv1", "lv2"):
+        host = host_of(live, name)
+        assert host.socket.exists()
+        assert os.stat(host.socket).st_mode & 0o002 == 0, f"{host.socket} is world-writable"
+        assert os.stat(host.dir).st_mode & 0o077 == 0, f"{host.dir} lets other users reach the socket"

@@ -65,6 +65,13 @@ def test_cpu_overcommit_factor_multiplies_cores():
         choose(index, PlacementRequest(Size(1, 512)))
 
 
+def test_a_huge_overcommit_factor_is_capped_at_the_stores_integer_range():
+    big = host("h1", cores=2**30, memory=2**30, cpu_factor=1e6, mem_factor=1e6)
+    assert big.vcpus_capacity == big.memory_capacity_mib == 2**31 - 1
+    index = CapacityIndex([big])
+    assert index.capacity_of("h1") == (2**31 - 1, 2**31 - 1)
+
+
 def test_memory_overcommit_factor_multiplies_memory():
     # 8192 MiB at factor 1.5 = 12288 MiB; each VM takes 512 + 269 overhead = 781 MiB: 15 fit, not 16
     index = CapacityIndex([host("h1", cores=64, memory=8192, mem_factor=1.5)])

@@ -6,6 +6,9 @@ import enum
 from dataclasses import dataclass, field
 
 
+STORE_INT_MAX = 2**31 - 1       # the store's integer columns are 32-bit on PostgreSQL
+
+
 class HostState(str, enum.Enum):
     enabled = "enabled"
     maintenance = "maintenance"
@@ -112,13 +115,14 @@ class HostCapacity:
     used_vcpus: int = 0
     used_memory_mib: int = 0
 
+    # capped at the store's integer range: a huge overcommit factor must not overflow a host's counters
     @property
     def vcpus_capacity(self) -> int:
-        return int(self.cores * self.cpu_factor)
+        return min(int(self.cores * self.cpu_factor), STORE_INT_MAX)
 
     @property
     def memory_capacity_mib(self) -> int:
-        return int(self.memory_mib * self.mem_factor)
+        return min(int(self.memory_mib * self.mem_factor), STORE_INT_MAX)
 
 
 @dataclass(frozen=True)

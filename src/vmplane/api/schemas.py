@@ -7,8 +7,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from ..model import STORE_INT_MAX
+
 Name = Annotated[str, Field(min_length=1, max_length=63, description="lowercase letters, digits and '-'")]
-INT_MAX = 2**31 - 1        # the store's integer columns are 32-bit on PostgreSQL
+INT_MAX = STORE_INT_MAX
 Positive = Annotated[StrictInt, Field(gt=0, le=INT_MAX)]
 NonNegative = Annotated[StrictInt, Field(ge=0, le=INT_MAX)]
 
