@@ -327,7 +327,11 @@ class Migrator:
             return self._drain(host, None)
         with self.o.db.transaction() as conn:
             op_id = L.new_operation(conn, "drain", host, None, None, step="maintenance")
-        return self._drain(host, op_id)
+        try:
+            return self._drain(host, op_id)
+        except Exception as exc:        # the drain operation must end, whatever happened
+            self.o._fail(op_id, exc)
+            raise
 
     def resume_drain(self, op_id: str) -> None:
         with self.o.db.read() as s:

@@ -652,12 +652,12 @@ class Orchestrator:
             return {"project": p.name, "count_overhead": p.count_overhead, "ledger": ledger_of(p),
                     "recomputed": self.catalog.recomputed_usage(s, p), "quota": quota_of(p)}
 
-    def audit(self, hosts: bool = True) -> list[str]:
-        """Broken invariants in words: the ledger and claims (audit.audit) and, with `hosts`, the store
-        against what every host runs (audit.placement_problems)."""
+    def audit(self) -> list[str]:
+        """Broken invariants in words: the ledger and claims (audit.audit), then the store against what
+        every host runs (audit.placement_problems)."""
         with self._lock:
             problems = audit_rules.audit(self.db, self.catalog.recomputed_usage, self.index)
-        return problems + (self.audit_hosts() if hosts else [])
+        return problems + self.audit_hosts()
 
     def audit_hosts(self) -> list[str]:
         seen: dict[str, list | None] = {}
