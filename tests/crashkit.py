@@ -3,8 +3,8 @@ and check that nothing was lost, duplicated or leaked.
 
 Each round forks a control plane (an Orchestrator with its thread pool, over the SQLite store and
 the sim hosts' fabric file) that runs a random workload: create and start, stop, delete, live
-migrate, live scale (growing past a full host, so that it migrates first), drain a host and bring
-it back. The round ends with a kill:
+migrate and cancel, live scale (growing past a full host, so that it migrates first), drain a host
+and bring it back, change quotas and whether overhead counts. The round ends with a kill:
 - at a named crash point (vmplane.failpoints), armed for its N-th pass, or
 - at a random moment, by the harness, after 0-150 ms.
 Then a new control plane starts on the same store and hosts (its start-up reconciles and resumes),
@@ -110,7 +110,23 @@ def _drain(o, rng, n):
         o.migrator.enter_maintenance(host)
 
 
-ACTIONS = ((_create, 5), (_start, 2), (_stop, 2), (_delete, 1), (_migrate, 3), (_scale, 4), (_drain, 1))
+def _cancel(o, rng, n):
+    if active := o.migrator.list(active_only=True):
+        o.migrator.cancel(rng.choice(active)["vm_name"])
+
+
+def _quota(o, rng, n):
+    """Move a project's quota (lowering below usage is refused) or flip whether overhead counts."""
+    name = rng.choice(list(PROJECTS))
+    vcpus, memory, vms = PROJECTS[name]
+    if rng.random() < 0.3:
+        o.catalog.set_quota(name, count_overhead=rng.random() < 0.7)
+    else:
+        o.catalog.set_quota(name, vcpus=vcpus + rng.randint(-3, 0), memory_mib=memory + rng.randint(-4, 0) * GIB)
+
+
+ACTIONS = ((_create, 5), (_start, 2), (_stop, 2), (_delete, 1), (_migrate, 3), (_scale, 4), (_drain, 1),
+           (_cancel, 1), (_quota, 1))
 
 
 def workload(o: Orchestrator, rng: random.Random, steps: int) -> None:

@@ -1,6 +1,8 @@
 """Live scaling rules and ledger on sim hosts (DESIGN section 5)."""
 
 
+from concurrent.futures import Executor
+
 import pytest
 
 from vmplane.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded
@@ -148,3 +150,31 @@ def test_a_stopped_vm_is_refused(cluster):
     cluster.create_vm("v", "p", "f1", "t")
     with pytest.raises(Conflict, match="live scaling needs a running VM"):
         cluster.scaler.scale("v", offering="f2")
+
+
+class Deferred(Executor):
+    """Holds submitted operations until run() (to look at the cluster while one is in flight)."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+        self.jobs.append((fn, args, kwargs))
+
+    def run(self):
+        while self.jobs:
+            fn, args, kwargs = self.jobs.pop(0)
+            fn(*args, **kwargs)
+
+
+def test_count_overhead_can_not_flip_while_a_vm_of_the_project_is_being_scaled(cluster):
+    o = cluster
+    o.create_vm("v", "p", "f1", "t", start=True)
+    o.executor = deferred = Deferred()
+    o.scaler.scale("v", offering="f2")                 # admitted: increase charged, size not yet changed
+    with pytest.raises(Conflict, match=r"VMs being scaled \(v\)") as refused:
+        o.catalog.set_quota("p", count_overhead=False)
+    assert refused.value.field == "count_overhead" and o.catalog.project("p").count_overhead
+    deferred.run()
+    o.catalog.set_quota("p", count_overhead=False)      # once it is done
+    assert o.vm("v").vcpus == 2 and usage(o, "p").memory_mib == 512 and o.audit() == []

@@ -174,6 +174,10 @@ class Catalog:
     @staticmethod
     def _recharge(s: Session, p: Project, count_overhead: bool) -> Usage:
         vms = list(s.scalars(select(Vm).where(Vm.project_id == p.id)).unique())
+        scaling = sorted(vm.name for vm in vms if vm.state == VmState.scaling.value)
+        if scaling:    # its increase is charged, its size not yet changed: a re-charge now would lose it
+            raise Conflict(f"project {p.name} has VMs being scaled ({', '.join(scaling)}); change count_overhead "
+                           f"once they are done", field="count_overhead")
         for vm in vms:
             if VmState(vm.state) in CHARGED_STATES:
                 charge = running_charge(Size(vm.vcpus, vm.memory_mib), vm.overhead_mib, count_overhead)
