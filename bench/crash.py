@@ -49,8 +49,9 @@ def main(rounds: int, clusters: int) -> None:
     body += ("\n\nKills per crash point (all clusters): "
              + ", ".join(f"{p} {per_point[p]}" for p in (*failpoints.POINTS, "timed")) + "\n\n"
              "A round: a forked control plane recovers, runs 60 random operations (create/start, stop, delete, "
-             "migrate, scale incl. past a full host, drain) and is SIGKILLed at its armed crash point or after "
-             "0-150 ms. \"Restarted unchecked\": the next control plane recovers with a crash point armed (a crash "
+             "migrate, cancel, scale incl. past a full host, drain, quota changes) and is SIGKILLed at its armed "
+             "crash point or after 0-150 ms. \"Restarted unchecked\": the next control plane recovers with a "
+             "crash point armed (a crash "
              "during recovery). A check: a fresh control plane starts, waits for nothing to be in flight (30 s "
              "at most), then every VM runs exactly once where and at the size the store says, ledgers == "
              "recomputed and within quota, host usage == claims == what runs.")

@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -253,4 +254,9 @@ def run(home: Path, rounds: int, seed: int, steps: int = 60, timed_share: float 
             f"{len(problems)} problem(s)" + (f": {problems[:3]}" if problems else ""))
         if problems and stop_at_problem:      # the store is left as the check found it, to be looked at
             break
+        if problems and not any(r.problems for r in report.rounds[:-1]):
+            keep = home / f"first-problem-round-{number}"     # the store as the first problem left it
+            keep.mkdir()
+            for f in home.glob("vmplane.db*"):
+                shutil.copy(f, keep / f.name)
     return report

@@ -238,3 +238,28 @@ def test_a_drain_lists_the_vms_that_fit_nowhere_and_leaves_them_running(threaded
     wait_migrations(o, [m["migration"] for m in result["migrations"]])
     assert o.vm("huge").state == "running" and o.vm("huge").host.name == "big1"     # reported, not stopped
     assert o.vm("tiny").host.name == "small1" and o.audit() == []
+
+
+def test_a_migration_cancelled_while_the_queue_decides_to_start_it_is_not_started(orch, monkeypatch):
+    """Found by the crash harness: the queue read `queued`, a cancel ended it, and the queue started
+    it anyway; the copy then moved the VM on a claim the cancel had given back."""
+    from vmplane import migrator as migrator_module
+
+    add_sim_hosts(orch, 2)
+    orch.catalog.create_offering(Offering("one", OfferingKind.fixed, vcpus=1, memory_mib=GIB))
+    orch.catalog.create_template("t", "tiny-linux")
+    orch.catalog.create_project("p", 10, 64 * GIB, 10)
+    orch.create_vm("v", "p", "one", "t", start=True)
+    source = orch.vm("v").host.name
+    decide = migrator_module.rules.startable
+
+    def cancelled_meanwhile(queued, copying, limits_of):
+        chosen = decide(queued, copying, limits_of)
+        for slot in chosen:                 # what a concurrent `vm migrate --cancel` does first
+            orch.migrator._finish(slot.id, "cancel", reason="cancelled")
+        return chosen
+
+    monkeypatch.setattr(migrator_module.rules, "startable", cancelled_meanwhile)
+    mig = orch.migrator.migrate("v")
+    assert orch.migrator.get(mig["id"])["state"] == "cancelled"
+    assert orch.vm("v").host.name == source and orch.vm("v").state == "running" and orch.audit() == []

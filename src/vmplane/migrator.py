@@ -156,9 +156,9 @@ class Migrator:
             to_start = rules.startable(queued, copying, limits_of)
             started = {x.id for x in to_start}
             with self.o.db.transaction() as conn:
-                for slot in to_start:
-                    state, _actions = rules.transition(MigrationState.queued, "slot-free")
-                    L.set_migration(conn, slot.id, state=state, started_at=utcnow(), waiting_for="")
+                state, _actions = rules.transition(MigrationState.queued, "slot-free")
+                # only if still queued: a cancel may have ended it since the read above
+                to_start = [slot for slot in to_start if L.start_queued_migration(conn, slot.id, state, utcnow())]
                 running = copying + to_start
                 for slot in queued:
                     if slot.id not in started:
@@ -239,51 +239,57 @@ class Migrator:
         return True, f"answered, uptime {lines[0]} s, no kernel errors"
 
     def _finish(self, migration_id: str, event: str, reason: str = "", stats: dict | None = None) -> None:
-        """Apply a terminal event: persist the state, then move or release the claims."""
+        """Apply an event to a migration as the store has it now: persist the state, then move or
+        release the claims; a cancel of a copy in progress aborts it (the copy's own end follows)."""
         freed: list = []
-        moved = None
         with self.o._lock:
             with self.o.db.transaction() as conn:
                 row = conn.execute(select(L.MIGRATIONS).where(L.MIGRATIONS.c.id == migration_id)
                                    .with_for_update()).first()
                 state, actions = rules.transition(MigrationState(row.state), event)
-                fields = dict(state=state, finished_at=utcnow(), waiting_for="")
-                if reason:
-                    fields["reason"] = reason
-                if stats is not None:
-                    fields["stats"] = stats
-                L.set_migration(conn, migration_id, **fields)
-                # a migrating VM runs again; a scaling one stays scaling: its scale is not over
-                after = VmState.running if L.vm_row(conn, row.vm_id).state == VmState.migrating.value else None
-                vm_state = {"state": after} if after else {}
-                if Action.release_target in actions:
-                    freed = L.release_claim(conn, row.vm_id, migration_id)
-                    L.set_vm(conn, row.vm_id, **vm_state)
-                if Action.move_claims in actions:
-                    freed = L.release_claim(conn, row.vm_id, None, kind=ClaimKind.running)
-                    L.promote_claim(conn, row.vm_id, migration_id)
-                    L.set_vm(conn, row.vm_id, host_id=row.target_host_id, **vm_state)
-                    moved = row.target
+                if Action.abort_copy not in actions:
+                    freed = self._apply(conn, row, state, actions, reason, stats)
             self.o._unindex(freed)
+        if Action.abort_copy in actions:
+            self._cancelled.add(migration_id)
+            self.o.drivers[row.source].abort_migration(self.o.domain_name(row.vm_name))
+            return
         self._cancelled.discard(migration_id)
         if state == MigrationState.failed:
             log.error("migration %s of %s failed: %s", migration_id, row.vm_name, reason)
-        if moved:
-            log.info("migration %s: %s now runs on %s", migration_id, row.vm_name, moved)
+        if Action.move_claims in actions:
+            log.info("migration %s: %s now runs on %s", migration_id, row.vm_name, row.target)
+
+    @staticmethod
+    def _apply(conn, row, state: MigrationState, actions, reason: str, stats: dict | None) -> list:
+        fields = dict(state=state, finished_at=utcnow(), waiting_for="")
+        if reason:
+            fields["reason"] = reason
+        if stats is not None:
+            fields["stats"] = stats
+        L.set_migration(conn, row.id, **fields)
+        # a migrating VM runs again; a scaling one stays scaling: its scale is not over
+        vm_state = {"state": VmState.running} if L.vm_row(conn, row.vm_id).state == VmState.migrating.value else {}
+        freed: list = []
+        if Action.release_target in actions:
+            freed = L.release_claim(conn, row.vm_id, row.id)
+            L.set_vm(conn, row.vm_id, **vm_state)
+        if Action.move_claims in actions:
+            freed = L.release_claim(conn, row.vm_id, None, kind=ClaimKind.running)
+            L.promote_claim(conn, row.vm_id, row.id)
+            L.set_vm(conn, row.vm_id, host_id=row.target_host_id, **vm_state)
+        return freed
 
     def cancel(self, vm_name: str) -> dict:
         active = self.list(vm=vm_name, active_only=True)
         if not active:
             raise Conflict(f"vm {vm_name} has no migration to cancel", field="vm")
         mig = active[0]
-        if mig["state"] == MigrationState.queued.value:
-            self._finish(mig["id"], "cancel", reason="cancelled while queued")
-            self.pump()
-        elif mig["state"] == MigrationState.copying.value:
-            self._cancelled.add(mig["id"])
-            self.o.drivers[mig["source"]].abort_migration(self.o.domain_name(vm_name))
-        else:
+        if mig["state"] not in (MigrationState.queued.value, MigrationState.copying.value):
             raise Conflict(f"the migration of {vm_name} has switched over; it can not be cancelled", field="state")
+        # the transition is taken on the state found under the lock: queued ends here, copying is aborted
+        self._finish(mig["id"], "cancel", reason="cancelled")
+        self.pump()
         return self.get(mig["id"])
 
     def recover(self) -> None:

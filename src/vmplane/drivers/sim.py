@@ -81,8 +81,16 @@ class SimDriver(Driver):
         if not isinstance(target, SimDriver):
             raise DriverError(self.host, "a sim host can only migrate to another sim host")
         spec = self._spec(name)
-        self._aborts.discard(name)
         t0 = time.monotonic()
+        try:
+            return self._copy(name, spec, target, t0, progress)
+        finally:
+            self._aborts.discard(name)      # an abort asked before the copy began still counts
+
+    def _copy(self, name: str, spec: DomainSpec, target: "SimDriver", t0: float,
+              progress: ProgressCallback | None) -> MigrationStats:
+        if name in self._aborts:
+            raise DriverError(self.host, f"migration of {name} cancelled; it keeps running here")
         if self.copy_rate_mib_s:
             duration = spec.memory_mib / self.copy_rate_mib_s
             while (elapsed := time.monotonic() - t0) < duration:

@@ -222,6 +222,13 @@ def set_migration(conn: Connection, migration_id: str, **fields) -> None:
     conn.execute(_update_by_id("migrations", tuple(sorted(fields))), {"_id": migration_id, **fields})
 
 
+def start_queued_migration(conn: Connection, migration_id: str, state, started_at) -> bool:
+    """Move a migration from queued to `state` (copying); False if it is no longer queued."""
+    m = MIGRATIONS.c
+    return conn.execute(update(MIGRATIONS).where(m.id == migration_id, m.state == "queued")
+                        .values(state=state.value, started_at=started_at, waiting_for="")).rowcount == 1
+
+
 def set_vm(conn: Connection, vm_id: int, **fields) -> None:
     fields = _enum_values({**fields, "updated_at": utcnow()})
     conn.execute(_update_by_id("vms", tuple(sorted(fields))), {"_id": vm_id, **fields})
