@@ -31,6 +31,22 @@ def libvirt_cluster(tmp_path: Path, hosts: int = 2) -> LiveServer:
     return live
 
 
+def scalable_cluster(tmp_path: Path, max_vcpus: int, max_memory_mib: int,
+                     offerings: dict[str, tuple[int, str]]) -> LiveServer:
+    """A libvirt cluster whose VMs are prepared for live scaling up to the given ceiling, with the
+    template `scalable` and fixed offerings {name: (vCPUs, memory)} that allow scaling."""
+    server = libvirt_cluster(tmp_path)
+    run_json(server, "setting", "set", "enable.dynamic.scale.vm", "true", "--zone", "zone1")
+    run_json(server, "setting", "set", "kvm.cpu.dynamic.scaling.capacity", str(max_vcpus), "--cluster", "cluster1")
+    run_json(server, "setting", "set", "kvm.memory.dynamic.scaling.capacity", str(max_memory_mib),
+             "--cluster", "cluster1")
+    run_json(server, "template", "create", "scalable", "--image", "tiny-linux", "--dynamically-scalable")
+    for name, (vcpus, memory) in offerings.items():
+        run_json(server, "offering", "create", name, "--kind", "fixed", "--vcpus", str(vcpus), "--memory", memory,
+                 "--dynamic-scaling")
+    return server
+
+
 def run_json(live: LiveServer, *args: str) -> dict:
     r = live.cli(*args, "--output", "json")
     assert r.returncode == 0, f"{args}: {r.stdout} {r.stderr}"

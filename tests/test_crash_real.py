@@ -8,20 +8,12 @@ import time
 import httpx
 import pytest
 
-from .realguest import domains_on, guest, libvirt_cluster, qemu_pids, run_json
+from .realguest import domains_on, guest, qemu_pids, run_json, scalable_cluster
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    server = libvirt_cluster(tmp_path_factory.mktemp("crash"))
-    run_json(server, "setting", "set", "enable.dynamic.scale.vm", "true", "--zone", "zone1")
-    run_json(server, "setting", "set", "kvm.cpu.dynamic.scaling.capacity", "2", "--cluster", "cluster1")
-    run_json(server, "setting", "set", "kvm.memory.dynamic.scaling.capacity", "1024", "--cluster", "cluster1")
-    run_json(server, "template", "create", "scalable", "--image", "tiny-linux", "--dynamically-scalable")
-    run_json(server, "offering", "create", "c1", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB",
-             "--dynamic-scaling")
-    run_json(server, "offering", "create", "c2", "--kind", "fixed", "--vcpus", "2", "--memory", "640MiB",
-             "--dynamic-scaling")
+    server = scalable_cluster(tmp_path_factory.mktemp("crash"), 2, 1024, {"c1": (1, "512MiB"), "c2": (2, "640MiB")})
     yield server
     server.stop()
 

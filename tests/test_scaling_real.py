@@ -4,20 +4,12 @@ import json
 
 import pytest
 
-from .realguest import cpu_use, guest, libvirt_cluster, qemu_pids, run_json
+from .realguest import cpu_use, guest, qemu_pids, run_json, scalable_cluster
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    server = libvirt_cluster(tmp_path_factory.mktemp("scale"))
-    run_json(server, "setting", "set", "enable.dynamic.scale.vm", "true", "--zone", "zone1")
-    run_json(server, "setting", "set", "kvm.cpu.dynamic.scaling.capacity", "4", "--cluster", "cluster1")
-    run_json(server, "setting", "set", "kvm.memory.dynamic.scaling.capacity", "2048", "--cluster", "cluster1")
-    run_json(server, "template", "create", "scalable", "--image", "tiny-linux", "--dynamically-scalable")
-    run_json(server, "offering", "create", "f1", "--kind", "fixed", "--vcpus", "1", "--memory", "256MiB",
-             "--dynamic-scaling")
-    run_json(server, "offering", "create", "f2", "--kind", "fixed", "--vcpus", "2", "--memory", "512MiB",
-             "--dynamic-scaling")
+    server = scalable_cluster(tmp_path_factory.mktemp("scale"), 4, 2048, {"f1": (1, "256MiB"), "f2": (2, "512MiB")})
     yield server
     server.stop()
 

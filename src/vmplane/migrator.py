@@ -304,8 +304,8 @@ class Migrator:
             try:
                 while source.migration_active(domain) and time.monotonic() < deadline:
                     time.sleep(0.2)      # the hypervisor is still copying: its outcome decides
-                on_target = (self.o.drivers[mig["target"]].domain(domain) or None)
-                on_source = (self.o.drivers[mig["source"]].domain(domain) or None)
+                on_target = self.o.drivers[mig["target"]].domain(domain)
+                on_source = source.domain(domain)
             except DriverError as exc:
                 log.warning("migration %s: hosts unreachable at start-up (%s); left as it is", mig["id"], exc)
                 continue
