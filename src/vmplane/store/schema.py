@@ -89,6 +89,7 @@ class Offering(Base):
     cpu_speed_mhz: Mapped[int] = mapped_column(Integer, default=1000)
     cpu_cap: Mapped[bool] = mapped_column(Boolean, default=False)
     dynamic_scaling: Mapped[bool] = mapped_column(Boolean, default=False)
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)    # no new VMs; existing ones keep it
 
 
 class Template(Base):
@@ -97,6 +98,7 @@ class Template(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True)
     image: Mapped[str] = mapped_column(String(1024))
     dynamically_scalable: Mapped[bool] = mapped_column(Boolean, default=False)
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)    # no new VMs; existing ones keep it
 
 
 class Setting(Base):
@@ -116,6 +118,9 @@ class Vm(Base):
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
     offering_id: Mapped[int] = mapped_column(ForeignKey("offerings.id"))
     template_id: Mapped[int] = mapped_column(ForeignKey("templates.id"))
+    # Placement scope: the VM runs in this zone, and in this cluster when one was asked for.
+    zone_id: Mapped[int | None] = mapped_column(ForeignKey("zones.id"), nullable=True, index=True)
+    cluster_id: Mapped[int | None] = mapped_column(ForeignKey("clusters.id"), nullable=True)
     vcpus: Mapped[int] = mapped_column(Integer)
     memory_mib: Mapped[int] = mapped_column(Integer)
     dynamically_scalable: Mapped[bool] = mapped_column(Boolean, default=True)
@@ -123,6 +128,8 @@ class Vm(Base):
     max_vcpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
     cpu_cap_percent: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Memory the guest booted with (set at start): live scaling can never release memory below it.
+    boot_memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Started with a live-scaling ceiling (all four switches were on then).
     prepared: Mapped[bool] = mapped_column(Boolean, default=False)
     state: Mapped[str] = mapped_column(String(16), default="stopped", index=True)

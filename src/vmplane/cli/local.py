@@ -1,0 +1,93 @@
+"""`vmplane up`, `down` and `serve`: a local cluster, or the API alone."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ..output import console
+from .common import (
+    app,
+)
+
+
+# -- local cluster -----------------------------------------------------------------------------
+@app.command()
+def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
+       driver: str = typer.Option("auto", help="auto, libvirt or sim"),
+       db: Optional[str] = typer.Option(None, help="SQLAlchemy URL (default: SQLite in $VMPLANE_HOME)"),
+       bind: str = typer.Option("127.0.0.1", help="address to listen on"),
+       port: int = typer.Option(8470, help="port to listen on"),
+       token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN",
+                                           help="admin token to use (default: a new one, printed once)"),
+       keep_hosts: bool = typer.Option(False, help="leave libvirt hosts and their VMs running on exit")):
+    """Run a local cluster: the API and HOSTS hosts on this machine (libvirtd daemons, or simulated)."""
+    from .. import server
+    from ..errors import VmplaneError
+
+    server.exit_on_sigterm()
+    try:
+        kind, why = server.choose_driver(driver)
+    except VmplaneError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--driver") from None
+    try:
+        _lock = server.lock_home()  # noqa: F841 (held while this process lives)
+    except VmplaneError as exc:
+        console.print(f"[red]error[/red] {exc.message}")
+        raise typer.Exit(1)
+    plane = server.build(db)
+    try:
+        names = server.prepare_local_cluster(plane.orchestrator, hosts, kind)
+        for finding in plane.orchestrator.reconcile():      # the hosts are up now: compare again
+            console.print(f"reconcile: {finding}")
+    except BaseException:
+        plane.close()
+        if kind == "libvirt" and not keep_hosts:
+            server.stop_local_hosts()
+        raise
+    admin = token or server.new_token()
+    try:
+        plane.orchestrator.catalog.ensure_admin_token(server.UP_TOKEN_NAME, admin)
+    except VmplaneError as exc:
+        plane.close()
+        raise typer.BadParameter(exc.message, param_hint="--token") from None
+    url = f"http://{bind}:{port}"
+    console.print(f"vmplane up: {why}; {len(names)} host(s): {', '.join(names) or '-'}")
+    console.print(f"database: {plane.db.url}")
+    console.print(f"API: {url}/api/v1   docs: {url}/docs")
+    if token:
+        console.print("admin token: the one given with --token / VMPLANE_TOKEN")
+    else:
+        console.print(f"admin token (shown once): {admin}")
+        console.print(f"  export VMPLANE_API={url} VMPLANE_TOKEN={admin}")
+    try:
+        server.serve(plane.app, bind, port)
+    finally:
+        plane.close()
+        if kind == "libvirt" and not keep_hosts:
+            stopped = server.stop_local_hosts()
+            console.print(f"vmplane up: stopped local hosts {', '.join(stopped) or '-'}")
+
+
+@app.command()
+def down():
+    """Stop the local libvirt hosts of `vmplane up --keep-hosts` (and their VMs)."""
+    from .. import server
+
+    stopped = server.stop_local_hosts()
+    console.print(f"stopped local hosts: {', '.join(stopped) or 'none running'}")
+
+
+@app.command()
+def serve(db: Optional[str] = typer.Option(None, help="SQLAlchemy URL"),
+          bind: str = typer.Option("127.0.0.1"), port: int = typer.Option(8470)):
+    """Run the API alone, on an existing database."""
+    from .. import server
+
+    plane = server.build(db)
+    console.print(f"vmplane API on http://{bind}:{port} (database {plane.db.url})")
+    try:
+        server.serve(plane.app, bind, port)
+    finally:
+        plane.close()
