@@ -59,7 +59,7 @@ def seed_cluster(url: str) -> None:
         o.add_host(f"h{i}", "c1", "sim", 8, 2400, 8 * GIB)
     for name, vcpus, memory in OFFERINGS:
         c.create_offering(Offering(name, OfferingKind.fixed, vcpus=vcpus, memory_mib=memory, dynamic_scaling=True))
-    c.create_template("t", "tiny-linux", dynamically_scalable=True)
+    c.create_template("t", "tiny-linux", dynamic_scaling=True)
     for name, (vcpus, memory, vms) in PROJECTS.items():
         c.create_project(name, vcpus, memory, vms, count_overhead=True)
     o.close()

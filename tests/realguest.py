@@ -40,7 +40,7 @@ def scalable_cluster(tmp_path: Path, max_vcpus: int, max_memory_mib: int,
     run_json(server, "setting", "set", "kvm.cpu.dynamic.scaling.capacity", str(max_vcpus), "--cluster", "cluster1")
     run_json(server, "setting", "set", "kvm.memory.dynamic.scaling.capacity", str(max_memory_mib),
              "--cluster", "cluster1")
-    run_json(server, "template", "create", "scalable", "--image", "tiny-linux", "--dynamically-scalable")
+    run_json(server, "template", "create", "scalable", "--image", "tiny-linux", "--dynamic-scaling")
     for name, (vcpus, memory) in offerings.items():
         run_json(server, "offering", "create", name, "--kind", "fixed", "--vcpus", str(vcpus), "--memory", memory,
                  "--dynamic-scaling")

@@ -11,14 +11,18 @@ ADMIN_ONLY = {("POST", "/zones"), ("GET", "/zones"), ("POST", "/clusters"), ("GE
               ("POST", "/hosts"), ("GET", "/hosts"), ("GET", "/hosts/{name}"),
               ("POST", "/hosts/{name}/maintenance"), ("POST", "/projects"), ("PATCH", "/projects/{name}/quota"),
               ("POST", "/offerings"), ("POST", "/templates"), ("GET", "/settings"), ("GET", "/settings/{key}"),
-              ("PUT", "/settings/{key}"), ("GET", "/audit"), ("POST", "/tokens")}
+              ("PUT", "/settings/{key}"), ("GET", "/audit"), ("POST", "/tokens"),
+              ("DELETE", "/settings/{key}"), ("DELETE", "/projects/{name}"), ("DELETE", "/offerings/{name}"),
+              ("POST", "/offerings/{name}/retire"), ("DELETE", "/templates/{name}"), ("POST", "/templates/{name}/retire"),
+              ("DELETE", "/zones/{name}"), ("DELETE", "/clusters/{name}"), ("DELETE", "/hosts/{name}")}
 MEMBER_SCOPED = {("GET", "/projects"), ("GET", "/projects/{name}"), ("GET", "/projects/{name}/usage"),
                  ("GET", "/offerings"), ("GET", "/offerings/{name}"), ("GET", "/templates"),
                  ("GET", "/templates/{name}"), ("POST", "/vms"), ("GET", "/vms"), ("GET", "/vms/{name}"),
                  ("POST", "/vms/{name}/start"), ("POST", "/vms/{name}/stop"), ("DELETE", "/vms/{name}"),
                  ("POST", "/vms/{name}/exec"), ("POST", "/vms/{name}/migrate"),
                  ("POST", "/vms/{name}/migrate/cancel"), ("POST", "/vms/{name}/scale"), ("GET", "/migrations"),
-                 ("GET", "/migrations/{migration_id}"), ("GET", "/operations"), ("GET", "/operations/{op_id}")}
+                 ("GET", "/migrations/{migration_id}"), ("GET", "/operations"), ("GET", "/operations/{op_id}"),
+                 ("GET", "/tokens"), ("DELETE", "/tokens/{name}")}
 
 
 @pytest.fixture
@@ -27,7 +31,7 @@ def tenants(orch, api):
     orch.catalog.set_setting("enable.dynamic.scale.vm", "true", "zone", "z1")
     orch.catalog.create_offering(Offering("o", OfferingKind.fixed, vcpus=1, memory_mib=512, dynamic_scaling=True))
     orch.catalog.create_offering(Offering("o2", OfferingKind.fixed, vcpus=2, memory_mib=1024, dynamic_scaling=True))
-    orch.catalog.create_template("t", "tiny-linux", dynamically_scalable=True)
+    orch.catalog.create_template("t", "tiny-linux", dynamic_scaling=True)
     for project in ("a", "b"):
         orch.catalog.create_project(project, 8, 16384, 10)
         orch.create_vm(f"{project}-run", project, "o", "t", start=True)
@@ -85,9 +89,9 @@ def test_lists_and_ids_of_other_projects_are_hidden(tenants):
     assert [p["name"] for p in api.get("/api/v1/projects", headers=member).json()] == ["a"]
     assert api.get("/api/v1/migrations", headers=member).json() == []
     assert api.get(f"/api/v1/migrations/{mig['id']}", headers=member).status_code == 404
-    theirs = [o for o in api.get("/api/v1/operations").json() if o["target"].startswith("b-")]
+    theirs = [o for o in api.get("/api/v1/operations").json() if (o["vm"] or "").startswith("b-")]
     assert theirs and all(api.get(f"/api/v1/operations/{o['id']}", headers=member).status_code == 404 for o in theirs)
-    assert all(not o["target"].startswith("b-") for o in api.get("/api/v1/operations", headers=member).json())
+    assert all(not (o["vm"] or "").startswith("b-") for o in api.get("/api/v1/operations", headers=member).json())
 
 
 def test_a_member_runs_its_own_project(tenants):

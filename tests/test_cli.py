@@ -32,7 +32,7 @@ def test_walkthrough_with_json_output(live):
     assert run_json(live, "offering", "show", "flex")["kind"] == "custom-constrained"
     assert len(run_json(live, "offering", "list")) == 2
     assert run_json(live, "template", "create", "tiny", "--image", "tiny-linux",
-                    "--dynamically-scalable")["dynamically_scalable"] is True
+                    "--dynamic-scaling")["dynamic_scaling"] is True
     assert run_json(live, "template", "show", "tiny")["image"] == "tiny-linux"
     assert [t["name"] for t in run_json(live, "template", "list")] == ["tiny", "tiny-linux"]   # up registers tiny-linux
 
@@ -43,12 +43,15 @@ def test_walkthrough_with_json_output(live):
     assert run_json(live, "setting", "get", "mem.overprovisioning.factor")["value"] == 1.0
     assert run_json(live, "host", "show", "sim1")["memory_capacity_mib"] == 65536 * 3 // 2
 
+    r = live.cli("vm", "create", "web1", "--project", "acme", "--offering", "small", "--template", "tiny", "--start")
+    assert r.returncode == 1 and "z2, zone1" in r.stderr, r.stderr       # two zones now: say which
     vm = run_json(live, "vm", "create", "web1", "--project", "acme", "--offering", "small", "--template", "tiny",
-                  "--start")
-    assert vm["state"] == "running" and vm["host"].startswith("sim")
+                  "--zone", "zone1", "--start")
+    assert vm["state"] == "running" and vm["host"].startswith("sim") and vm["zone"] == "zone1"
     vm = run_json(live, "vm", "create", "db1", "--project", "acme", "--offering", "flex", "--template", "tiny",
-                  "--vcpus", "2", "--memory", "1GiB", "--no-dynamic-scaling")
-    assert vm["state"] == "stopped" and vm["dynamically_scalable"] is False
+                  "--vcpus", "2", "--memory", "1GiB", "--no-dynamic-scaling", "--cluster", "cluster1")
+    assert vm["state"] == "stopped" and vm["dynamic_scaling"] is False
+    assert (vm["zone"], vm["cluster"]) == ("zone1", "cluster1")
     assert run_json(live, "vm", "start", "db1")["state"] == "running"
     assert {v["name"] for v in run_json(live, "vm", "list", "--project", "acme")} == {"web1", "db1"}
     assert run_json(live, "vm", "show", "db1")["vcpus"] == 2
@@ -63,7 +66,7 @@ def test_walkthrough_with_json_output(live):
     assert run_json(live, "vm", "stop", "db1")["state"] == "stopped"
     assert run_json(live, "vm", "delete", "db1") == {"deleted": "db1"}
     ops = run_json(live, "operation", "list")
-    assert {(o["kind"], o["target"], o["state"]) for o in ops} >= {("start", "web1", "succeeded"),
+    assert {(o["kind"], o["vm"], o["state"]) for o in ops} >= {("start", "web1", "succeeded"),
                                                                    ("stop", "db1", "succeeded")}
     assert run_json(live, "operation", "show", ops[0]["id"])["id"] == ops[0]["id"]
     assert run_json(live, "audit") == {"ok": True, "problems": []}
@@ -73,7 +76,7 @@ def test_walkthrough_with_json_output(live):
 
 
 @pytest.mark.parametrize("args,words", [
-    (("project", "create", "x", "--vcpus", "1", "--memory", "16GB"), "unknown unit"),
+    (("project", "create", "x", "--vcpus", "1", "--memory", "16GB"), "ambiguous"),
     (("project", "create", "x", "--vcpus", "1", "--memory", "lots"), "not a size"),
     (("offering", "create", "x", "--kind", "fixed", "--vcpus", "1", "--memory", "-1GiB"), "not a size"),
 ])

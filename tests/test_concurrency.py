@@ -51,7 +51,7 @@ def _two_hundred_starts(live):
                 for _ in range(200):
                     if c.get(f"/operations/{op}").json()["state"] == "succeeded":
                         break
-        vms = c.get("/vms").json()
+        vms = c.get("/vms", params={"limit": 1000}).json()
         assert sum(v["state"] == "running" for v in vms) == 50
         usage = c.get("/projects/p/usage").json()
         assert usage["vcpus"]["used"] == 50 and usage["consistent"] is True
@@ -122,7 +122,7 @@ def test_1000_concurrent_creates_starts_and_scales_never_overrun_tight_quotas(tm
                                        "dynamic_scaling": True}).raise_for_status()
             c.post("/offerings", json={"name": "two", "kind": "fixed", "vcpus": 2, "memory_mib": 512,
                                        "dynamic_scaling": True}).raise_for_status()
-            c.post("/templates", json={"name": "t", "image": "tiny-linux", "dynamically_scalable": True}
+            c.post("/templates", json={"name": "t", "image": "tiny-linux", "dynamic_scaling": True}
                    ).raise_for_status()
             quotas = {"q1": (20, 8192, 60), "q2": (35, 6000, 80), "q3": (50, 1 << 20, 40)}
             for name, (vcpus, memory, vms) in quotas.items():

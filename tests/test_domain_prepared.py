@@ -31,7 +31,7 @@ def test_prepared_only_when_the_zone_setting_and_all_three_flags_are_on(cluster,
     cluster.catalog.set_setting("enable.dynamic.scale.vm", str(zone).lower(), "zone", "z1")
     cluster.catalog.create_offering(Offering("o", OfferingKind.fixed, vcpus=1, memory_mib=512,
                                              dynamic_scaling=offering))
-    cluster.catalog.create_template("t", "tiny-linux", dynamically_scalable=template)
+    cluster.catalog.create_template("t", "tiny-linux", dynamic_scaling=template)
     cluster.create_vm("v", "p", "o", "t", dynamically_scalable=vm, start=True)
     spec = started_spec(cluster, "v")
     xml = domain_xml(spec, "/k", "/i", "console=ttyS0")
@@ -52,8 +52,8 @@ def test_prepared_only_when_the_zone_setting_and_all_three_flags_are_on(cluster,
 
 @pytest.mark.parametrize("cpu_setting,memory_setting,expected", [
     (4, 2048, (4, 2048)),              # > 0: the settings
-    (0, 0, (16, 65536)),               # <= 0: the host's cores and memory
-    (-1, -5, (16, 65536)),
+    (0, 0, (16, 65536)),               # 0 or -1: the host's cores and memory
+    (-1, -1, (16, 65536)),
     (8, 0, (8, 65536)),
 ])
 def test_ceiling_comes_from_the_capacity_settings_or_the_host(cluster, cpu_setting, memory_setting, expected):
@@ -61,7 +61,7 @@ def test_ceiling_comes_from_the_capacity_settings_or_the_host(cluster, cpu_setti
     cluster.catalog.set_setting("kvm.cpu.dynamic.scaling.capacity", str(cpu_setting), "cluster", "c1")
     cluster.catalog.set_setting("kvm.memory.dynamic.scaling.capacity", str(memory_setting), "cluster", "c1")
     cluster.catalog.create_offering(Offering("o", OfferingKind.fixed, vcpus=1, memory_mib=512, dynamic_scaling=True))
-    cluster.catalog.create_template("t", "tiny-linux", dynamically_scalable=True)
+    cluster.catalog.create_template("t", "tiny-linux", dynamic_scaling=True)
     cluster.create_vm("v", "p", "o", "t", start=True)
     spec = started_spec(cluster, "v")
     assert (spec.max_vcpus, spec.max_memory_mib) == expected

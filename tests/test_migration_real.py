@@ -55,7 +55,7 @@ def test_seed_3_two_busy_guests_at_most_of_their_quota_migrate_concurrently_and_
     assert [r["state"] for r in rows] == ["succeeded", "succeeded"], rows
     for r in rows:
         assert r["stats"]["guest_check"].startswith("answered") and r["stats"]["downtime_ms"] < 1000
-        vm = r["vm_name"]
+        vm = r["vm"]
         assert run_json(live, "vm", "show", vm)["host"] == r["target"] != sources[vm]
         assert guest(live, vm, "cat /tmp/marker").strip() == f"{vm}-marker"
         assert f"vmplane-{vm}" in domains_on(live, r["target"]) and f"vmplane-{vm}" not in domains_on(live, r["source"])
@@ -103,7 +103,7 @@ def test_a_real_host_drains_by_live_migration_and_comes_back(live):
     r = live.cli("host", "maintenance", "enter", host, "--wait", "--output", "json", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(r.stdout)
-    assert sorted(m["vm_name"] for m in result["migrations"]) == on_host
+    assert sorted(m["vm"] for m in result["migrations"]) == on_host
     assert all(m["state"] == "succeeded" for m in result["migrations"])
     assert all(v["host"] != host for v in run_json(live, "vm", "list") if v["state"] == "running")
     assert domains_on(live, host) == []
@@ -129,6 +129,6 @@ def test_seed_1_three_guests_at_three_quarters_of_the_memory_quota_migrate_one_t
     ids = [json.loads(live.cli("vm", "migrate", vm, "--output", "json").stdout)["id"] for vm in names]
     assert usage(live, "seed1") == before
     rows = wait(live, ids)
-    assert all(r["state"] == "succeeded" for r in rows), [(r["vm_name"], r["state"], r["reason"]) for r in rows]
+    assert all(r["state"] == "succeeded" for r in rows), [(r["vm"], r["state"], r["reason"]) for r in rows]
     assert all(guest(live, vm, "echo ok").strip() == "ok" for vm in names)
     assert usage(live, "seed1") == before and run_json(live, "audit")["ok"]

@@ -157,7 +157,8 @@ def test_ten_migrations_at_once_never_copy_more_than_two_from_one_host(threaded)
     ids = [o.migrator.migrate(n)["id"] for n in names]
     queued = [o.migrator.get(i) for i in ids]
     assert sum(r["state"] == "queued" for r in queued) >= 8          # queued, not refused
-    assert any("leaving h1 (limit 2)" in r["waiting_for"] for r in queued)
+    assert any("leaving h1 (limit 2, vmplane.migration.max.outbound.per.host in cluster c1)" in r["waiting_for"]
+               for r in queued)
     rows = wait_migrations(o, ids)
     assert all(r["state"] == "succeeded" for r in rows)
     events = sorted([(r["started_at"], 1) for r in rows] + [(r["finished_at"], -1) for r in rows],

@@ -33,7 +33,7 @@ def cluster(orch):
     orch.catalog.create_offering(Offering("big", OfferingKind.fixed, vcpus=4, memory_mib=6 * GIB, dynamic_scaling=True))
     orch.catalog.create_offering(Offering("flex", OfferingKind.custom_constrained, min_vcpus=1, max_vcpus=8,
                                           min_memory_mib=256, max_memory_mib=8 * GIB, dynamic_scaling=True))
-    orch.catalog.create_template("t", "tiny-linux", dynamically_scalable=True)
+    orch.catalog.create_template("t", "tiny-linux", dynamic_scaling=True)
     orch.catalog.create_project("p", 16, 32 * GIB, 10, count_overhead=True)
     return orch
 
@@ -46,7 +46,7 @@ def test_a_fixed_offering_vm_scales_to_another_fixed_offering_and_back(cluster):
     vm = o.vm("v")
     assert (vm.vcpus, vm.memory_mib, vm.offering.name) == (2, 512, "f2")
     assert vm.cpu_cap_percent == 50.0                         # 1200 MHz of a 2400 MHz sim host
-    assert "memory virtio-mem" in op.message and "vcpus hotplug" in op.message and "cpu cap 0.50" in op.message
+    assert "memory dimm" in op.message and "vcpus hotplug" in op.message and "cpu cap 0.50" in op.message
     grown = usage(o, "p")
     assert grown - before == Usage(1, 256 + overhead_mib(Size(2, 512)) - overhead_mib(Size(1, 256)), 0)
     op_of(o, o.scaler.scale("v", offering="f1"))             # and down again, live
@@ -54,10 +54,10 @@ def test_a_fixed_offering_vm_scales_to_another_fixed_offering_and_back(cluster):
 
 
 @pytest.mark.parametrize("switch,words", [
-    ("zone", "setting enable.dynamic.scale.vm is false"),
+    ("zone", "setting enable.dynamic.scale.vm is false in zone z1 \\(host h[12]\\)"),
     ("offering", "offering dynamic_scaling is false"),
-    ("template", "template dynamically_scalable is false"),
-    ("vm", "vm dynamically_scalable is false"),
+    ("template", "template dynamic_scaling is false"),
+    ("vm", "vm dynamic_scaling is false"),
 ])
 def test_each_switch_off_means_not_prepared_and_scaling_refused_naming_it(cluster, switch, words):
     o = cluster
@@ -65,7 +65,7 @@ def test_each_switch_off_means_not_prepared_and_scaling_refused_naming_it(cluste
         o.catalog.set_setting("enable.dynamic.scale.vm", "false", "zone", "z1")
     o.catalog.create_offering(Offering("fo", OfferingKind.fixed, vcpus=1, memory_mib=256,
                                        dynamic_scaling=switch != "offering"))
-    o.catalog.create_template("to", "tiny-linux", dynamically_scalable=switch != "template")
+    o.catalog.create_template("to", "tiny-linux", dynamic_scaling=switch != "template")
     o.create_vm("v", "p", "fo", "to", dynamically_scalable=switch != "vm", start=True)
     vm = o.vm("v")
     assert not vm.prepared and (vm.max_vcpus, vm.max_memory_mib) == (1, 256)
@@ -107,7 +107,7 @@ def test_a_full_host_moves_the_vm_first_when_auto_migrate_is_on_and_refuses_when
     o.catalog.set_setting("auto.migrate.vm.on.live.scale.insufficient.capacity", "false", "cluster", "c1")
     before = usage(o, "p")
     with pytest.raises(InsufficientCapacity, match=f"host {host} has no room.*auto.migrate.vm.on.live.scale"
-                                                   ".insufficient.capacity is false"):
+                                                   f".insufficient.capacity is false in cluster c1 \\(host {host}\\)"):
         o.scaler.scale("v", vcpus=None, offering="big")
     assert usage(o, "p") == before and o.vm("v").host.name == host and o.audit() == []
     o.stop_vm("filler")                                   # make room elsewhere
@@ -126,8 +126,9 @@ def test_only_the_cpu_cap_can_change(cluster):
     assert o.vm("v").cpu_cap_percent == round(1000 / 2400, 2) * 100
     op_of(o, o.scaler.scale("v", cpu_cap=False))
     assert o.vm("v").cpu_cap_percent is None
-    with pytest.raises(Invalid, match="nothing to change"):
+    with pytest.raises(Conflict, match="nothing to change") as refused:
         o.scaler.scale("v", cpu_cap=False)
+    assert refused.value.status == 409 and refused.value.code == "conflict"
 
 
 def test_a_failed_hot_plug_rolls_back_quota_and_claim(cluster):

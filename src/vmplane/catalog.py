@@ -12,7 +12,7 @@ import secrets
 import threading
 from typing import Callable
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.orm import Session
 
 from . import settings as settings_rules
@@ -78,6 +78,15 @@ def valid_image(image: str) -> bool:
     return bool(_IMAGE_PATH.match(image or "")) and ".." not in image.split("/")
 
 
+_TOKEN_BY_HASH = select(Token.__table__.c.name, Token.__table__.c.role, Token.__table__.c.project_id) \
+    .where(Token.__table__.c.token_hash == bindparam("digest"))
+
+
+_O_T, _T_T = Offering.__table__.c, Template.__table__.c
+_RETIRED = select(select(_O_T.retired).where(_O_T.id == bindparam("o")).scalar_subquery().label("offering_retired"),
+                  select(_T_T.retired).where(_T_T.id == bindparam("t")).scalar_subquery().label("template_retired"))
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -88,11 +97,10 @@ class Catalog:
         self._on_settings_changed = on_settings_changed
         self._settings_cache: dict[str, dict[tuple[str, str | None], str]] | None = None
         self._cache_lock = threading.Lock()
-        # Offerings and templates never change once created: admissions read them from here.
+        # Offerings and templates never change once created, but for `retired` (read from the store by
+        # for_new_vm) and deletion (forget): admissions read them from here.
         self._offerings: dict[str, Offering] = {}
         self._templates: dict[str, Template] = {}
-        # token hash -> (name, role, project id); cleared whenever a token is written
-        self._tokens: dict[str, tuple[str, str, int | None]] = {}
 
     # -- zones and clusters -------------------------------------------------------------------
     def create_zone(self, name: str) -> Zone:
@@ -126,13 +134,12 @@ class Catalog:
         for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib), ("vms", vms)):
             if value < 0:
                 raise Invalid(f"quota {field} must be 0 or more, got {value}", field=field)
-        if max_concurrent_migrations is not None and max_concurrent_migrations <= 0:
-            raise Invalid("max_concurrent_migrations must be greater than 0 (leave it out for unlimited)",
-                          field="max_concurrent_migrations")
+        if max_concurrent_migrations is not None and max_concurrent_migrations < 0:
+            raise Invalid("max_concurrent_migrations must be 0 (unlimited) or more", field="max_concurrent_migrations")
         with self.db.write() as s:
             ensure_new(s, Project, name)
             p = Project(name=name, quota_vcpus=vcpus, quota_memory_mib=memory_mib, quota_vms=vms,
-                        count_overhead=count_overhead, max_concurrent_migrations=max_concurrent_migrations,
+                        count_overhead=count_overhead, max_concurrent_migrations=max_concurrent_migrations or None,
                         used_vcpus=0, used_memory_mib=0, used_vms=0)
             s.add(p)
         return p
@@ -208,6 +215,37 @@ class Catalog:
         with self.db.read() as s:
             return list(s.scalars(select(Offering).order_by(Offering.name)))
 
+    def for_new_vm(self, offering: str, template: str) -> tuple[Offering, Template]:
+        """The offering and template of a new VM: both must exist and not be retired. Read from the
+        store (one small query), not from this process's cache, which another process may have outdated."""
+        o, t = self.offering(offering), self.template(template)
+        with self.db.engine.connect() as conn:
+            row = conn.execute(_RETIRED, {"o": o.id, "t": t.id}).first()
+        if row is None or row.offering_retired is None or row.template_retired is None:
+            self.forget(offering, template)
+            return self.for_new_vm(offering, template)      # deleted meanwhile: NotFound, or the new one
+        for noun, name, retired in (("offering", offering, row.offering_retired),
+                                    ("template", template, row.template_retired)):
+            if retired:
+                raise Conflict(f"{noun} {name} is retired: it takes no new VMs (VMs using it keep it)", field=noun)
+        return o, t
+
+    def forget(self, offering: str | None = None, template: str | None = None) -> None:
+        """Drop cached offerings and templates that were retired or deleted."""
+        self._offerings.pop(offering or "", None)
+        self._templates.pop(template or "", None)
+
+    def retire(self, model, name: str) -> Offering | Template:
+        """Retire an offering or a template: no new VMs; VMs using it keep it. Retiring twice is a 409."""
+        noun = model.__tablename__.rstrip("s")
+        with self.db.write() as s:
+            row = get_by_name(s, model, name, field=noun, for_update=True)
+            if row.retired:
+                raise Conflict(f"{noun} {name} is already retired", field=noun)
+            row.retired = True
+        self.forget(**{noun: name})
+        return row
+
     def _immutable(self, cache: dict, model, name: str, field: str):
         found = cache.get(name)
         if found is None:
@@ -225,13 +263,13 @@ class Catalog:
             raise NotFound(f"offering #{offering_id} does not exist", field="offering")
         return found
 
-    def create_template(self, name: str, image: str, dynamically_scalable: bool = False) -> Template:
+    def create_template(self, name: str, image: str, dynamic_scaling: bool = False) -> Template:
         if not valid_image(image):
             raise Invalid("image must be an image name (like tiny-linux) or an absolute path of letters, digits, "
                           "'.', '_', '-' and '/', without '..'", field="image")
         with self.db.write() as s:
             ensure_new(s, Template, name)
-            row = Template(name=name, image=image, dynamically_scalable=dynamically_scalable)
+            row = Template(name=name, image=image, dynamically_scalable=dynamic_scaling)
             s.add(row)
         return row
 
@@ -253,20 +291,39 @@ class Catalog:
         get_by_name(s, Zone if scope == "zone" else Cluster, scope_name, field=scope)
         return scope_name
 
-    def set_setting(self, key: str, value: str, scope: str = "global", scope_name: str | None = None) -> dict:
-        settings_rules.parse_value(key, scope, value)
+    def set_setting(self, key: str, value: object, scope: str = "global", scope_name: str | None = None) -> dict:
+        """Set a value (text, number or boolean), checked against the key's type and range before
+        anything is saved; it is stored in its canonical text form."""
+        text = settings_rules.setting_key(key).text(settings_rules.parse_value(key, scope, value))
         with self.db.write() as s:
             name = self._scope_exists(s, scope, scope_name)
             row = s.execute(select(Setting).where(Setting.key == key, Setting.scope == scope,
                                                   Setting.scope_name == name)).scalar_one_or_none()
             if row is None:
-                s.add(Setting(key=key, scope=scope, scope_name=name, value=str(value)))
+                s.add(Setting(key=key, scope=scope, scope_name=name, value=text))
             else:
-                row.value = str(value)
+                row.value = text
+        self._settings_changed()
+        return self.get_setting(key, scope, scope_name)
+
+    def unset_setting(self, key: str, scope: str = "global", scope_name: str | None = None) -> dict:
+        """Remove the value set at this scope: the key falls back to the inherited value. Unsetting a
+        value that is not set is a 409 (the rule for every no-op)."""
+        settings_rules.setting_key(key)
+        with self.db.write() as s:
+            name = self._scope_exists(s, scope, scope_name)
+            gone = s.execute(delete(Setting).where(Setting.key == key, Setting.scope == scope,
+                                                   Setting.scope_name == name)).rowcount
+            if not gone:
+                where = "global scope" if scope == "global" else f"{scope} {name}"
+                raise Conflict(f"{key} is not set at {where}; nothing to unset", field="key")
+        self._settings_changed()
+        return self.get_setting(key, scope, scope_name)
+
+    def _settings_changed(self) -> None:
         with self._cache_lock:
             self._settings_cache = None
         self._on_settings_changed()
-        return self.get_setting(key, scope, scope_name)
 
     def _all_settings(self) -> dict[str, dict[tuple[str, str | None], str]]:
         with self._cache_lock:
@@ -298,16 +355,16 @@ class Catalog:
                 source = sc if sc == "global" else f"{sc} {nm}"
                 break
         return {"key": key, "value": settings_rules.resolve(key, values, zone=zone, cluster=cluster),
-                "source": source, "default": spec.default, "scope": scope, "scope_name": scope_name,
-                "narrowest_scope": spec.narrowest_scope, "description": spec.description}
+                "source": source, "default": spec.default, "range": spec.range, "scope": scope,
+                "scope_name": scope_name, "narrowest_scope": spec.narrowest_scope, "description": spec.description}
 
     def list_settings(self) -> list[dict]:
         values = self._all_settings()
         out = []
         for key, spec in sorted(settings_rules.KEYS.items()):
-            out.append({"key": key, "default": spec.default, "narrowest_scope": spec.narrowest_scope,
-                        "description": spec.description,
-                        "values": [{"scope": sc, "scope_name": nm, "value": v}
+            out.append({"key": key, "default": spec.default, "range": spec.range,
+                        "narrowest_scope": spec.narrowest_scope, "description": spec.description,
+                        "values": [{"scope": sc, "scope_name": nm, "value": settings_rules.typed(key, v)}
                                    for (sc, nm), v in sorted(values.get(key, {}).items(), key=str)]})
         return out
 
@@ -320,11 +377,13 @@ class Catalog:
         token = token or secrets.token_urlsafe(32)
         with self.db.write() as s:
             ensure_new(s, Token, name)
+            if role == "admin" and project:
+                raise Invalid("an admin token belongs to no project; leave out project (or use role member)",
+                              field="project")
             project_id = get_by_name(s, Project, project, field="project").id if project else None
             if role == "member" and project_id is None:
                 raise Invalid("a member token needs a project", field="project")
             s.add(Token(name=name, token_hash=hash_token(token), role=role, project_id=project_id))
-        self._tokens.clear()
         return token
 
     def ensure_admin_token(self, name: str, token: str) -> None:
@@ -341,19 +400,36 @@ class Catalog:
                 s.add(Token(name=name, token_hash=hash_token(token), role="admin"))
             else:
                 row.token_hash, row.role, row.project_id = hash_token(token), "admin", None
-        self._tokens.clear()
 
     def authenticate(self, token: str) -> tuple[str, str, int | None]:
-        """(name, role, project id) of a valid token; the store is read once per token."""
-        digest = hash_token(token)
-        found = self._tokens.get(digest)
-        if found is None:
-            with self.db.read() as s:
-                row = s.execute(select(Token).where(Token.token_hash == digest)).scalar_one_or_none()
-            if row is None:
-                raise Unauthorized("the bearer token is not valid")
-            found = self._tokens[digest] = (row.name, row.role, row.project_id)
-        return found
+        """(name, role, project id) of a valid token, read from the store at every request (one
+        prebuilt indexed lookup), so that a token revoked by any process is refused at once."""
+        with self.db.engine.connect() as conn:
+            row = conn.execute(_TOKEN_BY_HASH, {"digest": hash_token(token)}).first()
+        if row is None:
+            raise Unauthorized("the bearer token is not valid")
+        return row.name, row.role, row.project_id
+
+    def tokens(self, project_id: int | None = None) -> list[dict]:
+        """Every token (or a project's), without its hash."""
+        stmt = select(Token.name, Token.role, Project.name.label("project"), Token.created_at) \
+            .outerjoin(Project, Project.id == Token.project_id).order_by(Token.name)
+        if project_id is not None:
+            stmt = stmt.where(Token.project_id == project_id)
+        with self.db.read() as s:
+            return [dict(r._mapping) for r in s.execute(stmt)]
+
+    def revoke_token(self, name: str, project_id: int | None = None) -> None:
+        """Delete a token (only among a project's tokens when `project_id` is given: a member's view).
+        The last admin token can not be revoked: nobody could administer the control plane then."""
+        with self.db.write() as s:
+            row = s.execute(select(Token).where(Token.name == name)).scalar_one_or_none()
+            if row is None or (project_id is not None and row.project_id != project_id):
+                raise NotFound(f"token {name!r} does not exist", field="token")
+            if row.role == "admin" and s.scalar(select(func.count()).where(Token.role == "admin")) == 1:
+                raise Conflict(f"token {name} is the last admin token; create another admin token first",
+                               field="token")
+            s.delete(row)
 
     def count(self, model) -> int:
         with self.db.read() as s:

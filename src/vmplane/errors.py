@@ -17,10 +17,7 @@ class VmplaneError(Exception):
             self.code = code
 
     def as_dict(self) -> dict:
-        body = {"error": self.code, "message": self.message}
-        if self.field:
-            body["field"] = self.field
-        return body
+        return {"error": self.code, "message": self.message, "field": self.field or None}
 
 
 class Invalid(VmplaneError):

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
@@ -22,9 +22,11 @@ from . import failpoints
 from . import migration as rules
 from .drivers.base import DriverError, MigrationParams
 from .errors import Conflict, Invalid, NotFound
+from .listing import Page, by_prefix, order_by, run_page
 from .migration import Action, MigrationState
 from .model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
 from .placement import Placement, choose, fit_on
+from .scope import migration_scope_problem
 from .store import ledger as L
 from .store.schema import utcnow
 
@@ -64,17 +66,49 @@ class Migrator:
         with self.o.db.read() as s:
             return [dict(r._mapping) for r in s.connection().execute(stmt)]
 
+    def find(self, prefix: str, project_id: int | None = None) -> dict:
+        """By its id or a unique prefix of it (4+ characters), within one project when `project_id` is given."""
+        m = L.MIGRATIONS.c
+        with self.o.db.read() as s:
+            scope = [] if project_id is None else [m.project_id == project_id]
+            return self.get(by_prefix(s, m.id, prefix, "migration", scope))
+
+    def page(self, page: Page, vm: str | None = None, host: str | None = None, state: str | None = None,
+             active_only: bool = False, project_id: int | None = None) -> tuple[list[dict], int]:
+        """Migrations filtered, sorted and paged in SQL (newest first by default), and their total."""
+        m = L.MIGRATIONS.c
+        conds = [m.vm_name == vm] if vm else []
+        if host:
+            conds.append((m.source == host) | (m.target == host))
+        if state:
+            conds.append(m.state == state)
+        if active_only:
+            conds.append(m.state.in_(_ACTIVE))
+        if project_id is not None:
+            conds.append(m.project_id == project_id)
+        fields = {"created_at": m.created_at, "started_at": m.started_at, "finished_at": m.finished_at,
+                  "vm": m.vm_name, "source": m.source, "target": m.target, "state": m.state, "progress": m.progress}
+        with self.o.db.read() as s:
+            return run_page(s, select(L.MIGRATIONS), m.id, conds, order_by(page.sort, fields, "-created_at", m.id),
+                            page, scalars=False)
+
     # -- planning ------------------------------------------------------------------------------
     def _plan(self, vm, to: str | None, planned: dict[str, tuple[int, int]] | None = None) -> Placement:
-        """Where `vm` would go: the host asked for, or placement's choice among the others."""
+        """Where `vm` would go: the host asked for (any cluster of the VM's zone), or placement's choice
+        among the others of its host's cluster."""
+        source = self.o._hosts[vm.host_name]
+        zone = vm.zone_name or source.zone          # a VM placed before zones mattered: its host's zone
         request = PlacementRequest(Size(vm.vcpus, vm.memory_mib), exclude_hosts=frozenset({vm.host_name}),
-                                   exclude_reason="the VM already runs here")
+                                   exclude_reason="the VM already runs here", zone=zone)
         if to is None:
-            return choose(self.o.index, request)
+            return choose(self.o.index, replace(request, cluster=source.cluster))
         if to == vm.host_name:
             raise Invalid(f"vm {vm.name} already runs on {to}; choose another host", field="to")
         if to not in self.o.index:
             raise NotFound(f"host {to!r} does not exist", field="to")
+        problem = migration_scope_problem(vm.name, zone, to, self.o._hosts[to].zone)
+        if problem:
+            raise Invalid(problem, field="to")
         return fit_on(self.o.index, request, to)
 
     def _check_migratable(self, vm) -> None:
@@ -278,6 +312,10 @@ class Migrator:
             freed = L.release_claim(conn, row.vm_id, None, kind=ClaimKind.running)
             L.promote_claim(conn, row.vm_id, row.id)
             L.set_vm(conn, row.vm_id, host_id=row.target_host_id, **vm_state)
+            # a VM pinned to a cluster follows an explicit move to another cluster of its zone
+            v, h = L.VMS.c, L.HOSTS.c
+            conn.execute(L.VMS.update().where(v.id == row.vm_id, v.cluster_id.is_not(None)).values(
+                cluster_id=select(h.cluster_id).where(h.id == row.target_host_id).scalar_subquery()))
         return freed
 
     def cancel(self, vm_name: str) -> dict:
@@ -329,6 +367,8 @@ class Migrator:
         drain is an operation: a restart in the middle admits migrations for the VMs it had not reached."""
         if host not in self.o.index:
             raise NotFound(f"host {host!r} does not exist", field="host")
+        if self.o.host_capacity(host).state == HostState.maintenance:
+            raise Conflict(f"host {host} is already in maintenance{self._still_running(host)}", field="state")
         if dry_run:
             return self._drain(host, None)
         with self.o.db.transaction() as conn:
@@ -391,6 +431,20 @@ class Migrator:
             result["operation_id"] = op_id
         return result
 
+    def _still_running(self, host: str) -> str:
+        """What a second `maintenance enter` could still do: retry the VMs that fit nowhere the first time."""
+        with self.o.db.read() as s:
+            left = s.connection().execute(select(L.VMS.c.name).join(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id).where(
+                L.HOSTS.c.name == host, L.VMS.c.state == VmState.running.value).order_by(L.VMS.c.name)).scalars().all()
+        if not left:
+            return ""
+        return (f"; {len(left)} VM(s) still run on it ({', '.join(left[:5])}{', ...' if len(left) > 5 else ''}): "
+                f"exit and enter maintenance again to retry draining them")
+
     def exit_maintenance(self, host: str) -> dict:
+        if host not in self.o.index:
+            raise NotFound(f"host {host!r} does not exist", field="host")
+        if self.o.host_capacity(host).state == HostState.enabled:
+            raise Conflict(f"host {host} is not in maintenance: it is already enabled", field="state")
         self.o.set_host_state(host, HostState.enabled)
         return {"host": host, "state": "enabled"}

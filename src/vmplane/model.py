@@ -114,6 +114,7 @@ class HostCapacity:
     strategy: str = "spread"
     used_vcpus: int = 0
     used_memory_mib: int = 0
+    zone: str = ""
 
     # capped at the store's integer range: a huge overcommit factor must not overflow a host's counters
     @property
@@ -130,6 +131,7 @@ class PlacementRequest:
     size: Size
     exclude_hosts: frozenset[str] = field(default_factory=frozenset)
     cluster: str | None = None      # restrict to one cluster
+    zone: str | None = None         # restrict to one zone
     exclude_reason: str = "excluded by the request"
 
 

@@ -41,6 +41,7 @@ from .errors import (
     NotFound,
     VmplaneError,
 )
+from .lifecycle import delete_host_row
 from .migrator import Migrator
 from .model import (
     IN_FLIGHT_OPERATION_STATES,
@@ -55,13 +56,15 @@ from .model import (
 )
 from .names import check_name
 from .offerings import size_for
+from .listing import Page, by_prefix, order_by, run_page
 from .placement import CapacityIndex, Placement, choose
 from .quota import check_admission, running_charge
 from .scaler import Scaler
 from .scaling import ScalingFlags, cap_for_share, cap_share, ceiling
+from .scope import Scope, vm_scope
 from .store import Database
 from .store import ledger as L
-from .store.schema import Cluster, Host, Operation, Project, Vm
+from .store.schema import Cluster, Host, Operation, Project, Vm, Zone
 
 log = logging.getLogger("vmplane.orchestrator")
 
@@ -107,6 +110,8 @@ class HostMeta:
     cpu_mhz: int
     memory_mib: int
     migration_address: str | None = None
+    zone_id: int | None = None
+    cluster_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,7 @@ class Orchestrator:
     @staticmethod
     def _meta(h: Host) -> HostMeta:
         return HostMeta(h.id, h.cluster.zone.name, h.cluster.name, h.cores, h.cpu_mhz, h.memory_mib,
-                        h.migration_address)
+                        h.migration_address, h.cluster.zone_id, h.cluster_id)
 
     def _migration_address(self, host: str) -> str | None:
         return self._hosts[host].migration_address
@@ -191,7 +196,7 @@ class Orchestrator:
             mem_factor=float(eff("mem.overprovisioning.factor", zone, cluster)),
             overhead_ratio=float(eff("vmplane.overhead.ratio", zone, cluster)),
             strategy=str(eff("vmplane.placement.strategy", zone, cluster)),
-            used_vcpus=host.used_vcpus, used_memory_mib=host.used_memory_mib)
+            used_vcpus=host.used_vcpus, used_memory_mib=host.used_memory_mib, zone=zone)
 
     def rebuild_index(self) -> None:
         with self._lock:
@@ -238,6 +243,18 @@ class Orchestrator:
             self.index.upsert(self._capacity(host))
         return host
 
+    def remove_host(self, name: str) -> None:
+        """Delete a host that holds nothing (lifecycle.delete_host_row says what still uses it), with
+        its driver and its row in the capacity index."""
+        with self._lock:
+            delete_host_row(self.catalog, name)
+            driver = self.drivers.pop(name, None)
+            self._hosts.pop(name, None)
+            if name in self.index:
+                self.index.remove(name)
+        if driver is not None:
+            driver.close()
+
     def hosts(self) -> list[Host]:
         with self.db.read() as s:
             return list(s.scalars(select(Host).order_by(Host.name)).unique())
@@ -253,22 +270,23 @@ class Orchestrator:
     # -- VMs: admission ------------------------------------------------------------------------
     def create_vm(self, name: str, project: str, offering: str, template: str, vcpus: int | None = None,
                   memory_mib: int | None = None, dynamically_scalable: bool = True,
-                  start: bool = False) -> Admitted:
-        """Create a VM (charging one `vms`), and with `start` admit its start in the same transaction:
-        either all of it is committed or nothing is."""
+                  start: bool = False, zone: str | None = None, cluster: str | None = None) -> Admitted:
+        """Create a VM (charging one `vms`) in a zone (and a cluster when given), and with `start` admit
+        its start in the same transaction: either all of it is committed or nothing is."""
         check_name(name)
-        o = self.catalog.offering(offering)
-        t = self.catalog.template(template)
+        o, t = self.catalog.for_new_vm(offering, template)
         size = size_for(offering_data(o), vcpus, memory_mib)
+        scope, zone_id, cluster_id = self._new_scope(zone, cluster)
         with self._lock:
             with self.db.transaction() as conn:
                 p = L.lock_project(conn, name=project)
-                placement, delta = self._admit(conn, p, size, Usage(vms=1), start)
+                placement, delta = self._admit(conn, p, size, Usage(vms=1), start, scope)
                 L.add_to_ledger(conn, p.id, delta)
                 facts = StartFacts(o.dynamic_scaling, t.dynamically_scalable, dynamically_scalable, o.cpu_cap,
                                    o.cpu_speed_mhz)
                 fields = dict(name=name, project_id=p.id, offering_id=o.id, template_id=t.id, vcpus=size.vcpus,
                               memory_mib=size.memory_mib, dynamically_scalable=dynamically_scalable,
+                              zone_id=zone_id, cluster_id=cluster_id,
                               **self._started_fields(size, placement, delta, facts))
                 try:
                     vm_id = L.insert_vm(conn, **fields)
@@ -285,16 +303,35 @@ class Orchestrator:
                     raise Conflict(f"vm {name} is {vm.state}; only a stopped VM can be started", field="state")
                 p = L.lock_project(conn, vm.project_id)
                 size = Size(vm.vcpus, vm.memory_mib)
-                placement, delta = self._admit(conn, p, size, Usage(), True)
+                placement, delta = self._admit(conn, p, size, Usage(), True, Scope(vm.zone_name, vm.cluster_name))
                 L.add_to_ledger(conn, p.id, delta)
                 facts = StartFacts(vm.offering_dynamic, vm.template_dynamic, vm.dynamically_scalable,
                                    vm.offering_cpu_cap, vm.offering_cpu_mhz)
-                L.set_vm(conn, vm.id, **self._started_fields(size, placement, delta, facts))
+                fields = self._started_fields(size, placement, delta, facts)
+                if vm.zone_id is None:          # placed before zones mattered: it joins its host's zone
+                    fields["zone_id"] = self._hosts[placement[0].host].zone_id
+                L.set_vm(conn, vm.id, **fields)
                 claimed = self._claim(conn, vm.id, name, p.id, size, placement)
             return self._launch(name, claimed)
 
+    def _new_scope(self, zone: str | None, cluster: str | None) -> tuple[Scope, int | None, int | None]:
+        """A new VM's zone and cluster (scope.vm_scope), with their ids."""
+        with self.db.read() as s:
+            rows = s.execute(select(Zone.id, Zone.name, Cluster.id, Cluster.name)
+                             .outerjoin(Cluster, Cluster.zone_id == Zone.id)).all()
+        zones: dict[str, list[str]] = {}
+        ids: dict[tuple[str, str], int] = {}
+        for zone_id, zone_name, cluster_id, cluster_name in rows:
+            zones.setdefault(zone_name, [])
+            ids["zone", zone_name] = zone_id
+            if cluster_name is not None:
+                zones[zone_name].append(cluster_name)
+                ids["cluster", cluster_name] = cluster_id
+        scope = vm_scope(zones, zone, cluster)
+        return scope, ids.get(("zone", scope.zone)), ids.get(("cluster", scope.cluster))
+
     def _admit(self, conn: Connection, p: Row, size: Size, base: Usage,
-               start: bool) -> tuple[tuple[Placement, int] | None, Usage]:
+               start: bool, scope: Scope = Scope(None, None)) -> tuple[tuple[Placement, int] | None, Usage]:
         """Quota and placement for `base` (+ a start): returns the locked host and the ledger delta.
         Quota is checked before placement (without overhead) so that a quota refusal is reported as
         one even when no host has room; the exact check follows once the host (and its cluster's
@@ -306,7 +343,7 @@ class Orchestrator:
         t0 = time.perf_counter()
         try:
             check_admission(p.name, quota, ledger, base + running_charge(size, 0, False))
-            placement = self._place(conn, size)
+            placement = self._place(conn, size, scope)
             delta = base + running_charge(size, placement[0].overhead_mib, p.count_overhead)
             check_admission(p.name, quota, ledger, delta)
         except VmplaneError as exc:
@@ -331,16 +368,19 @@ class Orchestrator:
                       meta.memory_mib)
         share = cap_share(facts.cpu_speed_mhz, meta.cpu_mhz) if facts.cpu_cap else None
         return dict(state=VmState.starting.value, host_id=host_id, overhead_mib=chosen.overhead_mib,
+                    boot_memory_mib=size.memory_mib,
                     charged_vcpus=delta.vcpus, charged_memory_mib=delta.memory_mib, max_vcpus=top.vcpus,
                     max_memory_mib=top.memory_mib, cpu_cap_percent=share * 100 if share else None,
                     prepared=flags.prepared)
 
-    def _place(self, conn: Connection, size: Size) -> tuple[Placement, int]:
-        """Pick a host from the index and take the capacity on its row (compare-and-add); if the store
-        shows the index was behind (another process claimed), learn the store's numbers and pick again
-        (so a final refusal carries the host's real numbers). Returns the placement and the host's id."""
+    def _place(self, conn: Connection, size: Size, scope: Scope) -> tuple[Placement, int]:
+        """Pick a host within the VM's zone (and cluster) from the index and take the capacity on its row
+        (compare-and-add); if the store shows the index was behind (another process claimed), learn the
+        store's numbers and pick again (so a final refusal carries the host's real numbers). Returns the
+        placement and the host's id."""
+        request = PlacementRequest(size, zone=scope.zone, cluster=scope.cluster)
         for _ in range(PLACEMENT_RETRIES):
-            placement = choose(self.index, PlacementRequest(size))
+            placement = choose(self.index, request)
             host_id = self._hosts[placement.host].id
             cap_vcpus, cap_memory = self.index.capacity_of(placement.host)
             if L.take_on_host(conn, host_id, size.vcpus, placement.memory_mib, cap_vcpus, cap_memory):
@@ -633,6 +673,74 @@ class Orchestrator:
             if state:
                 stmt = stmt.where(Operation.state == state)
             return list(s.scalars(stmt))
+
+    def find_operation(self, prefix: str, project_id: int | None = None) -> Operation:
+        """By its id or a unique prefix of it (4+ characters); `project_id` limits the search to one
+        project's operations (a member's)."""
+        with self.db.read() as s:
+            scope = [] if project_id is None else [Operation.project_id == project_id]
+            return s.get(Operation, by_prefix(s, Operation.id, prefix, "operation", scope))
+
+    def operation_page(self, page: Page, state: str | None = None, kind: str | None = None, vm: str | None = None,
+                       host: str | None = None, project_id: int | None = None) -> tuple[list[Operation], int]:
+        """Operations filtered, sorted and paged in SQL (newest first by default), and their total."""
+        conds = [Operation.state == state] if state else []
+        if kind:
+            conds.append(Operation.kind == kind)
+        if vm:
+            conds += [Operation.target == vm, Operation.kind != "drain"]
+        if host:
+            conds += [Operation.target == host, Operation.kind == "drain"]
+        if project_id is not None:
+            conds.append(Operation.project_id == project_id)
+        fields = {"created_at": Operation.created_at, "updated_at": Operation.updated_at, "kind": Operation.kind,
+                  "state": Operation.state, "progress": Operation.progress}
+        with self.db.read() as s:
+            return run_page(s, select(Operation), Operation.id, conds,
+                            order_by(page.sort, fields, "-created_at", Operation.id), page)
+
+    def host_page(self, page: Page, cluster: str | None = None, zone: str | None = None,
+                  state: str | None = None) -> tuple[list[Host], int]:
+        conds = [Host.state == state] if state else []
+        if cluster:
+            conds.append(Host.cluster_id.in_(select(Cluster.id).where(Cluster.name == cluster)))
+        if zone:
+            conds.append(Host.cluster_id.in_(select(Cluster.id).join(Zone, Zone.id == Cluster.zone_id)
+                                             .where(Zone.name == zone)))
+        cluster_name = select(Cluster.name).where(Cluster.id == Host.cluster_id).scalar_subquery()
+        zone_name = (select(Zone.name).join(Cluster, Cluster.zone_id == Zone.id)
+                     .where(Cluster.id == Host.cluster_id).scalar_subquery())
+        fields = {"name": Host.name, "cluster": cluster_name, "zone": zone_name, "state": Host.state,
+                  "cores": Host.cores, "memory_mib": Host.memory_mib, "used_vcpus": Host.used_vcpus,
+                  "used_memory_mib": Host.used_memory_mib}
+        with self.db.read() as s:
+            return run_page(s, select(Host), Host.id, conds, order_by(page.sort, fields, "name", Host.id), page)
+
+    def vm_page(self, page: Page, project: str | None = None, state: str | None = None, host: str | None = None,
+                zone: str | None = None, name: str | None = None,
+                project_id: int | None = None) -> tuple[list[Vm], int]:
+        """VMs filtered, sorted and paged in SQL, and their total. A filter naming an object that does not
+        exist matches nothing (an empty page, not a 404); `project_id` scopes a member to its project."""
+        conds = [Vm.state == state] if state else []
+        if project:
+            conds.append(Vm.project_id.in_(select(Project.id).where(Project.name == project)))
+        if project_id is not None:
+            conds.append(Vm.project_id == project_id)
+        if host:
+            conds.append(Vm.host_id.in_(select(Host.id).where(Host.name == host)))
+        if zone:
+            zone_id = select(Zone.id).where(Zone.name == zone)
+            hosts_in_zone = (select(Host.id).join(Cluster, Cluster.id == Host.cluster_id)
+                             .where(Cluster.zone_id.in_(zone_id)))
+            conds.append(Vm.zone_id.in_(zone_id) | (Vm.zone_id.is_(None) & Vm.host_id.in_(hosts_in_zone)))
+        if name:
+            conds.append(Vm.name.startswith(name, autoescape=True))
+        fields = {"name": Vm.name, "state": Vm.state, "vcpus": Vm.vcpus, "memory_mib": Vm.memory_mib,
+                  "created_at": Vm.created_at,
+                  "project": select(Project.name).where(Project.id == Vm.project_id).scalar_subquery(),
+                  "host": select(Host.name).where(Host.id == Vm.host_id).scalar_subquery()}
+        with self.db.read() as s:
+            return run_page(s, select(Vm), Vm.id, conds, order_by(page.sort, fields, "name", Vm.id), page)
 
     # -- reads ---------------------------------------------------------------------------------
     def vm(self, name: str) -> Vm:

@@ -1,20 +1,52 @@
-"""CLI output: a Rich table for people, JSON for scripts (`--output json`)."""
+"""CLI output: a Rich table for people, JSON for scripts (`--output json`).
+
+Tables fit the terminal (80 columns when piped): each list shows the few columns that matter
+(`--wide` shows every field), columns that people copy (ids, names, keys) are never cut or folded,
+and the other columns wrap instead.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, Union
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
 err_console = Console(stderr=True)
 
+# Columns whose values people copy into the next command: shown whole, on one line.
+KEY_COLUMNS = frozenset({"id", "name", "key", "vm", "host", "source", "target", "migration", "operation",
+                         "project", "cluster", "zone", "token"})
+SHORT = 12    # a column no wider than this is never wrapped either (states, counts, sizes)
+
+
+@dataclass(frozen=True)
+class Col:
+    """A table column: a header and how to get its value from a row (a field name or a function)."""
+
+    header: str
+    value: Union[str, Callable[[dict], Any], None] = None
+
+    def of(self, row: dict) -> Any:
+        if callable(self.value):
+            return self.value(row)
+        return row.get(self.value or self.header)
+
+
+Columns = Sequence[Union[str, Col]]
+
 
 def _cell(value) -> str:
     if value is None:
         return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, dict):
         return ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
     if isinstance(value, list):
@@ -22,7 +54,12 @@ def _cell(value) -> str:
     return str(value)
 
 
-def render(data, output: str, columns: list[str] | None = None, title: str | None = None) -> None:
+def _as_col(c: Union[str, Col]) -> Col:
+    return c if isinstance(c, Col) else Col(c)
+
+
+def render(data, output: str, columns: Columns | None = None, title: str | None = None, wide: bool = False,
+           caption: str | None = None) -> None:
     if output == "json":
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
         return
@@ -32,24 +69,39 @@ def render(data, output: str, columns: list[str] | None = None, title: str | Non
         return
     if isinstance(data, dict) and columns is None:
         table = Table(title=title, show_header=False)
-        table.add_column("field", style="bold")
-        table.add_column("value")
+        table.add_column("field", style="bold", no_wrap=True)
+        table.add_column("value", overflow="fold")
         for key, value in data.items():
             table.add_row(key, _cell(value))
         console.print(table)
         return
-    columns = columns or list(rows[0].keys())
-    table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*(_cell(row.get(col)) for col in columns))
+    cols = [Col(k) for k in rows[0]] if wide or not columns else [_as_col(c) for c in columns]
+    cells = [[_cell(c.of(row)) for c in cols] for row in rows]
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, c in enumerate(cols):
+        width = max(len(c.header), *(len(r[i]) for r in cells))
+        if wide or c.header in KEY_COLUMNS or width <= SHORT:
+            table.add_column(c.header, no_wrap=True, min_width=width)
+        else:
+            table.add_column(c.header, overflow="fold")
+    for r in cells:
+        table.add_row(*r)
+    if wide:     # every field, on one line each, however wide the terminal (pipe it to `less -S`)
+        need = sum(max(len(c.header), *(len(r[i]) for r in cells)) + 2 for i, c in enumerate(cols))
+        Console(width=max(need, console.width)).print(table)
+        return
     console.print(table)
+
+
+def note(text: str) -> None:
+    """A line for people after a table (stderr, so that stdout stays the table or the JSON)."""
+    err_console.print(text, soft_wrap=True, highlight=False)
 
 
 def error(body: dict, output: str) -> None:
     if output == "json":
         sys.stdout.write(json.dumps({k: v for k, v in body.items() if v is not None}) + "\n")
         return
-    field = f" [dim](field: {body['field']})[/dim]" if body.get("field") else ""
-    err_console.print(f"[red]error[/red] {body.get('error')}: {body.get('message')}{field}", highlight=False)
+    field = f" [dim](field: {escape(str(body['field']))})[/dim]" if body.get("field") else ""
+    err_console.print(f"[red]error[/red] {escape(str(body.get('error')))}: {escape(str(body.get('message')))}{field}",
+                      highlight=False, soft_wrap=True)

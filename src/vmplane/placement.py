@@ -37,13 +37,15 @@ class CapacityIndex:
         self.pack = np.zeros(n, dtype=bool)
         self.cluster_code = np.zeros(n, dtype=np.int64)
         self._cluster_codes: dict[str, int] = {}
+        self.zone_code = np.zeros(n, dtype=np.int64)
+        self._zone_codes: dict[str, int] = {}
         for host in hosts:
             self.upsert(host)
 
     # -- maintenance -------------------------------------------------------------------------
     def _grow(self) -> None:
         for attr in ("enabled", "present", "vcpus_capacity", "memory_capacity", "used_vcpus", "used_memory",
-                     "overhead_ratio", "pack", "cluster_code"):
+                     "overhead_ratio", "pack", "cluster_code", "zone_code"):
             old = getattr(self, attr)
             new = np.zeros(len(old) * 2, dtype=old.dtype)
             new[: len(old)] = old
@@ -67,6 +69,7 @@ class CapacityIndex:
         self.overhead_ratio[row] = host.overhead_ratio
         self.pack[row] = host.strategy == "pack"
         self.cluster_code[row] = self._cluster_codes.setdefault(host.cluster, len(self._cluster_codes) + 1)
+        self.zone_code[row] = self._zone_codes.setdefault(host.zone, len(self._zone_codes) + 1)
 
     def remove(self, name: str) -> None:
         row = self._rows.pop(name)
@@ -108,6 +111,9 @@ class CapacityIndex:
     def cluster_code_of(self, cluster: str) -> int:
         return self._cluster_codes.get(cluster, -1)
 
+    def zone_code_of(self, zone: str) -> int:
+        return self._zone_codes.get(zone, -1)
+
     @property
     def size(self) -> int:
         return len(self._hosts)
@@ -148,6 +154,16 @@ def _state_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarr
 
 def _state_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
     return f"state is {ix._hosts[row].state.value}, not enabled"
+
+
+def _zone_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
+    if req.zone is None:
+        return None
+    return ix.zone_code[: ix.size] == ix.zone_code_of(req.zone)
+
+
+def _zone_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
+    return f"in zone {ix._hosts[row].zone}, not {req.zone}"
 
 
 def _cluster_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
@@ -197,6 +213,7 @@ def _memory_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand
 
 FILTERS: tuple[Filter, ...] = (
     Filter("state", _state_mask, _state_reason),
+    Filter("zone", _zone_mask, _zone_reason),
     Filter("cluster", _cluster_mask, _cluster_reason),
     Filter("exclude", _exclude_mask, _exclude_reason),
     Filter("cpu", _cpu_mask, _cpu_reason),

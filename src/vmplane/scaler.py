@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import failpoints
+from . import settings as settings_rules
 from .catalog import offering_data
 from .errors import Conflict, InsufficientCapacity, Interrupted, VmplaneError
 from .model import OperationState, PlacementRequest, Size, Usage, VmState
@@ -66,16 +67,35 @@ class Scaler:
     def __init__(self, orch: "Orchestrator"):
         self.o = orch
 
+    def _where(self, key: str, vm) -> str:
+        """The scope a setting's value was read for, for refusals: `in zone z2 (host s1)`, and where the
+        value comes from when it is not set there (`...; inherited from global`, `...; the default`)."""
+        meta = self.o._hosts[vm.host_name]
+        scope = settings_rules.setting_key(key).narrowest_scope
+        name = meta.zone if scope == "zone" else meta.cluster
+        where = f"in {scope} {name} (host {vm.host_name}" if scope != "global" else f"(host {vm.host_name}"
+        try:
+            source = self.o.catalog.get_setting(key, scope, name if scope != "global" else None).get("source")
+        except VmplaneError:
+            source = None
+        if source == "default":
+            return where + "; the default)"
+        if source and source != f"{scope} {name}":
+            return where + f"; inherited from {source})"
+        return where + ")"
+
     def _facts(self, vm, offering, current_offering) -> ScaleFacts:
         meta = self.o._hosts[vm.host_name] if vm.host_name else None
         zone_on = bool(self.o.catalog.effective("enable.dynamic.scale.vm", meta.zone if meta else None,
                                                 meta.cluster if meta else None))
+        where = self._where("enable.dynamic.scale.vm", vm) if meta and not zone_on else ""
         return ScaleFacts(vm.name, vm.state, Size(vm.vcpus, vm.memory_mib),
                           Size(vm.max_vcpus or vm.vcpus, vm.max_memory_mib or vm.memory_mib), bool(vm.prepared),
                           # the offering it started with decided preparation; the new one must allow scaling too
                           ScalingFlags(zone_on, offering.dynamic_scaling and current_offering.dynamic_scaling,
                                        vm.template_dynamic, vm.dynamically_scalable),
-                          (vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None)
+                          (vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None,
+                          boot_memory_mib=vm.boot_memory_mib, setting_scope=where)
 
     def _target(self, vm, offering, vcpus, memory_mib) -> Size:
         if offering.kind == "fixed":
@@ -142,13 +162,15 @@ class Scaler:
             else:
                 fits = self._take_growth(conn, vm.host_name, vm.id, grow_vcpus, grow_memory)
             if not fits:
-                if not self.o.catalog.effective("auto.migrate.vm.on.live.scale.insufficient.capacity",
-                                                meta.zone, meta.cluster):
+                key = "auto.migrate.vm.on.live.scale.insufficient.capacity"
+                if not self.o.catalog.effective(key, meta.zone, meta.cluster):
                     raise InsufficientCapacity(
                         f"host {vm.host_name} has no room to grow vm {vm.name} by {grow_vcpus} vCPU(s) / {grow_memory} "
-                        f"MiB and auto.migrate.vm.on.live.scale.insufficient.capacity is false", field="host")
+                        f"MiB and {key} is false {self._where(key, vm)}", field="host")
+                # the move stays within the host's cluster (as a migration without --to does)
                 request = PlacementRequest(plan.target, exclude_hosts=frozenset({vm.host_name}),
-                                           exclude_reason="the VM's own host has no room for the new size")
+                                           exclude_reason="the VM's own host has no room for the new size",
+                                           zone=vm.zone_name or meta.zone, cluster=meta.cluster)
                 migrate_to = choose(self.o.index, request).host
                 path = "migrate-then-scale"
         if not dry_run and (increase.vcpus or increase.memory_mib):

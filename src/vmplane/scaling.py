@@ -18,15 +18,15 @@ class ScalingFlags:
 
     zone_setting: bool          # enable.dynamic.scale.vm (zone scope)
     offering: bool              # offering.dynamic_scaling
-    template: bool              # template.dynamically_scalable
+    template: bool              # template.dynamic_scaling
     vm: bool                    # vm.dynamically_scalable
 
     def first_off(self) -> str | None:
         """The name of the first switch that is off, as an operator would look it up; None if all are on."""
         for name, value in (("setting enable.dynamic.scale.vm", self.zone_setting),
                             ("offering dynamic_scaling", self.offering),
-                            ("template dynamically_scalable", self.template),
-                            ("vm dynamically_scalable", self.vm)):
+                            ("template dynamic_scaling", self.template),
+                            ("vm dynamic_scaling", self.vm)):
             if not value:
                 return name
         return None
@@ -86,6 +86,8 @@ class ScaleFacts:
     prepared: bool                       # it was started with a ceiling (all four switches on then)
     flags: ScalingFlags                  # the switches now
     cap_share: float | None              # the CPU cap now (fraction of a host CPU per vCPU), None = uncapped
+    boot_memory_mib: int | None = None   # what it booted with: memory below it can not be released live
+    setting_scope: str = ""              # where its zone setting was read, e.g. "in zone z2 (host s1)"
 
 
 @dataclass(frozen=True)
@@ -121,12 +123,13 @@ def plan_scale(vm: ScaleFacts, target: Size, cap_share: float | None, cap_change
         raise Conflict(f"vm {vm.name} is {vm.state}; live scaling needs a running VM", field="state")
     plan = ScalePlan(vm.current, target, cap_share, cap_changes)
     if not plan.size_changes and not cap_changes:
-        raise Invalid(f"vm {vm.name} already has {target.vcpus} vCPU(s) / {target.memory_mib} MiB and that CPU cap; "
-                      f"nothing to change", field="vcpus")
+        raise Conflict(f"vm {vm.name} already has {target.vcpus} vCPU(s) / {target.memory_mib} MiB and that CPU cap; "
+                       f"nothing to change", field=None)
     if plan.size_changes:
         off = vm.flags.first_off()
         if off:
-            raise Conflict(f"vm {vm.name} can not be live-scaled: {off} is false", field="dynamic_scaling")
+            where = f" {vm.setting_scope}" if off.startswith("setting") and vm.setting_scope else ""
+            raise Conflict(f"vm {vm.name} can not be live-scaled: {off} is false{where}", field="dynamic_scaling")
         if not vm.prepared:
             raise Conflict(f"vm {vm.name} was not prepared for live scaling when it started (a switch was off "
                            f"then); restart it to prepare it", field="dynamic_scaling")
@@ -135,6 +138,9 @@ def plan_scale(vm: ScaleFacts, target: Size, cap_share: float | None, cap_change
             if asked > top:
                 raise Conflict(f"{field}={asked} is above vm {vm.name}'s ceiling of {top} prepared at start; "
                                f"a restart is needed to go beyond it", field=field)
+        if vm.boot_memory_mib is not None and target.memory_mib < vm.boot_memory_mib:
+            raise Conflict(f"memory {target.memory_mib} MiB is below the {vm.boot_memory_mib} MiB vm {vm.name} booted "
+                           f"with; it can not be released live (stop the VM to resize it)", field="memory_mib")
         if plan.memory_delta_mib % MEMORY_STEP_MIB:
             raise Invalid(f"live memory changes go in steps of {MEMORY_STEP_MIB} MiB (the guest's memory block); "
                           f"{vm.current.memory_mib} -> {target.memory_mib} MiB is not one", field="memory_mib")

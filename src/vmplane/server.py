@@ -67,7 +67,7 @@ def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str) -> list[s
     if UP_CLUSTER not in {c.name for c in cat.clusters()}:
         cat.create_cluster(UP_CLUSTER, UP_ZONE)
     if guest.IMAGE_NAME not in {t.name for t in cat.templates()}:
-        cat.create_template(guest.IMAGE_NAME, guest.IMAGE_NAME, dynamically_scalable=True)
+        cat.create_template(guest.IMAGE_NAME, guest.IMAGE_NAME, dynamic_scaling=True)
     prefix = "lv" if driver == "libvirt" else "sim"
     names = []
     for i in range(1, hosts + 1):

@@ -6,95 +6,142 @@ names the narrowest scope it may be set at; it can always be set at a wider one.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
-from typing import Callable
 
 from .errors import Invalid, NotFound
+from .model import STORE_INT_MAX
 
 SCOPES = ("global", "zone", "cluster")
 
-
-def _bool(text: str) -> bool:
-    lowered = str(text).strip().lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"{text!r} is not a boolean (true/false)")
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(f"{text!r} must be greater than 0")
-    return value
-
-
-def _int(text: str) -> int:
-    return int(str(text).strip())
-
-
-def _non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise ValueError(f"{text!r} must be 0 or more")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = _int(text)
-    if value <= 0:
-        raise ValueError(f"{text!r} must be greater than 0")
-    return value
-
-
-def _strategy(text: str) -> str:
-    if text not in ("spread", "pack"):
-        raise ValueError(f"{text!r} is not a placement strategy (spread or pack)")
-    return text
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
 
 
 @dataclass(frozen=True)
 class SettingKey:
+    """A key, its type (bool, int, float or choice) and, for numbers, its documented range.
+
+    `low_open` makes the lower bound exclusive (factors must be greater than 0)."""
+
     key: str
-    parse: Callable[[str], object]
+    kind: str
     default: object
     narrowest_scope: str
     description: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    choices: tuple[str, ...] = ()
 
     def allows(self, scope: str) -> bool:
         return SCOPES.index(scope) <= SCOPES.index(self.narrowest_scope)
 
+    @property
+    def range(self) -> str:
+        """The accepted values, as the README and error messages show them."""
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "choice":
+            return " or ".join(self.choices)
+        if self.kind == "int":
+            return f"{int(self.low)}..{int(self.high)}"    # type: ignore[arg-type]
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+    def parse(self, raw: object) -> object:
+        """The typed value of `raw` (a stored string, or a JSON string, number or boolean);
+        ValueError with a message people can act on when it is not a value of this key."""
+        if self.kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            lowered = str(raw).strip().lower() if isinstance(raw, str) else None
+            if lowered in _TRUE or lowered in _FALSE:
+                return lowered in _TRUE
+            raise ValueError(f"must be true or false, got {raw!r}")
+        if self.kind == "choice":
+            if isinstance(raw, str) and raw.strip() in self.choices:
+                return raw.strip()
+            raise ValueError(f"must be {self.range}, got {raw!r}")
+        value = self._number(raw)
+        if value != value or value in (math.inf, -math.inf):
+            raise ValueError(f"must be a finite number, got {raw!r}")
+        below = value <= self.low if self.low_open else value < self.low      # type: ignore[operator]
+        if below or value > self.high:                                          # type: ignore[operator]
+            raise ValueError(f"must be in {self.range}, got {raw!r}")
+        return value
+
+    def _number(self, raw: object) -> int | float:
+        if isinstance(raw, bool):
+            raise ValueError(f"must be {'an integer' if self.kind == 'int' else 'a number'}, got {raw!r}")
+        if self.kind == "int":
+            if isinstance(raw, int):
+                return raw
+            if isinstance(raw, float) and raw.is_integer():
+                return int(raw)
+            if isinstance(raw, str) and _INT.match(raw.strip()):
+                return int(raw.strip())
+            raise ValueError(f"must be an integer, got {raw!r}")
+        if isinstance(raw, (int, float)):
+            return float(raw)
+        if isinstance(raw, str) and _FLOAT.match(raw.strip()):
+            return float(raw.strip())
+        if isinstance(raw, str) and raw.strip().lower().lstrip("+-") in ("inf", "infinity", "nan"):
+            raise ValueError(f"must be a finite number, got {raw!r}")
+        raise ValueError(f"must be a number, got {raw!r}")
+
+    def text(self, value: object) -> str:
+        """How a typed value is stored."""
+        return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+_INT = re.compile(r"^[+-]?[0-9]{1,30}$")
+_FLOAT = re.compile(r"^[+-]?([0-9]{1,20}(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?$")
+
+
+def _bool(key, default, scope, text):
+    return SettingKey(key, "bool", default, scope, text)
+
+
+def _int(key, default, scope, text, low, high):
+    return SettingKey(key, "int", default, scope, text, low, high)
+
+
+def _float(key, default, scope, text, low, high, low_open=False):
+    return SettingKey(key, "float", default, scope, text, low, high, low_open)
+
 
 KEYS: dict[str, SettingKey] = {k.key: k for k in [
-    SettingKey("enable.dynamic.scale.vm", _bool, False, "zone",
-               "Prepare VMs for live scaling at start (with offering, template and VM flags)."),
-    SettingKey("kvm.cpu.dynamic.scaling.capacity", _int, 0, "cluster",
-               "vCPU ceiling of a VM prepared for live scaling; <= 0 means the host's cores."),
-    SettingKey("kvm.memory.dynamic.scaling.capacity", _int, 0, "cluster",
-               "Memory ceiling (MiB) of a VM prepared for live scaling; <= 0 means the host's memory."),
-    SettingKey("auto.migrate.vm.on.live.scale.insufficient.capacity", _bool, True, "cluster",
-               "Live-migrate a VM to a host with room when its host cannot take a live scale."),
-    SettingKey("cpu.overprovisioning.factor", _positive_float, 1.0, "cluster",
-               "Multiplier of host cores for placement (1.0 = no CPU overcommit)."),
-    SettingKey("mem.overprovisioning.factor", _positive_float, 1.0, "cluster",
-               "Multiplier of host memory for placement (1.0 = no memory overcommit)."),
-    SettingKey("vmplane.overhead.ratio", _positive_float, 1.0, "cluster",
-               "Multiplier of the per-VM QEMU memory overhead model (Harvester uses 1.5)."),
-    SettingKey("vmplane.placement.strategy", _strategy, "spread", "cluster",
-               "spread = least allocated host first, pack = most allocated host first."),
-    SettingKey("vmplane.migration.max.per.cluster", _positive_int, 5, "cluster",
-               "Live migrations copying at once in a cluster; more wait in a queue."),
-    SettingKey("vmplane.migration.max.outbound.per.host", _positive_int, 2, "cluster",
-               "Live migrations leaving one host at once."),
-    SettingKey("vmplane.migration.max.inbound.per.host", _positive_int, 2, "cluster",
-               "Live migrations arriving on one host at once."),
-    SettingKey("vmplane.vm.shutdown.timeout", _non_negative_int, 30, "cluster",
-               "Seconds a stop waits for the guest to power off (ACPI) before forcing it off."),
-    SettingKey("vmplane.host.check.interval", _positive_float, 5.0, "global",
-               "Seconds between checks that each libvirt host answers (a host that does not is marked down)."),
-    SettingKey("vmplane.operation.history", _non_negative_int, 10000, "global",
-               "Finished operations kept for `operations list`."),
+    _bool("enable.dynamic.scale.vm", False, "zone",
+          "Prepare VMs for live scaling at start (with offering, template and VM flags)."),
+    _int("kvm.cpu.dynamic.scaling.capacity", 0, "cluster",
+         "vCPU ceiling of a VM prepared for live scaling; 0 or -1 means the host's cores.", -1, STORE_INT_MAX),
+    _int("kvm.memory.dynamic.scaling.capacity", 0, "cluster",
+         "Memory ceiling (MiB) of a VM prepared for live scaling; 0 or -1 means the host's memory.",
+         -1, STORE_INT_MAX),
+    _bool("auto.migrate.vm.on.live.scale.insufficient.capacity", True, "cluster",
+          "Live-migrate a VM to a host with room when its host cannot take a live scale."),
+    _float("cpu.overprovisioning.factor", 1.0, "cluster",
+           "Multiplier of host cores for placement (1.0 = no CPU overcommit).", 0, 100, low_open=True),
+    _float("mem.overprovisioning.factor", 1.0, "cluster",
+           "Multiplier of host memory for placement (1.0 = no memory overcommit).", 0, 100, low_open=True),
+    _float("vmplane.overhead.ratio", 1.0, "cluster",
+           "Multiplier of the per-VM QEMU memory overhead model (Harvester uses 1.5).", 0.5, 10),
+    SettingKey("vmplane.placement.strategy", "choice", "spread", "cluster",
+               "spread = least allocated host first, pack = most allocated host first.", choices=("spread", "pack")),
+    _int("vmplane.migration.max.per.cluster", 5, "cluster",
+         "Live migrations copying at once in a cluster; more wait in a queue.", 1, 1000),
+    _int("vmplane.migration.max.outbound.per.host", 2, "cluster",
+         "Live migrations leaving one host at once.", 1, 1000),
+    _int("vmplane.migration.max.inbound.per.host", 2, "cluster",
+         "Live migrations arriving on one host at once.", 1, 1000),
+    _int("vmplane.vm.shutdown.timeout", 30, "cluster",
+         "Seconds a stop waits for the guest to power off (ACPI) before forcing it off.", 0, 86400),
+    _float("vmplane.host.check.interval", 5.0, "global",
+           "Seconds between checks that each libvirt host answers (a host that does not is marked down).",
+           0.1, 3600),
+    _int("vmplane.operation.history", 10000, "global",
+         "Finished operations kept for `operations list`.", 0, 10_000_000),
 ]}
 
 
@@ -105,7 +152,7 @@ def setting_key(key: str) -> SettingKey:
         raise NotFound(f"unknown setting {key!r}; known: {', '.join(sorted(KEYS))}", field="key") from None
 
 
-def parse_value(key: str, scope: str, raw: str) -> object:
+def parse_value(key: str, scope: str, raw: object) -> object:
     """Validate a value for a key at a scope; raises Invalid naming the field."""
     spec = setting_key(key)
     if scope not in SCOPES:
@@ -115,8 +162,17 @@ def parse_value(key: str, scope: str, raw: str) -> object:
                       f"scope, not {scope}", field="scope")
     try:
         return spec.parse(raw)
-    except (TypeError, ValueError) as exc:
-        raise Invalid(f"{key}: {exc}", field="value") from None
+    except ValueError as exc:
+        said = str(exc) if spec.range in str(exc) else f"{exc}; accepted: {spec.range}"
+        raise Invalid(f"{key} {said}", field="value") from None
+
+
+def typed(key: str, raw: str) -> object:
+    """A stored value as its type; a value stored before it was checked (and now refused) stays text."""
+    try:
+        return KEYS[key].parse(raw)
+    except (KeyError, ValueError):
+        return raw
 
 
 def resolve(key: str, values: dict[tuple[str, str | None], str], zone: str | None = None,
@@ -132,5 +188,8 @@ def resolve(key: str, values: dict[tuple[str, str | None], str], zone: str | Non
             continue
         raw = values.get((scope, name))
         if raw is not None:
-            return spec.parse(raw)
+            try:
+                return spec.parse(raw)
+            except ValueError:      # stored before values were checked: as if it were not set
+                continue
     return spec.default

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 
-_UNITS_MIB = {"": 1, "m": 1, "mi": 1, "mib": 1, "g": 1024, "gi": 1024, "gib": 1024, "t": 1024 * 1024,
-              "ti": 1024 * 1024, "tib": 1024 * 1024}
+_UNITS_MIB = {"": 1, "mi": 1, "mib": 1, "gi": 1024, "gib": 1024, "ti": 1024 * 1024, "tib": 1024 * 1024}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -15,6 +14,7 @@ def parse_mib(text: str | int) -> int:
     Decimal units (MB, GB) are refused rather than guessed: 16GB is not 16GiB and an operator
     should not find that out from a VM's MemTotal.
     """
+    m = None
     if isinstance(text, int):
         value, unit = float(text), ""
     else:
@@ -23,6 +23,9 @@ def parse_mib(text: str | int) -> int:
             raise ValueError(f"{text!r} is not a size; use e.g. 512MiB, 16GiB or a plain number of MiB")
         value, unit = float(m.group(1)), m.group(2).lower()
     if unit not in _UNITS_MIB:
+        if unit in ("m", "g", "t", "mb", "gb", "tb"):     # decimal or ambiguous: 16G is 10^9 to Kubernetes
+            raise ValueError(f"{text!r}: {m.group(2) if m else unit} is ambiguous (decimal or binary?); "
+                             f"use MiB, GiB or TiB")
         raise ValueError(f"{text!r}: unknown unit {unit!r}; use MiB, GiB or TiB (binary units)")
     mib = value * _UNITS_MIB[unit]
     if mib != int(mib):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -11,14 +11,21 @@ from ..errors import VmplaneError
 from ..orchestrator import Orchestrator
 from .deps import Caller
 from .errors import install_error_handlers
-from .routers import hosts, offerings, operations, projects, settings, vms, zones
+from .paging import known_query_params
+from .routers import hosts, offerings, operations, projects, settings, tokens, vms, zones
 from .schemas import ErrorBody
 
-ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 409, 422)}
+ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 409, 422, 500)}
+PLAIN_ERRORS = {code: {"model": ErrorBody} for code in (422, 500)}       # /healthz, /metrics: no token
+ERROR_CODES = ("Every error is `{\"error\", \"message\", \"field\"}` (`field` null where none): 401 `unauthorized`, "
+               "403 `forbidden`, 404 `not_found` (also an unknown route), 405 `method_not_allowed`, 409 "
+               "`already_exists` / `conflict` / `quota_exceeded` / `insufficient_capacity`, 422 `invalid` (a body "
+               "field or a query parameter, unknown ones included), 500 `internal`. Lists take `limit`, `offset`, "
+               "`sort` and filters, and give their total in the `X-Total-Count` header.")
 
 
 def _unauthorized(message: str) -> JSONResponse:
-    return JSONResponse({"error": "unauthorized", "message": message}, status_code=401,
+    return JSONResponse({"error": "unauthorized", "message": message, "field": None}, status_code=401,
                         headers={"WWW-Authenticate": "Bearer"})
 
 
@@ -45,14 +52,16 @@ class BearerAuth:
 
 
 def create_app(orch: Orchestrator) -> FastAPI:
-    app = FastAPI(title="vmplane", version=__version__, responses=ERRORS,
-                  description="Control plane for KVM clusters: migration-neutral quotas, live scaling.")
+    app = FastAPI(title="vmplane", version=__version__, responses=PLAIN_ERRORS,
+                  dependencies=[Depends(known_query_params)],
+                  description="Control plane for KVM clusters: migration-neutral quotas, live scaling.\n\n"
+                              + ERROR_CODES)
     app.state.orchestrator = orch
     install_error_handlers(app)
 
     app.add_middleware(BearerAuth, catalog=orch.catalog)
-    api = APIRouter(prefix="/api/v1")
-    for module in (zones, hosts, projects, offerings, settings, vms, operations):
+    api = APIRouter(prefix="/api/v1", responses=ERRORS)
+    for module in (zones, hosts, projects, offerings, settings, vms, operations, tokens):
         api.include_router(module.router)
     app.include_router(api)
 
@@ -60,7 +69,7 @@ def create_app(orch: Orchestrator) -> FastAPI:
     def healthz() -> dict:
         return {"status": "ok", "version": __version__, "hosts": len(orch.index)}
 
-    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
+    @app.get("/metrics", tags=["health"], responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 

@@ -49,14 +49,22 @@ def install_error_handlers(app: FastAPI) -> None:
                              "field": "name"}, status_code=409)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException):
+    async def http_error(request: Request, exc: StarletteHTTPException):
         code = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                 405: "method_not_allowed"}.get(exc.status_code, "error")
-        return JSONResponse({"error": code, "message": str(exc.detail)}, status_code=exc.status_code,
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            path = request.url.path
+            hint = ("; give the API's base URL, without /api/v1" if path.startswith("/api/v1/api/v1")
+                    else "" if path.startswith("/api/v1/") else "; the API is under /api/v1 (see /docs)")
+            message = f"no such route: {path}{hint}"
+        elif exc.status_code == 405 and message == "Method Not Allowed":
+            message = f"{request.method} is not allowed on {request.url.path}"
+        return JSONResponse({"error": code, "message": message, "field": None}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception):
         log.exception("unhandled error")
-        return JSONResponse({"error": "internal", "message": f"internal error: {type(exc).__name__}"},
-                            status_code=500)
+        return JSONResponse({"error": "internal", "message": f"internal error: {type(exc).__name__}",
+                             "field": None}, status_code=500)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, StrictBool, StrictInt
 
 from ..model import STORE_INT_MAX
 
@@ -13,6 +13,15 @@ Name = Annotated[str, Field(min_length=1, max_length=63, description="lowercase 
 INT_MAX = STORE_INT_MAX
 Positive = Annotated[StrictInt, Field(gt=0, le=INT_MAX)]
 NonNegative = Annotated[StrictInt, Field(ge=0, le=INT_MAX)]
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    """The store keeps naive UTC; every response says so (ISO 8601 with +00:00)."""
+    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
+UtcDatetime = Annotated[dt.datetime, AfterValidator(_utc),
+                        PlainSerializer(dt.datetime.isoformat, return_type=str, when_used="json")]
 
 
 class Request(BaseModel):
@@ -24,9 +33,11 @@ class Response(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    error: str
+    """Every error: a stable code, a message for people, and the field (or query parameter) at fault."""
+    error: str = Field(description="unauthorized, forbidden, not_found, method_not_allowed, already_exists, "
+                                   "conflict, quota_exceeded, insufficient_capacity, invalid, internal")
     message: str
-    field: str | None = None
+    field: str | None = Field(description="the field or query parameter at fault; null where none")
 
 
 # -- zones, clusters, hosts --------------------------------------------------------------------
@@ -83,7 +94,7 @@ class ProjectCreate(Request):
     memory_mib: NonNegative
     vms: NonNegative = 100
     count_overhead: StrictBool = False
-    max_concurrent_migrations: Positive | None = None
+    max_concurrent_migrations: NonNegative | None = Field(None, description="0 or null = unlimited")
 
 
 class QuotaUpdate(Request):
@@ -144,23 +155,26 @@ class OfferingOut(Response):
     cpu_speed_mhz: int
     cpu_cap: bool
     dynamic_scaling: bool
+    retired: bool = Field(description="takes no new VMs; VMs using it keep it")
 
 
 class TemplateCreate(Request):
     name: Name
     image: Annotated[str, Field(min_length=1, max_length=1024)]
-    dynamically_scalable: StrictBool = False
+    dynamic_scaling: StrictBool = False
 
 
 class TemplateOut(Response):
     name: str
     image: str
-    dynamically_scalable: bool
+    dynamic_scaling: bool
+    retired: bool = Field(description="takes no new VMs; VMs using it keep it")
 
 
 # -- settings ----------------------------------------------------------------------------------
 class SettingSet(Request):
-    value: Annotated[str, Field(max_length=256)] | StrictInt | float | StrictBool
+    value: Annotated[str, Field(max_length=256)] | StrictInt | float | StrictBool = Field(
+        description="a JSON number, boolean or string; checked against the key's type and range")
     scope: Literal["global", "zone", "cluster"] = "global"
     scope_name: Name | None = None
 
@@ -170,10 +184,12 @@ class SettingOut(BaseModel):
     value: object
     source: str
     default: object
+    range: str = Field(description="the values the key accepts, e.g. (0, 100] or 1..1000")
     scope: str
     scope_name: str | None
     narrowest_scope: str
     description: str
+    warnings: list[str] = Field([], description="after a change: hosts now allocated beyond their capacity")
 
 
 # -- VMs and operations ------------------------------------------------------------------------
@@ -184,8 +200,11 @@ class VmCreate(Request):
     template: Name
     vcpus: Positive | None = None
     memory_mib: Positive | None = None
-    dynamically_scalable: StrictBool = True
+    dynamic_scaling: StrictBool = True
     start: StrictBool = False
+    zone: Name | None = Field(None, description="the zone it runs in for life; may be left out when there is one zone "
+                                                "or a cluster is given")
+    cluster: Name | None = Field(None, description="pin it to one cluster of its zone; any cluster when left out")
 
 
 class VmOut(Response):
@@ -200,21 +219,26 @@ class VmOut(Response):
     max_vcpus: int | None
     max_memory_mib: int | None
     overhead_mib: int
-    dynamically_scalable: bool
-    created_at: dt.datetime
+    dynamic_scaling: bool
+    zone: str | None = Field(description="the zone it runs in")
+    cluster: str | None = Field(description="the cluster it is pinned to; null when any cluster of its zone will do")
+    boot_memory_mib: int | None = Field(description="memory it started with: live scaling never goes below it; "
+                                                    "null while it has not started")
+    created_at: UtcDatetime
 
 
 class OperationOut(Response):
     id: str
     kind: str
-    target: str
+    vm: str | None = Field(description="the VM it acts on (start, stop, scale, reconcile); null for a drain")
+    host: str | None = Field(description="the host it acts on (drain); null otherwise")
     state: str
     step: str
     progress: int
     message: str
     result: dict | None
-    created_at: dt.datetime
-    updated_at: dt.datetime
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
 
 
 class VmStop(Request):
@@ -243,18 +267,18 @@ class MigrateRequest(Request):
 
 class MigrationOut(BaseModel):
     id: str
-    vm_name: str
-    source: str
-    target: str
+    vm: str
+    source: str = Field(description="the host it leaves")
+    target: str = Field(description="the host it goes to")
     state: str
     reason: str
-    waiting_for: str
+    waiting_for: str | None = Field(description="the limit a queued migration waits for; null when none")
     progress: int
     params: dict | None
     stats: dict | None
-    created_at: dt.datetime
-    started_at: dt.datetime | None
-    finished_at: dt.datetime | None
+    created_at: UtcDatetime
+    started_at: UtcDatetime | None
+    finished_at: UtcDatetime | None
 
 
 class MigrationPlan(BaseModel):
@@ -290,6 +314,13 @@ class TokenCreate(Request):
     name: Name
     role: Literal["admin", "member"] = "member"
     project: Name | None = None
+
+
+class TokenInfo(BaseModel):
+    name: str
+    role: str
+    project: str | None
+    created_at: UtcDatetime
 
 
 class TokenOut(BaseModel):

@@ -23,13 +23,34 @@ def project_out(p: Project) -> schemas.ProjectOut:
         usage={"vcpus": p.used_vcpus, "memory_mib": p.used_memory_mib, "vms": p.used_vms})
 
 
+def _zone_of(vm: Vm) -> str | None:
+    """The VM's zone; one placed before zones mattered is in its host's until it next starts."""
+    if vm.zone is not None:
+        return vm.zone.name
+    return vm.host.cluster.zone.name if vm.host else None
+
+
 def vm_out(vm: Vm) -> schemas.VmOut:
     return schemas.VmOut(name=vm.name, project=vm.project.name, offering=vm.offering.name,
                          template=vm.template.name, state=vm.state, host=vm.host.name if vm.host else None,
                          vcpus=vm.vcpus, memory_mib=vm.memory_mib, max_vcpus=vm.max_vcpus,
                          max_memory_mib=vm.max_memory_mib, overhead_mib=vm.overhead_mib,
-                         dynamically_scalable=vm.dynamically_scalable, created_at=vm.created_at)
+                         dynamic_scaling=vm.dynamically_scalable, zone=_zone_of(vm),
+                         cluster=vm.cluster.name if vm.cluster else None, boot_memory_mib=vm.boot_memory_mib,
+                         created_at=vm.created_at)
 
 
 def operation_out(op: Operation | None) -> schemas.OperationOut | None:
-    return schemas.OperationOut.model_validate(op) if op is not None else None
+    """The store's `target` is the VM's name, or the host's for a drain: the API names which."""
+    if op is None:
+        return None
+    on_host = op.kind == "drain"
+    return schemas.OperationOut(id=op.id, kind=op.kind, vm=None if on_host else op.target,
+                                host=op.target if on_host else None, state=op.state, step=op.step,
+                                progress=op.progress, message=op.message, result=op.result,
+                                created_at=op.created_at, updated_at=op.updated_at)
+
+
+def migration_out(row: dict) -> schemas.MigrationOut:
+    """A migration row (migrator.get/list/migrate/cancel) in the API's vocabulary."""
+    return schemas.MigrationOut(**{**row, "vm": row["vm_name"], "waiting_for": row.get("waiting_for") or None})

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from ..client import Client
+from ..output import Col, note
 from .common import (
     Size,
     api_command,
@@ -19,7 +20,9 @@ from .common import (
 @api_command(groups["project"], "create")
 def project_create(name: str, vcpus: int = typer.Option(..., min=0), memory: Size = None,
                    vms: int = typer.Option(100, min=0), count_overhead: bool = typer.Option(False),
-                   max_concurrent_migrations: Optional[int] = typer.Option(None, min=1), *, client: Client):
+                   max_concurrent_migrations: Optional[int] = typer.Option(
+                       None, min=0, help="live migrations of its VMs at once; 0 or left out = unlimited"),
+                   *, client: Client):
     if memory is None:
         raise typer.BadParameter("is required", param_hint="--memory")
     return client.post("/projects", {"name": name, "vcpus": vcpus, "memory_mib": mib(memory), "vms": vms,
@@ -31,7 +34,8 @@ def project_create(name: str, vcpus: int = typer.Option(..., min=0), memory: Siz
 def project_quota(name: str, vcpus: Optional[int] = typer.Option(None, min=0), memory: Size = None,
                   vms: Optional[int] = typer.Option(None, min=0),
                   count_overhead: Optional[bool] = typer.Option(None, "--count-overhead/--no-count-overhead"),
-                  max_concurrent_migrations: Optional[int] = typer.Option(None, min=0), *, client: Client):
+                  max_concurrent_migrations: Optional[int] = typer.Option(
+                      None, min=0, help="live migrations of its VMs at once; 0 = unlimited"), *, client: Client):
     """Change a project's quota (lowering below usage is refused)."""
     body = {"vcpus": vcpus, "memory_mib": mib(memory), "vms": vms, "count_overhead": count_overhead,
             "max_concurrent_migrations": max_concurrent_migrations}
@@ -44,14 +48,47 @@ def project_usage(name: str, client: Client):
     return u
 
 
-@api_command(groups["project"], "list")
+def _used_of(resource: str):
+    return lambda p: f"{p['usage'][resource]}/{p['quota'][resource]}"
+
+
+PROJECT_COLUMNS = ["name", Col("vcpus", _used_of("vcpus")), Col("memory MiB", _used_of("memory_mib")),
+                   Col("vms", _used_of("vms")), Col("overhead", "count_overhead")]
+
+
+def _range(low: str, high: str, fixed: str):
+    return lambda o: o[fixed] if o[fixed] is not None else (
+        f"{o[low]}-{o[high]}" if o[low] is not None else "any")
+
+
+OFFERING_COLUMNS = ["name", "kind", Col("vcpus", _range("min_vcpus", "max_vcpus", "vcpus")),
+                    Col("memory MiB", _range("min_memory_mib", "max_memory_mib", "memory_mib")),
+                    Col("cap", "cpu_cap"), Col("scaling", "dynamic_scaling"), "retired"]
+
+
+def _values(setting: dict) -> str:
+    return "; ".join(f"{v['scope_name'] or v['scope']}={v['value']}" for v in setting["values"]) or "-"
+
+
+SETTING_COLUMNS = ["key", "default", Col("set", _values)]
+
+
+@api_command(groups["project"], "list", lists=True)
 def project_list(client: Client):
-    return client.get("/projects"), ["name", "quota", "usage", "count_overhead"], "projects"
+    """Projects with used/quota per resource."""
+    return client.get("/projects"), PROJECT_COLUMNS, "projects"
 
 
 @api_command(groups["project"], "show")
 def project_show(name: str, client: Client):
     return client.get(f"/projects/{name}")
+
+
+@api_command(groups["project"], "delete")
+def project_delete(name: str, client: Client):
+    """Delete a project; refused while it has VMs or tokens (they are named)."""
+    client.call("DELETE", f"/projects/{name}")
+    note(f"project {name} deleted")
 
 
 # -- offerings and templates -------------------------------------------------------------------
@@ -70,10 +107,10 @@ def offering_create(name: str, kind: str = typer.Option(..., help="fixed, custom
     return client.post("/offerings", {k: v for k, v in body.items() if v is not None})
 
 
-@api_command(groups["offering"], "list")
+@api_command(groups["offering"], "list", lists=True)
 def offering_list(client: Client):
-    return client.get("/offerings"), ["name", "kind", "vcpus", "memory_mib", "min_vcpus", "max_vcpus",
-                                      "min_memory_mib", "max_memory_mib", "cpu_cap", "dynamic_scaling"], "offerings"
+    """Offerings: fixed sizes or ranges, CPU cap, live scaling, retired."""
+    return client.get("/offerings"), OFFERING_COLUMNS, "offerings"
 
 
 @api_command(groups["offering"], "show")
@@ -81,20 +118,48 @@ def offering_show(name: str, client: Client):
     return client.get(f"/offerings/{name}")
 
 
+@api_command(groups["offering"], "retire")
+def offering_retire(name: str, client: Client):
+    """No new VMs from this offering; VMs using it keep it."""
+    return client.post(f"/offerings/{name}/retire")
+
+
+@api_command(groups["offering"], "delete")
+def offering_delete(name: str, client: Client):
+    """Delete an offering no VM uses (else retire it)."""
+    client.call("DELETE", f"/offerings/{name}")
+    note(f"offering {name} deleted")
+
+
 @api_command(groups["template"], "create")
-def template_create(name: str, image: str = typer.Option(...), dynamically_scalable: bool = typer.Option(False),
+def template_create(name: str, image: str = typer.Option(...),
+                    dynamic_scaling: bool = typer.Option(False, help="its guests can be scaled live"),
                     *, client: Client):
-    return client.post("/templates", {"name": name, "image": image, "dynamically_scalable": dynamically_scalable})
+    return client.post("/templates", {"name": name, "image": image, "dynamic_scaling": dynamic_scaling})
 
 
-@api_command(groups["template"], "list")
+@api_command(groups["template"], "list", lists=True)
 def template_list(client: Client):
-    return client.get("/templates"), ["name", "image", "dynamically_scalable"], "templates"
+    """Templates (guest images)."""
+    return client.get("/templates"), ["name", "image", Col("scaling", "dynamic_scaling"), "retired"], "templates"
 
 
 @api_command(groups["template"], "show")
 def template_show(name: str, client: Client):
     return client.get(f"/templates/{name}")
+
+
+@api_command(groups["template"], "retire")
+def template_retire(name: str, client: Client):
+    """No new VMs from this template; VMs using it keep it."""
+    return client.post(f"/templates/{name}/retire")
+
+
+@api_command(groups["template"], "delete")
+def template_delete(name: str, client: Client):
+    """Delete a template no VM uses (else retire it)."""
+    client.call("DELETE", f"/templates/{name}")
+    note(f"template {name} deleted")
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -104,11 +169,31 @@ def _scope(zone: Optional[str], cluster: Optional[str]) -> tuple[str, Optional[s
     return ("zone", zone) if zone else ("cluster", cluster) if cluster else ("global", None)
 
 
-@api_command(groups["setting"], "set")
-def setting_set(key: str, value: str, zone: Optional[str] = typer.Option(None),
-                cluster: Optional[str] = typer.Option(None), *, client: Client):
+def _warn(result: dict) -> dict:
+    for warning in result.get("warnings") or []:
+        note(f"[yellow]warning[/yellow] over capacity: {warning}")
+    return result
+
+
+# negative values (`setting set kvm.cpu.dynamic.scaling.capacity -1`) are values, not options
+@api_command(groups["setting"], "set", context_settings={"ignore_unknown_options": True})
+def setting_set(key: str, value: str = typer.Argument(..., help="checked against the key's range "
+                                                                "(`setting list`)"),
+                zone: Optional[str] = typer.Option(None), cluster: Optional[str] = typer.Option(None),
+                *, client: Client):
+    """Set a value at global, zone or cluster scope; prints the hosts a lower factor leaves over capacity."""
     scope, scope_name = _scope(zone, cluster)
-    return client.call("PUT", f"/settings/{key}", json={"value": value, "scope": scope, "scope_name": scope_name})
+    return _warn(client.call("PUT", f"/settings/{key}",
+                             json={"value": value, "scope": scope, "scope_name": scope_name}))
+
+
+@api_command(groups["setting"], "unset")
+def setting_unset(key: str, zone: Optional[str] = typer.Option(None), cluster: Optional[str] = typer.Option(None),
+                  *, client: Client):
+    """Remove the value set at this scope: the key takes the inherited value again (shown)."""
+    scope, scope_name = _scope(zone, cluster)
+    return _warn(client.call("DELETE", f"/settings/{key}",
+                             params={"scope": scope, **({"scope_name": scope_name} if scope_name else {})}))
 
 
 @api_command(groups["setting"], "get")
@@ -118,13 +203,28 @@ def setting_get(key: str, zone: Optional[str] = typer.Option(None), cluster: Opt
     return client.get(f"/settings/{key}", scope=scope, scope_name=scope_name)
 
 
-@api_command(groups["setting"], "list")
+@api_command(groups["setting"], "list", lists=True)
 def setting_list(client: Client):
-    return client.get("/settings"), ["key", "default", "narrowest_scope", "values"], "settings"
+    """Every setting key, its default and where it is set (--wide: ranges, scopes and descriptions)."""
+    return client.get("/settings"), SETTING_COLUMNS, "settings"
 
 
 @api_command(groups["token"], "create")
 def token_create(name: str, role: str = typer.Option("member", help="admin or member"),
-                 project: Optional[str] = typer.Option(None), *, client: Client):
+                 project: Optional[str] = typer.Option(None, help="a member token's project (none for admin)"),
+                 *, client: Client):
     """Create an API token; its clear text is shown once."""
     return client.post("/tokens", {"name": name, "role": role, "project": project})
+
+
+@api_command(groups["token"], "list", lists=True)
+def token_list(client: Client):
+    """Tokens (never their secrets): all for an admin, its project's for a member."""
+    return client.get("/tokens"), ["name", "role", "project", "created_at"], "tokens"
+
+
+@api_command(groups["token"], "revoke")
+def token_revoke(name: str, client: Client):
+    """Revoke a token: every control-plane process refuses it at once."""
+    client.call("DELETE", f"/tokens/{name}")
+    note(f"token {name} revoked")

@@ -4,12 +4,14 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
-from typing import Annotated, Optional
+import re
+import time
+from typing import Annotated, NoReturn, Optional
 
 import typer
 
 from ..client import ApiError, Client
-from ..output import console, error, render
+from ..output import Col, err_console, error, note, render
 from ..units import parse_mib
 
 app = typer.Typer(help="vmplane: a control plane for KVM clusters.", no_args_is_help=True,
@@ -25,8 +27,21 @@ groups["host"].add_typer(maintenance_app, name="maintenance")
 for _name, _group in groups.items():
     app.add_typer(_group, name=_name)
 
-DEFAULT_API = "http://127.0.0.1:8470"
 
+def _version(show: bool) -> None:
+    if show:
+        from .. import __version__
+
+        typer.echo(f"vmplane {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="print the version and exit")) -> None:
+    """vmplane: a control plane for KVM clusters."""
+
+DEFAULT_API = "http://127.0.0.1:8470"
 
 
 class OutputFormat(str, enum.Enum):
@@ -35,6 +50,9 @@ class OutputFormat(str, enum.Enum):
 
 
 Output = typer.Option(OutputFormat.table, "--output", "-o", help="table or json")
+ApiOption = typer.Option(DEFAULT_API, envvar="VMPLANE_API", help="API base URL (VMPLANE_API)")
+TokenOption = typer.Option(None, envvar="VMPLANE_TOKEN", help="bearer token (VMPLANE_TOKEN)")
+Wide = typer.Option(False, "--wide", help="every field, not only the columns that fit 80 characters")
 
 
 def mib(value: Optional[str], option: str = "--memory") -> Optional[int]:
@@ -50,71 +68,142 @@ def mib(value: Optional[str], option: str = "--memory") -> Optional[int]:
 Size = Annotated[Optional[str], typer.Option(help="512MiB, 16GiB or plain MiB", metavar="SIZE")]
 
 
-def api_command(group: typer.Typer, name: str, **kwargs):
-    """Register a command that talks to the API: adds --output/--api/--token and maps API errors."""
+# API field names as the CLI's flags, for errors (`memory_mib is required` -> `--memory is required`)
+FLAGS = {"memory_mib": "--memory", "min_memory_mib": "--min-memory", "max_memory_mib": "--max-memory",
+         "cpu_cap": "--cpu-cap", "cpu_speed_mhz": "--cpu-speed", "dynamic_scaling": "--dynamic-scaling",
+         "dynamically_scalable": "--dynamic-scaling", "min_vcpus": "--min-vcpus", "max_vcpus": "--max-vcpus",
+         "max_concurrent_migrations": "--max-concurrent-migrations", "count_overhead": "--count-overhead",
+         "cpu_mhz": "--mhz", "dry_run": "--dry-run", "scope_name": "--zone/--cluster",
+         "bandwidth_mib_s": "--bandwidth", "max_downtime_ms": "--max-downtime", "timeout_s": "--timeout"}
+_FIELD_WORD = re.compile(r"\b(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")\b")
+
+
+def in_cli_words(body: dict) -> dict:
+    """An API error as the CLI says it: field names that are flags become the flags."""
+    out = dict(body)
+    if isinstance(out.get("message"), str):
+        out["message"] = _FIELD_WORD.sub(lambda m: FLAGS[m.group(1)], out["message"])
+    if out.get("field") in FLAGS:
+        out["field"] = FLAGS[out["field"]]
+    return out
+
+
+def fail(exc: ApiError, output: str) -> NoReturn:
+    error(in_cli_words(exc.body), output)
+    raise typer.Exit(1)
+
+
+def api_command(group: typer.Typer, name: str, lists: bool = False, **kwargs):
+    """Register a command that talks to the API: adds --output/--api/--token (and --wide for lists)
+    and maps API errors. The function returns the data, or (data, columns, title[, caption])."""
 
     def wrap(fn):
         sig = inspect.signature(fn)
         extra = [
             inspect.Parameter("output", inspect.Parameter.KEYWORD_ONLY, default=Output, annotation=OutputFormat),
-            inspect.Parameter("api", inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
-                DEFAULT_API, envvar="VMPLANE_API", help="API base URL")),
-            inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                              default=typer.Option(None, envvar="VMPLANE_TOKEN", help="bearer token")),
+            inspect.Parameter("api", inspect.Parameter.KEYWORD_ONLY, annotation=str, default=ApiOption),
+            inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=TokenOption),
         ]
-        params = [p for p in sig.parameters.values() if p.name != "client"] + extra
+        if lists:
+            extra.append(inspect.Parameter("wide", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=Wide))
+        wants_output = "output" in sig.parameters      # the command reads --output itself
+        params = [p for p in sig.parameters.values() if p.name not in ("client", "output")] + extra
 
         @functools.wraps(fn)
-        def run(*args, output: OutputFormat, api: str, token: Optional[str], **kw):
+        def run(*args, output: OutputFormat, api: str, token: Optional[str], wide: bool = False, **kw):
             output = OutputFormat(output).value
             client = Client(api, token)
+            if wants_output:
+                kw["output"] = output
             try:
                 result = fn(*args, client=client, **kw)
             except ApiError as exc:
-                error(exc.body, output)
-                raise typer.Exit(1)
+                fail(exc, output)
             if result is not None:
-                data, columns, title = result if isinstance(result, tuple) else (result, None, None)
-                render(data, output, columns, title)
+                data, columns, title, caption = (tuple(result) + (None,))[:4] if isinstance(result, tuple) else (
+                    result, None, None, None)
+                render(data, output, columns, title, wide=wide, caption=caption)
 
         run.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        # Typer reads annotations too: the command's own `output: str` must not override the option's type
+        run.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k not in ("client", "output")}
         return group.command(name, **kwargs)(run)
 
     return wrap
 
 
-HOST_COLUMNS = ["name", "cluster", "state", "driver", "cores", "used_vcpus", "vcpus_capacity", "memory_mib",
-                "used_memory_mib", "memory_capacity_mib"]
-VM_COLUMNS = ["name", "project", "state", "host", "vcpus", "memory_mib", "overhead_mib", "offering"]
-OP_COLUMNS = ["id", "kind", "target", "state", "step", "progress", "message"]
-MIGRATION_COLUMNS = ["vm_name", "source", "target", "state", "progress", "waiting_for", "reason"]
+HOST_COLUMNS = ["name", "cluster", "state", Col("vcpus", lambda r: f"{r['used_vcpus']}/{r['vcpus_capacity']}"),
+                Col("memory MiB", lambda r: f"{r['used_memory_mib']}/{r['memory_capacity_mib']}")]
+VM_COLUMNS = ["name", "project", "state", "host", "vcpus", Col("memory MiB", "memory_mib"), "offering"]
+# What fits 80 columns beside a whole 36-character id; `--wide` shows every field, `show` one object.
+OP_COLUMNS = ["id", "kind", Col("on", lambda r: r.get("vm") or r.get("host") or r.get("target")), "state",
+              Col("%", "progress")]
+MIGRATION_COLUMNS = ["id", "vm", "source", "target", "state", Col("%", "progress")]
+
+
+def migration_note(m: dict) -> str | None:
+    """What a migration waits for, or why it failed: printed under a migration table."""
+    if m.get("waiting_for"):
+        return f"{vm_of(m)}: waits for {m['waiting_for']}"
+    if m.get("state") in ("failed", "cancelled") and m.get("reason"):
+        return f"{vm_of(m)}: {m['state']}: {m['reason']}"
+    return None
 DONE = ("succeeded", "failed", "cancelled")
 
 
-def follow_migrations(client: Client, ids: list[str], output: str, timeout_s: float = 3600) -> list[dict]:
-    """Wait for migrations to end, with a Rich progress bar per VM (plain polling for --output json)."""
-    import time
+def vm_of(migration: dict) -> str:
+    return migration.get("vm") or migration.get("vm_name") or "?"
 
+
+def still_running(what: str, how_to_cancel: str | None = None) -> NoReturn:
+    """Ctrl-C while waiting: the work goes on without us; say so and how to act on it."""
+    tail = f"; to cancel: {how_to_cancel}" if how_to_cancel else ""
+    note(f"stopped waiting; {what} goes on{tail}")
+    raise typer.Exit(130)
+
+
+def follow_migrations(client: Client, ids: list[str], output: str, timeout_s: float = 3600) -> list[dict]:
+    """Wait for migrations to end, with a progress bar per VM on stderr (plain polling for --output json).
+    Ctrl-C stops the waiting, not the migrations."""
     from rich.progress import BarColumn, Progress, TextColumn
 
     deadline = time.monotonic() + timeout_s
-    if output == "json":
-        while True:
-            rows = [client.get(f"/migrations/{i}") for i in ids]
-            if all(r["state"] in DONE for r in rows) or time.monotonic() > deadline:
-                return rows
-            time.sleep(0.2)
-    with Progress(TextColumn("{task.fields[vm]:<16}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TextColumn("{task.fields[status]}"), console=console) as bar:
-        tasks = {i: bar.add_task("", total=100, vm=i[:8], status="") for i in ids}
-        while True:
-            rows = [client.get(f"/migrations/{i}") for i in ids]
-            for r in rows:
-                status = r["state"] + (f": {r['waiting_for']}" if r["waiting_for"] else "") + (
-                    f" ({r['reason']})" if r["state"] in ("failed", "cancelled") else "")
-                bar.update(tasks[r["id"]], completed=r["progress"], vm=f"{r['vm_name']} -> {r['target']}",
-                           status=status[:70])
-            if all(r["state"] in DONE for r in rows) or time.monotonic() > deadline:
-                return rows
-            time.sleep(0.2)
+    rows: list[dict] = []
+    try:
+        with Progress(TextColumn("{task.fields[vm]:<16}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                      TextColumn("{task.fields[status]}"), console=err_console, disable=output == "json") as bar:
+            tasks = {i: bar.add_task("", total=100, vm=i[:8], status="") for i in ids}
+            while True:
+                rows = [client.get(f"/migrations/{i}") for i in ids]
+                for r in rows:
+                    status = r["state"] + (f": {r['waiting_for']}" if r.get("waiting_for") else "") + (
+                        f" ({r['reason']})" if r["state"] in ("failed", "cancelled") else "")
+                    bar.update(tasks[r["id"]], completed=r["progress"], vm=f"{vm_of(r)} -> {r['target']}",
+                               status=status[:70])
+                if all(r["state"] in DONE for r in rows) or time.monotonic() > deadline:
+                    return rows
+                time.sleep(0.2)
+    except KeyboardInterrupt:
+        pending = [r for r in rows if r["state"] not in DONE] or [{"id": i} for i in ids]
+        names = ", ".join(f"{r['id']} ({vm_of(r)})" if "state" in r else r["id"] for r in pending)
+        cancel = " / ".join(f"vmplane vm migrate {vm_of(r)} --cancel" for r in pending if "state" in r)
+        still_running(f"migration {names}", cancel or None)
 
+
+# -- lists: filters, paging and sorting are the server's -------------------------------------------
+def Limit(default: Optional[int] = None):   # noqa: N802 (an option, as typer.Option)
+    return typer.Option(default, min=1, max=1000, help="show at most this many (the server's default is 100)")
+
+
+Offset = typer.Option(None, min=0, help="skip this many first")
+Sort = typer.Option(None, help="the field to sort by; -FIELD for descending", metavar="FIELD")
+
+
+def listed(client: Client, path: str, noun: str, columns, **params) -> tuple:
+    """(rows, columns, title, caption) for api_command; the caption says when the page is not all."""
+    rows, total = client.get_list(path, **params)
+    if not rows and total:
+        noun = f"{noun} at this offset ({total} in all)"
+    caption = (f"showing {len(rows)} of {total} (use --limit/--offset)"
+               if total is not None and total > len(rows) else None)
+    return rows, columns, noun, caption

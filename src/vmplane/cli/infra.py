@@ -6,13 +6,14 @@ from typing import Optional
 
 import typer
 
-from ..client import ApiError, Client
-from ..output import console, error, render
+from ..client import Client
+from ..output import Col, console, note, render
 from .common import (
-    DEFAULT_API,
+    Limit,
+    Offset,
+    Sort,
+    listed,
     HOST_COLUMNS,
-    Output,
-    OutputFormat,
     Size,
     api_command,
     follow_migrations,
@@ -28,9 +29,16 @@ def zone_create(name: str, client: Client):
     return client.post("/zones", {"name": name})
 
 
-@api_command(groups["zone"], "list")
+@api_command(groups["zone"], "list", lists=True)
 def zone_list(client: Client):
     return client.get("/zones"), ["name"], "zones"
+
+
+@api_command(groups["zone"], "delete")
+def zone_delete(name: str, client: Client):
+    """Delete a zone without clusters; the settings set at its scope go with it."""
+    client.call("DELETE", f"/zones/{name}")
+    note(f"zone {name} deleted")
 
 
 @api_command(groups["cluster"], "create")
@@ -38,9 +46,16 @@ def cluster_create(name: str, zone: str = typer.Option(..., help="zone of the cl
     return client.post("/clusters", {"name": name, "zone": zone})
 
 
-@api_command(groups["cluster"], "list")
+@api_command(groups["cluster"], "list", lists=True)
 def cluster_list(client: Client):
     return client.get("/clusters"), ["name", "zone"], "clusters"
+
+
+@api_command(groups["cluster"], "delete")
+def cluster_delete(name: str, client: Client):
+    """Delete a cluster without hosts; the settings set at its scope go with it."""
+    client.call("DELETE", f"/clusters/{name}")
+    note(f"cluster {name} deleted")
 
 
 @api_command(groups["host"], "add")
@@ -56,9 +71,21 @@ def host_add(name: str, cluster: str = typer.Option(...), sim: bool = typer.Opti
     return client.post("/hosts", {k: v for k, v in body.items() if v is not None})
 
 
-@api_command(groups["host"], "list")
-def host_list(client: Client):
-    return client.get("/hosts"), HOST_COLUMNS, "hosts"
+@api_command(groups["host"], "list", lists=True)
+def host_list(cluster: Optional[str] = typer.Option(None), zone: Optional[str] = typer.Option(None),
+              state: Optional[str] = typer.Option(None, help="enabled, maintenance, disabled or down"),
+              limit: Optional[int] = Limit(), offset: Optional[int] = Offset, sort: Optional[str] = Sort,
+              *, client: Client):
+    """Hosts and their capacity (--sort name|cluster|zone|state|cores|memory_mib|used_vcpus|used_memory_mib)."""
+    return listed(client, "/hosts", "hosts", HOST_COLUMNS, cluster=cluster, zone=zone, state=state, limit=limit,
+                  offset=offset, sort=sort)
+
+
+@api_command(groups["host"], "delete")
+def host_delete(name: str, client: Client):
+    """Remove a host that holds nothing (drain it first: `host maintenance enter`)."""
+    client.call("DELETE", f"/hosts/{name}")
+    note(f"host {name} deleted")
 
 
 @api_command(groups["host"], "show")
@@ -66,42 +93,44 @@ def host_show(name: str, client: Client):
     return client.get(f"/hosts/{name}")
 
 
-@maintenance_app.command("enter")
+DRAIN_COLUMNS = ["vm", "target", "migration", "state", Col("note", lambda r: r.get("reason") or r.get("note"))]
+
+
+@api_command(maintenance_app, "enter")
 def maintenance_enter(name: str, dry_run: bool = typer.Option(False, help="print the plan, change nothing"),
-                      wait: bool = typer.Option(False, help="follow the drain until it ends"),
-                      api: str = typer.Option(DEFAULT_API, envvar="VMPLANE_API"),
-                      token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN"),
-                      output: OutputFormat = Output):
-    """Drain a host by live migration, within the limits; VMs that fit nowhere are listed and stay."""
-    out = OutputFormat(output).value
-    client = Client(api, token)
-    try:
-        plan = client.post(f"/hosts/{name}/maintenance", {"action": "enter", "dry_run": dry_run})
-        if wait and not dry_run:
-            ids = [m["migration"] for m in plan["migrations"] if m.get("migration")]
-            plan["migrations"] = follow_migrations(client, ids, out) if ids else []
-        if out == "json":
-            render(plan, out)
-        else:
-            render(plan["migrations"], out, None, f"{name}: {'plan' if dry_run else 'drain'}")
-            for item in plan["unplaceable"]:
-                console.print(f"[yellow]stays on {name}[/yellow] {item['vm']}: {item['reason']}")
-        failed = [m for m in plan["migrations"] if m.get("state") in ("failed", "cancelled")]
-        if failed or plan["unplaceable"]:
-            raise typer.Exit(1)
-    except ApiError as exc:
-        error(exc.body, out)
+                      wait: bool = typer.Option(True, help="follow the drain until it ends (--no-wait: return "
+                                                           "once its migrations are admitted)"),
+                      output: str = "table", *, client: Client):
+    """Drain a host by live migration, within the limits; VMs that fit nowhere are listed and stay.
+
+    Exits 1 when a VM stays on the host or a migration fails (a dry run too, when a VM would stay)."""
+    plan = client.post(f"/hosts/{name}/maintenance", {"action": "enter", "dry_run": dry_run})
+    rows = plan["migrations"]
+    if wait and not dry_run:
+        ids = [m["migration"] for m in rows if m.get("migration")]
+        final = {m["id"]: m for m in follow_migrations(client, ids, output)} if ids else {}
+        for m in rows:
+            if m.get("migration") in final:
+                done = final[m["migration"]]
+                m.update(state=done["state"], target=done["target"], reason=done.get("reason") or None)
+    if output == "json":
+        render(plan, output)
+    elif rows:
+        render(rows, output, DRAIN_COLUMNS, f"{name}: {'plan' if dry_run else 'drain'}")
+    if output != "json":
+        for item in plan["unplaceable"]:
+            console.print(f"[yellow]stays on {name}[/yellow] {item['vm']}: {item['reason']}", soft_wrap=True)
+        moving = "would migrate" if dry_run else "migrated" if wait else "migrating"
+        state = "would enter maintenance" if dry_run else f"is now in {plan['state']}"
+        done = f"{len(rows)} VM(s) {moving}" if rows else "no running VMs to migrate"
+        stay = f", {len(plan['unplaceable'])} stay on it" if plan["unplaceable"] else ""
+        console.print(f"{name} {state}; {done}{stay}", soft_wrap=True)
+    failed = [m for m in rows if m.get("state") in ("failed", "cancelled")]
+    if failed or plan["unplaceable"]:
         raise typer.Exit(1)
 
 
-@maintenance_app.command("exit")
-def maintenance_exit(name: str, api: str = typer.Option(DEFAULT_API, envvar="VMPLANE_API"),
-                     token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN"),
-                     output: OutputFormat = Output):
-    """Enable the host again."""
-    out = OutputFormat(output).value
-    try:
-        render(Client(api, token).post(f"/hosts/{name}/maintenance", {"action": "exit"}), out)
-    except ApiError as exc:
-        error(exc.body, out)
-        raise typer.Exit(1)
+@api_command(maintenance_app, "exit")
+def maintenance_exit(name: str, client: Client):
+    """Enable the host again (placement may use it)."""
+    return client.post(f"/hosts/{name}/maintenance", {"action": "exit"})

@@ -53,14 +53,15 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
         plane.close()
         raise typer.BadParameter(exc.message, param_hint="--token") from None
     url = f"http://{bind}:{port}"
-    console.print(f"vmplane up: {why}; {len(names)} host(s): {', '.join(names) or '-'}")
-    console.print(f"database: {plane.db.url}")
-    console.print(f"API: {url}/api/v1   docs: {url}/docs")
+    say(f"vmplane up: {why}; {len(names)} host(s): {', '.join(names) or '-'}")
+    say(f"database: {plane.db.url}")
+    say(f"API: {url}   (REST under {url}/api/v1, docs {url}/docs)")
     if token:
-        console.print("admin token: the one given with --token / VMPLANE_TOKEN")
+        say("admin token: the one given with --token / VMPLANE_TOKEN")
+        say(f"  export VMPLANE_API={url}")
     else:
-        console.print(f"admin token (shown once): {admin}")
-        console.print(f"  export VMPLANE_API={url} VMPLANE_TOKEN={admin}")
+        say(f"admin token (shown once): {admin}")
+        say(f"  export VMPLANE_API={url} VMPLANE_TOKEN={admin}")
     try:
         server.serve(plane.app, bind, port)
     finally:
@@ -68,6 +69,11 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
         if kind == "libvirt" and not keep_hosts:
             stopped = server.stop_local_hosts()
             console.print(f"vmplane up: stopped local hosts {', '.join(stopped) or '-'}")
+
+
+def say(line: str) -> None:
+    """A line for people, never wrapped: `export ...` must survive a copy and paste at any width."""
+    console.print(line, soft_wrap=True, highlight=False)
 
 
 @app.command()
@@ -81,12 +87,22 @@ def down():
 
 @app.command()
 def serve(db: Optional[str] = typer.Option(None, help="SQLAlchemy URL"),
-          bind: str = typer.Option("127.0.0.1"), port: int = typer.Option(8470)):
+          bind: str = typer.Option("127.0.0.1", help="address to listen on"),
+          port: int = typer.Option(8470, help="port to listen on"),
+          token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN",
+                                              help="make this the admin token (for a fresh database)")):
     """Run the API alone, on an existing database."""
     from .. import server
+    from ..errors import VmplaneError
 
     plane = server.build(db)
-    console.print(f"vmplane API on http://{bind}:{port} (database {plane.db.url})")
+    if token:
+        try:
+            plane.orchestrator.catalog.ensure_admin_token(server.UP_TOKEN_NAME, token)
+        except VmplaneError as exc:
+            plane.close()
+            raise typer.BadParameter(exc.message, param_hint="--token") from None
+    say(f"vmplane API on http://{bind}:{port} (database {plane.db.url})")
     try:
         server.serve(plane.app, bind, port)
     finally:

@@ -9,51 +9,86 @@ from typing import Optional
 import typer
 
 from ..client import ApiError, Client
-from ..output import error, render
+from ..output import note, render
 from .common import (
-    DEFAULT_API,
+    Limit,
+    Offset,
+    Sort,
+    listed,
     MIGRATION_COLUMNS,
     OP_COLUMNS,
     VM_COLUMNS,
+    ApiOption,
     Output,
     OutputFormat,
     Size,
+    TokenOption,
     api_command,
     app,
+    fail,
     follow_migrations,
     groups,
     mib,
+    still_running,
 )
 
 
 # -- VMs ---------------------------------------------------------------------------------------
-def _follow(client: Client, accepted: dict, wait: bool, output: str = "table") -> dict:
+def _follow(client: Client, accepted: dict, wait: bool) -> dict:
+    """Wait for the operation a VM request started (unless --no-wait, which says its id instead).
+    Returns the accepted body with the VM and the operation as they are now."""
     op = accepted.get("operation")
-    if not wait or not op:
+    if not op:
         return accepted
-    done = client.wait_operation(op["id"])
+    vm = accepted["vm"]["name"]
+    if not wait:
+        note(f"operation {op['id']} ({op['kind']} of vm {vm}): {op['state']}; "
+             f"follow it with `vmplane operation show {op['id']}`")
+        return accepted
+    try:
+        done = client.wait_operation(op["id"])
+    except KeyboardInterrupt:
+        still_running(f"operation {op['id']} ({op['kind']} of vm {vm}); `vmplane operation show {op['id']}` "
+                      f"follows it")
     accepted["operation"] = done
-    accepted["vm"] = client.get(f"/vms/{accepted['vm']['name']}")
+    accepted["vm"] = client.get(f"/vms/{vm}")
     if done["state"] == "failed":
-        raise ApiError(409, {"error": "operation_failed", "message": done["message"]})
+        raise ApiError(409, {"error": "operation_failed", "message": done["message"], "field": None})
     return accepted
+
+
+def _shown(accepted: dict, wait: bool, output: str) -> dict:
+    """What a VM command prints: the VM; in JSON with --no-wait, the VM and its operation (to follow it;
+    a table says the operation's id on stderr)."""
+    return accepted["vm"] if wait or output != "json" or not accepted.get("operation") else accepted
 
 
 @api_command(groups["vm"], "create")
 def vm_create(name: str, project: str = typer.Option(...), offering: str = typer.Option(...),
               template: str = typer.Option(...), vcpus: Optional[int] = typer.Option(None), memory: Size = None,
               dynamic_scaling: bool = typer.Option(True, "--dynamic-scaling/--no-dynamic-scaling"),
+              zone: Optional[str] = typer.Option(None, help="the zone it runs in for life (default: the only zone)"),
+              cluster: Optional[str] = typer.Option(None, help="pin it to one cluster of its zone"),
               start: bool = typer.Option(False, help="start it at once"),
-              wait: bool = typer.Option(True, help="with --start, wait until it runs"), *, client: Client):
+              wait: bool = typer.Option(True, help="with --start, wait until it runs"), output: str = "table", *,
+              client: Client):
+    """Create a VM (charging one of its project's `vms`); with --start, admit and start it too."""
     body = {"name": name, "project": project, "offering": offering, "template": template, "vcpus": vcpus,
-            "memory_mib": mib(memory), "dynamically_scalable": dynamic_scaling, "start": start}
+            "memory_mib": mib(memory), "dynamic_scaling": dynamic_scaling, "start": start, "zone": zone,
+            "cluster": cluster}
     accepted = client.post("/vms", {k: v for k, v in body.items() if v is not None})
-    return _follow(client, accepted, wait)["vm"]
+    return _shown(_follow(client, accepted, wait), wait, output)
 
 
-@api_command(groups["vm"], "list")
-def vm_list(project: Optional[str] = typer.Option(None), *, client: Client):
-    return client.get("/vms", project=project), VM_COLUMNS, "vms"
+@api_command(groups["vm"], "list", lists=True)
+def vm_list(project: Optional[str] = typer.Option(None), state: Optional[str] = typer.Option(None),
+            host: Optional[str] = typer.Option(None), zone: Optional[str] = typer.Option(None),
+            name: Optional[str] = typer.Option(None, help="names starting with this"),
+            limit: Optional[int] = Limit(), offset: Optional[int] = Offset, sort: Optional[str] = Sort,
+            *, client: Client):
+    """VMs, filtered and sorted by the server (--sort name|state|project|host|vcpus|memory_mib|created_at)."""
+    return listed(client, "/vms", "vms", VM_COLUMNS, project=project, state=state, host=host, zone=zone,
+                  name=name, limit=limit, offset=offset, sort=sort)
 
 
 @api_command(groups["vm"], "show")
@@ -62,29 +97,30 @@ def vm_show(name: str, client: Client):
 
 
 @api_command(groups["vm"], "start")
-def vm_start(name: str, wait: bool = typer.Option(True, help="wait until it runs"), *, client: Client):
-    return _follow(client, client.post(f"/vms/{name}/start"), wait)["vm"]
+def vm_start(name: str, wait: bool = typer.Option(True, help="wait until it runs"), output: str = "table", *,
+             client: Client):
+    """Start a stopped VM (its quota and a host are claimed first)."""
+    return _shown(_follow(client, client.post(f"/vms/{name}/start"), wait), wait, output)
 
 
 @api_command(groups["vm"], "stop")
 def vm_stop(name: str, wait: bool = typer.Option(True, help="wait until it stopped"),
-            force: bool = typer.Option(False, help="power off at once, without asking the guest"), *, client: Client):
-    return _follow(client, client.post(f"/vms/{name}/stop", {"force": force}), wait)["vm"]
+            force: bool = typer.Option(False, help="power off at once, without asking the guest"),
+            output: str = "table", *, client: Client):
+    """Stop a running VM: the guest is asked to power off, then forced after vmplane.vm.shutdown.timeout."""
+    return _shown(_follow(client, client.post(f"/vms/{name}/stop", {"force": force}), wait), wait, output)
 
 
 @groups["vm"].command("exec")
 def vm_exec(name: str, command: list[str] = typer.Argument(..., help="the command, after --"),
             timeout: float = typer.Option(60.0, help="seconds to wait for the guest"),
-            api: str = typer.Option(DEFAULT_API, envvar="VMPLANE_API"),
-            token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN"),
-            output: OutputFormat = Output):
+            api: str = ApiOption, token: Optional[str] = TokenOption, output: OutputFormat = Output):
     """Run a command in the guest (libvirt hosts): `vmplane vm exec web1 -- nproc`."""
     client = Client(api, token, timeout=timeout + 30)
     try:
         result = client.post(f"/vms/{name}/exec", {"command": " ".join(command), "timeout_s": timeout})
     except ApiError as exc:
-        error(exc.body, OutputFormat(output).value)
-        raise typer.Exit(1)
+        fail(exc, OutputFormat(output).value)
     if OutputFormat(output).value == "json":
         render(result, "json")
     else:
@@ -95,10 +131,14 @@ def vm_exec(name: str, command: list[str] = typer.Argument(..., help="the comman
 @groups["vm"].command("migrate")
 def vm_migrate(name: str, to: Optional[str] = typer.Option(None, help="target host (default: placement chooses)"),
                dry_run: bool = typer.Option(False, help="say which host and why, change nothing"),
-               wait: bool = typer.Option(False, help="follow the migration until it ends"),
+               wait: bool = typer.Option(True, help="follow the migration until it ends (--no-wait: print its id)"),
                cancel: bool = typer.Option(False, help="cancel this VM's migration"),
-               api: str = typer.Option(DEFAULT_API, envvar="VMPLANE_API"),
-               token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN"), output: OutputFormat = Output):
+               policy: Optional[str] = typer.Option(None, help="vmplane (default) or hypervisor-default"),
+               bandwidth: Optional[int] = typer.Option(None, min=1, help="pre-copy bandwidth cap, MiB/s"),
+               postcopy: Optional[bool] = typer.Option(None, "--postcopy/--no-postcopy",
+                                                       help="switch to post-copy during the copy"),
+               max_downtime: Optional[int] = typer.Option(None, min=1, help="longest pause allowed, ms"),
+               api: str = ApiOption, token: Optional[str] = TokenOption, output: OutputFormat = Output):
     """Live-migrate a running VM (quota-neutral: its project's usage does not change)."""
     out = OutputFormat(output).value
     client = Client(api, token)
@@ -106,16 +146,19 @@ def vm_migrate(name: str, to: Optional[str] = typer.Option(None, help="target ho
         if cancel:
             render(client.post(f"/vms/{name}/migrate/cancel"), out, MIGRATION_COLUMNS if out == "table" else None)
             return
-        body = {"to": to, "dry_run": dry_run}
+        body = {"to": to, "dry_run": dry_run, "policy": policy, "bandwidth_mib_s": bandwidth,
+                "postcopy": postcopy, "max_downtime_ms": max_downtime}
         result = client.post(f"/vms/{name}/migrate", {k: v for k, v in body.items() if v is not None})
         if wait and not dry_run:
             result = follow_migrations(client, [result["id"]], out)[0]
+        elif not dry_run:
+            note(f"migration {result['id']} is {result['state']}; follow it with `vmplane migration show "
+                 f"{result['id']}`, cancel it with `vmplane vm migrate {name} --cancel`")
         render(result, out)
         if result.get("state") in ("failed", "cancelled"):
             raise typer.Exit(1)
     except ApiError as exc:
-        error(exc.body, out)
-        raise typer.Exit(1)
+        fail(exc, out)
 
 
 class CapSwitch(str, enum.Enum):
@@ -130,19 +173,26 @@ def vm_scale(name: str, offering: Optional[str] = typer.Option(None, help="anoth
              dry_run: bool = typer.Option(False, help="say which path would be taken, change nothing"),
              wait: bool = typer.Option(True, help="wait until the guest has the new size"), *, client: Client):
     """Live-scale a running VM: vCPUs, memory and CPU cap, without a reboot."""
+    if offering is None and vcpus is None and memory is None and cpu_cap is None:
+        raise typer.BadParameter("give --offering, --vcpus and/or --memory, or --cpu-cap on|off")
     body = {"offering": offering, "vcpus": vcpus, "memory_mib": mib(memory), "dry_run": dry_run,
             "cpu_cap": None if cpu_cap is None else CapSwitch(cpu_cap) == CapSwitch.on}
     result = client.post(f"/vms/{name}/scale", {k: v for k, v in body.items() if v is not None})
     if dry_run:
         return result
     done = _follow(client, result, wait)
-    return {**done["vm"], "scale": (done.get("operation") or {}).get("message")}
+    return {**done["vm"], "scale": (done.get("operation") or {}).get("message")} if wait else done
 
 
-@api_command(groups["migration"], "list")
-def migration_list(vm: Optional[str] = typer.Option(None), host: Optional[str] = typer.Option(None),
-                   active: bool = typer.Option(False, help="only queued or copying"), *, client: Client):
-    return client.get("/migrations", vm=vm, host=host, active=active or None), MIGRATION_COLUMNS, "migrations"
+@api_command(groups["migration"], "list", lists=True)
+def migration_list(vm: Optional[str] = typer.Option(None), host: Optional[str] = typer.Option(None,
+                   help="leaving or entering this host"), state: Optional[str] = typer.Option(None),
+                   active: bool = typer.Option(False, help="only queued, copying or checking"),
+                   limit: Optional[int] = Limit(), offset: Optional[int] = Offset, sort: Optional[str] = Sort,
+                   *, client: Client):
+    """Migrations, newest first (--sort created_at|started_at|finished_at|vm|source|target|state|progress)."""
+    return listed(client, "/migrations", "migrations", MIGRATION_COLUMNS, vm=vm, host=host, state=state,
+                  active=active or None, limit=limit, offset=offset, sort=sort)
 
 
 @api_command(groups["migration"], "show")
@@ -157,9 +207,14 @@ def vm_delete(name: str, client: Client):
 
 
 # -- operations, tokens, audit -----------------------------------------------------------------
-@api_command(groups["operation"], "list")
-def operation_list(state: Optional[str] = typer.Option(None), limit: int = typer.Option(50), *, client: Client):
-    return client.get("/operations", state=state, limit=limit), OP_COLUMNS, "operations"
+@api_command(groups["operation"], "list", lists=True)
+def operation_list(state: Optional[str] = typer.Option(None), kind: Optional[str] = typer.Option(None),
+                   vm: Optional[str] = typer.Option(None), host: Optional[str] = typer.Option(None,
+                   help="drains of this host"), limit: Optional[int] = Limit(50),
+                   offset: Optional[int] = Offset, sort: Optional[str] = Sort, *, client: Client):
+    """Operations, newest first (--sort created_at|updated_at|kind|state|progress)."""
+    return listed(client, "/operations", "operations", OP_COLUMNS, state=state, kind=kind, vm=vm, host=host,
+                  limit=limit, offset=offset, sort=sort)
 
 
 @api_command(groups["operation"], "show")
@@ -168,6 +223,13 @@ def operation_show(op_id: str, client: Client):
 
 
 @api_command(app, "audit")
-def audit(client: Client):
-    """Check the quota ledger and host claims against what the VMs hold."""
-    return client.get("/audit")
+def audit(output: str = "table", *, client: Client):
+    """Check the record against the ledger, claims and hosts; exit 1 on any problem.
+
+    Compares the quota ledger with the usage recomputed from the VMs, host claims with what runs,
+    and what every host runs with the record, so `vmplane audit || alert` works."""
+    result = client.get("/audit")
+    if not result["ok"]:
+        render(result, output)
+        raise typer.Exit(1)
+    return result

@@ -126,7 +126,7 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     def set_memory(self, name: str, memory_mib: int) -> str:
-        """Change the live memory; returns the method used ("dimm", "virtio-mem", "balloon")."""
+        """Change the live memory; returns the method used ("dimm", "dimm-unplug", "unchanged")."""
 
     @abc.abstractmethod
     def set_cpu_cap(self, name: str, cap: CpuCap | None) -> None:

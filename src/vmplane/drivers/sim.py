@@ -69,8 +69,10 @@ class SimDriver(Driver):
         spec = self._spec(name)
         if memory_mib > spec.max_memory_mib:
             raise DriverError(self.host, f"{memory_mib} MiB is above the domain's maximum {spec.max_memory_mib}")
+        if memory_mib == spec.memory_mib:
+            return "unchanged"
         self.fabric.update(self.host, name, memory_mib=memory_mib)
-        return "virtio-mem"
+        return "dimm" if memory_mib > spec.memory_mib else "dimm-unplug"      # as libvirt hosts do
 
     def set_cpu_cap(self, name: str, cap: CpuCap | None) -> None:
         if not self.fabric.update(self.host, name, cpu_cap=cap):

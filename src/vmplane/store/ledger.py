@@ -20,6 +20,7 @@ from ..errors import NotFound
 from ..model import ClaimKind, OperationState, Quota, Usage, VmState
 from .schema import (
     Claim,
+    Cluster,
     Host,
     Migration,
     Offering,
@@ -27,6 +28,7 @@ from .schema import (
     Project,
     Template,
     Vm,
+    Zone,
     utcnow,
 )
 
@@ -65,11 +67,15 @@ _INSERT_OPERATION = insert(OPERATIONS)
 _OPERATION = select(OPERATIONS).where(_O.id == bindparam("id"))
 _VM_ID_BY_NAME = select(_V.id).where(_V.name == bindparam("name"))
 _F = Offering.__table__.c
+_VM_ZONE, _VM_CLUSTER = Zone.__table__.alias("vm_zone"), Cluster.__table__.alias("vm_cluster")
 _VM_WITH_HOST = (select(VMS, _H.name.label("host_name"), _T.image.label("image"),
                         _T.dynamically_scalable.label("template_dynamic"), _F.dynamic_scaling.label("offering_dynamic"),
-                        _F.cpu_cap.label("offering_cpu_cap"), _F.cpu_speed_mhz.label("offering_cpu_mhz"))
+                        _F.cpu_cap.label("offering_cpu_cap"), _F.cpu_speed_mhz.label("offering_cpu_mhz"),
+                        _VM_ZONE.c.name.label("zone_name"), _VM_CLUSTER.c.name.label("cluster_name"))
                  .join(TEMPLATES, _T.id == _V.template_id).join(Offering.__table__, _F.id == _V.offering_id)
-                 .outerjoin(HOSTS, _H.id == _V.host_id))
+                 .outerjoin(HOSTS, _H.id == _V.host_id)
+                 .outerjoin(_VM_ZONE, _VM_ZONE.c.id == _V.zone_id)          # the VM's placement scope
+                 .outerjoin(_VM_CLUSTER, _VM_CLUSTER.c.id == _V.cluster_id))
 _VM_BY_ID = _VM_WITH_HOST.where(_V.id == bindparam("id"))
 _VM_BY_NAME = _VM_WITH_HOST.where(_V.name == bindparam("name"))
 # FOR UPDATE OF vms: a state transition (stopped -> starting ...) must not be read twice concurrently

@@ -15,7 +15,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, synonym
 
 
 def utcnow() -> dt.datetime:
@@ -99,6 +99,7 @@ class Template(Base):
     image: Mapped[str] = mapped_column(String(1024))
     dynamically_scalable: Mapped[bool] = mapped_column(Boolean, default=False)
     retired: Mapped[bool] = mapped_column(Boolean, default=False)    # no new VMs; existing ones keep it
+    dynamic_scaling = synonym("dynamically_scalable")                 # the API's name (as for offerings)
 
 
 class Setting(Base):
@@ -144,6 +145,8 @@ class Vm(Base):
     offering: Mapped[Offering] = relationship(lazy="joined")
     template: Mapped[Template] = relationship(lazy="joined")
     host: Mapped[Host | None] = relationship(lazy="joined")
+    zone: Mapped[Zone | None] = relationship(lazy="joined")
+    cluster: Mapped[Cluster | None] = relationship(lazy="joined")
 
 
 class Claim(Base):

@@ -1,9 +1,11 @@
 """Hosts."""
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from ..deps import Admin, Orch
 from ..schemas import HostCreate, HostOut, MaintenanceRequest
+from ...model import HostState
+from ..paging import Paging, paged
 from ..views import host_out
 
 router = APIRouter(tags=["hosts"])
@@ -26,8 +28,19 @@ def maintenance(name: str, body: MaintenanceRequest, orch: Orch, _: Admin) -> di
 
 
 @router.get("/hosts", response_model=list[HostOut])
-def list_hosts(orch: Orch, _: Admin):
-    return [host_out(orch, h) for h in orch.hosts()]
+def list_hosts(orch: Orch, _: Admin, response: Response, page: Paging, cluster: str | None = None,
+               zone: str | None = None, state: HostState | None = None):
+    """Hosts, filtered and sorted (`sort`: name, cluster, zone, state, cores, memory_mib, used_vcpus,
+    used_memory_mib). The total is in the X-Total-Count header."""
+    hosts, total = orch.host_page(page, cluster=cluster, zone=zone, state=state and state.value)
+    return paged(response, [host_out(orch, h) for h in hosts], total)
+
+
+@router.delete("/hosts/{name}", status_code=204)
+def delete_host(name: str, orch: Orch, _: Admin) -> None:
+    """Refused (409) while anything is placed on the host (VMs, claims, active migrations), naming it.
+    Enter maintenance first to drain it."""
+    orch.remove_host(name)
 
 
 @router.get("/hosts/{name}", response_model=HostOut)

@@ -2,7 +2,10 @@
 
 from fastapi import APIRouter
 
+from ... import lifecycle
 from ...model import Offering, OfferingKind
+from ...store.schema import Offering as OfferingRow
+from ...store.schema import Template as TemplateRow
 from ..deps import Admin, AnyCaller, Orch
 from ..schemas import OfferingCreate, OfferingOut, TemplateCreate, TemplateOut
 
@@ -25,10 +28,21 @@ def show_offering(name: str, orch: Orch, _: AnyCaller):
     return OfferingOut.model_validate(orch.catalog.offering(name))
 
 
+@router.post("/offerings/{name}/retire", response_model=OfferingOut)
+def retire_offering(name: str, orch: Orch, _: Admin):
+    """No new VMs from it (409 naming it); VMs using it keep it. Retiring twice is a 409."""
+    return OfferingOut.model_validate(orch.catalog.retire(OfferingRow, name))
+
+
+@router.delete("/offerings/{name}", status_code=204)
+def delete_offering(name: str, orch: Orch, _: Admin) -> None:
+    """Refused (409) while VMs use it, naming them: retire it instead."""
+    lifecycle.delete_offering(orch.catalog, name)
+
+
 @router.post("/templates", status_code=201, response_model=TemplateOut)
 def create_template(body: TemplateCreate, orch: Orch, _: Admin):
-    return TemplateOut.model_validate(orch.catalog.create_template(body.name, body.image,
-                                                                   body.dynamically_scalable))
+    return TemplateOut.model_validate(orch.catalog.create_template(body.name, body.image, body.dynamic_scaling))
 
 
 @router.get("/templates", response_model=list[TemplateOut])
@@ -39,3 +53,15 @@ def list_templates(orch: Orch, _: AnyCaller):
 @router.get("/templates/{name}", response_model=TemplateOut)
 def show_template(name: str, orch: Orch, _: AnyCaller):
     return TemplateOut.model_validate(orch.catalog.template(name))
+
+
+@router.post("/templates/{name}/retire", response_model=TemplateOut)
+def retire_template(name: str, orch: Orch, _: Admin):
+    """No new VMs from it (409 naming it); VMs using it keep it. Retiring twice is a 409."""
+    return TemplateOut.model_validate(orch.catalog.retire(TemplateRow, name))
+
+
+@router.delete("/templates/{name}", status_code=204)
+def delete_template(name: str, orch: Orch, _: Admin) -> None:
+    """Refused (409) while VMs use it, naming them: retire it instead."""
+    lifecycle.delete_template(orch.catalog, name)

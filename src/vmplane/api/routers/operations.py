@@ -1,32 +1,35 @@
-"""Operations: state and progress of asynchronous requests; the ledger audit; tokens."""
+"""Operations: state and progress of asynchronous requests; the ledger audit."""
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from ..deps import Admin, AnyCaller, Orch
-from ..schemas import AuditOut, OperationOut, TokenCreate, TokenOut
+from ..schemas import AuditOut, OperationOut
+from ..paging import Paging, paged
 from ..views import operation_out
 
 router = APIRouter(tags=["operations"])
 
 
 @router.get("/operations", response_model=list[OperationOut])
-def list_operations(orch: Orch, who: AnyCaller,
+def list_operations(orch: Orch, who: AnyCaller, response: Response, page: Paging,
                     state: Literal["pending", "running", "succeeded", "failed"] | None = None,
-                    limit: Annotated[int, Query(ge=1, le=1000)] = 100):
-    ops = orch.operations(state, limit)
-    return [operation_out(op) for op in ops if who.is_admin or op.project_id == who.project_id]
+                    kind: Annotated[str | None, Query(max_length=24, description="start, stop, scale, drain, "
+                                                                                 "reconcile, ...")] = None,
+                    vm: str | None = None, host: str | None = None):
+    """Operations, newest first; `vm` / `host` name what they act on (`host`: drains). `sort`: created_at,
+    updated_at, kind, state, progress. The total is in the X-Total-Count header."""
+    ops, total = orch.operation_page(page, state=state, kind=kind, vm=vm, host=host,
+                                     project_id=None if who.is_admin else who.project_id)
+    return paged(response, [operation_out(op) for op in ops], total)
 
 
 @router.get("/operations/{op_id}", response_model=OperationOut)
 def show_operation(op_id: str, orch: Orch, who: AnyCaller):
-    op = orch.operation(op_id)
-    if op.project_id is not None:
-        who.check_project(op.project_id, "operation", op_id)
-    elif not who.is_admin:
-        who.check_project(-1, "operation", op_id)
-    return operation_out(op)
+    """By id, or by a unique prefix of it (at least 4 characters; 409 naming the matches when several).
+    A member sees its project's operations only (a drain belongs to no project)."""
+    return operation_out(orch.find_operation(op_id, None if who.is_admin else who.project_id))
 
 
 @router.get("/audit", response_model=AuditOut)
@@ -34,8 +37,3 @@ def audit(orch: Orch, _: Admin):
     problems = orch.audit()
     return AuditOut(ok=not problems, problems=problems)
 
-
-@router.post("/tokens", status_code=201, response_model=TokenOut)
-def create_token(body: TokenCreate, orch: Orch, _: Admin):
-    token = orch.catalog.create_token(body.name, body.role, body.project)
-    return TokenOut(name=body.name, role=body.role, project=body.project, token=token)

@@ -2,6 +2,7 @@
 
 from fastapi import APIRouter
 
+from ... import lifecycle
 from ...quota import describe_usage
 from ..deps import Admin, AnyCaller, Orch
 from ..schemas import ProjectCreate, ProjectOut, QuotaUpdate, UsageOut
@@ -26,6 +27,12 @@ def show_project(name: str, orch: Orch, who: AnyCaller):
     p = orch.catalog.project(name)
     who.check_project(p.id, "project", name)
     return project_out(p)
+
+
+@router.delete("/projects/{name}", status_code=204)
+def delete_project(name: str, orch: Orch, _: Admin) -> None:
+    """Refused (409) while the project has VMs or tokens, naming them."""
+    lifecycle.delete_project(orch.catalog, name)
 
 
 @router.patch("/projects/{name}/quota", response_model=ProjectOut)

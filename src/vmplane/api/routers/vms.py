@@ -1,9 +1,11 @@
 """VMs: create, start, stop, delete, read. Long work returns 202 with an operation."""
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from ...errors import Invalid
+from ...migration import MigrationState
+from ...model import VmState
 from ...orchestrator import Admitted
 from ..deps import AnyCaller, Caller, Orch
 from ..schemas import (
@@ -18,7 +20,8 @@ from ..schemas import (
     VmOut,
     VmStop,
 )
-from ..views import operation_out, vm_out
+from ..paging import Paging, paged
+from ..views import migration_out, operation_out, vm_out
 
 router = APIRouter(tags=["vms"])
 
@@ -42,14 +45,21 @@ def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
     if not who.is_admin:
         who.check_project(orch.catalog.project(body.project).id, "project", body.project)
     admitted = orch.create_vm(body.name, body.project, body.offering, body.template, vcpus=body.vcpus,
-                              memory_mib=body.memory_mib, dynamically_scalable=body.dynamically_scalable,
-                              start=body.start)
+                              memory_mib=body.memory_mib, dynamically_scalable=body.dynamic_scaling,
+                              start=body.start, zone=body.zone, cluster=body.cluster)
     return _accepted(orch, admitted, created=True)
 
 
 @router.get("/vms", response_model=list[VmOut])
-def list_vms(orch: Orch, who: AnyCaller, project: str | None = None):
-    return [vm_out(v) for v in orch.vms(project) if who.is_admin or v.project_id == who.project_id]
+def list_vms(orch: Orch, who: AnyCaller, response: Response, page: Paging, project: str | None = None,
+             state: VmState | None = None, host: str | None = None, zone: str | None = None,
+             name: str | None = None):
+    """VMs, filtered (`name` is a prefix) and sorted (`sort`: name, state, vcpus, memory_mib, created_at,
+    project, host; `-` for descending) in the database. A filter naming nothing that exists gives `[]`.
+    The total is in the X-Total-Count header."""
+    vms, total = orch.vm_page(page, project=project, state=state and state.value, host=host, zone=zone, name=name,
+                              project_id=None if who.is_admin else who.project_id)
+    return paged(response, [vm_out(v) for v in vms], total)
 
 
 @router.get("/vms/{name}", response_model=VmOut)
@@ -96,27 +106,30 @@ def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     result = orch.migrator.migrate(name, to=body.to, dry_run=body.dry_run, params=overrides or None)
     if body.dry_run:
         return JSONResponse(MigrationPlan(**result).model_dump(mode="json"), status_code=200)
-    return JSONResponse(MigrationOut(**result).model_dump(mode="json"), status_code=202)
+    return JSONResponse(migration_out(result).model_dump(mode="json"), status_code=202)
 
 
 @router.post("/vms/{name}/migrate/cancel", response_model=MigrationOut)
 def cancel_migration(name: str, orch: Orch, who: AnyCaller):
     _own_vm(orch, who, name)
-    return MigrationOut(**orch.migrator.cancel(name))
+    return migration_out(orch.migrator.cancel(name))
 
 
 @router.get("/migrations", response_model=list[MigrationOut])
-def list_migrations(orch: Orch, who: AnyCaller, vm: str | None = None, host: str | None = None,
-                    active: bool = False):
-    rows = orch.migrator.list(vm=vm, host=host, active_only=active)
-    return [MigrationOut(**r) for r in rows if who.is_admin or r["project_id"] == who.project_id]
+def list_migrations(orch: Orch, who: AnyCaller, response: Response, page: Paging, vm: str | None = None,
+                    host: str | None = None, state: MigrationState | None = None, active: bool = False):
+    """Migrations, newest first; `host` matches the source or the target; `active`: queued, copying or
+    checking. `sort`: created_at, started_at, finished_at, vm, source, target, state, progress. The total
+    is in the X-Total-Count header."""
+    rows, total = orch.migrator.page(page, vm=vm, host=host, state=state and state.value, active_only=active,
+                                     project_id=None if who.is_admin else who.project_id)
+    return paged(response, [migration_out(r) for r in rows], total)
 
 
 @router.get("/migrations/{migration_id}", response_model=MigrationOut)
 def show_migration(migration_id: str, orch: Orch, who: AnyCaller):
-    row = orch.migrator.get(migration_id)
-    who.check_project(row["project_id"], "migration", migration_id)
-    return MigrationOut(**row)
+    """By id, or by a unique prefix of it (at least 4 characters; 409 naming the matches when several)."""
+    return migration_out(orch.migrator.find(migration_id, None if who.is_admin else who.project_id))
 
 
 @router.post("/vms/{name}/scale", status_code=202, response_model=VmAccepted,
