@@ -53,6 +53,8 @@ class Host(Base):
     state: Mapped[str] = mapped_column(String(16), default="enabled")
     # Where QEMU on this host listens for incoming migrations (None: derived from the URI).
     migration_address: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # The state a host had when the monitor marked it down (maintenance survives an outage).
+    state_before_down: Mapped[str | None] = mapped_column(String(16), nullable=True)
     # Sum of the claims on this host; changed only together with claims, in one transaction.
     used_vcpus: Mapped[int] = mapped_column(Integer, default=0)
     used_memory_mib: Mapped[int] = mapped_column(Integer, default=0)
@@ -207,3 +209,20 @@ class Token(Base):
     role: Mapped[str] = mapped_column(String(16))        # admin / member
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Event(Base):
+    """One state change of a VM, host, migration or operation, with its cause (the event log)."""
+
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    subject: Mapped[str] = mapped_column(String(63))
+    project_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    vm: Mapped[str | None] = mapped_column(String(63), nullable=True, index=True)
+    host: Mapped[str | None] = mapped_column(String(63), nullable=True, index=True)
+    old_state: Mapped[str | None] = mapped_column(String(24), nullable=True)
+    new_state: Mapped[str | None] = mapped_column(String(24), nullable=True)
+    cause: Mapped[str] = mapped_column(String(128))
+    message: Mapped[str] = mapped_column(Text, default="")
