@@ -97,7 +97,9 @@ class LiveServer:
     def env(self) -> dict:
         return {**os.environ, "VMPLANE_API": self.url, "VMPLANE_TOKEN": ADMIN_TOKEN, "VMPLANE_HOME": str(self.home)}
 
-    def start(self, *extra: str) -> "LiveServer":
+    def start(self, *extra: str, wait_recovered: bool = True) -> "LiveServer":
+        """Start `vmplane up` and wait until it answers /healthz (and, with `wait_recovered`, until its
+        start-up recovery, which runs in the background, is done)."""
         self.proc = subprocess.Popen(
             [VMPLANE, "up", "--driver", self.driver, "--hosts", str(self.hosts), "--db", self.db_url,
              "--port", str(self.port), "--token", ADMIN_TOKEN, *extra],
@@ -107,7 +109,8 @@ class LiveServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vmplane up exited: {self.log.read_text()}")
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                r = httpx.get(self.url + "/healthz", timeout=1)
+                if r.status_code == 200 and (not wait_recovered or r.json().get("recovery", {}).get("done", True)):
                     return self
             except httpx.TransportError:
                 pass

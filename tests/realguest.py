@@ -101,3 +101,41 @@ def cpu_use(pid: int, seconds: float = 4.0) -> float:
     c0, t0 = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
     return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+
+
+def domain_memory(live: LiveServer, host: str, vm: str) -> tuple[int, list[int]]:
+    """What libvirt says of a VM's domain: (current memory MiB, [DIMM sizes MiB]) from the live XML."""
+    import re
+
+    import libvirt
+
+    conn = libvirt.open(host_of(live, host).uri)
+    try:
+        dom = conn.lookupByName(f"vmplane-{vm}")
+        xml = dom.XMLDesc(0)
+        current = int(re.search(r"<currentMemory unit='KiB'>(\d+)<", xml).group(1)) // 1024
+        dimms = [int(re.search(r"<size unit='KiB'>(\d+)</size>", d).group(1)) // 1024
+                 for d in re.findall(r"<memory model='dimm'.*?</memory>", xml, re.S)]
+        return current, dimms
+    finally:
+        conn.close()
+
+
+def vms_of(live: LiveServer) -> list[dict]:
+    body = run_json(live, "vm", "list", "--limit", "500")
+    return body["items"] if isinstance(body, dict) and "items" in body else body
+
+
+def record_agrees_with_host(live: LiveServer, vm: str) -> dict:
+    """The record (`vm show`), the domain (live XML), the ledger (`project usage`) and the host's claims
+    (`host show`, against the VMs placed there) agree; returns the record."""
+    show = run_json(live, "vm", "show", vm)
+    current, dimms = domain_memory(live, show["host"], vm)
+    assert current == show["memory_mib"] == show["boot_memory_mib"] + sum(dimms), (show, current, dimms)
+    usage = run_json(live, "project", "usage", show["project"])
+    assert usage["consistent"], usage                                   # ledger == recomputed from records
+    host = run_json(live, "host", "show", show["host"])
+    placed = [v for v in vms_of(live) if v["host"] == show["host"] and v["state"] != "stopped"]
+    assert (host["used_vcpus"], host["used_memory_mib"]) == (
+        sum(v["vcpus"] for v in placed), sum(v["memory_mib"] + v["overhead_mib"] for v in placed)), (host, placed)
+    return show

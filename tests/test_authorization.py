@@ -20,9 +20,10 @@ MEMBER_SCOPED = {("GET", "/projects"), ("GET", "/projects/{name}"), ("GET", "/pr
                  ("GET", "/templates/{name}"), ("POST", "/vms"), ("GET", "/vms"), ("GET", "/vms/{name}"),
                  ("POST", "/vms/{name}/start"), ("POST", "/vms/{name}/stop"), ("DELETE", "/vms/{name}"),
                  ("POST", "/vms/{name}/exec"), ("POST", "/vms/{name}/migrate"),
-                 ("POST", "/vms/{name}/migrate/cancel"), ("POST", "/vms/{name}/scale"), ("GET", "/migrations"),
+                 ("POST", "/vms/{name}/migrate/cancel"), ("POST", "/vms/{name}/scale"), ("POST", "/vms/{name}/sync"),
+                 ("GET", "/migrations"),
                  ("GET", "/migrations/{migration_id}"), ("GET", "/operations"), ("GET", "/operations/{op_id}"),
-                 ("GET", "/tokens"), ("DELETE", "/tokens/{name}")}
+                 ("GET", "/tokens"), ("DELETE", "/tokens/{name}"), ("GET", "/events"), ("GET", "/recovery")}
 
 
 @pytest.fixture
@@ -70,7 +71,8 @@ def test_admin_only_routes_refuse_a_member_with_403_and_change_nothing(tenants, 
     ("GET", "/vms/b-run", None), ("POST", "/vms/b-off/start", None), ("POST", "/vms/b-run/stop", {}),
     ("DELETE", "/vms/b-off", None), ("POST", "/vms/b-run/exec", {"command": "true"}),
     ("POST", "/vms/b-run/migrate", {}), ("POST", "/vms/b-run/migrate/cancel", None),
-    ("POST", "/vms/b-run/scale", {"offering": "o2"}), ("GET", "/projects/b", None), ("GET", "/projects/b/usage", None),
+    ("POST", "/vms/b-run/scale", {"offering": "o2"}), ("POST", "/vms/b-run/sync", None), ("GET", "/projects/b", None),
+    ("GET", "/projects/b/usage", None),
     ("POST", "/vms", {"name": "sneaky", "project": "b", "offering": "o", "template": "t"}),
 ])
 def test_a_member_of_a_can_not_touch_project_b(tenants, method, path, body):
@@ -99,6 +101,9 @@ def test_a_member_runs_its_own_project(tenants):
     member = as_member(tokens["a"])
     assert api.post("/api/v1/vms/a-off/start", headers=member).status_code == 202
     assert api.post("/api/v1/vms/a-run/scale", json={"offering": "o2"}, headers=member).status_code == 202
+    hosts = [h["name"] for h in api.get("/api/v1/hosts").json()]
+    refused = api.post("/api/v1/vms/a-run/migrate", json={"to": hosts[-1]}, headers=member)
+    assert refused.status_code == 403 and refused.json()["field"] == "to"        # tenants don't pick hypervisors
     assert api.post("/api/v1/vms/a-run/migrate", json={}, headers=member).status_code == 202
     assert api.get("/api/v1/projects/a/usage", headers=member).json()["consistent"] is True
 

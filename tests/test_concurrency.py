@@ -154,7 +154,8 @@ def test_1000_concurrent_creates_starts_and_scales_never_overrun_tight_quotas(tm
         codes = {r.status_code for r in results}
         assert codes <= {200, 201, 202, 404, 409, 422}, codes          # no 5xx, nothing unexpected
         assert all(set(r.json()) <= {"error", "message", "field"} for r in results if r.status_code >= 400)
-        assert sum(r.status_code == 202 for r in results) > 50 and sum(r.status_code == 409 for r in results) > 50
+        # 202: admitted work; 200: a stopped VM resized offline; 409: refused by quota, capacity or state
+        assert sum(r.status_code in (200, 202) for r in results) > 50 and sum(r.status_code == 409 for r in results) > 50
         with live.client() as c:
             for _ in range(600):          # let the operations finish
                 if not c.get("/operations", params={"state": "running"}).json() and \

@@ -8,7 +8,9 @@ import time
 import httpx
 import pytest
 
-from .realguest import domains_on, guest, qemu_pids, run_json, scalable_cluster
+from .realguest import domain_memory, domains_on, guest, qemu_pids, run_json, scalable_cluster
+
+BOOT_MEMTOTAL: dict[str, int] = {}      # each guest's MemTotal without DIMMs, seen at its first check
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,12 @@ def consistent(live) -> dict:
             assert [h for h in ("lv1", "lv2") if domain in domains_on(live, h)] == [vm["host"]]
             out = guest(live, name, "nproc; grep MemTotal /proc/meminfo").split()
             assert int(out[0]) == vm["vcpus"], f"{name}: the guest has {out[0]} vCPUs, the store {vm['vcpus']}"
+            # memory too: the domain (live XML) has the store's size, and the guest sees every DIMM of it
+            current, dimms = domain_memory(live, vm["host"], name)
+            assert current == vm["memory_mib"] == vm["boot_memory_mib"] + sum(dimms), (name, vm, current, dimms)
+            base = int(out[2]) - sum(dimms) * 1024
+            assert BOOT_MEMTOTAL.setdefault(name, base) == base, (
+                f"{name}: the guest's MemTotal {out[2]} KiB is not its boot MemTotal + DIMMs {dimms}")
         else:
             assert qemu_pids(domain) == [], f"{name} is {vm['state']} but QEMU runs"
     return vms

@@ -193,7 +193,7 @@ def test_limits_rules():
     lim = Limits(per_cluster=3, outbound_per_host=2, inbound_per_host=1, per_project=2)
     m = lambda i, s, t, p="p": MigrationSlot(str(i), "c", s, t, p)
     assert blocking_limit(m(9, "a", "x"), [m(1, "a", "y"), m(2, "a", "z")], lim).startswith("2 migrations leaving a")
-    assert blocking_limit(m(9, "b", "x"), [m(1, "a", "x")], lim).startswith("1 migrations arriving on x")
+    assert blocking_limit(m(9, "b", "x"), [m(1, "a", "x")], lim).startswith("1 migration arriving on x")
     assert blocking_limit(m(9, "b", "q", "p"), [m(1, "a", "x"), m(2, "c", "y")], lim).startswith("2 migrations of project p")
     assert blocking_limit(m(9, "b", "q", "r"), [m(1, "a", "x"), m(2, "c", "y"), m(3, "d", "z", "s")], lim).startswith(
         "3 migrations copying in cluster c")

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from .realguest import cpu_use, guest, qemu_pids, run_json, scalable_cluster
+from .realguest import (cpu_use, domain_memory, guest, qemu_pids, record_agrees_with_host, run_json,
+                        scalable_cluster)
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +38,12 @@ def test_a_fixed_offering_vm_scales_up_and_down_live_seen_in_the_guest(live):
     # down, live: 2 -> 1 vCPU, 512 -> 256 MiB; then a busy guest may use one CPU at most
     out = scale(live, "fx", "--offering", "f1")
     assert (out["vcpus"], out["memory_mib"]) == (1, 256)
-    assert "soft" in out["scale"] or "unplug" in out["scale"]
+    # the method of each part, not a word that is always there ("memory dimm-unplug; vcpus soft")
+    assert "memory dimm-unplug" in out["scale"] and ("vcpus soft" in out["scale"] or "vcpus unplug" in out["scale"])
     vcpus, mem2, up2 = guest_size(live, "fx")
     assert vcpus == 1 and mem2 == mem0 and up2 > up1
+    assert domain_memory(live, out["host"], "fx") == (256, [])                     # the DIMM really left
+    record_agrees_with_host(live, "fx")
     guest(live, "fx", "for i in 1 2; do (while :; do :; done) >/dev/null 2>&1 & done")
     [pid] = qemu_pids("vmplane-fx")
     assert cpu_use(pid) <= 1.15
@@ -49,8 +53,9 @@ def test_a_fixed_offering_vm_scales_up_and_down_live_seen_in_the_guest(live):
     assert vcpus == 2 and mem3 == mem1 and up3 > up2
     assert qemu_pids("vmplane-fx") == [pid]                                        # the same QEMU, alive
     assert cpu_use(pid) > 1.4                                                      # both busy vCPUs run again
+    record_agrees_with_host(live, "fx")
+    assert run_json(live, "audit")["ok"]                                           # while it runs, scaled
     run_json(live, "vm", "stop", "fx", "--force")
-    assert run_json(live, "audit")["ok"]
 
 
 def test_the_cpu_cap_is_applied_updated_and_removed_live(live):
@@ -98,7 +103,73 @@ def test_a_full_host_moves_the_vm_then_scales_it_and_without_auto_migrate_refuse
         out = scale(live, "mover", "--offering", "f2")
         assert out["host"] == other and out["vcpus"] == 2
         vcpus, mem, _ = guest_size(live, "mover")
-        assert vcpus == 2 and mem > 400 * 1024
+        assert vcpus == 2 and domain_memory(live, other, "mover") == (512, [256])
+        record_agrees_with_host(live, "mover")
         assert run_json(live, "audit")["ok"]
     finally:
         run_json(live, "setting", "set", "mem.overprovisioning.factor", "1.0", "--cluster", "cluster1")
+
+
+def charged(live) -> tuple:
+    usage = run_json(live, "project", "usage", "p")
+    return usage["vcpus"], usage["memory_mib"]
+
+
+def online_dimm_memory_as_kernel(live, vm) -> str:
+    """Inside the guest: re-online the hot-added memory blocks (above 4 GiB, where QEMU places DIMMs) as
+    kernel memory, which the kernel can not migrate away: the guest can no longer release the DIMM."""
+    return guest(live, vm, "bs=$((0x$(cat /sys/devices/system/memory/block_size_bytes))); "
+                           "for m in /sys/devices/system/memory/memory*; do n=${m##*memory}; "
+                           "[ $((n * bs)) -ge $((4 << 30)) ] || continue; echo offline > $m/state; "
+                           "echo online_kernel > $m/state; echo $n $(cat $m/state) $(cat $m/valid_zones); done")
+
+
+def test_the_walkthrough_scale_while_booting_cap_then_down_leaves_domain_guest_record_and_ledger_agreeing(live):
+    """The issue's walkthrough: f1 -> f2 right after the start (the guest still boots), the CPU cap on,
+    then back to f1. Whichever way the DIMM unplug ends, the domain, the guest, the record, the ledger
+    and the host's claim say the same size afterwards."""
+    run_json(live, "vm", "create", "app", "--project", "p", "--offering", "f1", "--template", "scalable", "--start")
+    up = scale(live, "app", "--offering", "f2")                                    # while the guest boots
+    assert (up["vcpus"], up["memory_mib"]) == (2, 512)
+    assert domain_memory(live, up["host"], "app") == (512, [256])
+    vcpus, mem_f2, _ = guest_size(live, "app")
+    assert vcpus == 2
+    record_agrees_with_host(live, "app")
+    scale(live, "app", "--cpu-cap", "on")
+    r = live.cli("vm", "scale", "app", "--offering", "f1", "--output", "json", timeout=300)
+    show = record_agrees_with_host(live, "app")
+    current, dimms = domain_memory(live, show["host"], "app")
+    vcpus, mem, _ = guest_size(live, "app")
+    if r.returncode == 0:                                                          # the guest released it
+        assert (show["vcpus"], show["memory_mib"], current, dimms) == (1, 256, 256, [])
+        assert mem == mem_f2 - 256 * 1024 and vcpus == 1
+    else:            # refused (the DIMM) or failed (the soft vCPU step): the cause named, the size kept
+        said = r.stdout + r.stderr
+        assert "still attached" in said or "vCPUs online" in said, said
+        assert show["memory_mib"] == current and show["vcpus"] == vcpus, (show, current, vcpus)
+        assert mem == (mem_f2 if current == 512 else mem_f2 - 256 * 1024)
+    assert run_json(live, "audit")["ok"]
+    run_json(live, "vm", "stop", "app", "--force")
+
+
+def test_a_guest_that_refuses_the_unplug_fails_the_scale_naming_it_and_keeps_the_larger_size(live):
+    run_json(live, "vm", "create", "keep", "--project", "p", "--offering", "f1", "--template", "scalable",
+             "--start")
+    scale(live, "keep", "--offering", "f2")
+    _, mem_f2, _ = guest_size(live, "keep")
+    blocks = online_dimm_memory_as_kernel(live, "keep")
+    assert "online" in blocks and "Normal" in blocks, blocks
+    before = charged(live)
+    r = live.cli("vm", "scale", "keep", "--offering", "f1", "--output", "json", timeout=300)
+    assert r.returncode != 0, r.stdout
+    message = r.stdout + r.stderr
+    assert "DIMM" in message and "still attached after 3 unplug requests" in message, message
+    assert "the guest did not release it" in message, message
+    show = record_agrees_with_host(live, "keep")
+    assert (show["state"], show["vcpus"], show["memory_mib"], show["offering"]) == ("running", 2, 512, "f2")
+    assert domain_memory(live, show["host"], "keep") == (512, [256])
+    assert charged(live) == before                                                 # still charged the larger size
+    vcpus, mem, _ = guest_size(live, "keep")
+    assert (vcpus, mem) == (2, mem_f2)
+    assert run_json(live, "audit")["ok"]
+    run_json(live, "vm", "stop", "keep", "--force")

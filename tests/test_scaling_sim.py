@@ -147,8 +147,86 @@ def test_a_failed_hot_plug_rolls_back_quota_and_claim(cluster):
     assert o.vm("v").state == "running" and o.audit() == []
 
 
-def test_a_stopped_vm_is_refused(cluster):
+def _sizes(o, name):
+    vm = o.vm(name)
+    dom = o.drivers[vm.host.name].domain(o.domain_name(name))
+    return (vm.vcpus, vm.memory_mib), (dom.usable_vcpus, dom.memory_mib)
+
+
+def test_a_step_that_changed_the_domain_then_failed_is_recorded_at_what_the_domain_has(cluster):
+    """Review finding 2: the vCPU was plugged, the guest never showed it, and the undo failed too: the
+    record, charge and claim follow the domain (2 vCPUs / 512 MiB), they are not given back."""
+    o = cluster
+    o.create_vm("v", "p", "f1", "t", start=True)
+    driver = o.drivers[o.vm("v").host.name]
+    real = driver.set_vcpus
+
+    def plugs_then_times_out(name, vcpus):
+        if vcpus < 2:
+            raise RuntimeError("the console does not answer")     # the undo: no effect
+        real(name, vcpus)
+        raise RuntimeError("the guest shows 1 vCPUs online, not 2")
+
+    driver.set_vcpus = plugs_then_times_out
+    op = o.operation(o.scaler.scale("v", offering="f2")["operation_id"])
+    assert op.state == "failed" and "not 2" in op.message and "recorded and charged at that size" in op.message
+    assert _sizes(o, "v") == ((2, 256), (2, 256))      # the DIMM was unplugged by the undo, the vCPU stays
+    usage(o, "p")                                       # ledger == recomputed from the record
+    assert o.audit() == []                              # claims == record == domain
+
+
+def test_an_unplug_the_guest_refuses_keeps_the_larger_size_recorded_and_charged(cluster):
+    o = cluster
+    o.create_vm("v", "p", "f1", "t", start=True)
+    o.scaler.scale("v", offering="f2")
+    before = usage(o, "p")
+    driver = o.drivers[o.vm("v").host.name]
+
+    def refused(name, mib):
+        if mib < 512:
+            raise RuntimeError("DIMM dimm0 (256 MiB) still attached after 3 unplug requests: the guest did not "
+                               "release it")
+        return type(driver).set_memory(driver, name, mib)
+
+    driver.set_memory = refused
+    op = o.operation(o.scaler.scale("v", offering="f1")["operation_id"])
+    assert op.state == "failed" and "the guest did not release it" in op.message
+    assert _sizes(o, "v") == ((2, 512), (2, 512)) and usage(o, "p") == before and o.audit() == []
+
+
+def test_a_domain_that_can_not_be_read_back_keeps_the_larger_size(cluster):
+    o = cluster
+    o.create_vm("v", "p", "f1", "t", start=True)
+    driver = o.drivers[o.vm("v").host.name]
+    driver.set_vcpus = lambda name, vcpus: (_ for _ in ()).throw(RuntimeError("connection lost"))
+    driver.domain = lambda name: (_ for _ in ()).throw(RuntimeError("connection lost"))
+    op = o.operation(o.scaler.scale("v", offering="f2")["operation_id"])
+    assert op.state == "failed" and "kept at the larger size 2 vCPU(s) / 512 MiB" in op.message
+    vm = o.vm("v")
+    assert (vm.vcpus, vm.memory_mib) == (2, 512)
+    usage(o, "p")
+    del driver.domain
+    # the record keeps the larger size (charged and claimed); the audit shows the domain is smaller
+    assert o.audit() and all("the record says" in problem for problem in o.audit()), o.audit()
+
+
+def test_a_stopped_vm_is_resized_offline_charged_only_at_its_next_start(cluster):
+    o = cluster
+    o.create_vm("v", "p", "f1", "t")
+    plan = o.scaler.scale("v", offering="f2", dry_run=True)
+    assert plan["path"] == "offline resize" and o.vm("v").offering.name == "f1"
+    o.scaler.scale("v", offering="f2")
+    assert (o.vm("v").vcpus, o.vm("v").memory_mib, o.vm("v").offering.name) == (2, 512, "f2")
+    assert usage(o, "p") == Usage(0, 0, 1)
+    with pytest.raises(Conflict, match="its CPU cap follows its offering"):
+        o.scaler.scale("v", cpu_cap=False)
+
+
+def test_an_error_vm_is_refused(cluster):
     cluster.create_vm("v", "p", "f1", "t")
+    from vmplane.store import ledger as L
+    with cluster.db.transaction() as conn:
+        L.set_vm(conn, cluster.vm("v").id, state="error")
     with pytest.raises(Conflict, match="live scaling needs a running VM"):
         cluster.scaler.scale("v", offering="f2")
 
@@ -176,6 +254,7 @@ def test_count_overhead_can_not_flip_while_a_vm_of_the_project_is_being_scaled(c
     with pytest.raises(Conflict, match=r"VMs being scaled \(v\)") as refused:
         o.catalog.set_quota("p", count_overhead=False)
     assert refused.value.field == "count_overhead" and o.catalog.project("p").count_overhead
+    assert o.audit() == [] and o.project_usage("p")["ledger"] == o.project_usage("p")["recomputed"]  # in flight
     deferred.run()
     o.catalog.set_quota("p", count_overhead=False)      # once it is done
     assert o.vm("v").vcpus == 2 and usage(o, "p").memory_mib == 512 and o.audit() == []

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 
 from .catalog import ledger_of, quota_of
+from .drift import is_active, is_paused, size_drift
 from .drivers.base import DomainInfo
 from .model import CHARGED_STATES, VmState
 from .placement import CapacityIndex
@@ -63,18 +64,29 @@ class StoredVm:
     host: str | None
     vcpus: int
     memory_mib: int
+    cpu_cap_percent: float | None = None
+    busy: bool = False                              # an operation or a migration of it is in flight
+    migration: tuple[str, str] | None = None        # (source, target) of its migration while it copies/checks
 
 
-def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | None], prefix: str,
-                       sized: frozenset[str] = frozenset()) -> list[str]:
+def _migration_copies(vm: StoredVm, found: list[tuple[str, DomainInfo]]) -> bool:
+    """Two copies of a VM that is being migrated, one on its source and one on its target: libvirt's incoming
+    domain (paused until the switch-over) or, in post-copy, the paused source. Not a VM running twice."""
+    if vm.migration is None or len(found) != 2 or {h for h, _ in found} != set(vm.migration):
+        return False
+    return any(is_paused(d) for _, d in found)
+
+
+def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | None], prefix: str) -> list[str]:
     """Compare the store with what the hosts run (`seen[host]` None: the host did not answer).
-    A running VM runs on its host and nowhere else; a stopped one runs nowhere; no host runs a
-    vmplane domain the store does not know. On `sized` hosts the domain's size is checked too.
-    VMs in the middle of an operation are only checked for running twice."""
+    A running VM runs on its host and nowhere else, at the recorded memory, vCPUs, CPU cap and state
+    (drift.size_drift); a stopped one runs nowhere; no host runs a vmplane domain the store does not know.
+    VMs in the middle of an operation are only checked for running twice (the two copies of a migration
+    in flight are not), and for being in a moving state with nothing in flight (stuck)."""
     where: dict[str, list[tuple[str, DomainInfo]]] = {}
     for host, domains in seen.items():
         for d in domains or ():
-            if d.running and d.name.startswith(prefix):
+            if is_active(d) and d.name.startswith(prefix):
                 where.setdefault(d.name, []).append((host, d))
     problems = []
     known = set()
@@ -82,10 +94,13 @@ def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | N
         known.add(vm.domain)
         found = where.get(vm.domain, [])
         hosts = sorted(h for h, _ in found)
-        if len(found) > 1:
+        if len(found) > 1 and not _migration_copies(vm, found):
             problems.append(f"vm {vm.name}: runs {len(found)} times, on {', '.join(hosts)}")
             continue
         if vm.state in MOVING_STATES:
+            if not vm.busy:
+                problems.append(f"vm {vm.name}: {vm.state.value} in the store, but no operation or migration of it "
+                                f"is in flight")
             continue
         if vm.state == VmState.running:
             if seen.get(vm.host) is None:
@@ -94,10 +109,9 @@ def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | N
                 problems.append(f"vm {vm.name}: running on {vm.host} in the store, but no host runs it")
             elif hosts[0] != vm.host:
                 problems.append(f"vm {vm.name}: the store says {vm.host}, but it runs on {hosts[0]}")
-            elif vm.host in sized and (found[0][1].vcpus, found[0][1].memory_mib) != (vm.vcpus, vm.memory_mib):
-                d = found[0][1]
-                problems.append(f"vm {vm.name}: {vm.vcpus} vCPU(s) / {vm.memory_mib} MiB in the store, "
-                                f"{d.vcpus} / {d.memory_mib} on {vm.host}")
+            else:
+                problems.extend(str(d) for d in size_drift(vm.name, vm.host, vm.vcpus, vm.memory_mib,
+                                                           vm.cpu_cap_percent, found[0][1]))
         elif vm.state in (VmState.stopped, VmState.error) and found:
             problems.append(f"vm {vm.name}: {vm.state.value} in the store, but it runs on {hosts[0]}")
     for domain in sorted(set(where) - known):

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from . import settings as settings_rules
 from .errors import AlreadyExists, Conflict, Invalid, NotFound, Unauthorized
-from .model import CHARGED_STATES, OfferingKind, Quota, Size, Usage, VmState
+from .model import CHARGED_STATES, IN_FLIGHT_OPERATION_STATES, OfferingKind, Quota, Size, Usage, VmState
 from .model import Offering as OfferingData
 from .names import NAME_RE, check_name
 from .offerings import validate_offering
@@ -27,6 +27,7 @@ from .store.schema import (
     Cluster,
     Host,
     Offering,
+    Operation,
     Project,
     Setting,
     Template,
@@ -52,6 +53,18 @@ def ensure_new(s: Session, model, name: str, field: str = "name") -> None:
     if s.execute(select(model.id).where(model.name == name)).first() is not None:
         noun = model.__tablename__.rstrip("s")
         raise AlreadyExists(f"{noun} {name!r} already exists", field=field)
+
+
+def scales_in_flight(s: Session, project_id: int) -> Usage:
+    """The increase charged at admission by a project's scales still in flight (not yet committed nor
+    rolled back), from each operation's admission record."""
+    total = Usage()
+    for (result,) in s.execute(select(Operation.result).where(
+            Operation.project_id == project_id, Operation.kind == "scale",
+            Operation.state.in_([st.value for st in IN_FLIGHT_OPERATION_STATES]))):
+        dv, dm = ((result or {}).get("admitted") or {}).get("charge_delta") or (0, 0)
+        total = total + Usage(max(dv, 0), max(dm, 0), 0)
+    return total
 
 
 def offering_data(o: Offering) -> OfferingData:
@@ -195,8 +208,11 @@ class Catalog:
         return usage
 
     def recomputed_usage(self, s: Session, p: Project) -> Usage:
+        """Usage from the VMs' sizes, plus the increase each scale in flight was charged at admission
+        (its VM keeps its old size until the scale commits)."""
         rows = s.execute(select(Vm.state, Vm.vcpus, Vm.memory_mib, Vm.overhead_mib).where(Vm.project_id == p.id))
-        return recompute_usage(((VmState(st), Size(c, m), o) for st, c, m, o in rows), p.count_overhead)
+        usage = recompute_usage(((VmState(st), Size(c, m), o) for st, c, m, o in rows), p.count_overhead)
+        return usage + scales_in_flight(s, p.id)
 
     # -- offerings and templates ---------------------------------------------------------------
     def create_offering(self, data: OfferingData) -> Offering:

@@ -2,15 +2,23 @@
 
 An event is written in the same transaction as the change it records, so the log never says
 something happened that the store does not hold (nor misses what it holds). Causes are plain words:
-`user alice (token ci)`, `libvirt event`, `sync`, `recovery`, `monitor`, `operation <id>`.
+`user <token name>` (an API request, and the work it leaves to executor threads and queues), `monitor`,
+`recovery`, `sync`, `libvirt event` (background loops: wrap their work in `acting_as(word)`).
+
+Work that runs later in another thread (an operation, a migration's copy) takes the cause of the
+request that created it: cause_of() finds it (remembered by this process, else the subject's first
+event in the log), since contextvars do not cross an executor by themselves.
 """
 
 from __future__ import annotations
 
 import contextvars
+import datetime as dt
+import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 
-from sqlalchemy import insert
+from sqlalchemy import bindparam, delete, func, insert, select
 from sqlalchemy.engine import Connection
 
 from .store.schema import Event, utcnow
@@ -35,10 +43,113 @@ def acting_as(cause: str):
         _cause.reset(token)
 
 
+def user_cause(token_name: str) -> str:
+    """The cause of what an API request does: the token it was made with."""
+    return f"user {token_name}"
+
+
 def record(conn: Connection, kind: str, subject: str, *, old_state: str | None = None,
            new_state: str | None = None, message: str = "", vm: str | None = None, host: str | None = None,
            project_id: int | None = None, cause: str | None = None) -> None:
-    """Write one event inside the caller's transaction (`conn` is the transaction's connection)."""
-    conn.execute(insert(EVENTS).values(
-        at=utcnow(), kind=kind, subject=subject, project_id=project_id, vm=vm, host=host,
-        old_state=old_state, new_state=new_state, cause=(cause or current_cause())[:128], message=message))
+    """Write one event inside the caller's transaction (`conn` is the transaction's connection).
+    Every PRUNE_EVERY events this process writes, the oldest beyond `vmplane.event.history` go."""
+    global _written
+    conn.execute(_INSERT, {"at": utcnow(), "kind": kind, "subject": subject[:63], "project_id": project_id,
+                           "vm": vm, "host": host, "old_state": old_state, "new_state": new_state,
+                           "cause": (cause or current_cause())[:128], "message": message})
+    if old_state is None and kind in ("operation", "migration"):    # created: its work runs later
+        _remember(subject, (cause or current_cause())[:128])
+    _written += 1
+    if _written % PRUNE_EVERY == 0:
+        prune(conn)
+
+
+def cause_of(conn: Connection, kind: str, subject: str, vm: str | None = None, host: str | None = None) -> str | None:
+    """The cause of the first event of a subject (the request that created an operation or a migration),
+    for work that runs later elsewhere (an executor thread, a queue); None if it has none (pruned).
+    This process remembers the recent ones; others (another process, a restart) are read from the log."""
+    known = remembered(subject)
+    if known is not None:
+        return known
+    stmt = _CAUSE_BY_VM if vm is not None else _CAUSE_BY_HOST if host is not None else _CAUSE
+    return conn.execute(stmt, {"kind": kind, "subject": subject, "vm": vm, "host": host}).scalar()
+
+
+def remembered(subject: str) -> str | None:
+    """The cause this process recorded when `subject` (an operation or migration id) was created."""
+    with _causes_lock:
+        return _causes.get(subject)
+
+
+def _remember(subject: str, cause: str) -> None:
+    with _causes_lock:
+        _causes[subject] = cause
+        while len(_causes) > REMEMBERED:
+            _causes.popitem(last=False)
+
+
+REMEMBERED = 4096           # causes of recently created operations and migrations kept in memory
+_causes: OrderedDict[str, str] = OrderedDict()
+_causes_lock = threading.Lock()
+_E = EVENTS.c
+_CAUSE = (select(_E.cause).where(_E.kind == bindparam("kind"), _E.subject == bindparam("subject"))
+          .order_by(_E.id).limit(1))
+_CAUSE_BY_VM = _CAUSE.where(_E.vm == bindparam("vm"))        # the indexed columns narrow the search
+_CAUSE_BY_HOST = _CAUSE.where(_E.host == bindparam("host"))
+
+
+# -- reading -------------------------------------------------------------------------------------------
+def page(db, page, vm: str | None = None, host: str | None = None, kind: str | None = None,
+         since: int | dt.datetime | None = None, project_id: int | None = None) -> tuple[list[dict], int]:
+    """Events filtered, sorted (newest first by default) and paged in SQL, with their project's name, and
+    their total. `since`: an event id (those after it) or a timestamp (those at or after it).
+    `project_id` limits them to one project's (a member's view)."""
+    from .listing import order_by, run_page
+    from .store.schema import Project
+
+    e = EVENTS.c
+    conds = []
+    for column, value in ((e.vm, vm), (e.host, host), (e.kind, kind), (e.project_id, project_id)):
+        if value is not None:
+            conds.append(column == value)
+    if isinstance(since, int):
+        conds.append(e.id > since)
+    elif since is not None:
+        if since.tzinfo is not None:        # the store keeps naive UTC
+            since = since.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        conds.append(e.at >= since)
+    fields = {"id": e.id, "at": e.at, "kind": e.kind, "subject": e.subject}
+    stmt = (select(e.id, e.at, e.kind, e.subject, e.vm, e.host, Project.name.label("project"), e.old_state,
+                   e.new_state, e.cause, e.message).outerjoin(Project, Project.id == e.project_id))
+    with db.read() as s:
+        return run_page(s, stmt, e.id, conds, order_by(page.sort, fields, "-id", e.id), page, scalars=False)
+
+
+# -- retention ---------------------------------------------------------------------------------------
+PRUNE_EVERY = 500           # events written by this process between two prunes (a test sets 1)
+PRUNE_BATCH = 10_000        # at most this many deleted by one prune: the writer's transaction stays short
+HISTORY_KEY = "vmplane.event.history"
+_INSERT = insert(EVENTS)
+_written = 0
+
+
+def history_limit(conn: Connection) -> int:
+    """`vmplane.event.history` as set (global scope), else its default."""
+    from . import settings as settings_rules
+    from .store.schema import Setting
+
+    raw = conn.execute(select(Setting.value).where(Setting.key == HISTORY_KEY, Setting.scope == "global")).scalar()
+    value = settings_rules.typed(HISTORY_KEY, raw) if raw is not None else None
+    return value if isinstance(value, int) else int(settings_rules.KEYS[HISTORY_KEY].default)
+
+
+def prune(conn: Connection, keep: int | None = None) -> int:
+    """Delete the oldest events beyond the newest `keep` (by id; the setting when None), at most
+    PRUNE_BATCH of them; returns how many went."""
+    keep = history_limit(conn) if keep is None else keep
+    e = EVENTS.c
+    newest, oldest = conn.execute(select(func.max(e.id), func.min(e.id))).one()
+    if newest is None or newest - oldest < keep:
+        return 0
+    below = min(newest - keep + 1, oldest + PRUNE_BATCH)      # ids below this go
+    return conn.execute(delete(EVENTS).where(e.id < below)).rowcount

@@ -75,24 +75,28 @@ class MigrationSlot:
     project: str
 
 
+def _count(n: int) -> str:
+    return f"{n} migration" if n == 1 else f"{n} migrations"
+
+
 def blocking_limit(candidate: MigrationSlot, copying: list[MigrationSlot], limits: Limits) -> str | None:
     """The limit that keeps `candidate` queued while `copying` migrations run, or None if it may start."""
     in_cluster = sum(m.cluster == candidate.cluster for m in copying)
     if in_cluster >= limits.per_cluster:
-        return (f"{in_cluster} migrations copying in cluster {candidate.cluster} (limit {limits.per_cluster}, "
+        return (f"{_count(in_cluster)} copying in cluster {candidate.cluster} (limit {limits.per_cluster}, "
                 f"vmplane.migration.max.per.cluster)")
     outbound = sum(m.source == candidate.source for m in copying)
     if outbound >= limits.outbound_per_host:
-        return (f"{outbound} migrations leaving {candidate.source} (limit {limits.outbound_per_host}, "
+        return (f"{_count(outbound)} leaving {candidate.source} (limit {limits.outbound_per_host}, "
                 f"vmplane.migration.max.outbound.per.host in cluster {candidate.cluster})")
     inbound = sum(m.target == candidate.target for m in copying)
     if inbound >= limits.inbound_per_host:
-        return (f"{inbound} migrations arriving on {candidate.target} (limit {limits.inbound_per_host}, "
+        return (f"{_count(inbound)} arriving on {candidate.target} (limit {limits.inbound_per_host}, "
                 f"vmplane.migration.max.inbound.per.host in cluster {candidate.cluster})")
     if limits.per_project is not None:
         mine = sum(m.project == candidate.project for m in copying)
         if mine >= limits.per_project:
-            return f"{mine} migrations of project {candidate.project} copying (limit {limits.per_project})"
+            return f"{_count(mine)} of project {candidate.project} copying (limit {limits.per_project})"
     return None
 
 

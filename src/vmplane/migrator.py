@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from . import failpoints
+from . import events, failpoints, metrics
 from . import migration as rules
 from .drivers.base import DriverError, MigrationParams
 from .errors import Conflict, Invalid, NotFound
@@ -161,8 +161,9 @@ class Migrator:
             target_host_id=target.id, source=vm.host_name, target=placement.host, cluster=source.cluster,
             state=MigrationState.queued.value, reason=reason, waiting_for="", progress=0, params=params,
             created_at=utcnow()))
+        L.migration_created(conn, migration_id, reason)
         if vm.state == VmState.running.value:
-            L.set_vm(conn, vm.id, state=VmState.migrating)
+            L.set_vm(conn, vm.id, note=f"to {placement.host}", state=VmState.migrating)
         return migration_id
 
     # -- the queue -----------------------------------------------------------------------------
@@ -205,6 +206,15 @@ class Migrator:
 
     # -- the copy ------------------------------------------------------------------------------
     def _run_guarded(self, migration_id: str) -> None:
+        """The copy, in an executor thread, under the cause of the request that asked for the migration."""
+        with self.o.db.read() as s:
+            conn = s.connection()
+            vm = conn.execute(select(L.MIGRATIONS.c.vm_name).where(L.MIGRATIONS.c.id == migration_id)).scalar()
+            cause = events.cause_of(conn, "migration", migration_id, vm=vm)
+        with events.acting_as(cause or events.current_cause()):
+            self._run_copy(migration_id)
+
+    def _run_copy(self, migration_id: str) -> None:
         try:
             self._run(migration_id)
         except Exception as exc:   # a migration must end; the VM stays where libvirt says it is
@@ -289,6 +299,7 @@ class Migrator:
             self.o.drivers[row.source].abort_migration(self.o.domain_name(row.vm_name))
             return
         self._cancelled.discard(migration_id)
+        metrics.MIGRATIONS.labels(state.value).inc()
         if state == MigrationState.failed:
             log.error("migration %s of %s failed: %s", migration_id, row.vm_name, reason)
         if Action.move_claims in actions:
@@ -307,7 +318,7 @@ class Migrator:
         freed: list = []
         if Action.release_target in actions:
             freed = L.release_claim(conn, row.vm_id, row.id)
-            L.set_vm(conn, row.vm_id, **vm_state)
+            L.set_vm(conn, row.vm_id, note=f"migration {state.value}" + (f": {reason}" if reason else ""), **vm_state)
         if Action.move_claims in actions:
             freed = L.release_claim(conn, row.vm_id, None, kind=ClaimKind.running)
             L.promote_claim(conn, row.vm_id, row.id)
@@ -428,6 +439,7 @@ class Migrator:
             with self.o.db.transaction() as conn:
                 L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100, result=result,
                                 message=f"{len(planned)} migration(s) admitted, {len(unplaceable)} VM(s) fit nowhere")
+            metrics.OPERATIONS.labels("drain", "succeeded").inc()
             result["operation_id"] = op_id
         return result
 

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
 from . import audit as audit_rules
-from . import failpoints, metrics
+from . import events, failpoints, metrics
 from .catalog import (
     Catalog,
     ensure_new,
@@ -29,6 +29,7 @@ from .catalog import (
     offering_data,
     quota_of,
 )
+from .adopt import drift_view
 from .drivers.base import DomainSpec, Driver, DriverError, HostInfo
 from .drivers.sim import SimDriver
 from .drivers.simfabric import SimFabric
@@ -42,6 +43,9 @@ from .errors import (
     VmplaneError,
 )
 from .lifecycle import delete_host_row
+from .hostevents import HostEvents
+from .hostmonitor import HostMonitor
+from .hostsync import HostSync
 from .migrator import Migrator
 from .model import (
     IN_FLIGHT_OPERATION_STATES,
@@ -59,6 +63,7 @@ from .offerings import size_for
 from .listing import Page, by_prefix, order_by, run_page
 from .placement import CapacityIndex, Placement, choose
 from .quota import check_admission, running_charge
+from .recovery import Recovery
 from .scaler import Scaler
 from .scaling import ScalingFlags, cap_for_share, cap_share, ceiling
 from .scope import Scope, vm_scope
@@ -147,20 +152,28 @@ class Orchestrator:
         self.closing = threading.Event()    # set by close(): long waits inside operations end early
         self.migrator = Migrator(self)
         self.scaler = Scaler(self)
+        self.recovery = Recovery(self)      # start-up recovery (in the background for the API)
+        # the loops that listen to the hosts, started by start_monitor()
+        self.monitor, self.sync, self.host_events = HostMonitor(self), HostSync(self), HostEvents(self)
 
     # -- start-up ------------------------------------------------------------------------------
-    def load(self) -> None:
-        """Build drivers and the capacity index from the store, then finish interrupted operations:
-        VMs whose domain is gone are recorded stopped, migrations are finished or rolled back by
-        asking their hosts, and other operations are resumed (or rolled back) from their last step."""
+    def load(self, background: bool = False, recover: bool = True) -> None:
+        """Build drivers and the capacity index from the store, then finish interrupted operations
+        (recovery.Recovery): VMs whose domain is gone are recorded stopped, migrations are finished or
+        rolled back by asking their hosts, and other operations are resumed (or rolled back) from their
+        last step. `background`: recovery runs in a thread (the API answers meanwhile, refusing
+        operations on the VMs it has not finished with); wait_recovered() waits for it. `recover=False`:
+        the caller starts it later (`vmplane up` once its local hosts run: recovery.run)."""
         with self.db.read() as s:
             for host in s.scalars(select(Host)).unique():
                 self.drivers[host.name] = self._make_driver(host)
         self.rebuild_index()
-        self.reconcile()
-        self.migrator.recover()
-        self._resume_operations()
-        self.migrator.pump()
+        if recover:
+            self.recovery.run(background)
+
+    def wait_recovered(self, timeout: float | None = None) -> bool:
+        """Wait until start-up recovery is done; False if `timeout` passed first."""
+        return self.recovery.wait(timeout)
 
     def _make_driver(self, host: Host) -> Driver:
         if host.driver == "sim":
@@ -182,7 +195,7 @@ class Orchestrator:
         """Enable a host or take it out of placement (maintenance, disabled, down)."""
         with self._lock:
             with self.db.transaction() as conn:
-                if conn.execute(L.HOSTS.update().where(L.HOSTS.c.name == name).values(state=state.value)).rowcount != 1:
+                if not L.set_host_state(conn, name, state):         # records the change in the event log
                     raise NotFound(f"host {name!r} does not exist", field="host")
             self.index.upsert(replace(self.index.host(name), state=state))
 
@@ -433,7 +446,7 @@ class Orchestrator:
             L.lock_project(conn, vm.project_id)
             freed = L.release_vm(conn, vm.id)
             L.add_to_ledger(conn, vm.project_id, Usage(vms=-1))
-            conn.execute(L.VMS.delete().where(L.VMS.c.id == vm.id))
+            L.delete_vm(conn, vm.id)
         self._unindex(freed)
 
     def _unindex(self, freed: list[tuple[str, int, int]]) -> None:
@@ -443,7 +456,25 @@ class Orchestrator:
                     self.index.add_usage(host, -vcpus, -memory)
 
     # -- operations ----------------------------------------------------------------------------
-    def _run(self, op_id: str, body) -> None:
+    def _run(self, op_id: str, body, cause: str | None = None) -> None:
+        """Run an operation's body (in an executor thread, or later) under `cause`, by default the cause of
+        the request that created it: its events name that user, not whoever's thread happens to run it."""
+        if cause is not None:
+            with events.acting_as(cause):
+                return self._run_body(op_id, body)
+        cause = events.remembered(op_id)          # this process created it: no need to ask the store
+        if cause is None:
+            with self.db.read() as s:
+                conn = s.connection()
+                op = conn.execute(select(L.OPERATIONS.c.kind, L.OPERATIONS.c.target, L.OPERATIONS.c.vm_id)
+                                  .where(L.OPERATIONS.c.id == op_id)).first()
+                cause = op and events.cause_of(conn, "operation", op_id,
+                                               vm=op.target if op.vm_id is not None else None,
+                                               host=op.target if op.kind == "drain" else None)
+        with events.acting_as(cause or events.current_cause()):
+            self._run_body(op_id, body)
+
+    def _run_body(self, op_id: str, body) -> None:
         try:
             body(op_id)
         except Interrupted:
@@ -475,7 +506,7 @@ class Orchestrator:
         spec, driver = self._spec(vm), self.drivers[vm.host_name]
         failpoints.hit("start.before-domain")
         current = driver.domain(spec.name)
-        if current is None or not current.running:
+        if current is None or not current.active:       # a paused domain is there: not started twice
             driver.start(spec)
         failpoints.hit("start.after-domain")
         with self.db.transaction() as conn:
@@ -507,20 +538,69 @@ class Orchestrator:
         """End an operation as failed, giving back what a failed start holds."""
         reason = exc.message if isinstance(exc, VmplaneError) else str(exc) or type(exc).__name__
         freed: list = []
+        presence = self._domain_presence(op_id)     # asked before a start/stop gives anything back
         with self.db.transaction() as conn:
             op = L.operation_row(conn, op_id, lock=True)
             vm = L.vm_row(conn, op.vm_id, lock=True) if op.vm_id is not None else None
-            if vm is not None and op.kind == "start" and vm.state == VmState.starting.value:
-                L.lock_project(conn, vm.project_id)
-                freed = L.release_vm(conn, vm.id)
+            settling = vm is not None and ((op.kind == "start" and vm.state == VmState.starting.value)
+                                           or (op.kind == "stop" and vm.state == VmState.stopping.value))
+            if vm is not None and vm.state in (VmState.starting.value, VmState.stopping.value,
+                                               VmState.scaling.value) and self._host_down(conn, vm.host_id):
+                # nobody can tell what its host did: kept charged and claimed until the host answers
+                # (hostmonitor settles it then), never put back to running/stopped unasked
+                L.set_vm(conn, vm.id, note=f"{op.kind} failed and its host {vm.host_name} does not answer: "
+                                           f"{reason}", state=VmState.unknown)
+            elif settling and presence == "unknown":
+                # its host can not say whether the domain is there: kept charged and claimed, unknown
+                L.set_vm(conn, vm.id, note=f"{op.kind} failed and {vm.host_name} can not tell whether the domain "
+                                           f"exists: {reason}", state=VmState.unknown)
+            elif settling and presence == "running":
+                L.set_vm(conn, vm.id, note=f"{op.kind} failed, but the domain runs on {vm.host_name}: {reason}",
+                         state=VmState.running)
+            elif vm is not None and op.kind == "start" and vm.state == VmState.starting.value:
+                L.lock_project(conn, vm.project_id)      # the host confirmed: no domain runs
+                freed = L.release_vm(conn, vm.id, note=f"start failed: {reason}")
+            elif settling and presence in ("gone", "defined"):
+                L.lock_project(conn, vm.project_id)      # a stop that failed after the domain went
+                freed = L.release_vm(conn, vm.id, note=f"stop reported an error, but the domain is not running "
+                                                       f"on {vm.host_name}: {reason}")
             elif vm is not None and op.kind == "stop" and vm.state == VmState.stopping.value:
-                L.set_vm(conn, vm.id, state=VmState.running)   # the domain still runs; the stop can be retried
+                # the domain still runs; the stop can be retried
+                L.set_vm(conn, vm.id, note=f"stop failed: {reason}", state=VmState.running)
             elif vm is not None and op.kind == "scale" and vm.state == VmState.scaling.value:
-                L.set_vm(conn, vm.id, state=VmState.running)   # at the size the store has; `vmplane audit` checks
+                # at the size the store has; `vmplane audit` checks
+                L.set_vm(conn, vm.id, note=f"scale failed: {reason}", state=VmState.running)
             L.set_operation(conn, op_id, state=OperationState.failed, progress=100,
                             message=f"{op.kind} failed at step {op.step}: {reason}")
         metrics.OPERATIONS.labels(op.kind, "failed").inc()
         self._unindex(freed)
+
+    def _domain_presence(self, op_id: str) -> str | None:
+        """For a failed start or stop: whether the VM's domain is on its host, asked now. "gone" only when
+        the host says it has no such domain; "running" (a QEMU exists), "defined" (not running), or
+        "unknown" when the host can not be asked. None for other operations."""
+        with self.db.read() as s:
+            conn = s.connection()
+            op = L.operation_row(conn, op_id)
+            if op.kind not in ("start", "stop") or op.vm_id is None:
+                return None
+            vm = L.vm_row(conn, op.vm_id)
+        driver = self.drivers.get(vm.host_name) if vm.host_name else None
+        if driver is None:
+            return None
+        try:
+            info = driver.domain(domain_name(vm.name))
+        except Exception as exc:        # unknown is not absent
+            log.warning("vm %s: can not tell whether its domain is on %s: %s", vm.name, vm.host_name, exc)
+            return "unknown"
+        if info is None:
+            return "gone"
+        return "running" if info.active else "defined"
+
+    @staticmethod
+    def _host_down(conn: Connection, host_id: int | None) -> bool:
+        return host_id is not None and conn.execute(select(L.HOSTS.c.state).where(
+            L.HOSTS.c.id == host_id)).scalar() == HostState.down.value
 
     def reconcile(self) -> list[str]:
         """Compare the store with what each reachable host runs: a VM the store has running whose domain
@@ -536,7 +616,7 @@ class Orchestrator:
             by_host.setdefault(host, []).append((vm_id, name))
         for host, vms in by_host.items():
             try:
-                running = {d.name for d in self.drivers[host].domains() if d.running}
+                running = {d.name for d in self.drivers[host].domains() if d.active}   # paused holds memory too
             except DriverError as exc:
                 log.warning("reconcile: host %s unreachable (%s); its VMs are left as they are", host, exc)
                 continue
@@ -546,7 +626,7 @@ class Orchestrator:
                 with self.db.transaction() as conn:
                     vm = L.vm_row(conn, vm_id, lock=True)
                     L.lock_project(conn, vm.project_id)
-                    freed = L.release_vm(conn, vm_id)
+                    freed = L.release_vm(conn, vm_id, note=f"not running on {host} at start-up")
                     op_id = L.new_operation(conn, "reconcile", name, vm_id, vm.project_id, step="done",
                                             progress=100)
                     L.set_operation(conn, op_id, state=OperationState.failed,
@@ -556,67 +636,18 @@ class Orchestrator:
                 log.warning("reconcile: vm %s was not running on %s; recorded as stopped", name, host)
         return findings
 
-    # -- host health -------------------------------------------------------------------------
+    # -- host health (hostmonitor, hostsync, hostevents: this class only starts and stops them) -------
     def check_hosts(self) -> list[str]:
-        """One pass over the libvirt hosts. A host whose libvirtd does not answer is marked down and its
-        running VMs unknown: they keep their charge and claim (they may well still run) and are never
-        started again elsewhere. When it answers again it is enabled, and each unknown VM is found
-        running again or, if its domain is gone, recorded as stopped."""
-        events = []
-        for name, driver in list(self.drivers.items()):
-            if isinstance(driver, SimDriver) or name not in self.index:
-                continue
-            try:
-                running = {d.name for d in driver.domains() if d.running}
-            except DriverError as exc:
-                if self.index.host(name).state != HostState.down:
-                    self.set_host_state(name, HostState.down)
-                    moved = self._set_vm_states(name, VmState.running, VmState.unknown)
-                    events.append(f"{name} is down ({exc}); {moved} VM(s) unknown")
-                    log.error("host %s is down: %s; its VMs are unknown", name, exc)
-                continue
-            if self.index.host(name).state == HostState.down:
-                self.set_host_state(name, HostState.enabled)
-                found = self._set_vm_states(name, VmState.unknown, VmState.running,
-                                            only={n.removeprefix(DOMAIN_PREFIX) for n in running})
-                gone = self.reconcile_unknown(name)
-                events.append(f"{name} is back; {found} VM(s) found running, {gone} gone")
-                log.warning("host %s is back: %d VM(s) running, %d gone", name, found, gone)
-        return events
-
-    def _set_vm_states(self, host: str, old: VmState, new: VmState, only: set[str] | None = None) -> int:
-        with self.db.transaction() as conn:
-            v = L.VMS.c
-            stmt = L.VMS.update().where(v.host_id == self._hosts[host].id, v.state == old.value)
-            if only is not None:
-                stmt = stmt.where(v.name.in_(sorted(only)))
-            return conn.execute(stmt.values(state=new.value)).rowcount
-
-    def reconcile_unknown(self, host: str) -> int:
-        """VMs still unknown on a host that answers again have no domain there: recorded as stopped."""
-        with self.db.read() as s:
-            ids = s.connection().execute(select(L.VMS.c.id).where(
-                L.VMS.c.host_id == self._hosts[host].id, L.VMS.c.state == VmState.unknown.value)).scalars().all()
-        for vm_id in ids:
-            with self.db.transaction() as conn:
-                vm = L.vm_row(conn, vm_id, lock=True)
-                L.lock_project(conn, vm.project_id)
-                freed = L.release_vm(conn, vm_id)
-            self._unindex(freed)
-        return len(ids)
+        """One pass of the host monitor (hostmonitor.HostMonitor.check)."""
+        return self.monitor.check()
 
     def start_monitor(self) -> None:
-        """Check the hosts every `vmplane.host.check.interval` seconds until close()."""
-        self._stop_monitor = threading.Event()
-
-        def loop():
-            while not self._stop_monitor.wait(float(self.catalog.effective("vmplane.host.check.interval"))):
-                try:
-                    self.check_hosts()
-                except Exception:       # the monitor must survive anything one pass meets
-                    log.exception("host check")
-
-        threading.Thread(target=loop, name="vmplane-host-monitor", daemon=True).start()
+        """Start the loops that listen to the hosts until close(): the host monitor (every
+        `vmplane.host.check.interval` s), the full sync (every `vmplane.host.sync.interval` s) and the
+        libvirt event loop."""
+        self.monitor.start()
+        self.sync.start()
+        self.host_events.start()
 
     def exec_in_guest(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
         """Run one shell line in a running VM's guest (through its console); (output, exit code)."""
@@ -658,7 +689,7 @@ class Orchestrator:
             if body is None:
                 self._fail(op_id, Conflict(f"interrupted {kind} cannot be resumed"))
             else:
-                self.executor.submit(self._run, op_id, body)
+                self.executor.submit(self._run, op_id, body, "recovery")
 
     def operation(self, op_id: str) -> Operation:
         with self.db.read() as s:
@@ -775,17 +806,13 @@ class Orchestrator:
             except DriverError:
                 seen[name] = None
         with self.db.read() as s:
-            rows = s.connection().execute(select(L.VMS.c.name, L.VMS.c.state, L.HOSTS.c.name, L.VMS.c.vcpus,
-                                                 L.VMS.c.memory_mib)
-                                          .outerjoin(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id)).all()
-        vms = [audit_rules.StoredVm(n, domain_name(n), VmState(st), h, c, m) for n, st, h, c, m in rows]
-        sized = frozenset(n for n, d in self.drivers.items() if isinstance(d, SimDriver))
-        return audit_rules.placement_problems(vms, seen, DOMAIN_PREFIX, sized)
+            vms = drift_view(s.connection(), domain_name)
+        return audit_rules.placement_problems(vms, seen, DOMAIN_PREFIX)
 
     def close(self) -> None:
         self.closing.set()
-        if getattr(self, "_stop_monitor", None) is not None:
-            self._stop_monitor.set()
+        for loop in (self.monitor, self.sync, self.host_events):
+            loop.stop()
         if isinstance(self.executor, ThreadPoolExecutor):
             self.executor.shutdown(wait=True)
         for driver in self.drivers.values():

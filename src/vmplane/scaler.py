@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import failpoints
+from . import failpoints, metrics
 from . import settings as settings_rules
 from .catalog import offering_data
 from .errors import Conflict, InsufficientCapacity, Interrupted, VmplaneError
@@ -21,6 +21,7 @@ from .model import OperationState, PlacementRequest, Size, Usage, VmState
 from .offerings import size_for
 from .placement import choose
 from .quota import check_admission, overhead_mib, running_charge
+from .resize import resize_stopped
 from .scaling import (
     ScaleFacts,
     ScalePlan,
@@ -35,6 +36,12 @@ if TYPE_CHECKING:
     from .orchestrator import Orchestrator
 
 log = logging.getLogger("vmplane.scaler")
+
+
+def _growth(vcpus: int, memory_mib: int) -> str:
+    """`1 vCPU / 256 MiB`, leaving out a part that does not grow."""
+    parts = [f"{vcpus} vCPU{'s' if vcpus != 1 else ''}"] if vcpus else []
+    return " / ".join(parts + ([f"{memory_mib} MiB"] if memory_mib else [])) or "nothing"
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,8 @@ class Scaler:
         with self.o._lock:
             with self.o.db.transaction() as conn:
                 vm = L.vm_row(conn, name=name, lock=True)
+                if vm.state == VmState.stopped.value:      # offline resize: charged when it next starts
+                    return resize_stopped(self.o, conn, vm, offering, vcpus, memory_mib, cpu_cap, dry_run)
                 current_offering = self.o.catalog.offering_by_id(vm.offering_id)
                 new_offering = self.o.catalog.offering(offering) if offering else current_offering
                 target = self._target(vm, new_offering, vcpus, memory_mib)
@@ -165,8 +174,8 @@ class Scaler:
                 key = "auto.migrate.vm.on.live.scale.insufficient.capacity"
                 if not self.o.catalog.effective(key, meta.zone, meta.cluster):
                     raise InsufficientCapacity(
-                        f"host {vm.host_name} has no room to grow vm {vm.name} by {grow_vcpus} vCPU(s) / {grow_memory} "
-                        f"MiB and {key} is false {self._where(key, vm)}", field="host")
+                        f"host {vm.host_name} has no room to grow vm {vm.name} by {_growth(grow_vcpus, grow_memory)} "
+                        f"and {key} is false {self._where(key, vm)}", field="host")
                 # the move stays within the host's cluster (as a migration without --to does)
                 request = PlacementRequest(plan.target, exclude_hosts=frozenset({vm.host_name}),
                                            exclude_reason="the VM's own host has no room for the new size",
@@ -218,14 +227,30 @@ class Scaler:
             driver = self.o.drivers[vm.host_name]
             domain = self.o.domain_name(vm.name)
             p = a.plan
+            # the intent goes into `applied` before each driver call (a step that raises midway may have
+            # had an effect); each step's result is what the host reads back, and must be the target
             if p.memory_delta_mib:
-                applied.append(("memory", driver.set_memory(domain, p.target.memory_mib)))
+                applied.append(("memory", "attempted"))
+                got = driver.set_memory(domain, p.target.memory_mib)
+                applied[-1] = ("memory", got.method)
+                if got.memory_mib != p.target.memory_mib:
+                    raise Conflict(f"{vm.host_name} reports {got.memory_mib} MiB after the change, not "
+                                   f"{p.target.memory_mib}")
                 failpoints.hit("scale.after-memory")
             if p.vcpus_delta:
-                applied.append(("vcpus", driver.set_vcpus(domain, p.target.vcpus)))
+                applied.append(("vcpus", "attempted"))
+                got = driver.set_vcpus(domain, p.target.vcpus)
+                applied[-1] = ("vcpus", got.method)
+                if got.vcpus != p.target.vcpus:
+                    raise Conflict(f"{vm.host_name} reports {got.vcpus} usable vCPU(s) after the change, not "
+                                   f"{p.target.vcpus}")
             if p.cap_changes or (p.cap_share is not None and p.vcpus_delta):
-                driver.set_cpu_cap(domain, cap_for_share(p.cap_share) if p.cap_share is not None else None)
-                applied.append(("cpu cap", "off" if p.cap_share is None else f"{p.cap_share:.2f}"))
+                want = cap_for_share(p.cap_share) if p.cap_share is not None else None
+                applied.append(("cpu cap", "attempted"))
+                got = driver.set_cpu_cap(domain, want)
+                if got.cpu_cap != want:
+                    raise Conflict(f"{vm.host_name} reports the CPU cap {got.cpu_cap} after the change, not {want}")
+                applied[-1] = ("cpu cap", "off" if p.cap_share is None else f"{p.cap_share:.2f}")
         except Interrupted:
             raise
         except Exception as exc:
@@ -286,49 +311,114 @@ class Scaler:
                          charged_memory_mib=vm.charged_memory_mib + a.charge_delta.memory_mib,
                          cpu_cap_percent=p.cap_share * 100 if p.cap_share is not None else None)
                 L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100,
-                                message="; ".join(steps) or "nothing to do",
+                                message="; ".join(([f"moved to {a.migrate_to}"] if a.migrate_to else []) + steps)
+                                or "nothing to do",
                                 result={"path": a.path, "migrated_to": a.migrate_to, "methods": steps})
             if shrink_vcpus or shrink_memory:
                 self.o.index.add_usage(vm.host_name, -shrink_vcpus, -shrink_memory)
+        metrics.OPERATIONS.labels("scale", "succeeded").inc()
 
     def _roll_back(self, op_id: str, vm_id: int, a: Admitted, applied: list[tuple[str, str]], exc: Exception,
                    claimed_here: bool) -> None:
-        """Undo the driver steps this run did (best effort, newest first) and give back what the
-        increase took, so the store, the claims and the host agree on the old size."""
+        """Undo the whole plan (to the absolute old size: this covers a step that raised midway and steps
+        of a run before a crash), then read the domain back and record the size it really has: the VM's
+        size, its charge and its host claim follow what is confirmed, never what was only asked. When the
+        domain can not be read back, the larger of the two sizes stays recorded, charged and claimed."""
         reason = exc.message if isinstance(exc, VmplaneError) else str(exc)
-        undone = self._undo(vm_id, a, applied)
-        grow_vcpus, grow_memory = max(a.plan.vcpus_delta, 0), max(a.footprint_delta, 0)
+        p = a.plan
+        old, new = p.current, p.target
+        undone, now = "", None
+        if claimed_here:                    # the driver may have been called (in this run or before a crash)
+            undone = self._undo(vm_id, a)
+            now = self._read_back(vm_id)
+            if now is None:
+                size = Size(max(old.vcpus, new.vcpus), max(old.memory_mib, new.memory_mib))
+                found = (f"the domain could not be read back: kept at the larger size {size.vcpus} vCPU(s) / "
+                         f"{size.memory_mib} MiB, charged and claimed")
+            else:
+                size = Size(min(max(now.usable_vcpus, min(old.vcpus, new.vcpus)), max(old.vcpus, new.vcpus)),
+                            min(max(now.memory_mib, min(old.memory_mib, new.memory_mib)),
+                                max(old.memory_mib, new.memory_mib)))
+                found = ("" if size == old else
+                         f"the domain has {size.vcpus} vCPU(s) / {size.memory_mib} MiB: recorded and charged at that size")
+        else:                               # failed before any driver step (the migration first)
+            size, found = old, ""
+        want_cap = cap_for_share(p.cap_share) if p.cap_share is not None else None
+        new_cap = p.cap_changes and now is not None and now.cpu_cap == want_cap
         with self.o._lock:
             with self.o.db.transaction() as conn:
                 vm = L.vm_row(conn, vm_id, lock=True)
+                project = L.lock_project(conn, vm.project_id)
                 increase = Usage(max(a.charge_delta.vcpus, 0), max(a.charge_delta.memory_mib, 0), 0)
-                if increase.vcpus or increase.memory_mib:
-                    L.add_to_ledger(conn, vm.project_id, Usage(-increase.vcpus, -increase.memory_mib, 0))
-                if (grow_vcpus or grow_memory) and claimed_here:
-                    L.shrink_running_claim(conn, vm_id, vm.host_id, grow_vcpus, grow_memory)
-                L.set_vm(conn, vm_id, state=VmState.running)
+                ratio = self.o.index.host(vm.host_name).overhead_ratio
+                if size == old:
+                    overhead, charge = vm.overhead_mib, Usage(vm.charged_vcpus, vm.charged_memory_mib, 0)
+                elif size == new:
+                    overhead = a.overhead_mib
+                    charge = Usage(vm.charged_vcpus + a.charge_delta.vcpus,
+                                   vm.charged_memory_mib + a.charge_delta.memory_mib, 0)
+                else:
+                    overhead = overhead_mib(size, ratio)
+                    charge = running_charge(size, overhead, project.count_overhead)
+                # the ledger holds the old charge plus the admitted increase: make it hold `charge`
+                ledger = Usage(charge.vcpus - vm.charged_vcpus - increase.vcpus,
+                               charge.memory_mib - vm.charged_memory_mib - increase.memory_mib, 0)
+                if ledger.vcpus or ledger.memory_mib:
+                    L.add_to_ledger(conn, vm.project_id, ledger)
+                give_vcpus = give_memory = 0
+                if claimed_here:            # the claim holds max(old, new): make it hold `size`
+                    old_footprint = old.memory_mib + overhead_mib(old, ratio)
+                    held_vcpus = old.vcpus + max(p.vcpus_delta, 0)
+                    held_memory = old_footprint + max(a.footprint_delta, 0)
+                    footprint = (old_footprint if size == old else
+                                 old_footprint + a.footprint_delta if size == new else size.memory_mib + overhead)
+                    give_vcpus, give_memory = max(held_vcpus - size.vcpus, 0), max(held_memory - footprint, 0)
+                    if give_vcpus or give_memory:
+                        L.shrink_running_claim(conn, vm_id, vm.host_id, give_vcpus, give_memory)
+                L.set_vm(conn, vm_id, state=VmState.running, vcpus=size.vcpus, memory_mib=size.memory_mib,
+                         overhead_mib=overhead, charged_vcpus=charge.vcpus, charged_memory_mib=charge.memory_mib,
+                         **({"offering_id": a.offering_id} if size == new and size != old else {}),
+                         **({"cpu_cap_percent": p.cap_share * 100 if p.cap_share is not None else None}
+                            if new_cap else {}))
                 done = "; ".join(f"{what} {how}" for what, how in applied) or "no step"
                 L.set_operation(conn, op_id, state=OperationState.failed, progress=100,
-                                message=f"scale failed after [{done}]: {reason}" + (f"; {undone}" if undone else ""))
-            if (grow_vcpus or grow_memory) and claimed_here:
-                self.o.index.add_usage(vm.host_name, -grow_vcpus, -grow_memory)
-        log.warning("scale of vm %s failed: %s", vm_id, reason)
+                                message=f"scale failed after [{done}]: {reason}" + (f"; {undone}" if undone else "")
+                                + (f"; {found}" if found else ""),
+                                result={"path": a.path, "recorded": [size.vcpus, size.memory_mib]})
+            if give_vcpus or give_memory:
+                self.o.index.add_usage(vm.host_name, -give_vcpus, -give_memory)
+        log.warning("scale of vm %s failed: %s%s", vm_id, reason, f" ({found})" if found else "")
 
-    def _undo(self, vm_id: int, a: Admitted, applied: list[tuple[str, str]]) -> str:
-        """Put the domain back at its old size; says what could not be undone."""
-        if not applied:
-            return ""
+    def _undo(self, vm_id: int, a: Admitted) -> str:
+        """Put the domain back at its old size, every part the plan changes (the steps are absolute, so
+        this is safe for steps never attempted or done by a run before a crash); says what failed."""
         with self.o.db.read() as s:
             vm = L.vm_row(s.connection(), vm_id)
-        driver, domain, old = self.o.drivers[vm.host_name], self.o.domain_name(vm.name), a.plan.current
-        undo = {"memory": lambda: driver.set_memory(domain, old.memory_mib),
-                "vcpus": lambda: driver.set_vcpus(domain, old.vcpus),
-                "cpu cap": lambda: driver.set_cpu_cap(
-                    domain, cap_for_share(vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None)}
+        driver, domain, p = self.o.drivers[vm.host_name], self.o.domain_name(vm.name), a.plan
+        old = p.current
+        steps = []
+        if p.cap_changes or (p.cap_share is not None and p.vcpus_delta):
+            steps.append(("cpu cap", lambda: driver.set_cpu_cap(
+                domain, cap_for_share(vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None)))
+        if p.vcpus_delta:
+            steps.append(("vcpus", lambda: driver.set_vcpus(domain, old.vcpus)))
+        if p.memory_delta_mib:
+            steps.append(("memory", lambda: driver.set_memory(domain, old.memory_mib)))
         failed = []
-        for what, _how in reversed(applied):
+        for what, step in steps:
             try:
-                undo[what]()
-            except Exception as exc:    # reported in the operation; the audit shows the difference
+                step()
+            except Exception as exc:    # the read-back that follows says what the domain is
                 failed.append(f"{what} not undone ({exc})")
         return "; ".join(failed)
+
+    def _read_back(self, vm_id: int):
+        """The VM's domain as its host reports it now; None if it can not be read (or is not there)."""
+        with self.o.db.read() as s:
+            vm = L.vm_row(s.connection(), vm_id)
+        try:
+            info = self.o.drivers[vm.host_name].domain(self.o.domain_name(vm.name))
+        except Exception as exc:        # unknown is not "as before"
+            log.warning("scale of vm %s: the domain can not be read back: %s", vm.name, exc)
+            return None
+        return info if info is not None and info.active else None

@@ -40,11 +40,14 @@ class ControlPlane:
         self.db.dispose()
 
 
-def build(db_url: str | None = None) -> ControlPlane:
+def build(db_url: str | None = None, recover: bool = True) -> ControlPlane:
+    """The control plane of a store; its start-up recovery runs in the background (the API answers at
+    once; /healthz shows what is still recovered), or, with `recover=False`, when the caller says
+    (`orchestrator.recovery.run(background=True)`: `vmplane up` once its local hosts run)."""
     db = Database(db_url or default_db_url())
     db.migrate()
     orch = Orchestrator(db)
-    orch.load()
+    orch.load(background=True, recover=recover)
     orch.start_monitor()
     return ControlPlane(db, orch, create_app(orch))
 

@@ -140,8 +140,13 @@ KEYS: dict[str, SettingKey] = {k.key: k for k in [
     _float("vmplane.host.check.interval", 5.0, "global",
            "Seconds between checks that each libvirt host answers (a host that does not is marked down).",
            0.1, 3600),
+    _int("vmplane.host.sync.interval", 30, "global",
+         "Seconds between full syncs of every host's domains with the record (the safety net for missed "
+         "libvirt events).", 1, 3600),
     _int("vmplane.operation.history", 10000, "global",
          "Finished operations kept for `operations list`.", 0, 10_000_000),
+    _int("vmplane.event.history", 100_000, "global",
+         "Events kept for `vmplane events` (the oldest go, in batches, once there are more).", 0, 10_000_000),
 ]}
 
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, FastAPI
+from fastapi_offline import FastAPIOffline
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .. import __version__
+from .. import __version__, events
 from ..errors import VmplaneError
 from ..orchestrator import Orchestrator
-from .deps import Caller
+from .deps import Caller, caller
 from .errors import install_error_handlers
 from .paging import known_query_params
+from .routers import events as event_routes
 from .routers import hosts, offerings, operations, projects, settings, tokens, vms, zones
 from .schemas import ErrorBody
 
@@ -48,26 +52,48 @@ class BearerAuth:
             except VmplaneError as exc:
                 return await _unauthorized(exc.message)(scope, receive, send)
             scope.setdefault("state", {})["caller"] = Caller(name, role, project_id)
+            # what this request changes is recorded as caused by its token (work it leaves to executor
+            # threads carries the cause on: Orchestrator._run, Migrator._run_guarded)
+            with events.acting_as(events.user_cause(name)):
+                return await self.app(scope, receive, send)
         await self.app(scope, receive, send)
 
 
 def create_app(orch: Orchestrator) -> FastAPI:
-    app = FastAPI(title="vmplane", version=__version__, responses=PLAIN_ERRORS,
-                  dependencies=[Depends(known_query_params)],
-                  description="Control plane for KVM clusters: migration-neutral quotas, live scaling.\n\n"
-                              + ERROR_CODES)
+    # FastAPIOffline: /docs loads Swagger UI from the package, not a CDN (air-gapped control planes)
+    app = FastAPIOffline(title="vmplane", version=__version__, responses=PLAIN_ERRORS,
+                         dependencies=[Depends(known_query_params)],
+                         description="Control plane for KVM clusters: migration-neutral quotas, live scaling.\n\n"
+                                     + ERROR_CODES)
     app.state.orchestrator = orch
     install_error_handlers(app)
 
     app.add_middleware(BearerAuth, catalog=orch.catalog)
     api = APIRouter(prefix="/api/v1", responses=ERRORS)
-    for module in (zones, hosts, projects, offerings, settings, vms, operations, tokens):
+    for module in (zones, hosts, projects, offerings, settings, vms, operations, tokens, event_routes):
         api.include_router(module.router)
+
+    def _project_of(vm: str) -> int | None:
+        try:
+            return orch.vm(vm).project_id
+        except VmplaneError:
+            return None
+
+    @api.get("/recovery", tags=["health"])
+    def recovery(who: Annotated[Caller, Depends(caller)]) -> dict:
+        """Start-up recovery: done or not, its phase, and the VMs it has not finished with (operations on
+        them are refused with 409 meanwhile). Members see their own project's VMs only."""
+        status = orch.recovery.status()
+        if not who.is_admin:
+            status["vms"] = {k: v for k, v in status["vms"].items() if _project_of(k) == who.project_id}
+            status["pending_vms"] = len(status["vms"])
+        return status
     app.include_router(api)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict:
-        return {"status": "ok", "version": __version__, "hosts": len(orch.index)}
+        return {"status": "ok", "version": __version__, "hosts": len(orch.index),
+                "recovery": orch.recovery.status(vms=False)}
 
     @app.get("/metrics", tags=["health"], responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
     def metrics() -> PlainTextResponse:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -12,14 +10,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import VmplaneError
 
-log = logging.getLogger("vmplane.api")
-
 
 def _field_of(loc: tuple) -> str | None:
     names = [str(part) for part in loc if isinstance(part, str) and part not in ("body", "query", "path")]
     # pydantic adds the type tag of a union member ("int", "str") after the field name
     names = [n for n in names if n not in ("int", "str", "float", "bool", "function-after[...]")]
     return names[0] if names else None
+
+
+def _is_name_length(error: dict) -> bool:
+    ctx = error.get("ctx") or {}
+    return (error.get("type") == "string_too_long" and ctx.get("max_length") == 63) or (
+        error.get("type") == "string_too_short" and ctx.get("min_length") == 1)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -38,6 +40,8 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"{field}: unknown field"
         elif first.get("type") == "missing":
             message = f"{field}: field required"
+        elif _is_name_length(first):        # the house rule for names, as check_name words it
+            message = f"{field}: use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit"
         else:
             message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
         return JSONResponse({"error": "invalid", "message": message, "field": field}, status_code=422)
@@ -65,6 +69,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception):
-        log.exception("unhandled error")
+        # no log here: Starlette re-raises after this answer and the server logs the traceback once
         return JSONResponse({"error": "internal", "message": f"internal error: {type(exc).__name__}",
                              "field": None}, status_code=500)

@@ -241,6 +241,22 @@ class OperationOut(Response):
     updated_at: UtcDatetime
 
 
+class EventOut(Response):
+    id: int = Field(description="increasing: `since=<id>` asks for the events after this one")
+    at: UtcDatetime
+    kind: Literal["vm", "host", "migration", "operation"]
+    subject: str = Field(description="the VM's or host's name, the migration's or operation's id")
+    vm: str | None = Field(description="the VM it concerns, if any")
+    host: str | None = Field(description="the host it concerns (a VM's host, a migration's source), if any")
+    project: str | None = Field(description="the project of its VM; null for hosts and drains (or a project "
+                                            "since deleted)")
+    old_state: str | None = Field(description="null when the subject was created")
+    new_state: str | None
+    cause: str = Field(description="`user <token name>` for API requests (and the work they start), or "
+                                   "`monitor`, `recovery`, `sync`, `libvirt event`")
+    message: str
+
+
 class VmStop(Request):
     force: StrictBool = Field(False, description="power off at once instead of asking the guest first")
 
@@ -333,3 +349,19 @@ class TokenOut(BaseModel):
 class AuditOut(BaseModel):
     ok: bool
     problems: list[str]
+
+
+class SyncChange(BaseModel):
+    field: str = Field(description="host, state, vcpus, memory_mib or cpu_cap")
+    record: str = Field(description="what the record said")
+    host: str = Field(description="what the host runs, now recorded")
+
+
+class VmSyncOut(BaseModel):
+    vm: str
+    in_sync: bool = Field(description="the record already said what the host runs; nothing changed")
+    changes: list[SyncChange]
+    over_quota: str | None = Field(None, description="the adopted size exceeds the project's quota by this "
+                                                     "(the VM keeps running)")
+    message: str
+    host: str | None = Field(None, description="where the VM runs; none: no host runs it (recorded stopped)")

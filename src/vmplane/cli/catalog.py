@@ -18,13 +18,14 @@ from .common import (
 
 # -- projects ----------------------------------------------------------------------------------
 @api_command(groups["project"], "create")
-def project_create(name: str, vcpus: int = typer.Option(..., min=0), memory: Size = None,
-                   vms: int = typer.Option(100, min=0), count_overhead: bool = typer.Option(False),
+def project_create(name: str, vcpus: int = typer.Option(..., min=0, help="vCPU quota"),
+                   memory: str = typer.Option(..., help="memory quota: 512MiB, 16GiB or plain MiB", metavar="SIZE"),
+                   vms: int = typer.Option(100, min=0, help="VM count quota"),
+                   count_overhead: bool = typer.Option(False, help="charge each VM's QEMU overhead to the quota"),
                    max_concurrent_migrations: Optional[int] = typer.Option(
                        None, min=0, help="live migrations of its VMs at once; 0 or left out = unlimited"),
                    *, client: Client):
-    if memory is None:
-        raise typer.BadParameter("is required", param_hint="--memory")
+    """Create a project (a tenant) with its quota."""
     return client.post("/projects", {"name": name, "vcpus": vcpus, "memory_mib": mib(memory), "vms": vms,
                                      "count_overhead": count_overhead,
                                      "max_concurrent_migrations": max_concurrent_migrations})
@@ -44,6 +45,7 @@ def project_quota(name: str, vcpus: Optional[int] = typer.Option(None, min=0), m
 
 @api_command(groups["project"], "usage")
 def project_usage(name: str, client: Client):
+    """Used / quota / percent per resource, and whether the ledger equals the recomputed usage."""
     u = client.get(f"/projects/{name}/usage")
     return u
 
@@ -81,6 +83,7 @@ def project_list(client: Client):
 
 @api_command(groups["project"], "show")
 def project_show(name: str, client: Client):
+    """Show one project: quota and usage."""
     return client.get(f"/projects/{name}")
 
 
@@ -100,6 +103,7 @@ def offering_create(name: str, kind: str = typer.Option(..., help="fixed, custom
                     cpu_speed: Optional[int] = typer.Option(None, help="MHz per vCPU"),
                     cpu_cap: bool = typer.Option(False), dynamic_scaling: bool = typer.Option(False),
                     *, client: Client):
+    """Create a compute offering: fixed sizes or ranges, CPU speed, cap and live scaling."""
     body = {"name": name, "kind": kind, "vcpus": vcpus, "memory_mib": mib(memory), "min_vcpus": min_vcpus,
             "max_vcpus": max_vcpus, "min_memory_mib": mib(min_memory, "--min-memory"),
             "max_memory_mib": mib(max_memory, "--max-memory"),
@@ -115,6 +119,7 @@ def offering_list(client: Client):
 
 @api_command(groups["offering"], "show")
 def offering_show(name: str, client: Client):
+    """Show one offering."""
     return client.get(f"/offerings/{name}")
 
 
@@ -135,6 +140,7 @@ def offering_delete(name: str, client: Client):
 def template_create(name: str, image: str = typer.Option(...),
                     dynamic_scaling: bool = typer.Option(False, help="its guests can be scaled live"),
                     *, client: Client):
+    """Register a guest image as a template."""
     return client.post("/templates", {"name": name, "image": image, "dynamic_scaling": dynamic_scaling})
 
 
@@ -146,6 +152,7 @@ def template_list(client: Client):
 
 @api_command(groups["template"], "show")
 def template_show(name: str, client: Client):
+    """Show one template."""
     return client.get(f"/templates/{name}")
 
 
@@ -199,6 +206,7 @@ def setting_unset(key: str, zone: Optional[str] = typer.Option(None), cluster: O
 @api_command(groups["setting"], "get")
 def setting_get(key: str, zone: Optional[str] = typer.Option(None), cluster: Optional[str] = typer.Option(None),
                 *, client: Client):
+    """The effective value of a setting at a scope, and where it comes from."""
     scope, scope_name = _scope(zone, cluster)
     return client.get(f"/settings/{key}", scope=scope, scope_name=scope_name)
 

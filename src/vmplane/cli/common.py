@@ -107,7 +107,8 @@ def api_command(group: typer.Typer, name: str, lists: bool = False, **kwargs):
         if lists:
             extra.append(inspect.Parameter("wide", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=Wide))
         wants_output = "output" in sig.parameters      # the command reads --output itself
-        params = [p for p in sig.parameters.values() if p.name not in ("client", "output")] + extra
+        wants_wide = lists and "wide" in sig.parameters      # ... or --wide
+        params = [p for p in sig.parameters.values() if p.name not in ("client", "output", "wide")] + extra
 
         @functools.wraps(fn)
         def run(*args, output: OutputFormat, api: str, token: Optional[str], wide: bool = False, **kw):
@@ -115,6 +116,8 @@ def api_command(group: typer.Typer, name: str, lists: bool = False, **kwargs):
             client = Client(api, token)
             if wants_output:
                 kw["output"] = output
+            if wants_wide:
+                kw["wide"] = wide
             try:
                 result = fn(*args, client=client, **kw)
             except ApiError as exc:
@@ -126,7 +129,7 @@ def api_command(group: typer.Typer, name: str, lists: bool = False, **kwargs):
 
         run.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         # Typer reads annotations too: the command's own `output: str` must not override the option's type
-        run.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k not in ("client", "output")}
+        run.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k not in ("client", "output", "wide")}
         return group.command(name, **kwargs)(run)
 
     return wrap

@@ -26,11 +26,13 @@ from .common import (
 # -- zones, clusters, hosts --------------------------------------------------------------------
 @api_command(groups["zone"], "create")
 def zone_create(name: str, client: Client):
+    """Create a zone."""
     return client.post("/zones", {"name": name})
 
 
 @api_command(groups["zone"], "list", lists=True)
 def zone_list(client: Client):
+    """List zones."""
     return client.get("/zones"), ["name"], "zones"
 
 
@@ -43,11 +45,13 @@ def zone_delete(name: str, client: Client):
 
 @api_command(groups["cluster"], "create")
 def cluster_create(name: str, zone: str = typer.Option(..., help="zone of the cluster"), *, client: Client):
+    """Create a cluster of hosts in a zone."""
     return client.post("/clusters", {"name": name, "zone": zone})
 
 
 @api_command(groups["cluster"], "list", lists=True)
 def cluster_list(client: Client):
+    """List clusters and their zones."""
     return client.get("/clusters"), ["name", "zone"], "clusters"
 
 
@@ -90,6 +94,7 @@ def host_delete(name: str, client: Client):
 
 @api_command(groups["host"], "show")
 def host_show(name: str, client: Client):
+    """Show one host: capacity under overcommit, what is claimed, state."""
     return client.get(f"/hosts/{name}")
 
 

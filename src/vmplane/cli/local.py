@@ -36,11 +36,11 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
     except VmplaneError as exc:
         console.print(f"[red]error[/red] {exc.message}")
         raise typer.Exit(1)
-    plane = server.build(db)
+    plane = server.build(db, recover=False)
     try:
         names = server.prepare_local_cluster(plane.orchestrator, hosts, kind)
-        for finding in plane.orchestrator.reconcile():      # the hosts are up now: compare again
-            console.print(f"reconcile: {finding}")
+        # the hosts run now: recover in the background (what it finds is logged and in the event log)
+        plane.orchestrator.recovery.run(background=True)
     except BaseException:
         plane.close()
         if kind == "libvirt" and not keep_hosts:

@@ -93,6 +93,7 @@ def vm_list(project: Optional[str] = typer.Option(None), state: Optional[str] = 
 
 @api_command(groups["vm"], "show")
 def vm_show(name: str, client: Client):
+    """Show one VM: size, state, host, zone, ceiling prepared at start."""
     return client.get(f"/vms/{name}")
 
 
@@ -171,17 +172,33 @@ def vm_scale(name: str, offering: Optional[str] = typer.Option(None, help="anoth
              vcpus: Optional[int] = typer.Option(None, min=1), memory: Size = None,
              cpu_cap: Optional[CapSwitch] = typer.Option(None, help="on or off"),
              dry_run: bool = typer.Option(False, help="say which path would be taken, change nothing"),
-             wait: bool = typer.Option(True, help="wait until the guest has the new size"), *, client: Client):
-    """Live-scale a running VM: vCPUs, memory and CPU cap, without a reboot."""
+             wait: bool = typer.Option(True, help="wait until the guest has the new size"), output: str = "table", *,
+             client: Client):
+    """Live-scale a running VM: vCPUs, memory and CPU cap, without a reboot. A stopped VM is resized
+    offline (offering and size; nothing charged until it next starts; its CPU cap follows its offering)."""
     if offering is None and vcpus is None and memory is None and cpu_cap is None:
         raise typer.BadParameter("give --offering, --vcpus and/or --memory, or --cpu-cap on|off")
     body = {"offering": offering, "vcpus": vcpus, "memory_mib": mib(memory), "dry_run": dry_run,
             "cpu_cap": None if cpu_cap is None else CapSwitch(cpu_cap) == CapSwitch.on}
     result = client.post(f"/vms/{name}/scale", {k: v for k, v in body.items() if v is not None})
     if dry_run:
+        if output == "table":       # [from, to] pairs read better as arrows
+            result = {k: f"{v[0]} -> {v[1]}" if k in ("vcpus", "memory_mib") else v for k, v in result.items()}
         return result
     done = _follow(client, result, wait)
     return {**done["vm"], "scale": (done.get("operation") or {}).get("message")} if wait else done
+
+
+@api_command(groups["vm"], "sync")
+def vm_sync(name: str, output: str = "table", *, client: Client):
+    """Adopt what the host really runs for a VM into the record (size, CPU cap, state, host): its charge
+    and host claim follow. A VM grown beyond its project's quota is adopted and reported, never stopped."""
+    result = client.post(f"/vms/{name}/sync")
+    if output == "table":
+        return {"vm": result["vm"], "host": result["host"],
+                "changes": [f"{c['field']}: {c['record']} -> {c['host']}" for c in result["changes"]] or "in sync",
+                **({"over_quota": result["over_quota"]} if result["over_quota"] else {})}
+    return result
 
 
 @api_command(groups["migration"], "list", lists=True)
@@ -197,11 +214,13 @@ def migration_list(vm: Optional[str] = typer.Option(None), host: Optional[str] =
 
 @api_command(groups["migration"], "show")
 def migration_show(migration_id: str, client: Client):
+    """Show one migration (id or a unique prefix of 4+ characters): progress, statistics, reason."""
     return client.get(f"/migrations/{migration_id}")
 
 
 @api_command(groups["vm"], "delete")
 def vm_delete(name: str, client: Client):
+    """Delete a stopped VM (its `vms` charge is given back)."""
     client.call("DELETE", f"/vms/{name}")
     return {"deleted": name}
 
@@ -219,6 +238,7 @@ def operation_list(state: Optional[str] = typer.Option(None), kind: Optional[str
 
 @api_command(groups["operation"], "show")
 def operation_show(op_id: str, client: Client):
+    """Show one operation (id or a unique prefix of 4+ characters): state, step, progress, message."""
     return client.get(f"/operations/{op_id}")
 
 

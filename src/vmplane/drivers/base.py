@@ -54,11 +54,47 @@ class DomainSpec:
 
 @dataclass(frozen=True)
 class DomainInfo:
+    """A domain as its host reports it (read back, never what was asked).
+
+    `state`/`reason` are libvirt's (`running`/`booted`, `paused`/`postcopy-failed`, `shutoff`/`destroyed`,
+    ...). `running` means the guest executes (running or blocked): a PAUSED domain is not running,
+    although its QEMU holds memory: that is `active`. `vcpus` is the plugged count; `usable_vcpus` what
+    the guest may use (a soft scale-down leaves vCPUs plugged but offline and capped); `memory_mib` the
+    domain's current memory (boot memory + DIMMs)."""
+
     name: str
     running: bool
     vcpus: int
     memory_mib: int
     cpu_cap: CpuCap | None = None
+    state: str = "running"
+    reason: str = ""
+    soft_vcpus: int | None = None       # the whole-domain cap in CPUs a soft scale-down set; None: none
+
+    @property
+    def active(self) -> bool:
+        """A QEMU process exists for it (running, paused, blocked, shutting down): it holds the host's memory."""
+        return self.state not in ("shutoff", "crashed", "nostate")
+
+    @property
+    def usable_vcpus(self) -> int:
+        return min(self.vcpus, self.soft_vcpus) if self.soft_vcpus else self.vcpus
+
+
+@dataclass(frozen=True)
+class Resized:
+    """What a live change left: `method` says how it was done; the rest is read back from the host
+    after the change (the domain's size now), which is what the store may record."""
+
+    method: str
+    vcpus: int                      # vCPUs the guest may use (plugged, less those offlined softly)
+    memory_mib: int                 # the domain's current memory
+    cpu_cap: CpuCap | None          # the per-vCPU cap in force
+    plugged_vcpus: int = 0
+
+    @classmethod
+    def of(cls, method: str, info: "DomainInfo") -> "Resized":
+        return cls(method, info.usable_vcpus, info.memory_mib, info.cpu_cap, info.vcpus)
 
 
 @dataclass(frozen=True)
@@ -115,22 +151,30 @@ class Driver(abc.ABC):
         """Every domain this host runs or has defined."""
 
     def domain(self, name: str) -> DomainInfo | None:
+        """The domain, running or only defined; None only when the host confirms it has no such domain
+        (a host that can not be asked raises DriverError: unknown is not absent)."""
         for info in self.domains():
             if info.name == name:
                 return info
         return None
 
-    @abc.abstractmethod
-    def set_vcpus(self, name: str, vcpus: int) -> str:
-        """Change the live vCPU count; returns the method used ("hotplug", "unplug", "soft")."""
+    # The set_* methods return what the domain IS after the change, read back from the host (a
+    # Resized), never what was asked: a request the hypervisor only accepted (a DIMM unplug the guest
+    # has not completed) is not an effect. They raise DriverError when the change is not confirmed;
+    # the domain may then be anywhere between the old and the new size: read it back (domain()).
 
     @abc.abstractmethod
-    def set_memory(self, name: str, memory_mib: int) -> str:
-        """Change the live memory; returns the method used ("dimm", "dimm-unplug", "unchanged")."""
+    def set_vcpus(self, name: str, vcpus: int) -> Resized:
+        """Change the live vCPU count; method "hotplug", "unplug", "soft", "online", "unchanged"."""
 
     @abc.abstractmethod
-    def set_cpu_cap(self, name: str, cap: CpuCap | None) -> None:
-        """Apply, change or (None) remove the CPU cap of a running domain."""
+    def set_memory(self, name: str, memory_mib: int) -> Resized:
+        """Change the live memory; method "dimm", "dimm-unplug", "unchanged". An unplug returns only
+        once the DIMM left the domain (confirmed), else raises naming why."""
+
+    @abc.abstractmethod
+    def set_cpu_cap(self, name: str, cap: CpuCap | None) -> Resized:
+        """Apply, change or (None) remove the CPU cap of a running domain; method "cap"."""
 
     @abc.abstractmethod
     def migrate(self, name: str, target: "Driver", params: MigrationParams,

@@ -32,9 +32,33 @@ from .base import (
     MigrationParams,
     MigrationStats,
     ProgressCallback,
+    Resized,
 )
 
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
+NO_CAP = 17592186044415          # what libvirt reports (and takes) for "no CFS quota"
+
+
+def _names(prefix: str) -> dict[int, str]:
+    return {getattr(libvirt, n): n[len(prefix):].lower().replace("_", "-") for n in dir(libvirt)
+            if n.startswith(prefix)}
+
+
+_STATES = {libvirt.VIR_DOMAIN_NOSTATE: "nostate", libvirt.VIR_DOMAIN_RUNNING: "running",
+           libvirt.VIR_DOMAIN_BLOCKED: "blocked", libvirt.VIR_DOMAIN_PAUSED: "paused",
+           libvirt.VIR_DOMAIN_SHUTDOWN: "shutdown", libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
+           libvirt.VIR_DOMAIN_CRASHED: "crashed", libvirt.VIR_DOMAIN_PMSUSPENDED: "pmsuspended"}
+_REASONS = {libvirt.VIR_DOMAIN_RUNNING: _names("VIR_DOMAIN_RUNNING_"),
+            libvirt.VIR_DOMAIN_PAUSED: _names("VIR_DOMAIN_PAUSED_"),
+            libvirt.VIR_DOMAIN_SHUTOFF: _names("VIR_DOMAIN_SHUTOFF_"),
+            libvirt.VIR_DOMAIN_CRASHED: _names("VIR_DOMAIN_CRASHED_"),
+            libvirt.VIR_DOMAIN_SHUTDOWN: {0: "unknown", 1: "user"}}
+
+
+def is_absent(exc: libvirt.libvirtError) -> bool:
+    """The one rule: only VIR_ERR_NO_DOMAIN says a domain is gone; any other error is "don't know"."""
+    return exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
+
 _MARK = re.compile(rb"__VMP_B(\w+)__\r?\n(.*?)__VMP_E\1_(\d+)__", re.S)
 
 
@@ -87,6 +111,7 @@ class LibvirtDriver(Driver):
         self._conn: libvirt.virConnect | None = None
         self._conn_lock = threading.Lock()
         self._console_locks: dict[str, threading.Lock] = {}
+        self._watchers: list = []          # lifecycle callbacks, registered on every connection opened
 
     # -- connection ----------------------------------------------------------------------------
     @property
@@ -99,7 +124,26 @@ class LibvirtDriver(Driver):
                 except libvirt.libvirtError as exc:
                     raise DriverError(self.host, f"cannot connect to {self.uri}: {exc.get_error_message()}") from None
                 self._conn.setKeepAlive(5, 3)
+                for callback in self._watchers:
+                    self._register_watch(self._conn, callback)
             return self._conn
+
+    def watch(self, callback) -> None:
+        """`callback(host, domain_name, event, detail)` for every lifecycle event of this host's domains,
+        on each connection this driver opens (registered again after a reconnect). It runs in libvirt's
+        event thread: it must not block."""
+        with self._conn_lock:
+            self._watchers.append(callback)
+            if self._conn is not None:
+                self._register_watch(self._conn, callback)
+
+    def _register_watch(self, conn: libvirt.virConnect, callback) -> None:
+        try:
+            conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                        lambda _c, dom, event, detail, _o: callback(self.host, dom.name(), event,
+                                                                                    detail), None)
+        except libvirt.libvirtError:
+            pass                # a dead connection: the next one registers again
 
     def _call(self, what: str, fn, *args):
         try:
@@ -107,8 +151,52 @@ class LibvirtDriver(Driver):
         except libvirt.libvirtError as exc:
             raise DriverError(self.host, f"{what}: {exc.get_error_message()}") from None
 
+    def _lookup(self, name: str) -> libvirt.virDomain | None:
+        """The domain, or None when the host confirms it has none (VIR_ERR_NO_DOMAIN); any other
+        error raises DriverError: unknown is not absent."""
+        try:
+            return self.conn.lookupByName(name)
+        except libvirt.libvirtError as exc:
+            if is_absent(exc):
+                return None
+            raise DriverError(self.host, f"looking up domain {name}: {exc.get_error_message()}") from None
+
     def _dom(self, name: str) -> libvirt.virDomain:
-        return self._call(f"domain {name}", self.conn.lookupByName, name)
+        dom = self._lookup(name)
+        if dom is None:
+            raise DriverError(self.host, f"domain {name} does not exist here")
+        return dom
+
+    def _is_active(self, dom: libvirt.virDomain) -> bool:
+        """Whether QEMU runs for it; a domain that vanished is not active; other errors raise."""
+        try:
+            return bool(dom.isActive())
+        except libvirt.libvirtError as exc:
+            if is_absent(exc):
+                return False
+            raise DriverError(self.host, f"state of {dom.name()}: {exc.get_error_message()}") from None
+
+    def _discard(self, dom: libvirt.virDomain, what: str) -> None:
+        """Destroy (if running) and undefine, then read back that the domain is gone; raises
+        DriverError when it is not confirmed gone. A domain that stopped by itself meanwhile (an ACPI
+        power-off completing between the check and destroy()) is no failure."""
+        name = dom.name()
+        if self._is_active(dom):
+            try:
+                dom.destroy()
+            except libvirt.libvirtError as exc:
+                if not is_absent(exc) and self._is_active(dom):
+                    raise DriverError(self.host, f"{what}: destroy {name}: {exc.get_error_message()}") from None
+        try:
+            dom.undefineFlags(0)
+        except libvirt.libvirtError as exc:
+            # a transient domain (no definition left) is gone once destroyed: NO_DOMAIN either way
+            if not is_absent(exc) and self._lookup(name) is not None:
+                raise DriverError(self.host, f"{what}: undefine {name}: {exc.get_error_message()}") from None
+        left = self._lookup(name)
+        if left is not None:
+            raise DriverError(self.host, f"{what}: domain {name} is still there "
+                                         f"({'running' if self._is_active(left) else 'defined'}) after destroy and undefine")
 
     def close(self) -> None:
         with self._conn_lock:
@@ -139,52 +227,45 @@ class LibvirtDriver(Driver):
 
     def start(self, spec: DomainSpec) -> None:
         xml = self.domain_xml(spec)
-        try:
-            old = self.conn.lookupByName(spec.name)
-        except libvirt.libvirtError:
-            old = None
+        old = self._lookup(spec.name)
         if old is not None:
-            if old.isActive():
+            if self._is_active(old):
                 raise DriverError(self.host, f"domain {spec.name} is already running")
             self._call("undefine stale definition", old.undefineFlags, 0)
         dom = self._call("define", self.conn.defineXML, xml)
         try:
             self._call("start", dom.create)
-        except DriverError:
+        except DriverError as exc:
+            # create() may have failed on the client side only (a dropped connection while QEMU starts):
+            # the domain is gone only once the host says so; else the error says it may run
             try:
-                dom.undefineFlags(0)
-            except libvirt.libvirtError:
-                pass
+                self._discard(dom, "clean up after a failed start")
+            except DriverError as left:
+                raise DriverError(self.host, f"{exc}; and the domain may still exist: {left}") from None
             raise
 
     def stop(self, name: str, timeout_s: float = 0.0) -> None:
         """Ask the guest to power off (ACPI) for up to `timeout_s`, then destroy; undefine either way."""
-        try:
-            dom = self.conn.lookupByName(name)
-        except libvirt.libvirtError:
-            return              # already gone: stopping is idempotent
-        if dom.isActive() and timeout_s > 0:
+        dom = self._lookup(name)
+        if dom is None:
+            return              # the host says it has no such domain: stopping is idempotent
+        if self._is_active(dom) and timeout_s > 0:
             try:
                 dom.shutdown()
             except libvirt.libvirtError:
-                pass
+                pass            # destroyed below if it does not power off
             deadline = time.monotonic() + timeout_s
-            while dom.isActive() and time.monotonic() < deadline:
+            while self._is_active(dom) and time.monotonic() < deadline:
                 time.sleep(0.2)
-        if dom.isActive():
-            self._call("destroy", dom.destroy)
-        self._call("undefine", dom.undefineFlags, 0)
+        self._discard(dom, "stop")      # returns only once the host confirms the domain gone
 
     def domains(self) -> list[DomainInfo]:
         infos = (self._info_if_present(d) for d in self._call("list domains", self.conn.listAllDomains))
         return [info for info in infos if info is not None]
 
     def domain(self, name: str) -> DomainInfo | None:
-        try:
-            dom = self.conn.lookupByName(name)
-        except libvirt.libvirtError:
-            return None
-        return self._info_if_present(dom)
+        dom = self._lookup(name)
+        return None if dom is None else self._info_if_present(dom)
 
     def _info_if_present(self, dom: libvirt.virDomain) -> DomainInfo | None:
         """A domain can go between two calls (a migration completes, a guest is destroyed)."""
@@ -197,54 +278,121 @@ class LibvirtDriver(Driver):
 
     def _info(self, dom: libvirt.virDomain) -> DomainInfo:
         state, _max_kib, mem_kib, vcpus, _cpu = dom.info()
-        running = state in (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_PAUSED, libvirt.VIR_DOMAIN_BLOCKED)
-        cap = None
-        if running:
+        reason = ""
+        if state != libvirt.VIR_DOMAIN_RUNNING:     # one more small RPC, only for the unusual states
+            state, why = dom.state()
+            reason = _REASONS.get(state, {}).get(why, str(why))
+        running = state in (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_BLOCKED)    # PAUSED is not running
+        cap = soft_vcpus = None
+        if state in (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_PAUSED, libvirt.VIR_DOMAIN_BLOCKED):
             try:
                 params = dom.schedulerParametersFlags(LIVE)
-            except libvirt.libvirtError:
+            except libvirt.libvirtError as exc:
+                if is_absent(exc):
+                    raise
                 params = {}             # no CPU cgroup for this domain: no cap can be read (or set)
             quota, period = params.get("vcpu_quota", -1), params.get("vcpu_period", 0)
             if 0 < quota < 17592186044415:
                 cap = CpuCap(period_us=period, quota_us=quota)
-        return DomainInfo(dom.name(), running, vcpus, mem_kib // 1024, cap)
+            g_quota, g_period = params.get("global_quota", -1), params.get("global_period", 0)
+            if 0 < g_quota < 17592186044415 and g_period > 0 and g_quota % g_period == 0:
+                soft_vcpus = g_quota // g_period        # a soft scale-down's whole-domain cap, in CPUs
+        return DomainInfo(dom.name(), running, vcpus, mem_kib // 1024, cap, soft_vcpus=soft_vcpus,
+                          state=_STATES.get(state, str(state)), reason=reason)
+
+    def _resized(self, dom: libvirt.virDomain, method: str) -> Resized:
+        """Read the domain back after a change."""
+        try:
+            return Resized.of(method, self._info(dom))
+        except libvirt.libvirtError as exc:
+            raise DriverError(self.host, f"reading {dom.name()} back after the change ({method}): "
+                                         f"{exc.get_error_message()}") from None
 
     # -- live changes --------------------------------------------------------------------------
     # Safe vCPU unplug needs KVM: QEMU 7.2 under TCG never completes it and a later plug crashes QEMU.
+    # Decided by the domain's own <domain type=...>, not by this driver's accel (it may have been
+    # started by another control plane, or before VMPLANE_ACCEL changed).
     UNPLUG_SAFE_ACCELS = ("kvm",)
+    UNPLUG_TRIES = 3                # DIMM unplug requests before giving up
+    UNPLUG_WAIT_S = 5.0             # per request (libvirt itself waits up to 5 s inside detach)
+    GROW_WAIT_S = 30.0              # for the guest to show a hot-plugged DIMM (balloon stats every 5 s)
 
-    def set_vcpus(self, name: str, vcpus: int) -> str:
+    def set_vcpus(self, name: str, vcpus: int) -> Resized:
         """Plug vCPUs up to `vcpus`, or lower the count: by unplug where that is safe, else softly (the
         guest offlines the extra vCPUs, which stay plugged, and a whole-domain CPU cap holds it to
-        `vcpus` CPUs); a later increase onlines soft-offlined vCPUs first."""
+        `vcpus` CPUs); a later increase onlines soft-offlined vCPUs first. Returns the domain read back."""
         dom = self._dom(name)
-        plugged = dom.vcpusFlags(LIVE)
+        plugged = self._call("read the vCPU count", dom.vcpusFlags, LIVE)
         online = self._online_vcpus(name)
-        if vcpus == online and vcpus == plugged:
-            return "unchanged"
+        capped = self._domain_cap_cpus(dom)
+        if vcpus == online and vcpus == plugged and (capped is None or capped >= vcpus):
+            return self._resized(dom, "unchanged")
+        if vcpus == online and vcpus == plugged:        # a soft cap left below what runs (a failed soft step)
+            self._set_domain_cap(dom, None)
+            return self._resized(dom, "uncapped")
         if vcpus > online:
-            method = []
-            if online < plugged:             # bring soft-offlined vCPUs back first
-                self.guest_run(name, "rm -f /run/vmplane-offline; for c in /sys/devices/system/cpu/cpu[0-9]*/online; "
-                                     "do echo 1 > $c; done", 30)
-                self._set_domain_cap(dom, None)
-                method.append("online")
-            if vcpus > plugged:
-                self._call(f"set {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
-                method.append("hotplug")
-            if vcpus < plugged:
-                return self.set_vcpus(name, vcpus)
-            self._wait_online(name, vcpus)
-            return "+".join(method)
-        if self.accel in self.UNPLUG_SAFE_ACCELS and online == plugged:
-            self._call(f"unplug to {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
-            return "unplug"
+            return self._resized(dom, self._vcpus_up(dom, name, vcpus, plugged, online))
+        if self._domain_type(dom) in self.UNPLUG_SAFE_ACCELS and online == plugged:
+            return self._resized(dom, self._vcpus_unplug(dom, name, vcpus))
         extra = " ".join(f"cpu{i}" for i in range(vcpus, plugged))
         self.guest_run(name, f"for c in {extra}; do echo $c; done > /run/vmplane-offline; for c in {extra}; do "
                              f"echo 0 > /sys/devices/system/cpu/$c/online; done", 30)
         self._set_domain_cap(dom, vcpus)
         self._wait_online(name, vcpus)
-        return "soft"
+        return self._resized(dom, "soft")
+
+    def _vcpus_up(self, dom, name: str, vcpus: int, plugged: int, online: int) -> str:
+        """Online soft-offlined vCPUs (up to `vcpus`), then hot-plug the rest. The whole-domain cap rises
+        to the new count before the guest onlines (never above it) and is put back in a finally if the
+        guest does not come up: the guest never uses more than it is charged for."""
+        method, done = [], False
+        old_cap = self._domain_cap_cpus(dom)
+        try:
+            if online < plugged:
+                back = min(vcpus, plugged)
+                self._set_domain_cap(dom, back if back < plugged else None)
+                keep_off = " ".join(f"cpu{i}" for i in range(back, plugged))
+                listing = (f"for c in {keep_off}; do echo $c; done > /run/vmplane-offline" if keep_off
+                           else "rm -f /run/vmplane-offline")
+                self.guest_run(name, f"{listing}; for c in {' '.join(f'cpu{i}' for i in range(1, back))}; do "
+                                     f"echo 1 > /sys/devices/system/cpu/$c/online; done", 30)
+                method.append("online")
+            if vcpus > plugged:
+                self._call(f"set {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
+                method.append("hotplug")
+            self._wait_online(name, vcpus)
+            done = True
+        finally:
+            if not done and old_cap is not None:
+                try:
+                    self._set_domain_cap(dom, old_cap)
+                except DriverError:
+                    pass        # the read-back after the failure reports what the cap is
+        return "+".join(method)
+
+    def _vcpus_unplug(self, dom, name: str, vcpus: int) -> str:
+        """A real unplug; libvirt times out (VIR_ERR_OPERATION_TIMEOUT) while QEMU may still complete it:
+        then wait a little and let the read-back say what happened."""
+        try:
+            dom.setVcpusFlags(vcpus, LIVE)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_OPERATION_TIMEOUT:
+                raise DriverError(self.host, f"unplug to {vcpus} vCPUs: {exc.get_error_message()}") from None
+            deadline = time.monotonic() + 10
+            while self._call("read the vCPU count", dom.vcpusFlags, LIVE) > vcpus and time.monotonic() < deadline:
+                time.sleep(0.2)
+        return "unplug"
+
+    def _domain_type(self, dom) -> str:
+        return ElementTree.fromstring(self._call("read the live XML", dom.XMLDesc, 0)).get("type", "")
+
+    def _domain_cap_cpus(self, dom) -> int | None:
+        try:
+            params = dom.schedulerParametersFlags(LIVE)
+        except libvirt.libvirtError:
+            return None
+        quota, period = params.get("global_quota", -1), params.get("global_period", 0)
+        return quota // period if 0 < quota < NO_CAP and period else None
 
     def _online_vcpus(self, name: str) -> int:
         return count_cpu_list(self.guest_exec(name, "cat /sys/devices/system/cpu/online", 30).strip().splitlines()[-1])
@@ -260,45 +408,126 @@ class LibvirtDriver(Driver):
         """A whole-domain CFS cap of `cpus` CPUs (None removes it). cgroup v1 refuses a vCPU ratio above the
         domain's, so a per-vCPU cap stays within it (it is at most one CPU per vCPU)."""
         period = 100000
-        params = ({"global_period": period, "global_quota": 17592186044415} if cpus is None
+        params = ({"global_period": period, "global_quota": NO_CAP} if cpus is None
                   else {"global_period": period, "global_quota": cpus * period})
         self._call("set the domain's CPU cap", dom.setSchedulerParametersFlags, params, LIVE)
 
-    def set_memory(self, name: str, memory_mib: int) -> str:
-        """Grow by hot-plugging a DIMM of the difference; shrink by unplugging the newest DIMMs that
-        add up to the decrease (the guest migrates their pages away: its kernel onlines hot-added
-        memory as movable). Memory below what the domain booted with can not be released live."""
+    def set_memory(self, name: str, memory_mib: int) -> Resized:
+        """Grow by hot-plugging a DIMM of the difference, confirmed in the guest; shrink by unplugging
+        the newest DIMMs that add up to the decrease (the guest migrates their pages away: its kernel
+        onlines hot-added memory as movable), each confirmed gone from the domain (DEVICE_REMOVED or
+        the live XML), asked again a few times, else DriverError naming the DIMM. Memory below what the
+        domain booted with can not be released live. Returns the domain read back."""
         dom = self._dom(name)
-        current_mib = dom.info()[2] // 1024
+        current_mib = self._call("read the domain", dom.info)[2] // 1024
         if memory_mib == current_mib:
-            return "unchanged"
+            return self._resized(dom, "unchanged")
         if memory_mib > current_mib:
-            dimm = (f"<memory model='dimm'><target><size unit='MiB'>{memory_mib - current_mib}</size>"
-                    f"<node>0</node></target></memory>")
-            self._call(f"attach {memory_mib - current_mib} MiB DIMM", dom.attachDeviceFlags, dimm, LIVE)
-            return "dimm"
+            size = memory_mib - current_mib
+            before = self._guest_memtotal_kib(dom)
+            dimm = f"<memory model='dimm'><target><size unit='MiB'>{size}</size><node>0</node></target></memory>"
+            self._call(f"attach {size} MiB DIMM", dom.attachDeviceFlags, dimm, LIVE)
+            self._confirm_grown(dom, current_mib, size, before)
+            return self._resized(dom, "dimm")
         release = current_mib - memory_mib
-        dimms = [(xml, int(re.search(r"<size unit='KiB'>(\d+)</size>", xml).group(1)) // 1024)
-                 for xml in re.findall(r"(<memory model='dimm'.*?</memory>)", dom.XMLDesc(0), re.S)]
+        dimms = self._dimms(dom)
         chosen, total = [], 0
-        for xml, size_mib in reversed(dimms):       # newest first
-            if total + size_mib <= release:
-                chosen.append(xml)
-                total += size_mib
+        for dimm in reversed(dimms):       # newest first
+            if total + dimm[2] <= release:
+                chosen.append(dimm)
+                total += dimm[2]
             if total == release:
                 break
         if total != release:
-            plugged = sum(size for _, size in dimms)
+            plugged = sum(d[2] for d in dimms)
             raise DriverError(self.host, f"the guest can not release {release} MiB live: only hot-plugged DIMMs can "
                                          f"be removed ({plugged} MiB plugged); stop and restart it smaller")
-        for xml in chosen:
-            self._call("unplug a DIMM (the guest could not free its memory)", dom.detachDeviceFlags, xml, LIVE)
-        return "dimm-unplug"
+        for xml, alias, size_mib in chosen:
+            self._unplug_dimm(dom, xml, alias, size_mib)
+        return self._resized(dom, "dimm-unplug")
 
-    def set_cpu_cap(self, name: str, cap: CpuCap | None) -> None:
+    def _dimms(self, dom) -> list[tuple[str, str, int]]:
+        """(device XML, alias, MiB) of the domain's DIMMs, oldest first, from the live XML."""
+        out = []
+        for xml in re.findall(r"(<memory model='dimm'.*?</memory>)", self._call("read the live XML", dom.XMLDesc, 0),
+                              re.S):
+            alias = re.search(r"<alias name='([^']+)'", xml)
+            out.append((xml, alias.group(1) if alias else "?",
+                        int(re.search(r"<size unit='KiB'>(\d+)</size>", xml).group(1)) // 1024))
+        return out
+
+    def _unplug_dimm(self, dom, xml: str, alias: str, size_mib: int) -> None:
+        """Ask the guest to release a DIMM and wait until it is gone: libvirt's DEVICE_REMOVED event for
+        its alias, or the DIMM gone from the live XML (polled every 0.2 s). libvirt's detach returns
+        success once it has only *sent* the request; the guest may complete it later or never."""
+        removed = threading.Event()
+
+        def on_removed(_conn, _dom, dev_alias, _opaque):
+            if dev_alias == alias:
+                removed.set()
+
+        try:
+            callback = self.conn.domainEventRegisterAny(dom, libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED,
+                                                        on_removed, None)
+        except libvirt.libvirtError:
+            callback = None             # the live XML alone tells
+        errors = []
+        try:
+            for _ in range(self.UNPLUG_TRIES):
+                t0 = time.monotonic()
+                try:
+                    dom.detachDeviceFlags(xml, LIVE)
+                except libvirt.libvirtError as exc:
+                    if is_absent(exc):
+                        raise DriverError(self.host, f"domain {dom.name()} went away during a DIMM unplug") from None
+                    errors.append(exc.get_error_message())   # e.g. an unplug still pending: wait for it
+                while True:
+                    if removed.is_set() or all(a != alias for _, a, _ in self._dimms(dom)):
+                        return
+                    if time.monotonic() - t0 >= self.UNPLUG_WAIT_S:
+                        break
+                    removed.wait(0.2)
+        finally:
+            if callback is not None:
+                try:
+                    self.conn.domainEventDeregisterAny(callback)
+                except libvirt.libvirtError:
+                    pass
+        raise DriverError(self.host, f"DIMM {alias} ({size_mib} MiB) still attached after {self.UNPLUG_TRIES} "
+                                     f"unplug requests: the guest did not release it"
+                                     + (f" (libvirt: {errors[-1]})" if errors else ""))
+
+    def _guest_memtotal_kib(self, dom) -> int | None:
+        """The guest's MemTotal through the balloon's stats (None while the guest has no balloon driver)."""
+        try:
+            return dom.memoryStats().get("available")
+        except libvirt.libvirtError:
+            return None
+
+    def _confirm_grown(self, dom, old_mib: int, size_mib: int, before_kib: int | None) -> None:
+        """A DIMM attached is an effect once the domain has it and, when the guest reports its memory,
+        once the guest's MemTotal grew by (nearly) the DIMM: a guest that does not online hot-added
+        memory holds it unused (the tenant would pay for memory it can not use)."""
+        deadline = time.monotonic() + self.GROW_WAIT_S
+        while (now_mib := self._call("read the domain", dom.info)[2] // 1024) < old_mib + size_mib:
+            if time.monotonic() > deadline:
+                raise DriverError(self.host, f"the domain shows {now_mib} MiB after a {size_mib} MiB DIMM was "
+                                             f"attached, not {old_mib + size_mib}")
+            time.sleep(0.2)
+        if before_kib is None:
+            return              # no balloon stats yet (the guest boots): it enumerates the DIMM as it comes up
+        want = before_kib + size_mib * 1024 * 9 // 10
+        while (seen := self._guest_memtotal_kib(dom) or 0) < want:
+            if time.monotonic() > deadline:
+                raise DriverError(self.host, f"the guest did not take the {size_mib} MiB DIMM: its MemTotal stayed "
+                                             f"at {seen // 1024} MiB (was {before_kib // 1024} MiB)")
+            time.sleep(0.5)
+
+    def set_cpu_cap(self, name: str, cap: CpuCap | None) -> Resized:
         dom = self._dom(name)
         params = ({"vcpu_quota": -1} if cap is None else {"vcpu_period": cap.period_us, "vcpu_quota": cap.quota_us})
         self._call("set CPU cap", dom.setSchedulerParametersFlags, params, LIVE)
+        return self._resized(dom, "cap")
 
     def migrate(self, name: str, target: Driver, params: MigrationParams,
                 progress: ProgressCallback | None = None) -> MigrationStats:
@@ -381,20 +610,31 @@ class LibvirtDriver(Driver):
                                      "iterations": completed.get("memory_iteration")})
 
     def abort_migration(self, name: str) -> None:
+        """Abort the domain's job. Nothing to abort (no such domain, no job active) is no error; any
+        other error raises DriverError."""
+        dom = self._lookup(name)
+        if dom is None:
+            return
         try:
-            self._dom(name).abortJob()
-        except DriverError:
-            pass
-        except libvirt.libvirtError:
-            pass
+            dom.abortJob()
+        except libvirt.libvirtError as exc:
+            if is_absent(exc) or exc.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID:
+                return          # "no job is active on the domain", or it left meanwhile
+            raise DriverError(self.host, f"abort the migration of {name}: {exc.get_error_message()}") from None
 
     def migration_active(self, name: str) -> bool:
         """Whether libvirtd still runs a migration job of `name` here. A p2p migration belongs to the
-        source daemon: it goes on (or fails) on its own when the control plane that asked for it dies."""
-        try:
-            kind = self._dom(name).jobInfo()[0]
-        except (DriverError, libvirt.libvirtError):
+        source daemon: it goes on (or fails) on its own when the control plane that asked for it dies.
+        False only when the host says so (no domain, or no job); a host that can not be asked raises."""
+        dom = self._lookup(name)
+        if dom is None:
             return False
+        try:
+            kind = dom.jobInfo()[0]
+        except libvirt.libvirtError as exc:
+            if is_absent(exc):
+                return False
+            raise DriverError(self.host, f"job of {name}: {exc.get_error_message()}") from None
         return kind in (libvirt.VIR_DOMAIN_JOB_BOUNDED, libvirt.VIR_DOMAIN_JOB_UNBOUNDED)
 
     def p2p_uri(self) -> str:
@@ -500,13 +740,21 @@ class LibvirtDriver(Driver):
 
 
 def discard_domain(dom: libvirt.virDomain) -> None:
-    """Destroy (if running) and undefine a domain, whatever state it is in; errors mean it is gone."""
+    """Destroy (if running) and undefine a domain, whatever state it is in. Only VIR_ERR_NO_DOMAIN
+    means it is gone; any other error is raised (a QEMU stuck in D state is not gone)."""
     try:
         if dom.isActive():
             dom.destroy()
+    except libvirt.libvirtError as exc:
+        if is_absent(exc):
+            return
+        if dom.isActive():          # it stopped by itself meanwhile: fine; else the error stands
+            raise
+    try:
         dom.undefineFlags(0)
-    except libvirt.libvirtError:
-        pass
+    except libvirt.libvirtError as exc:
+        if not is_absent(exc):
+            raise
 
 
 def count_cpu_list(text: str) -> int:

@@ -21,6 +21,7 @@ from .base import (
     MigrationParams,
     MigrationStats,
     ProgressCallback,
+    Resized,
 )
 from .simfabric import SimFabric
 
@@ -58,25 +59,33 @@ class SimDriver(Driver):
             raise DriverError(self.host, f"domain {name} is not running here")
         return spec
 
-    def set_vcpus(self, name: str, vcpus: int) -> str:
+    def _read_back(self, name: str, method: str) -> Resized:
+        """What the domain is now (the same contract as a real host: read back, not what was asked)."""
+        info = self.fabric.domain(self.host, name)
+        if info is None:
+            raise DriverError(self.host, f"domain {name} is not running here")
+        return Resized.of(method, info)
+
+    def set_vcpus(self, name: str, vcpus: int) -> Resized:
         spec = self._spec(name)
         if vcpus > spec.max_vcpus:
             raise DriverError(self.host, f"{vcpus} vCPUs is above the domain's maximum {spec.max_vcpus}")
         self.fabric.update(self.host, name, vcpus=vcpus)
-        return "hotplug" if vcpus >= spec.vcpus else "unplug"
+        return self._read_back(name, "hotplug" if vcpus >= spec.vcpus else "unplug")
 
-    def set_memory(self, name: str, memory_mib: int) -> str:
+    def set_memory(self, name: str, memory_mib: int) -> Resized:
         spec = self._spec(name)
         if memory_mib > spec.max_memory_mib:
             raise DriverError(self.host, f"{memory_mib} MiB is above the domain's maximum {spec.max_memory_mib}")
         if memory_mib == spec.memory_mib:
-            return "unchanged"
+            return self._read_back(name, "unchanged")
         self.fabric.update(self.host, name, memory_mib=memory_mib)
-        return "dimm" if memory_mib > spec.memory_mib else "dimm-unplug"      # as libvirt hosts do
+        return self._read_back(name, "dimm" if memory_mib > spec.memory_mib else "dimm-unplug")  # as libvirt does
 
-    def set_cpu_cap(self, name: str, cap: CpuCap | None) -> None:
+    def set_cpu_cap(self, name: str, cap: CpuCap | None) -> Resized:
         if not self.fabric.update(self.host, name, cpu_cap=cap):
             raise DriverError(self.host, f"domain {name} is not running here")
+        return self._read_back(name, "cap")
 
     def migrate(self, name: str, target: Driver, params: MigrationParams,
                 progress: ProgressCallback | None = None) -> MigrationStats:

@@ -16,6 +16,7 @@ import uuid
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
+from .. import events
 from ..errors import NotFound
 from ..model import ClaimKind, OperationState, Quota, Usage, VmState
 from .schema import (
@@ -82,6 +83,14 @@ _VM_BY_NAME = _VM_WITH_HOST.where(_V.name == bindparam("name"))
 _VM_BY_ID_LOCKED = _VM_BY_ID.with_for_update(of=VMS)
 _VM_BY_NAME_LOCKED = _VM_BY_NAME.with_for_update(of=VMS)
 _OPERATION_LOCKED = _OPERATION.with_for_update()
+# what the event log needs of a row before it changes
+_VM_FOR_EVENT = (select(_V.name, _V.state, _V.project_id, _V.host_id, _V.vcpus, _V.memory_mib, _H.name.label("host"))
+                 .outerjoin(HOSTS, _H.id == _V.host_id).where(_V.id == bindparam("id")))
+_HOST_NAME = select(_H.name).where(_H.id == bindparam("id"))
+_OPERATION_FOR_EVENT = select(_O.state, _O.kind, _O.target, _O.vm_id, _O.project_id).where(_O.id == bindparam("id"))
+_M = MIGRATIONS.c
+_MIGRATION_FOR_EVENT = select(_M.id, _M.state, _M.vm_name, _M.project_id, _M.source, _M.target).where(
+    _M.id == bindparam("id"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,9 +155,9 @@ def record_claim(conn: Connection, host_id: int, vm_id: int, operation_id: str |
                                  "kind": kind.value, "vcpus": vcpus, "memory_mib": memory_mib})
 
 
-def release_vm(conn: Connection, vm_id: int) -> list[tuple[str, int, int]]:
-    """Give back all a VM holds: claims (host usage) and its charge on the ledger; the VM is left stopped.
-    Returns (host, vcpus, memory_mib) freed, for the capacity index."""
+def release_vm(conn: Connection, vm_id: int, note: str = "") -> list[tuple[str, int, int]]:
+    """Give back all a VM holds: claims (host usage) and its charge on the ledger; the VM is left stopped
+    (`note`: why, for the event log). Returns (host, vcpus, memory_mib) freed, for the capacity index."""
     freed = []
     for host_id, vcpus, memory, host_name in conn.execute(_CLAIMS_OF_VM, {"vm_id": vm_id}).all():
         conn.execute(_ADD_TO_HOST, {"_id": host_id, "dv": -vcpus, "dm": -memory})
@@ -156,7 +165,7 @@ def release_vm(conn: Connection, vm_id: int) -> list[tuple[str, int, int]]:
     conn.execute(_DELETE_CLAIMS_OF_VM, {"vm_id": vm_id})
     vm = conn.execute(_VM_CHARGE, {"id": vm_id}).one()
     add_to_ledger(conn, vm.project_id, Usage(-vm.charged_vcpus, -vm.charged_memory_mib, 0))
-    set_vm(conn, vm_id, charged_vcpus=0, charged_memory_mib=0, host_id=None, state=VmState.stopped)
+    set_vm(conn, vm_id, note, charged_vcpus=0, charged_memory_mib=0, host_id=None, state=VmState.stopped)
     return freed
 
 
@@ -192,12 +201,27 @@ def new_operation(conn: Connection, kind: str, target: str, vm_id: int | None, p
                                      "project_id": project_id, "state": OperationState.pending.value, "step": step,
                                      "progress": progress, "message": message, "result": result,
                                      "created_at": now, "updated_at": now})
+    _operation_event(conn, op_id, kind, target, vm_id, project_id, None, OperationState.pending.value, message)
     return op_id
 
 
 def set_operation(conn: Connection, op_id: str, **fields) -> None:
+    """Update an operation; a change of its state is recorded in the event log in the same transaction."""
     fields = _enum_values({**fields, "updated_at": utcnow()})
+    before = conn.execute(_OPERATION_FOR_EVENT, {"id": op_id}).first() if "state" in fields else None
     conn.execute(_update_by_id("operations", tuple(sorted(fields))), {"_id": op_id, **fields})
+    if before is not None and before.state != fields["state"]:
+        _operation_event(conn, op_id, before.kind, before.target, before.vm_id, before.project_id, before.state,
+                         fields["state"], fields.get("message", ""))
+
+
+def _operation_event(conn: Connection, op_id: str, kind: str, target: str, vm_id: int | None,
+                     project_id: int | None, old: str | None, new: str, message: str) -> None:
+    """An operation's event: its subject is its id, its message starts with what it does (`start app`)."""
+    events.record(conn, "operation", op_id, old_state=old, new_state=new,
+                  message=f"{kind} {target}" + (f": {message}" if message else ""),
+                  vm=target if vm_id is not None else None, host=target if kind == "drain" else None,
+                  project_id=project_id)
 
 
 def operation_row(conn: Connection, op_id: str, lock: bool = False) -> Row:
@@ -223,23 +247,100 @@ def vm_row(conn: Connection, vm_id: int | None = None, name: str | None = None, 
 
 
 def set_migration(conn: Connection, migration_id: str, **fields) -> None:
+    """Update a migration; a change of its state is recorded in the event log in the same transaction."""
     if "state" in fields and not isinstance(fields["state"], str):
         fields["state"] = fields["state"].value
+    before = conn.execute(_MIGRATION_FOR_EVENT, {"id": migration_id}).first() if "state" in fields else None
     conn.execute(_update_by_id("migrations", tuple(sorted(fields))), {"_id": migration_id, **fields})
+    if before is not None and before.state != fields["state"]:
+        migration_event(conn, before, before.state, fields["state"], fields.get("reason", ""))
+
+
+def migration_event(conn: Connection, row, old: str | None, new: str, reason: str = "") -> None:
+    """A migration's event (`row` has its id, vm_name, project_id, source and target): subject its id,
+    host its source, the message `source -> target` and why."""
+    events.record(conn, "migration", row.id, old_state=old, new_state=new,
+                  message=f"{row.vm_name}: {row.source} -> {row.target}" + (f": {reason}" if reason else ""),
+                  vm=row.vm_name, host=row.source, project_id=row.project_id)
 
 
 def start_queued_migration(conn: Connection, migration_id: str, state, started_at) -> bool:
     """Move a migration from queued to `state` (copying); False if it is no longer queued."""
     m = MIGRATIONS.c
-    return conn.execute(update(MIGRATIONS).where(m.id == migration_id, m.state == "queued")
-                        .values(state=state.value, started_at=started_at, waiting_for="")).rowcount == 1
+    started = conn.execute(update(MIGRATIONS).where(m.id == migration_id, m.state == "queued")
+                           .values(state=state.value, started_at=started_at, waiting_for="")).rowcount == 1
+    if started:         # by the pump, in any thread: the event names whoever asked for the migration
+        row = conn.execute(_MIGRATION_FOR_EVENT, {"id": migration_id}).one()
+        with events.acting_as(events.cause_of(conn, "migration", migration_id, vm=row.vm_name)
+                              or events.current_cause()):
+            migration_event(conn, row, "queued", state.value)
+    return started
 
 
-def set_vm(conn: Connection, vm_id: int, **fields) -> None:
+def migration_created(conn: Connection, migration_id: str, reason: str = "") -> None:
+    """The event of a migration just inserted (queued)."""
+    row = conn.execute(_MIGRATION_FOR_EVENT, {"id": migration_id}).one()
+    migration_event(conn, row, None, row.state, reason)
+
+
+def set_vm(conn: Connection, vm_id: int, note: str = "", **fields) -> None:
+    """Update a VM's row; a change of its state (or host) is recorded in the event log in the same
+    transaction, with `note` (and the new size or host, when they change) as its message."""
     fields = _enum_values({**fields, "updated_at": utcnow()})
+    before = (conn.execute(_VM_FOR_EVENT, {"id": vm_id}).first()
+              if "state" in fields or "host_id" in fields else None)
     conn.execute(_update_by_id("vms", tuple(sorted(fields))), {"_id": vm_id, **fields})
+    if before is not None:
+        _vm_event(conn, before, fields, note)
 
 
-def insert_vm(conn: Connection, **fields) -> int:
+def _vm_event(conn: Connection, before: Row, fields: dict, note: str) -> None:
+    state = fields.get("state", before.state)
+    host_id = fields.get("host_id", before.host_id)
+    moved = host_id is not None and host_id != before.host_id
+    if state == before.state and not moved:
+        return
+    host = conn.execute(_HOST_NAME, {"id": host_id}).scalar() if moved else before.host
+    words = [note] if note else []
+    if moved:
+        words.append(f"on {host}" if before.host_id is None else f"moved from {before.host} to {host}")
+    if "vcpus" in fields or "memory_mib" in fields:
+        vcpus, memory = fields.get("vcpus", before.vcpus), fields.get("memory_mib", before.memory_mib)
+        words.append(f"{vcpus} vCPU{'s' if vcpus != 1 else ''} / {memory} MiB")
+    events.record(conn, "vm", before.name, old_state=before.state, new_state=state, message="; ".join(words),
+                  vm=before.name, host=host, project_id=before.project_id)
+
+
+def insert_vm(conn: Connection, note: str = "", **fields) -> int:
+    """A new VM's row, and its `created` event (old state none, new state the row's)."""
     now = utcnow()
-    return conn.execute(insert(VMS), {**fields, "created_at": now, "updated_at": now}).inserted_primary_key[0]
+    vm_id = conn.execute(insert(VMS), {**fields, "created_at": now, "updated_at": now}).inserted_primary_key[0]
+    host = conn.execute(_HOST_NAME, {"id": fields["host_id"]}).scalar() if fields.get("host_id") else None
+    state = _enum_values({"state": fields.get("state", VmState.stopped.value)})["state"]
+    words = [f"created with {fields['vcpus']} vCPU{'s' if fields['vcpus'] != 1 else ''} / {fields['memory_mib']} MiB"]
+    events.record(conn, "vm", fields["name"], old_state=None, new_state=state,
+                  message="; ".join(words + ([f"on {host}"] if host else []) + ([note] if note else [])),
+                  vm=fields["name"], host=host, project_id=fields.get("project_id"))
+    return vm_id
+
+
+def delete_vm(conn: Connection, vm_id: int, note: str = "") -> None:
+    """Delete a VM's row (its claims and charge already given back) and record it `deleted`."""
+    before = conn.execute(_VM_FOR_EVENT, {"id": vm_id}).first()
+    conn.execute(VMS.delete().where(_V.id == vm_id))
+    if before is not None:
+        events.record(conn, "vm", before.name, old_state=before.state, new_state="deleted", message=note,
+                      vm=before.name, host=before.host, project_id=before.project_id)
+
+
+def set_host_state(conn: Connection, name: str, state, note: str = "", **fields) -> bool:
+    """Set a host's state (and other `fields`, e.g. state_before_down); a change is recorded in the
+    event log in the same transaction. False if the host does not exist."""
+    state = state.value if hasattr(state, "value") else state
+    old = conn.execute(select(_H.state).where(_H.name == name).with_for_update()).first()
+    if old is None:
+        return False
+    conn.execute(update(HOSTS).where(_H.name == name).values(state=state, **fields))
+    if old.state != state:
+        events.record(conn, "host", name, old_state=old.state, new_state=state, message=note, host=name)
+    return True

@@ -3,7 +3,8 @@
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
-from ...errors import Invalid
+from ... import adopt
+from ...errors import Forbidden, Invalid
 from ...migration import MigrationState
 from ...model import VmState
 from ...orchestrator import Admitted
@@ -19,6 +20,7 @@ from ..schemas import (
     VmCreate,
     VmOut,
     VmStop,
+    VmSyncOut,
 )
 from ..paging import Paging, paged
 from ..views import migration_out, operation_out, vm_out
@@ -36,6 +38,13 @@ def _accepted(orch, admitted: Admitted, created: bool = False) -> JSONResponse:
 def _own_vm(orch, who: Caller, name: str):
     vm = orch.vm(name)
     who.check_project(vm.project_id, "vm", name)
+    return vm
+
+
+def _act_on(orch, who: Caller, name: str):
+    """A VM the caller may change: its own, and not still being recovered after a restart (409)."""
+    vm = _own_vm(orch, who, name)
+    orch.recovery.check(name)
     return vm
 
 
@@ -69,13 +78,13 @@ def show_vm(name: str, orch: Orch, who: AnyCaller):
 
 @router.post("/vms/{name}/start", status_code=202, response_model=VmAccepted)
 def start_vm(name: str, orch: Orch, who: AnyCaller):
-    _own_vm(orch, who, name)
+    _act_on(orch, who, name)
     return _accepted(orch, orch.start_vm(name))
 
 
 @router.post("/vms/{name}/stop", status_code=202, response_model=VmAccepted)
 def stop_vm(name: str, orch: Orch, who: AnyCaller, body: VmStop | None = None):
-    _own_vm(orch, who, name)
+    _act_on(orch, who, name)
     return _accepted(orch, orch.stop_vm(name, force=body.force if body else False))
 
 
@@ -89,7 +98,7 @@ def exec_in_vm(name: str, body: ExecRequest, orch: Orch, who: AnyCaller):
 
 @router.delete("/vms/{name}", status_code=204)
 def delete_vm(name: str, orch: Orch, who: AnyCaller):
-    _own_vm(orch, who, name)
+    _act_on(orch, who, name)
     orch.delete_vm(name)
 
 
@@ -97,8 +106,12 @@ def delete_vm(name: str, orch: Orch, who: AnyCaller):
              responses={200: {"model": MigrationPlan, "description": "dry run: the plan"}})
 def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     """Live-migrate a running VM. Quota-neutral: the project's usage does not change. The target is
-    claimed now; the copy starts when the migration limits allow (it waits in a queue, never refused)."""
-    _own_vm(orch, who, name)
+    claimed now; the copy starts when the migration limits allow (it waits in a queue, never refused).
+    Choosing the target host (`to`) needs an admin token: tenants do not pick hypervisors."""
+    _act_on(orch, who, name)
+    if body.to is not None and not who.is_admin:
+        raise Forbidden("choosing the target host needs an admin token; leave out `to` and placement picks one",
+                        field="to")
     overrides = {k: v for k, v in (("bandwidth_mib_s", body.bandwidth_mib_s), ("postcopy", body.postcopy),
                                    ("max_downtime_ms", body.max_downtime_ms)) if v is not None}
     if body.policy != "vmplane":
@@ -111,7 +124,7 @@ def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
 
 @router.post("/vms/{name}/migrate/cancel", response_model=MigrationOut)
 def cancel_migration(name: str, orch: Orch, who: AnyCaller):
-    _own_vm(orch, who, name)
+    _act_on(orch, who, name)
     return migration_out(orch.migrator.cancel(name))
 
 
@@ -137,12 +150,27 @@ def show_migration(migration_id: str, orch: Orch, who: AnyCaller):
 def scale_vm(name: str, body: ScaleRequest, orch: Orch, who: AnyCaller):
     """Live-scale a running VM: another offering (fixed ones too) or custom values within the offering's
     ranges, and/or the CPU cap on or off. Every refusal names its cause. When its host lacks room and
-    auto.migrate.vm.on.live.scale.insufficient.capacity is on, the VM moves first."""
-    _own_vm(orch, who, name)
+    auto.migrate.vm.on.live.scale.insufficient.capacity is on, the VM moves first. A stopped VM is resized
+    offline (200, done at once): its offering or size changes (checked as at create), nothing is charged
+    until it next starts (whose admission checks the quota); `cpu_cap` is refused (it follows the offering)."""
+    _act_on(orch, who, name)
     if body.offering is None and body.vcpus is None and body.memory_mib is None and body.cpu_cap is None:
         raise Invalid("give an offering, vcpus / memory_mib, or cpu_cap", field="offering")
     result = orch.scaler.scale(name, offering=body.offering, vcpus=body.vcpus, memory_mib=body.memory_mib,
                                cpu_cap=body.cpu_cap, dry_run=body.dry_run)
     if body.dry_run:
         return JSONResponse(result, status_code=200)
-    return _accepted(orch, Admitted(name, result["operation_id"]))
+    accepted = _accepted(orch, Admitted(name, result["operation_id"]))
+    if result.get("path") == "offline resize":       # a stopped VM: done at once (charged when it starts)
+        accepted.status_code = 200
+    return accepted
+
+
+@router.post("/vms/{name}/sync", response_model=VmSyncOut)
+def sync_vm(name: str, orch: Orch, who: AnyCaller):
+    """Adopt what the hosts really run for this VM into the record: its size (vCPUs the guest may use,
+    memory), CPU cap, state (no host runs it: stopped) and host, with its charge and host claim. A VM
+    grown beyond its project's quota is adopted and reported (`over_quota`), never stopped. 409 while an
+    operation or a migration owns the VM."""
+    _act_on(orch, who, name)
+    return VmSyncOut(**adopt.sync_vm(orch, name))

@@ -1,0 +1,135 @@
+"""The host monitor: is each host's hypervisor answering? (review finding 4)
+
+Every `vmplane.host.check.interval` seconds every host is asked for its domains, all hosts at once
+(a hung libvirtd delays no other host's verdict). A host that does not answer is marked `down`: the
+state it had (enabled, maintenance, disabled) is kept in `hosts.state_before_down`, placement skips
+it, and each of its `running` VMs becomes `unknown` (charge and claim kept: it may well still run;
+never started elsewhere). VMs an operation owns are left to it; if that operation's failure path puts
+one back to `running` while the host is down, the next pass makes it `unknown` too. When the host
+answers again it gets its previous state back, and EVERY VM recorded on it is settled from what it
+runs (settle.settle_vm): running again, or stopped with charge and claim given back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from sqlalchemy import select
+
+from .drivers.base import DriverError
+from .events import acting_as
+from .model import HostState, VmState
+from .settle import settle_vm
+from .store import ledger as L
+
+log = logging.getLogger("vmplane.hostmonitor")
+CAUSE = "monitor"
+PROBE_THREADS = 8
+
+
+class HostMonitor:
+    def __init__(self, o):
+        self.o = o
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        """Check the hosts every `vmplane.host.check.interval` seconds until stop()."""
+
+        def loop():
+            while not self._stop.wait(float(self.o.catalog.effective("vmplane.host.check.interval"))):
+                try:
+                    self.check()
+                except Exception:       # the monitor must survive anything one pass meets
+                    log.exception("host check")
+
+        threading.Thread(target=loop, name="vmplane-host-monitor", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- one pass ------------------------------------------------------------------------------
+    @staticmethod
+    def _probe(driver) -> DriverError | None:
+        try:
+            driver.domains()
+            return None
+        except DriverError as exc:
+            return exc
+
+    def check(self) -> list[str]:
+        """One pass over every host; returns what changed, in words."""
+        hosts = [(name, d) for name, d in list(self.o.drivers.items()) if name in self.o.index]
+        if not hosts:
+            return []
+        with ThreadPoolExecutor(min(PROBE_THREADS, len(hosts)), thread_name_prefix="vmplane-probe") as pool:
+            answers = list(pool.map(lambda h: self._probe(h[1]), hosts))
+        changes = []
+        with acting_as(CAUSE):
+            for (name, _), error in zip(hosts, answers):
+                if name not in self.o.index:
+                    continue                    # removed meanwhile
+                down = self.o.index.host(name).state == HostState.down
+                if error is not None:
+                    changes += self._mark_down(name, error) if not down else self._keep_unknown(name)
+                elif down:
+                    changes += self._bring_back(name)
+        return changes
+
+    # -- down --------------------------------------------------------------------------------
+    def _mark_down(self, name: str, error: DriverError) -> list[str]:
+        h = L.HOSTS.c
+        with self.o._lock:
+            with self.o.db.transaction() as conn:
+                row = conn.execute(select(h.id, h.state).where(h.name == name).with_for_update()).first()
+                if row is None or row.state == HostState.down.value:
+                    return []
+                L.set_host_state(conn, name, HostState.down, f"its hypervisor does not answer: {error}",
+                                 state_before_down=row.state)
+                moved = self._running_to_unknown(conn, row.id, name)
+            self.o.index.upsert(replace(self.o.index.host(name), state=HostState.down))
+        log.error("host %s is down (%s); %d VM(s) unknown; it was %s", name, error, moved, row.state)
+        return [f"{name} is down ({error}); {moved} VM(s) unknown"]
+
+    def _keep_unknown(self, name: str) -> list[str]:
+        """While a host is down, a VM put back to `running` (an operation's failure path) is unknown."""
+        with self.o.db.transaction() as conn:
+            host_id = conn.execute(select(L.HOSTS.c.id).where(L.HOSTS.c.name == name)).scalar()
+            moved = self._running_to_unknown(conn, host_id, name) if host_id is not None else 0
+        return [f"{name} is still down; {moved} more VM(s) unknown"] if moved else []
+
+    @staticmethod
+    def _running_to_unknown(conn, host_id: int, host: str) -> int:
+        v = L.VMS.c
+        ids = conn.execute(select(v.id).where(v.host_id == host_id, v.state == VmState.running.value)
+                           .with_for_update()).scalars().all()
+        for vm_id in ids:           # each change is an event (the ledger records it)
+            L.set_vm(conn, vm_id, f"its host {host} does not answer; still charged, never started elsewhere",
+                     state=VmState.unknown)
+        return len(ids)
+
+    # -- back ----------------------------------------------------------------------------------
+    def _bring_back(self, name: str) -> list[str]:
+        h, v = L.HOSTS.c, L.VMS.c
+        with self.o._lock:
+            with self.o.db.transaction() as conn:
+                row = conn.execute(select(h.id, h.state, h.state_before_down).where(h.name == name)
+                                   .with_for_update()).first()
+                if row is None or row.state != HostState.down.value:
+                    return []
+                restored = row.state_before_down or HostState.enabled.value
+                L.set_host_state(conn, name, restored, "its hypervisor answers again; its state before it went "
+                                 "down is restored", state_before_down=None)
+            self.o.index.upsert(replace(self.o.index.host(name), state=HostState(restored)))
+        with self.o.db.read() as s:
+            names = s.connection().execute(select(v.name).where(
+                v.host_id == row.id, v.state.in_([VmState.running.value, VmState.unknown.value]))).scalars().all()
+        outcome: dict[str | None, int] = {}
+        for vm_name in names:       # every VM recorded on it, not only the unknown ones
+            new = settle_vm(self.o, vm_name, name, CAUSE, f"host {name} is back")
+            outcome[new] = outcome.get(new, 0) + 1
+        found, gone = outcome.get(VmState.running.value, 0), outcome.get(VmState.stopped.value, 0)
+        log.warning("host %s is back (%s): %d VM(s) found running again, %d gone", name, restored, found, gone)
+        return [f"{name} is back ({restored}); {found} VM(s) found running, {gone} gone"]

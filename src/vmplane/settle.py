@@ -1,0 +1,77 @@
+"""Settle one VM's record from what its host says now.
+
+Shared by the loops that listen to the hosts (hostevents: libvirt lifecycle events, hostsync: the
+periodic full sync, hostmonitor: a host that answers again); none of them imports another. The rule
+is one: the record is read first, then the host is asked afresh, then the record is changed only if
+nobody changed it meanwhile (same state, host and `updated_at`, under the VM's row lock):
+- a `running` or `unknown` VM whose domain is gone (absent: the driver says so only for "no such
+  domain") or shut off on its host is recorded `stopped`; its charge and claims are given back and an
+  event is written, all in one transaction. A shut-off definition is removed first, as a stop does.
+- an `unknown` VM whose domain runs is recorded `running` again.
+- VMs an operation owns (starting, stopping, migrating, scaling: that operation settles them), VMs
+  recorded on another host (a migration's incoming domain, a domain left behind) and VMs still being
+  recovered after a restart are left alone. A host that does not answer changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .drivers.base import DriverError
+from .errors import NotFound
+from .events import acting_as
+from .model import VmState
+from .store import ledger as L
+
+log = logging.getLogger("vmplane.settle")
+
+# States an in-flight operation owns: it settles the VM itself, from its own read-back.
+OWNED_STATES = frozenset({VmState.starting.value, VmState.stopping.value, VmState.migrating.value,
+                          VmState.scaling.value})
+SETTLED_STATES = frozenset({VmState.running.value, VmState.unknown.value})
+
+
+def settle_vm(o, vm_name: str, host: str, cause: str, why: str) -> str | None:
+    """Settle `vm_name` on `host` (see the module's rule); returns the state written, or None."""
+    with o.db.read() as s:
+        try:
+            vm = L.vm_row(s.connection(), name=vm_name)
+        except NotFound:
+            return None
+    if vm.state not in SETTLED_STATES or vm.host_name != host or o.recovery.busy(vm_name):
+        return None
+    driver = o.drivers.get(host)
+    if driver is None:
+        return None
+    domain = o.domain_name(vm_name)
+    try:
+        info = driver.domain(domain)
+    except DriverError as exc:
+        log.info("settle %s: %s does not answer (%s); left as it is", vm_name, host, exc)
+        return None
+    runs = info is not None and info.active     # paused still holds the host's memory: it stays running
+    if runs and vm.state == VmState.running.value:
+        return None
+    if not runs and info is not None:
+        try:            # a shut-off definition: removed as a stop does (nobody starts a VM recorded running)
+            driver.stop(domain, timeout_s=0)
+        except DriverError as exc:
+            log.warning("settle %s: removing its shut-off definition on %s: %s", vm_name, host, exc)
+    freed: list = []
+    with acting_as(cause), o.db.transaction() as conn:      # the ledger records the change as an event
+        cur = L.vm_row(conn, vm.id, lock=True)
+        if (cur.state, cur.host_id, cur.updated_at) != (vm.state, vm.host_id, vm.updated_at):
+            return None         # an operation or another loop got there first: it owns the outcome
+        if runs:
+            new = VmState.running.value
+            message = f"{why}; its domain runs on {host}"
+            L.set_vm(conn, vm.id, message, state=VmState.running)
+        else:
+            new = VmState.stopped.value
+            message = f"{why}; its domain is {'gone' if info is None else 'shut off'} on {host}: charge and claim " \
+                      f"given back"
+            L.lock_project(conn, cur.project_id)
+            freed = L.release_vm(conn, vm.id, note=message)
+    o._unindex(freed)
+    log.warning("vm %s: %s -> %s (%s)", vm_name, vm.state, new, message)
+    return new
