@@ -95,7 +95,8 @@ class LiveServer:
 
     @property
     def env(self) -> dict:
-        return {**os.environ, "VMPLANE_API": self.url, "VMPLANE_TOKEN": ADMIN_TOKEN, "VMPLANE_HOME": str(self.home)}
+        return {**os.environ, "VMPLANE_API": self.url, "VMPLANE_TOKEN": ADMIN_TOKEN, "VMPLANE_HOME": str(self.home),
+                "COLUMNS": "80"}          # the CLI as an 80-column terminal shows it (tables must fit, ids whole)
 
     def start(self, *extra: str, wait_recovered: bool = True) -> "LiveServer":
         """Start `vmplane up` and wait until it answers /healthz (and, with `wait_recovered`, until its
