@@ -101,6 +101,15 @@ def _scale(o, rng, n):
         o.scaler.scale(rng.choice(names), offering=rng.choice(OFFERINGS)[0])
 
 
+def _scale_where_full(o, rng, n):
+    """Grow a VM on the fullest host to the largest offering, so that the scale has to migrate first."""
+    free = {h.name: h.memory_mib - h.used_memory_mib for h in o.hosts()}
+    running = [v for v in o.vms() if v.state == "running" and v.host and v.offering.name != OFFERINGS[-1][0]]
+    if running:
+        vm = min(running, key=lambda v: (free.get(v.host.name, 0), rng.random()))
+        o.scaler.scale(vm.name, offering=OFFERINGS[-1][0])
+
+
 def _drain(o, rng, n):
     host = f"h{rng.randint(1, HOSTS)}"
     if any(h.state == "maintenance" for h in o.hosts()):
@@ -126,12 +135,15 @@ def _quota(o, rng, n):
         o.catalog.set_quota(name, vcpus=vcpus + rng.randint(-3, 0), memory_mib=memory + rng.randint(-4, 0) * GIB)
 
 
-ACTIONS = ((_create, 5), (_start, 2), (_stop, 2), (_delete, 1), (_migrate, 3), (_scale, 4), (_drain, 1),
+ACTIONS = ((_create, 5), (_start, 2), (_stop, 2), (_delete, 1), (_migrate, 3), (_scale, 4), (_scale_where_full, 2), (_drain, 1),
            (_cancel, 1), (_quota, 1))
 
 
-def workload(o: Orchestrator, rng: random.Random, steps: int) -> None:
-    actions, weights = zip(*ACTIONS)
+def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "") -> None:
+    """Random actions; with a crash point armed (`focus`), the actions that reach it are made likelier."""
+    boost = {"scale.migrating": _scale_where_full, "scale.after-migration": _scale_where_full,
+             "drain.mid": _drain}.get(focus)
+    actions, weights = zip(*((a, w * 3 if a is boost else w) for a, w in ACTIONS))
     for n in range(steps):
         try:
             rng.choices(actions, weights)[0](o, rng, n)
@@ -151,7 +163,7 @@ def _control_plane(url: str, seed: int, armed: dict[str, int], steps: int) -> No
     for d in o.drivers.values():
         if isinstance(d, SimDriver):
             d.copy_rate_mib_s = COPY_RATE_MIB_S
-    workload(o, random.Random(seed), steps)
+    workload(o, random.Random(seed), steps, focus=next(iter(armed), ""))
     settle(o, 20.0)
     os._exit(0)
 
@@ -234,7 +246,7 @@ def run(home: Path, rounds: int, seed: int, steps: int = 60, timed_share: float 
         kill = "timed" if timed else next(iter(armed))
         if not timed:       # a point the workload did not reach is armed again, a few times
             misses = 0 if killed else misses + 1
-            if killed or misses >= 4:
+            if killed or misses >= 8:
                 next_point, misses = next_point + 1, 0
         if killed and number < rounds - 1 and rng.random() < unchecked_share:
             report.rounds.append(Round(number, kill, killed, [], -1))
