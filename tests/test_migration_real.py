@@ -132,3 +132,117 @@ def test_seed_1_three_guests_at_three_quarters_of_the_memory_quota_migrate_one_t
     assert all(r["state"] == "succeeded" for r in rows), [(r["vm"], r["state"], r["reason"]) for r in rows]
     assert all(guest(live, vm, "echo ok").strip() == "ok" for vm in names)
     assert usage(live, "seed1") == before and run_json(live, "audit")["ok"]
+
+
+# -- issue 10: a copy's end is settled by asking both hosts -------------------------------------------------
+def _offering(live, name: str = "settle-half") -> str:
+    if name not in {o["name"] for o in run_json(live, "offering", "list")}:
+        run_json(live, "offering", "create", name, "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB")
+    return name
+
+
+def _used_memory(live, host: str) -> int:
+    return run_json(live, "host", "show", host)["used_memory_mib"]
+
+
+def _dom_state(live, host: str, domain: str) -> tuple[int, int] | None:
+    import libvirt
+
+    conn = libvirt.open(host_of(live, host).uri)
+    try:
+        return tuple(conn.lookupByName(domain).state())
+    except libvirt.libvirtError:
+        return None
+    finally:
+        conn.close()
+
+
+def _wait_state(live, migration_id: str, leave: tuple[str, ...], timeout: float = 240) -> dict:
+    deadline = time.monotonic() + timeout
+    while (row := run_json(live, "migration", "show", migration_id))["state"] in leave:
+        assert time.monotonic() < deadline, row
+        time.sleep(0.3)
+    return row
+
+
+def test_a_postcopy_failure_on_the_default_tcg_policy_keeps_both_claims_until_the_hosts_say_where_it_is(live):
+    """The default TCG policy switches to post-copy 1 s into the first pass; killing the destination's
+    QEMU then leaves the source paused (postcopy-failed). vmplane must not record "failed, runs on the
+    source" and give back the target claim: it keeps both and shows it, until the hosts say more."""
+    import libvirt
+
+    vm = run_json(live, "vm", "create", "pcf", "--project", "p", "--offering", _offering(live), "--template",
+                  "tiny-linux", "--start")
+    guest(live, "pcf", "echo here > /tmp/marker")
+    source = vm["host"]
+    target = "lv2" if source == "lv1" else "lv1"
+    before, target_before = usage(live, "p"), _used_memory(live, target)
+    with live.client() as c:        # the default policy; a slow post-copy phase leaves time to kill it
+        r = c.post("/vms/pcf/migrate", json={"to": target, "postcopy_bandwidth_mib_s": 2})
+        assert r.status_code == 202, r.text
+        mig = r.json()
+    deadline = time.monotonic() + 120
+    while _dom_state(live, source, "vmplane-pcf") != (libvirt.VIR_DOMAIN_PAUSED, libvirt.VIR_DOMAIN_PAUSED_POSTCOPY):
+        assert time.monotonic() < deadline, "the copy never switched to post-copy"
+        time.sleep(0.05)
+    pid = int((host_of(live, target).dir / "run" / "qemu" / "vmplane-pcf.pid").read_text())
+    assert pid in qemu_pids("vmplane-pcf")           # the destination QEMU of the domain this test created
+    os.kill(pid, signal.SIGKILL)
+    row = _wait_state(live, mig["id"], ("queued", "copying", "checking"))
+    assert row["state"] == "postcopy-failed", row     # never "failed, runs on the source"
+    assert "paused" in row["reason"] and row["waiting_for"], row
+    assert _used_memory(live, target) > target_before                   # the target claim is kept
+    assert run_json(live, "vm", "show", "pcf")["state"] == "migrating" and usage(live, "p") == before
+    r = live.cli("vm", "migrate", "pcf", "--cancel")
+    assert r.returncode != 0 and "post-copy failed" in r.stdout + r.stderr
+    # the guest is lost (its destination died): the operator destroys the paused source domain (README);
+    # the settle controller then finds it on neither host and gives back the target claim
+    conn = libvirt.open(host_of(live, source).uri)
+    try:
+        dom = conn.lookupByName("vmplane-pcf")
+        dom.destroy()
+        if dom.isPersistent():
+            dom.undefineFlags(0)
+    finally:
+        conn.close()
+    row = _wait_state(live, mig["id"], ("postcopy-failed",), timeout=60)
+    assert row["state"] == "failed" and "neither" in row["reason"], row
+    assert _used_memory(live, target) == target_before
+    deadline = time.monotonic() + 90                 # the host sync (or its lifecycle event) records it stopped
+    while run_json(live, "vm", "show", "pcf")["state"] != "stopped":
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    assert qemu_pids("vmplane-pcf") == [] and run_json(live, "audit")["ok"]
+
+
+def test_a_real_cancel_before_and_during_the_copy_leaves_the_vm_on_its_source(live):
+    vm = run_json(live, "vm", "create", "cx", "--project", "p", "--offering", _offering(live), "--template",
+                  "tiny-linux", "--start")
+    guest(live, "cx", "echo still-here > /tmp/marker")
+    source = vm["host"]
+    target = "lv2" if source == "lv1" else "lv1"
+    target_before = _used_memory(live, target)
+    slow = {"to": target, "bandwidth_mib_s": 4, "postcopy": False}
+    with live.client() as c:        # at once: libvirt's job may not exist yet; the cancel must hold anyway
+        mig = c.post("/vms/cx/migrate", json=slow).json()
+        r = c.post("/vms/cx/migrate/cancel")
+        assert r.status_code == 200, r.text
+    [row] = wait(live, [mig["id"]])
+    assert row["state"] == "cancelled", row
+    with live.client() as c:        # during the copy
+        mig = c.post("/vms/cx/migrate", json=slow).json()
+    incoming = host_of(live, target).dir / "run" / "qemu" / "vmplane-cx.pid"
+    deadline = time.monotonic() + 60
+    while run_json(live, "migration", "show", mig["id"])["progress"] < 5:
+        assert time.monotonic() < deadline and incoming.parent.exists()
+        time.sleep(0.2)
+    r = live.cli("vm", "migrate", "cx", "--cancel", "--output", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    [row] = wait(live, [mig["id"]])
+    assert row["state"] == "cancelled" and row["reason"].startswith("cancelled"), row
+    shown = run_json(live, "vm", "show", "cx")
+    assert shown["state"] == "running" and shown["host"] == source
+    assert guest(live, "cx", "cat /tmp/marker").strip() == "still-here"
+    assert "vmplane-cx" not in domains_on(live, target) and _used_memory(live, target) == target_before
+    assert len(qemu_pids("vmplane-cx")) == 1 and run_json(live, "audit")["ok"]
+    run_json(live, "vm", "stop", "cx", "--force")

@@ -113,7 +113,7 @@ def sync_vm(o: "Orchestrator", name: str) -> dict:
     with o._lock:
         with o.db.transaction() as conn:
             now = L.vm_row(conn, vm.id, lock=True)
-            if (now.state, now.host_id) != (vm.state, vm.host_id) or _owner(conn, now):
+            if (now.state, now.host_id, now.updated_at) != (vm.state, vm.host_id, vm.updated_at) or _owner(conn, now):
                 raise Conflict(f"vm {name} changed while its hosts were asked; sync it again", field="state")
             p = L.lock_project(conn, vm.project_id)
             changes = []

@@ -115,6 +115,10 @@ def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | N
         elif vm.state in (VmState.stopped, VmState.error) and found:
             problems.append(f"vm {vm.name}: {vm.state.value} in the store, but it runs on {hosts[0]}")
     for domain in sorted(set(where) - known):
-        problems.append(f"domain {domain}: runs on {', '.join(sorted(h for h, _ in where[domain]))} "
-                        f"but the store has no such VM")
+        on = ", ".join(sorted(h for h, _ in where[domain]))
+        if domain.startswith(prefix + "probe-"):   # the libvirt driver's accelerator probe (PROBE_PREFIX)
+            problems.append(f"domain {domain}: a leftover accelerator probe (no VM) runs on {on}, holding memory "
+                            f"without a claim; destroy it there (virsh destroy {domain})")
+        else:
+            problems.append(f"domain {domain}: runs on {on} but the store has no such VM")
     return problems

@@ -62,6 +62,7 @@ def record(conn: Connection, kind: str, subject: str, *, old_state: str | None =
     _written += 1
     if _written % PRUNE_EVERY == 0:
         prune(conn)
+        prune_operations(conn)
 
 
 def cause_of(conn: Connection, kind: str, subject: str, vm: str | None = None, host: str | None = None) -> str | None:
@@ -129,18 +130,19 @@ def page(db, page, vm: str | None = None, host: str | None = None, kind: str | N
 PRUNE_EVERY = 500           # events written by this process between two prunes (a test sets 1)
 PRUNE_BATCH = 10_000        # at most this many deleted by one prune: the writer's transaction stays short
 HISTORY_KEY = "vmplane.event.history"
+OPERATION_HISTORY_KEY = "vmplane.operation.history"
 _INSERT = insert(EVENTS)
 _written = 0
 
 
-def history_limit(conn: Connection) -> int:
-    """`vmplane.event.history` as set (global scope), else its default."""
+def history_limit(conn: Connection, key: str = HISTORY_KEY) -> int:
+    """`vmplane.event.history` (or another global history `key`) as set, else its default."""
     from . import settings as settings_rules
     from .store.schema import Setting
 
-    raw = conn.execute(select(Setting.value).where(Setting.key == HISTORY_KEY, Setting.scope == "global")).scalar()
-    value = settings_rules.typed(HISTORY_KEY, raw) if raw is not None else None
-    return value if isinstance(value, int) else int(settings_rules.KEYS[HISTORY_KEY].default)
+    raw = conn.execute(select(Setting.value).where(Setting.key == key, Setting.scope == "global")).scalar()
+    value = settings_rules.typed(key, raw) if raw is not None else None
+    return value if isinstance(value, int) else int(settings_rules.KEYS[key].default)
 
 
 def prune(conn: Connection, keep: int | None = None) -> int:
@@ -153,3 +155,21 @@ def prune(conn: Connection, keep: int | None = None) -> int:
         return 0
     below = min(newest - keep + 1, oldest + PRUNE_BATCH)      # ids below this go
     return conn.execute(delete(EVENTS).where(e.id < below)).rowcount
+
+
+def prune_operations(conn: Connection, keep: int | None = None) -> int:
+    """Delete the oldest finished operations (succeeded, failed, cancelled; by creation time) beyond the
+    newest `keep` finished ones (`vmplane.operation.history` when None), at most PRUNE_BATCH of them;
+    operations in flight are never deleted. Returns how many went. Called with the events' prune."""
+    from .model import IN_FLIGHT_OPERATION_STATES
+    from .store.schema import Operation
+
+    keep = history_limit(conn, OPERATION_HISTORY_KEY) if keep is None else keep
+    ops = Operation.__table__
+    o = ops.c
+    finished = o.state.not_in([st.value for st in IN_FLIGHT_OPERATION_STATES])
+    count = conn.execute(select(func.count()).select_from(ops).where(finished)).scalar() or 0
+    if count <= keep:
+        return 0
+    oldest = select(o.id).where(finished).order_by(o.created_at, o.id).limit(min(count - keep, PRUNE_BATCH))
+    return conn.execute(delete(ops).where(o.id.in_(oldest))).rowcount

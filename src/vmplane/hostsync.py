@@ -3,8 +3,10 @@
 Every `vmplane.host.sync.interval` seconds (global, default 30) each host that is not down is asked
 for all its domains. A `running` VM recorded there whose domain is absent or shut off is settled
 (settle.settle_vm: stopped, charge and claim given back, cause `sync`) only when the host answered;
-the VM is then asked for once more before anything changes. A `vmplane-` domain running where the
-record says the VM is stopped, on another host, or that no VM has, is reported (logged and an event),
+the VM is then asked for once more before anything changes. A `running` VM whose domain has less than
+the record (a late DIMM unplug, a scale whose read-back failed) is adopted at the host's size
+(adopt.sync_vm): the charge and the claim only go down; a domain with more is reported by the audit.
+A `vmplane-` domain running where the record says the VM is stopped, on another host, or that no VM has, is reported (logged and an event),
 never killed: it is an operator's call. VMs an operation owns are skipped, as the events loop does.
 """
 
@@ -78,6 +80,7 @@ class HostSync:
                 new = settle_vm(self.o, name, host, CAUSE, f"sync: {host} does not run it")
                 if new:
                     findings.append(f"{name}: not running on {host}; recorded {new}")
+        findings += self._adopt_shrunk(host, before, {d.name: d for d in domains if d.active})
         prefix = self.o.domain_name("")
         after = None
         for domain in sorted(running):
@@ -107,6 +110,39 @@ class HostSync:
             self._report(name if seen is not None else None, host, problem)
             findings.append(problem)
         return findings
+
+    def _adopt_shrunk(self, host: str, before: dict, active: dict) -> list[str]:
+        """A `running` VM whose domain has less than the record (a DIMM unplug the guest completed after
+        the scale gave up, a scale whose read-back failed and kept the larger size): the record, the
+        charge and the claim follow the host (adopt.sync_vm, which re-checks that nothing owns the VM).
+        A domain with more than the record is only reported (`vmplane audit`; `vm sync` adopts it)."""
+        from .adopt import sync_vm
+        from .drift import host_size, size_drift
+        from .errors import VmplaneError
+
+        v, h = L.VMS.c, L.HOSTS.c
+        with self.o.db.read() as s:
+            sizes = {r.name: r for r in s.connection().execute(
+                select(v.name, v.vcpus, v.memory_mib, v.cpu_cap_percent).join(L.HOSTS, h.id == v.host_id)
+                .where(h.name == host, v.state == VmState.running.value))}
+        found = []
+        for name, (state, vm_host, _) in before.items():
+            d, vm = active.get(self.o.domain_name(name)), sizes.get(name)
+            if vm_host != host or state != VmState.running.value or d is None or vm is None:
+                continue
+            size = host_size(d)
+            drift = [x for x in size_drift(name, host, vm.vcpus, vm.memory_mib, vm.cpu_cap_percent, d)
+                     if x.field != "state"]
+            if not drift or size.vcpus > vm.vcpus or size.memory_mib > vm.memory_mib:
+                continue
+            try:
+                result = sync_vm(self.o, name)
+            except VmplaneError as exc:           # owned or changed meanwhile: the next pass looks again
+                log.info("sync: %s not adopted (%s)", name, exc)
+                continue
+            if not result["in_sync"]:
+                found.append(f"{name}: adopted what {host} runs ({result['message']})")
+        return found
 
     def _report(self, vm: str | None, host: str, problem: str) -> None:
         log.error("sync: %s (not killed: an operator decides)", problem)

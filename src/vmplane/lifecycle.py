@@ -9,7 +9,7 @@ the host's driver and its row in the capacity index.
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from .catalog import Catalog, get_by_name
@@ -100,4 +100,6 @@ def delete_host_row(catalog: Catalog, name: str) -> None:
             _few(s, Vm.name, Vm.name.in_(select(claimed.c.name)), "claim of VM"),
             _few(s, Migration.vm_name, touches & active, "active migration of VM")])
         s.execute(delete(Migration).where(touches))
+        # stopped VMs that last ran here forget it (a delete of one then asks its cluster's hosts)
+        s.execute(update(Vm).where(Vm.last_host_id == h.id).values(last_host_id=None))
         s.delete(h)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .drivers.base import MigrationParams
+from .drivers.base import DomainInfo, MigrationParams
 from .errors import Conflict
 
 
@@ -21,10 +21,15 @@ class MigrationState(str, enum.Enum):
     succeeded = "succeeded"
     failed = "failed"            # the VM keeps running on the source; the target claim is released
     cancelled = "cancelled"
+    # switched over, then the copy broke: the guest is paused on one or both hosts (libvirt's
+    # PAUSED_POSTCOPY_FAILED); both claims are kept, the VM stays `migrating`, resume is retried
+    postcopy_failed = "postcopy-failed"
 
 
-ACTIVE = frozenset({MigrationState.queued, MigrationState.copying, MigrationState.checking})
-COPYING = frozenset({MigrationState.copying, MigrationState.checking})
+ACTIVE = frozenset({MigrationState.queued, MigrationState.copying, MigrationState.checking,
+                    MigrationState.postcopy_failed})
+COPYING = frozenset({MigrationState.copying, MigrationState.checking})      # they hold a slot under the limits
+SETTLING = frozenset({MigrationState.copying, MigrationState.checking, MigrationState.postcopy_failed})
 
 
 class Action(str, enum.Enum):
@@ -46,6 +51,17 @@ TRANSITIONS: dict[tuple[MigrationState, str], tuple[MigrationState, tuple[Action
     (MigrationState.checking, "guest-healthy"): (MigrationState.succeeded, (Action.move_claims,)),
     # the domain runs on the target (libvirt undefined the source): claims follow it, the failure is loud
     (MigrationState.checking, "guest-unhealthy"): (MigrationState.failed, (Action.move_claims,)),
+    # settled by asking both hosts (settle_outcome/settle_event below)
+    (MigrationState.copying, "postcopy-failed"): (MigrationState.postcopy_failed, ()),
+    (MigrationState.checking, "postcopy-failed"): (MigrationState.postcopy_failed, ()),
+    (MigrationState.postcopy_failed, "resumed"): (MigrationState.checking, (Action.check_guest,)),
+    (MigrationState.checking, "stayed"): (MigrationState.failed, (Action.release_target,)),
+    (MigrationState.postcopy_failed, "stayed"): (MigrationState.failed, (Action.release_target,)),
+    # on neither host: the target claim goes; the VM stays recorded on its source, where the sync
+    # (settle.settle_vm) records it stopped once that host confirms it has no domain
+    (MigrationState.copying, "gone"): (MigrationState.failed, (Action.release_target,)),
+    (MigrationState.checking, "gone"): (MigrationState.failed, (Action.release_target,)),
+    (MigrationState.postcopy_failed, "gone"): (MigrationState.failed, (Action.release_target,)),
 }
 
 
@@ -54,6 +70,66 @@ def transition(state: MigrationState, event: str) -> tuple[MigrationState, tuple
         return TRANSITIONS[(state, event)]
     except KeyError:
         raise Conflict(f"a migration that is {state.value} can not take {event!r}", field="state") from None
+
+
+class Outcome(str, enum.Enum):
+    """Where a migration's domain is, from what both hosts say (settle_outcome)."""
+
+    moved = "moved"                         # a QEMU holds it on the target only
+    stayed = "stayed"                       # a QEMU holds it on the source only
+    postcopy_failed = "postcopy-failed"     # either side reports a failed post-copy
+    gone = "gone"                           # no QEMU holds it on either host
+    unclear = "unclear"                     # both hold it (libvirt still copies or cleans up): ask again
+
+
+def _postcopy_failed(info: DomainInfo | None) -> bool:
+    return info is not None and info.reason == "postcopy-failed"
+
+
+def settle_outcome(on_source: DomainInfo | None, on_target: DomainInfo | None) -> Outcome:
+    """Where the domain is, from both hosts' answers (None: the host confirmed it has no such domain;
+    a host that can not be asked never gets here). `active` (a QEMU exists: running or paused) decides,
+    not `running`: a paused target holds the guest and its memory."""
+    if _postcopy_failed(on_source) or _postcopy_failed(on_target):
+        return Outcome.postcopy_failed
+    source = on_source is not None and on_source.active
+    target = on_target is not None and on_target.active
+    if target and not source:
+        return Outcome.moved
+    if source and not target:
+        return Outcome.stayed
+    if not source and not target:
+        return Outcome.gone
+    return Outcome.unclear
+
+
+_SETTLE_EVENTS: dict[tuple[MigrationState, Outcome], str] = {
+    (MigrationState.copying, Outcome.moved): "copied",
+    (MigrationState.copying, Outcome.stayed): "copy-failed",
+    (MigrationState.copying, Outcome.postcopy_failed): "postcopy-failed",
+    (MigrationState.copying, Outcome.gone): "gone",
+    (MigrationState.checking, Outcome.stayed): "stayed",
+    (MigrationState.checking, Outcome.postcopy_failed): "postcopy-failed",
+    (MigrationState.checking, Outcome.gone): "gone",
+    (MigrationState.postcopy_failed, Outcome.moved): "resumed",
+    (MigrationState.postcopy_failed, Outcome.stayed): "stayed",
+    (MigrationState.postcopy_failed, Outcome.gone): "gone",
+}
+
+
+def settle_event(state: MigrationState, outcome: Outcome, cancelled: bool = False) -> str | None:
+    """The event a migration found in `state` (read under the lock) takes for `outcome`; None: no
+    change (unclear; a checking migration whose domain moved goes on to the guest check; a
+    post-copy failure that persists; a migration that is not being settled)."""
+    event = _SETTLE_EVENTS.get((state, outcome))
+    if event == "copy-failed" and cancelled:
+        return "copy-cancelled"
+    return event
+
+
+def past_deadline(elapsed_s: float, timeout_s: float) -> bool:
+    """Whether a copy running for `elapsed_s` is past `vmplane.migration.timeout`."""
+    return elapsed_s >= timeout_s
 
 
 @dataclass(frozen=True)
@@ -118,8 +194,12 @@ def policy(accel: str) -> MigrationParams:
     TCG: pre-copy of a guest that writes memory corrupted it in some runs; post-copy switched on during
     the first pass was healthy 13/13 (switched later: 2/8). So: a capped pre-copy bandwidth so that the
     first pass is still running after 1 s, then post-copy at full speed.
-    KVM: plain pre-copy with a 500 ms downtime limit (converges for moderately busy guests)."""
+    KVM: pre-copy with a 500 ms downtime limit and auto-converge (QEMU throttles a guest that dirties
+    memory faster than the link); post-copy is allowed but only switched to at the deadline
+    (`vmplane.migration.timeout`), so that a copy that never converges still ends.
+    Under either, a copy still in pre-copy at the deadline is aborted (on KVM: switched to post-copy)."""
     if accel == "kvm":
-        return MigrationParams(bandwidth_mib_s=None, max_downtime_ms=500, postcopy=False)
+        return MigrationParams(bandwidth_mib_s=None, max_downtime_ms=500, postcopy=True, auto_converge=True,
+                               timeout_action="postcopy")
     return MigrationParams(bandwidth_mib_s=64, max_downtime_ms=None, postcopy=True, postcopy_after_s=1.0,
-                           postcopy_bandwidth_mib_s=10000)
+                           postcopy_bandwidth_mib_s=10000, timeout_action="abort")

@@ -23,7 +23,7 @@ from . import migration as rules
 from .drivers.base import DriverError, MigrationParams
 from .errors import Conflict, Invalid, NotFound
 from .listing import Page, by_prefix, order_by, run_page
-from .migration import Action, MigrationState
+from .migration import Action, MigrationState, Outcome
 from .model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
 from .placement import Placement, choose, fit_on
 from .scope import migration_scope_problem
@@ -34,7 +34,11 @@ if TYPE_CHECKING:
     from .orchestrator import Orchestrator
 
 log = logging.getLogger("vmplane.migrator")
-RECOVERY_WAIT_S = 600           # how long a restart waits for a copy the hypervisor carries on by itself
+RECOVERY_WAIT_S = 30.0          # start-up, for all migrations together: copies libvirtd carries on (then the controller)
+SETTLE_WAIT_S = 30.0            # after a copy error: for libvirtd's own job to end (then the controller)
+CONTROLLER_WAIT_S = 2.0         # the settle controller and cancel, per pass
+HUNG_GRACE_S = 120.0            # a copy thread this far past its deadline is taken for hung
+RESUME_EVERY_S = 60.0           # post-copy resume attempts, at most this often
 HEALTH_COMMAND = "cut -d' ' -f1 /proc/uptime; dmesg | grep -c -E 'Oops|BUG:|general protection|Kernel panic' || true"
 _ACTIVE = [s.value for s in rules.ACTIVE]
 
@@ -43,7 +47,13 @@ class Migrator:
     def __init__(self, orch: "Orchestrator"):
         self.o = orch
         self._pump_lock = threading.Lock()
-        self._cancelled: set[str] = set()
+        self._state_lock = threading.Lock()     # guards the sets below (this process's view of its copies)
+        self._cancelled: set[str] = set()       # cancels asked (a copy honours them at any step)
+        self._live: set[str] = set()            # migrations whose copy thread runs in this process
+        self._calling: set[str] = set()         # ... whose driver migrate() is called or about to be
+        self._settling: set[str] = set()        # being settled now (one settler at a time)
+        self._timed_out: set[str] = set()       # aborted at their deadline
+        self._resume_at: dict[str, float] = {}  # post-copy resume: not before (monotonic)
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, migration_id: str) -> dict:
@@ -185,7 +195,10 @@ class Migrator:
             slots = {r.id: rules.MigrationSlot(r.id, r.cluster, r.source, r.target, r.name) for r in rows}
             project_limit = {r.name: r.max_concurrent_migrations for r in rows}
             zone_of = {meta.cluster: meta.zone for meta in self.o._hosts.values()}
-            limits_of = lambda slot: self._limits(slot.cluster, zone_of.get(slot.cluster), project_limit[slot.project])
+
+            def limits_of(slot):
+                return self._limits(slot.cluster, zone_of.get(slot.cluster), project_limit[slot.project])
+
             copying = [slots[r.id] for r in rows if r.state in (s.value for s in rules.COPYING)]
             queued = [slots[r.id] for r in rows if r.state == MigrationState.queued.value]
             to_start = rules.startable(queued, copying, limits_of)
@@ -199,6 +212,8 @@ class Migrator:
                     if slot.id not in started:
                         why = rules.blocking_limit(slot, running, limits_of(slot)) or ""
                         L.set_migration(conn, slot.id, waiting_for=why)
+        with self._state_lock:
+            self._live.update(slot.id for slot in to_start)
         if to_start:
             failpoints.hit("migrate.copying")
         for slot in to_start:
@@ -217,21 +232,29 @@ class Migrator:
     def _run_copy(self, migration_id: str) -> None:
         try:
             self._run(migration_id)
-        except Exception as exc:   # a migration must end; the VM stays where libvirt says it is
+        except Exception as exc:   # whatever broke, where the VM is is asked of both hosts
             log.exception("migration %s", migration_id)
-            self._finish(migration_id, "copy-failed", reason=f"internal error: {exc}")
+            self._settle_quietly(migration_id, f"internal error: {exc}")
         finally:
+            with self._state_lock:
+                self._live.discard(migration_id)
             self.pump()
+
+    def _timeout_s(self, row: dict) -> int:
+        zone = self.o._hosts[row["source"]].zone if row["source"] in self.o._hosts else None
+        return int(self.o.catalog.effective("vmplane.migration.timeout", zone, row["cluster"]))
 
     def _params(self, row: dict, source_driver) -> MigrationParams:
         accel = getattr(source_driver, "accel", "qemu")
         asked = row.get("params") or {}
         base = MigrationParams() if asked.get("policy") == "hypervisor-default" else rules.policy(accel)
-        overrides = {k: v for k, v in (row.get("params") or {}).items() if k in MigrationParams.__dataclass_fields__}
-        return MigrationParams(**{**asdict(base), **overrides})
+        overrides = {k: v for k, v in asked.items() if k in MigrationParams.__dataclass_fields__}
+        return MigrationParams(**{**asdict(base), "timeout_s": self._timeout_s(row), **overrides})
 
     def _run(self, migration_id: str) -> None:
         row = self.get(migration_id)
+        if row["state"] != MigrationState.copying.value:
+            return                  # ended meanwhile (a cancel, a settle)
         source, target = self.o.drivers[row["source"]], self.o.drivers[row["target"]]
         target.migration_address = self.o._migration_address(row["target"])
         domain = self.o.domain_name(row["vm_name"])
@@ -239,34 +262,88 @@ class Migrator:
         policy_name = (row.get("params") or {}).get("policy") or f"vmplane ({getattr(source, 'accel', 'sim')})"
         with self.o.db.transaction() as conn:
             L.set_migration(conn, migration_id, params={**asdict(params), "policy": policy_name})
-        last = [0.0]
+        if not self._enter_call(migration_id):       # a cancel came first: the copy is never asked for
+            self._finish(migration_id, "copy-cancelled", reason="cancelled before the copy started")
+            return
+        timer = self._watchdog(migration_id, source, domain, params.timeout_s)
+        try:
+            stats = source.migrate(domain, target, params, self._progress(migration_id, source, domain))
+        except Exception as exc:    # says nothing of where the domain is: both hosts are asked
+            self._leave_call(migration_id, timer)
+            self.settle(migration_id, why=str(exc), wait_s=SETTLE_WAIT_S)
+            return
+        self._leave_call(migration_id, timer)
+        failpoints.hit("migrate.after-copy")
+        stats_dict = {"total_ms": stats.total_ms, "downtime_ms": stats.downtime_ms, "bytes": stats.bytes_sent,
+                      **stats.extra}
+        self._finish(migration_id, "copied", stats=stats_dict)
+        self._check_and_finish(migration_id, target, domain, stats_dict)
+
+    def _enter_call(self, migration_id: str) -> bool:
+        """Right before the driver call: False if a cancel came first; else from now on a cancel aborts
+        through the driver (which keeps it until libvirt's job exists)."""
+        with self._state_lock:
+            if migration_id in self._cancelled:
+                return False
+            self._calling.add(migration_id)
+            return True
+
+    def _leave_call(self, migration_id: str, timer) -> None:
+        if timer is not None:
+            timer.cancel()
+        with self._state_lock:
+            self._calling.discard(migration_id)
+
+    def _watchdog(self, migration_id: str, source, domain: str, timeout_s: float | None):
+        """The deadline, for a driver that does not keep it itself (the sim): abort the copy then."""
+        if not timeout_s or getattr(source, "handles_timeout", False):
+            return None
+        timer = threading.Timer(timeout_s, self._deadline_reached, (migration_id, source, domain, timeout_s))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _deadline_reached(self, migration_id: str, source, domain: str, timeout_s: float) -> None:
+        with self._state_lock:
+            if migration_id not in self._calling:
+                return
+            self._timed_out.add(migration_id)
+        log.warning("migration %s: past its %g s deadline; aborting the copy", migration_id, timeout_s)
+        try:
+            source.abort_migration(domain)
+        except DriverError as exc:
+            log.error("migration %s: abort at the deadline failed: %s", migration_id, exc)
+
+    def _progress(self, migration_id: str, source, domain: str):
+        last, asked = [0.0], [0.0]
 
         def progress(percent: int, message: str) -> None:
             if percent < 100:
                 failpoints.hit("migrate.mid-copy")
+            if migration_id in self._cancelled and time.monotonic() - asked[0] >= 2.0:
+                asked[0] = time.monotonic()     # a cancel is asked again while the copy runs
+                self._abort_source(migration_id, source, domain)
             if time.monotonic() - last[0] >= 0.5 or percent >= 100:
                 last[0] = time.monotonic()
                 with self.o.db.transaction() as conn:
                     L.set_migration(conn, migration_id, progress=percent, waiting_for=message)
+        return progress
 
+    def _abort_source(self, migration_id: str, source, domain: str) -> bool:
         try:
-            stats = source.migrate(domain, target, params, progress)
-        except DriverError as exc:
-            event = "copy-cancelled" if migration_id in self._cancelled else "copy-failed"
-            self._finish(migration_id, event, reason=str(exc))
-            return
-        failpoints.hit("migrate.after-copy")
-        stats_dict = {"total_ms": stats.total_ms, "downtime_ms": stats.downtime_ms, "bytes": stats.bytes_sent,
-                      **stats.extra}
-        with self.o.db.transaction() as conn:
-            state, _ = rules.transition(MigrationState.copying, "copied")
-            L.set_migration(conn, migration_id, state=state, progress=100, stats=stats_dict,
-                            waiting_for="checking the guest on the target")
+            source.abort_migration(domain)
+            return True
+        except DriverError as exc:      # not swallowed: said where the operator looks, and asked again
+            log.error("migration %s: abort failed: %s", migration_id, exc)
+            self._note(migration_id, f"cancel asked; the abort failed ({exc}); asked again")
+            return False
+
+    def _check_and_finish(self, migration_id: str, target, domain: str, stats: dict, reason_prefix: str = "") -> None:
         healthy, check = self._check_guest(target, domain)
         failpoints.hit("migrate.checked")
-        stats_dict["guest_check"] = check
-        self._finish(migration_id, "guest-healthy" if healthy else "guest-unhealthy", stats=stats_dict,
-                     reason="" if healthy else f"the guest is not healthy on {row['target']}: {check}")
+        row = self.get(migration_id)
+        self._finish(migration_id, "guest-healthy" if healthy else "guest-unhealthy", stats={**stats, "guest_check": check},
+                     reason="" if healthy else f"{reason_prefix}the guest is not healthy on {row['target']}: {check}")
 
     def _check_guest(self, target, domain: str) -> tuple[bool, str]:
         """Never call a migration good unchecked: the guest must answer on the target, without oopses."""
@@ -275,38 +352,206 @@ class Migrator:
             return True, "not checked: a sim host has no guest"
         try:
             out, _code = run(domain, HEALTH_COMMAND, 60.0)
-        except DriverError as exc:
+        except Exception as exc:        # any error is an answer: not healthy (the domain did move)
             return False, f"no answer on the console ({exc})"
         lines = [line for line in out.split() if line]
         if len(lines) < 2 or lines[-1] != "0":
             return False, f"kernel errors in dmesg ({lines[-1] if lines else '?'} lines)"
         return True, f"answered, uptime {lines[0]} s, no kernel errors"
 
-    def _finish(self, migration_id: str, event: str, reason: str = "", stats: dict | None = None) -> None:
+    # -- settling by asking both hosts ---------------------------------------------------------
+    def orphaned(self, mig: dict) -> bool:
+        """An active migration no copy thread of this process carries (after a restart), or whose
+        thread is far past its deadline (a hung driver): the settle controller and cancel settle it."""
+        if MigrationState(mig["state"]) not in rules.SETTLING:
+            return False
+        with self._state_lock:
+            if mig["id"] not in self._live:
+                return True
+        return self._elapsed_s(mig) > self._timeout_s(mig) + HUNG_GRACE_S
+
+    @staticmethod
+    def _elapsed_s(mig: dict) -> float:
+        started = mig.get("started_at") or mig.get("created_at")
+        return (utcnow() - started).total_seconds() if started else 0.0
+
+    def settle(self, migration_id: str, why: str = "", wait_s: float = CONTROLLER_WAIT_S) -> str:
+        """Settle a copying, checking or post-copy-failed migration by asking both hosts (DESIGN 10):
+        wait (at most `wait_s`) while libvirt still copies, read the domain on both, then move the
+        claims (it moved), release the target claim (it stayed), keep both (post-copy failed: resume
+        is tried) or change nothing (a host does not answer, or both hold it: asked again later).
+        Returns the migration's state after."""
+        with self._state_lock:
+            if migration_id in self._settling:
+                return self.get(migration_id)["state"]
+            self._settling.add(migration_id)
+        try:
+            return self._settle(migration_id, why, wait_s)
+        finally:
+            with self._state_lock:
+                self._settling.discard(migration_id)
+
+    def _settle_quietly(self, migration_id: str, why: str) -> None:
+        try:
+            self.settle(migration_id, why=why, wait_s=SETTLE_WAIT_S)
+        except Exception:           # left active: the settle controller asks again
+            log.exception("migration %s: settling after %s", migration_id, why)
+
+    def _settle(self, migration_id: str, why: str, wait_s: float) -> str:
+        row = self.get(migration_id)
+        if MigrationState(row["state"]) not in rules.SETTLING:
+            return row["state"]
+        source, target = self.o.drivers[row["source"]], self.o.drivers[row["target"]]
+        domain = self.o.domain_name(row["vm_name"])
+        try:
+            if not self._copy_ended(row, source, domain, wait_s):
+                self._note(migration_id, f"libvirt on {row['source']} still copies; settled once it ends")
+                return row["state"]
+            on_source, on_target = source.domain(domain), target.domain(domain)
+        except DriverError as exc:          # unknown is not absent: nothing moves
+            self._note(migration_id, f"{exc.host} does not answer ({exc}); both hosts are asked again")
+            return row["state"]
+        outcome = rules.settle_outcome(on_source, on_target)
+        if outcome == Outcome.unclear:
+            self._note(migration_id, f"both {row['source']} and {row['target']} hold the domain; asked again")
+            return row["state"]
+        return self._settle_to(row, outcome, why, on_source, on_target)
+
+    def _copy_ended(self, row: dict, source, domain: str, wait_s: float) -> bool:
+        """Wait while the source's libvirtd still migrates the domain (a p2p job goes on without us);
+        past the deadline, abort it. False if it still runs after `wait_s`."""
+        end = time.monotonic() + wait_s
+        while source.migration_active(domain):
+            info = source.domain(domain)
+            if info is not None and info.reason == "postcopy-failed":
+                return True             # libvirt keeps the failed job for a resume: nothing ends by waiting
+            self._abort_past_deadline(row, source, domain)
+            if time.monotonic() >= end or self.o.closing.is_set():
+                return False
+            time.sleep(0.2)
+        return True
+
+    def _abort_past_deadline(self, row: dict, source, domain: str) -> None:
+        timeout = self._timeout_s(row)
+        with self._state_lock:
+            if row["id"] in self._timed_out or not rules.past_deadline(self._elapsed_s(row), timeout):
+                return
+            self._timed_out.add(row["id"])
+        log.warning("migration %s: past its %d s deadline; aborting the copy", row["id"], timeout)
+        self._abort_source(row["id"], source, domain)
+
+    def _why(self, migration_id: str, why: str) -> str:
+        if migration_id in self._timed_out:
+            return f"timed out (vmplane.migration.timeout): {why}" if why else "timed out (vmplane.migration.timeout)"
+        return why
+
+    def _settle_to(self, row: dict, outcome: Outcome, why: str, on_source, on_target) -> str:
+        mid, source, target = row["id"], row["source"], row["target"]
+        why = self._why(mid, why)
+        reason = {Outcome.stayed: f"{why}; asked both hosts: the VM runs on {source}, {target} has none",
+                  Outcome.gone: f"{why}; asked both hosts: the domain is on neither {source} nor {target}",
+                  Outcome.postcopy_failed: f"post-copy failed ({why}): the guest is paused on "
+                                           f"{_paused_on(row, on_source, on_target)}; both hosts stay claimed",
+                  Outcome.moved: ""}[outcome]
+        if outcome == Outcome.stayed and mid in self._cancelled:
+            reason = "cancelled" + (f" ({why})" if why and why != "cancelled" else "")
+        state = self._finish(mid, lambda current: rules.settle_event(current, outcome, mid in self._cancelled),
+                             reason=reason)
+        if outcome == Outcome.postcopy_failed:
+            return self._try_resume(row, on_source, on_target)
+        if outcome == Outcome.moved and state == MigrationState.checking:
+            stats = {**(row.get("stats") or {}), "settled": why or "asked both hosts"}
+            self._check_and_finish(mid, self.o.drivers[target], self.o.domain_name(row["vm_name"]), stats,
+                                   reason_prefix=f"{why}; " if why else "")
+        return self.get(mid)["state"]
+
+    def _try_resume(self, row: dict, on_source, on_target) -> str:
+        """libvirt's post-copy recovery (VIR_MIGRATE_POSTCOPY_RESUME, same parameters), at most every
+        RESUME_EVERY_S; it needs both QEMUs. Settled as moved when it succeeds."""
+        mid = row["id"]
+        source, target = self.o.drivers[row["source"]], self.o.drivers[row["target"]]
+        resume = getattr(source, "resume_postcopy", None)
+        if resume is None:
+            self._note(mid, f"{row['source']} can not resume a post-copy; an operator decides (README)")
+            return MigrationState.postcopy_failed.value
+        if not (on_source is not None and on_source.active and on_target is not None and on_target.active):
+            self._note(mid, f"can not be resumed: the domain is gone from "
+                            f"{row['target'] if on_source is not None and on_source.active else row['source']}; "
+                            f"an operator decides (README)")
+            return MigrationState.postcopy_failed.value
+        with self._state_lock:
+            if time.monotonic() < self._resume_at.get(mid, 0.0):
+                return MigrationState.postcopy_failed.value
+            self._resume_at[mid] = time.monotonic() + RESUME_EVERY_S
+        domain = self.o.domain_name(row["vm_name"])
+        try:
+            resume(domain, target, self._params(self.get(mid), source))
+            on_source, on_target = source.domain(domain), target.domain(domain)
+        except DriverError as exc:
+            self._note(mid, f"resume failed ({exc}); tried again in {RESUME_EVERY_S:.0f} s")
+            return MigrationState.postcopy_failed.value
+        outcome = rules.settle_outcome(on_source, on_target)
+        if outcome != Outcome.moved:
+            self._note(mid, f"resumed, but the hosts say {outcome.value}; asked again")
+            return MigrationState.postcopy_failed.value
+        log.warning("migration %s: post-copy resumed; %s runs on %s", mid, row["vm_name"], row["target"])
+        return self._settle_to(self.get(mid), Outcome.moved, "post-copy resumed", on_source, on_target)
+
+    def _note(self, migration_id: str, text: str) -> None:
+        """What an active migration waits for, shown in `migration show`/`list`."""
+        with self.o.db.transaction() as conn:
+            m = L.MIGRATIONS.c
+            conn.execute(L.MIGRATIONS.update().where(m.id == migration_id, m.state.in_(_ACTIVE))
+                         .values(waiting_for=text))
+        log.info("migration %s: %s", migration_id, text)
+
+    def _finish(self, migration_id: str, event, reason: str = "", stats: dict | None = None) -> MigrationState:
         """Apply an event to a migration as the store has it now: persist the state, then move or
-        release the claims; a cancel of a copy in progress aborts it (the copy's own end follows)."""
+        release the claims; a cancel of a copy in progress aborts it (the copy's own end follows).
+        `event` may be a function of the state found under the lock, returning the event or None
+        (no change)."""
         freed: list = []
         with self.o._lock:
             with self.o.db.transaction() as conn:
                 row = conn.execute(select(L.MIGRATIONS).where(L.MIGRATIONS.c.id == migration_id)
                                    .with_for_update()).first()
-                state, actions = rules.transition(MigrationState(row.state), event)
+                current = MigrationState(row.state)
+                name = event(current) if callable(event) else event
+                if name is None:
+                    return current
+                state, actions = rules.transition(current, name)
                 if Action.abort_copy not in actions:
                     freed = self._apply(conn, row, state, actions, reason, stats)
             self.o._unindex(freed)
         if Action.abort_copy in actions:
-            self._cancelled.add(migration_id)
-            self.o.drivers[row.source].abort_migration(self.o.domain_name(row.vm_name))
-            return
-        self._cancelled.discard(migration_id)
+            self._abort_live(row)
+        elif state not in rules.ACTIVE:
+            self._ended(row, state, actions, reason)
+        return state
+
+    def _abort_live(self, row) -> None:
+        with self._state_lock:
+            self._cancelled.add(row.id)
+            calling = row.id in self._calling
+        if calling:                     # else the copy thread sees the cancel before it calls the driver
+            self._abort_source(row.id, self.o.drivers[row.source], self.o.domain_name(row.vm_name))
+
+    def _ended(self, row, state: MigrationState, actions, reason: str) -> None:
+        with self._state_lock:
+            self._cancelled.discard(row.id)
+            self._timed_out.discard(row.id)
+            self._resume_at.pop(row.id, None)
         metrics.MIGRATIONS.labels(state.value).inc()
         if state == MigrationState.failed:
-            log.error("migration %s of %s failed: %s", migration_id, row.vm_name, reason)
+            log.error("migration %s of %s failed: %s", row.id, row.vm_name, reason)
         if Action.move_claims in actions:
-            log.info("migration %s: %s now runs on %s", migration_id, row.vm_name, row.target)
+            log.info("migration %s: %s now runs on %s", row.id, row.vm_name, row.target)
 
     @staticmethod
     def _apply(conn, row, state: MigrationState, actions, reason: str, stats: dict | None) -> list:
+        if state in rules.ACTIVE:
+            Migrator._apply_active(conn, row, state, reason, stats)
+            return []
         fields = dict(state=state, finished_at=utcnow(), waiting_for="")
         if reason:
             fields["reason"] = reason
@@ -329,47 +574,72 @@ class Migrator:
                 cluster_id=select(h.cluster_id).where(h.id == row.target_host_id).scalar_subquery()))
         return freed
 
+    @staticmethod
+    def _apply_active(conn, row, state: MigrationState, reason: str, stats: dict | None) -> None:
+        """A step that does not end the migration: claims stay as they are."""
+        fields: dict = {"state": state}
+        if stats is not None:
+            fields["stats"] = stats
+        if state == MigrationState.checking:
+            fields.update(progress=100, waiting_for="checking the guest on the target")
+        if state == MigrationState.postcopy_failed:
+            fields.update(reason=reason, waiting_for="resuming the post-copy migration")
+            # the VM stays `migrating` (or `scaling`): owned by this migration, not settled by the loops;
+            # its state does not change, so its event is written here
+            events.record(conn, "vm", row.vm_name, vm=row.vm_name, project_id=row.project_id,
+                          message=f"post-copy migration {row.id[:8]} to {row.target} failed: {reason}; vmplane "
+                                  f"retries resuming it (`vmplane migration show {row.id[:8]}`)")
+        L.set_migration(conn, row.id, **fields)
+
     def cancel(self, vm_name: str) -> dict:
+        """Cancel a migration: a queued one ends here; a copy is aborted (kept until libvirt's job
+        exists); a copy with no live thread (after a restart, a hung driver) is aborted and settled by
+        asking both hosts. One that switched over can not be cancelled."""
         active = self.list(vm=vm_name, active_only=True)
         if not active:
             raise Conflict(f"vm {vm_name} has no migration to cancel", field="vm")
         mig = active[0]
+        if mig["state"] == MigrationState.postcopy_failed.value:
+            raise Conflict(f"the migration of {vm_name} switched over to {mig['target']} and its post-copy failed: "
+                           f"the guest can only go on there; vmplane retries resuming it (see `vmplane migration "
+                           f"show {mig['id'][:8]}` and the README, \"post-copy failed\")", field="state")
         if mig["state"] not in (MigrationState.queued.value, MigrationState.copying.value):
             raise Conflict(f"the migration of {vm_name} has switched over; it can not be cancelled", field="state")
+        if mig["state"] == MigrationState.copying.value and self.orphaned(mig):
+            return self._cancel_orphan(mig)
         # the transition is taken on the state found under the lock: queued ends here, copying is aborted
         self._finish(mig["id"], "cancel", reason="cancelled")
         self.pump()
         return self.get(mig["id"])
 
+    def _cancel_orphan(self, mig: dict) -> dict:
+        with self._state_lock:
+            self._cancelled.add(mig["id"])
+        source, domain = self.o.drivers[mig["source"]], self.o.domain_name(mig["vm_name"])
+        try:
+            running = source.migration_active(domain)
+        except DriverError:
+            running = True              # unknown: asked to abort anyway (its error is said)
+        if running:                     # only a job that exists: an abort asked of no copy is not kept
+            self._abort_source(mig["id"], source, domain)
+        self.settle(mig["id"], why="cancelled", wait_s=CONTROLLER_WAIT_S)
+        self.pump()
+        return self.get(mig["id"])
+
     def recover(self) -> None:
-        """After a restart: a migration that was copying is finished or rolled back by asking both hosts
-        which one runs the VM; queued ones wait for the pump."""
+        """After a restart: each migration that was copying, checking or post-copy-failed is settled by
+        asking both hosts, waiting only briefly for a copy libvirtd still carries on; what can not be
+        decided now (a host that does not answer, a copy still running) is left to the settle
+        controller (migrationsettle), which asks again. Queued ones wait for the pump."""
+        deadline = time.monotonic() + RECOVERY_WAIT_S       # for all of them: never 600 s per migration
         for mig in self.list(active_only=True):
             if mig["state"] == MigrationState.queued.value:
                 continue
-            domain = self.o.domain_name(mig["vm_name"])
-            source = self.o.drivers[mig["source"]]
-            deadline = time.monotonic() + RECOVERY_WAIT_S
             try:
-                while source.migration_active(domain) and time.monotonic() < deadline:
-                    time.sleep(0.2)      # the hypervisor is still copying: its outcome decides
-                on_target = self.o.drivers[mig["target"]].domain(domain)
-                on_source = source.domain(domain)
-            except DriverError as exc:
-                log.warning("migration %s: hosts unreachable at start-up (%s); left as it is", mig["id"], exc)
-                continue
-            if on_target is not None and on_target.running and (on_source is None or not on_source.running):
-                with self.o.db.transaction() as conn:
-                    L.set_migration(conn, mig["id"], state=MigrationState.checking)
-                healthy, check = self._check_guest(self.o.drivers[mig["target"]], domain)
-                self._finish(mig["id"], "guest-healthy" if healthy else "guest-unhealthy",
-                             stats={**(mig["stats"] or {}), "guest_check": check, "recovered": True},
-                             reason="" if healthy else f"after a restart: {check}")
-            else:
-                with self.o.db.transaction() as conn:
-                    L.set_migration(conn, mig["id"], state=MigrationState.copying)
-                self._finish(mig["id"], "copy-failed", reason="interrupted by a control-plane restart; "
-                                                               "the VM runs on the source")
+                self.settle(mig["id"], why="interrupted by a control-plane restart",
+                            wait_s=max(0.5, deadline - time.monotonic()))
+            except Exception:          # this one is retried by the controller; the others go on
+                log.exception("migration %s: settling at start-up", mig["id"])
 
     # -- host maintenance ----------------------------------------------------------------------
     def enter_maintenance(self, host: str, dry_run: bool = False) -> dict:
@@ -460,3 +730,11 @@ class Migrator:
             raise Conflict(f"host {host} is not in maintenance: it is already enabled", field="state")
         self.o.set_host_state(host, HostState.enabled)
         return {"host": host, "state": "enabled"}
+
+
+def _paused_on(row: dict, on_source, on_target) -> str:
+    """Where a failed post-copy left the guest, in words."""
+    where = [f"{host} ({info.state}, {info.reason})" for host, info in ((row["source"], on_source),
+                                                                         (row["target"], on_target))
+             if info is not None and info.active]
+    return " and ".join(where) or "neither host"

@@ -46,6 +46,7 @@ from .lifecycle import delete_host_row
 from .hostevents import HostEvents
 from .hostmonitor import HostMonitor
 from .hostsync import HostSync
+from .migrationsettle import MigrationSettle
 from .migrator import Migrator
 from .model import (
     IN_FLIGHT_OPERATION_STATES,
@@ -63,6 +64,7 @@ from .offerings import size_for
 from .listing import Page, by_prefix, order_by, run_page
 from .placement import CapacityIndex, Placement, choose
 from .quota import check_admission, running_charge
+from .reconcile import reconcile as reconcile_running
 from .recovery import Recovery
 from .scaler import Scaler
 from .scaling import ScalingFlags, cap_for_share, cap_share, ceiling
@@ -155,6 +157,7 @@ class Orchestrator:
         self.recovery = Recovery(self)      # start-up recovery (in the background for the API)
         # the loops that listen to the hosts, started by start_monitor()
         self.monitor, self.sync, self.host_events = HostMonitor(self), HostSync(self), HostEvents(self)
+        self.migration_settle = MigrationSettle(self)     # settles migrations no copy thread carries
 
     # -- start-up ------------------------------------------------------------------------------
     def load(self, background: bool = False, recover: bool = True) -> None:
@@ -439,15 +442,74 @@ class Orchestrator:
         return Admitted(name, op_id)
 
     def delete_vm(self, name: str) -> None:
+        """Delete a stopped (or error) VM once its hosts confirm no domain of it is left
+        (`_no_domain_left`: a shut-off definition is removed; a running one, or a host that can not be
+        asked, refuses the delete with nothing changed)."""
+        with self.db.read() as s:
+            vm = L.vm_row(s.connection(), name=name)
+        if vm.state not in (VmState.stopped.value, VmState.error.value):
+            raise Conflict(f"vm {name} is {vm.state}; stop it before deleting it", field="state")
+        self._no_domain_left(vm)
         with self.db.transaction() as conn:
-            vm = L.vm_row(conn, name=name, lock=True)
-            if vm.state not in (VmState.stopped.value, VmState.error.value):
-                raise Conflict(f"vm {name} is {vm.state}; stop it before deleting it", field="state")
+            now = L.vm_row(conn, name=name, lock=True)
+            if now.state not in (VmState.stopped.value, VmState.error.value):
+                raise Conflict(f"vm {name} is {now.state}; stop it before deleting it", field="state")
+            if (now.state, now.host_id, now.updated_at) != (vm.state, vm.host_id, vm.updated_at):
+                raise Conflict(f"vm {name} changed while its hosts were asked; delete it again", field="state")
             L.lock_project(conn, vm.project_id)
             freed = L.release_vm(conn, vm.id)
             L.add_to_ledger(conn, vm.project_id, Usage(vms=-1))
             L.delete_vm(conn, vm.id)
         self._unindex(freed)
+
+    def _hosts_to_ask(self, vm: Row) -> list[str]:
+        """Where a domain of `vm` can be: its host, the host it last ran on, and every host of its cluster
+        (else of its zone; else every host, for a VM that never ran and has no scope)."""
+        by_id = self._hosts_by_id()
+        own = [by_id[i] for i in (vm.host_id, vm.last_host_id) if i is not None and i in by_id]
+        cluster_id = vm.cluster_id or next((self._hosts[h].cluster_id for h in own), None)
+        zone_id = vm.zone_id or next((self._hosts[h].zone_id for h in own), None)
+        if cluster_id is not None:
+            others = [h for h, meta in self._hosts.items() if meta.cluster_id == cluster_id]
+        elif zone_id is not None:
+            others = [h for h, meta in self._hosts.items() if meta.zone_id == zone_id]
+        else:
+            others = list(self._hosts)
+        return list(dict.fromkeys(own + sorted(others)))
+
+    def _no_domain_left(self, vm: Row) -> None:
+        """Before a delete: make sure no `vmplane-NAME` domain is left on the hosts it may be on
+        (`_hosts_to_ask`). A shut-off definition is removed (and must then be confirmed gone); a running
+        one refuses the delete (409 naming the host). Its own or last host must answer; any other host of
+        its cluster that is not recorded down must answer too: a host that can not be asked refuses the
+        delete (409, "can not tell"), since unknown is not absent. Nothing in the record changes here."""
+        domain = domain_name(vm.name)
+        mine = {self._hosts_by_id().get(i) for i in (vm.host_id, vm.last_host_id)} - {None}
+        for host in self._hosts_to_ask(vm):
+            driver = self.drivers.get(host)
+            if driver is None:
+                continue
+            if host not in mine and host in self.index and self.index.host(host).state == HostState.down:
+                continue            # not reachable and not where it ran: the monitor reports it when back
+            try:
+                info = driver.domain(domain)
+                if info is not None and not info.active:     # a leftover definition: removed, then confirmed
+                    driver.stop(domain, timeout_s=0)
+                    info = driver.domain(domain)
+            except DriverError as exc:
+                raise Conflict(f"vm {vm.name} can not be deleted now: vmplane can not tell whether {host} still "
+                               f"has its domain {domain} ({exc}); nothing changed, retry when {host} answers",
+                               field="host") from None
+            if info is not None and info.active:
+                raise Conflict(f"vm {vm.name} can not be deleted: its domain {domain} is {info.state} on {host} "
+                               f"although the VM is recorded {vm.state}; stop it there (or `vmplane vm sync "
+                               f"{vm.name}`), then delete it", field="host")
+            if info is not None:
+                raise Conflict(f"vm {vm.name} can not be deleted now: {host} still has its shut-off domain "
+                               f"{domain} after removing it; nothing changed, retry", field="host")
+
+    def _hosts_by_id(self) -> dict[int, str]:
+        return {meta.id: name for name, meta in self._hosts.items()}
 
     def _unindex(self, freed: list[tuple[str, int, int]]) -> None:
         with self._lock:
@@ -603,38 +665,8 @@ class Orchestrator:
             L.HOSTS.c.id == host_id)).scalar() == HostState.down.value
 
     def reconcile(self) -> list[str]:
-        """Compare the store with what each reachable host runs: a VM the store has running whose domain
-        is gone is recorded as stopped (its charge and claim given back), never started twice.
-        Unreachable hosts are left alone: their VMs are not known to be gone."""
-        findings = []
-        with self.db.read() as s:
-            conn = s.connection()
-            rows = conn.execute(select(L.VMS.c.id, L.VMS.c.name, L.HOSTS.c.name).join(
-                L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id).where(L.VMS.c.state == VmState.running.value)).all()
-        by_host: dict[str, list[tuple[int, str]]] = {}
-        for vm_id, name, host in rows:
-            by_host.setdefault(host, []).append((vm_id, name))
-        for host, vms in by_host.items():
-            try:
-                running = {d.name for d in self.drivers[host].domains() if d.active}   # paused holds memory too
-            except DriverError as exc:
-                log.warning("reconcile: host %s unreachable (%s); its VMs are left as they are", host, exc)
-                continue
-            for vm_id, name in vms:
-                if domain_name(name) in running:
-                    continue
-                with self.db.transaction() as conn:
-                    vm = L.vm_row(conn, vm_id, lock=True)
-                    L.lock_project(conn, vm.project_id)
-                    freed = L.release_vm(conn, vm_id, note=f"not running on {host} at start-up")
-                    op_id = L.new_operation(conn, "reconcile", name, vm_id, vm.project_id, step="done",
-                                            progress=100)
-                    L.set_operation(conn, op_id, state=OperationState.failed,
-                                    message=f"vm {name} was not running on {host} at start-up; recorded as stopped")
-                self._unindex(freed)
-                findings.append(f"{name}: not running on {host}")
-                log.warning("reconcile: vm %s was not running on %s; recorded as stopped", name, host)
-        return findings
+        """Start-up reconcile (reconcile.reconcile): every `running` VM against the hosts of its zone."""
+        return reconcile_running(self)
 
     # -- host health (hostmonitor, hostsync, hostevents: this class only starts and stops them) -------
     def check_hosts(self) -> list[str]:
@@ -648,6 +680,7 @@ class Orchestrator:
         self.monitor.start()
         self.sync.start()
         self.host_events.start()
+        self.migration_settle.start()
 
     def exec_in_guest(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
         """Run one shell line in a running VM's guest (through its console); (output, exit code)."""
@@ -811,7 +844,7 @@ class Orchestrator:
 
     def close(self) -> None:
         self.closing.set()
-        for loop in (self.monitor, self.sync, self.host_events):
+        for loop in (self.monitor, self.sync, self.host_events, self.migration_settle):
             loop.stop()
         if isinstance(self.executor, ThreadPoolExecutor):
             self.executor.shutdown(wait=True)

@@ -24,7 +24,7 @@ from .store import ledger as L
 log = logging.getLogger("vmplane.recovery")
 
 IN_FLIGHT = [st.value for st in IN_FLIGHT_OPERATION_STATES]
-SETTLING = [MigrationState.copying.value, MigrationState.checking.value]
+SETTLING = [MigrationState.copying.value, MigrationState.checking.value, MigrationState.postcopy_failed.value]
 
 
 class Recovery:

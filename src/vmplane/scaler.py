@@ -10,13 +10,18 @@ rolls back what it charged and claimed.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+from sqlalchemy import select
 
 from . import failpoints, metrics
 from . import settings as settings_rules
 from .catalog import offering_data
+from .drivers.base import CpuCap, Resized
 from .errors import Conflict, InsufficientCapacity, Interrupted, VmplaneError
+from .migration import ACTIVE
 from .model import OperationState, PlacementRequest, Size, Usage, VmState
 from .offerings import size_for
 from .placement import choose
@@ -36,6 +41,15 @@ if TYPE_CHECKING:
     from .orchestrator import Orchestrator
 
 log = logging.getLogger("vmplane.scaler")
+
+ENDED = ("succeeded", "failed", "cancelled")
+ACTIVE_MIGRATION = [st.value for st in ACTIVE]
+# A scale that migrates first gives its migration twice the migration timeout plus this slack, then
+# cancels it and fails; after the cancel it waits at most CANCEL_GRACE_S for the migration to end.
+MIGRATION_TIMEOUT_KEY = "vmplane.migration.timeout"
+MIGRATION_TIMEOUT_DEFAULT_S = 600
+MIGRATE_FIRST_SLACK_S = 60
+CANCEL_GRACE_S = 30.0
 
 
 def _growth(vcpus: int, memory_mib: int) -> str:
@@ -68,6 +82,52 @@ class Admitted:
         plan = ScalePlan(Size(*r["current"]), Size(*r["target"]), r["cap_share"], r["cap_changes"])
         return cls(plan, Usage(*r["charge_delta"], 0), r["footprint_delta"], r["overhead_mib"], r["offering_id"],
                    r["path"], r["migrate_to"])
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One driver step of a scale: the call (absolute: safe to repeat), what to read in the host's answer
+    (a Resized, read back), the value wanted, and how a value reads in a refusal."""
+
+    what: str                                   # "memory", "vcpus", "cpu cap"
+    call: Callable[[], Resized]
+    read: Callable[[Resized], object]
+    want: object
+    words: Callable[[object], str]
+    label: str | None = None                    # how it was done, once confirmed; None: the driver's method
+
+
+def _steps(driver, domain: str, p: ScalePlan, size: Size, cap: CpuCap | None,
+           cap_label: str | None = None) -> list[_Step]:
+    """The steps the plan changes, in the order a scale applies them, towards `size` and `cap` (the
+    target for the scale, the old size and cap for its undo, which runs them in reverse); `cap_label`
+    names the cap step once it is confirmed."""
+    steps = []
+    if p.memory_delta_mib:
+        steps.append(_Step("memory", lambda: driver.set_memory(domain, size.memory_mib), lambda got: got.memory_mib,
+                           size.memory_mib, lambda v: f"{v} MiB"))
+    if p.vcpus_delta:
+        steps.append(_Step("vcpus", lambda: driver.set_vcpus(domain, size.vcpus), lambda got: got.vcpus, size.vcpus,
+                           lambda v: f"{v} usable vCPU(s)"))
+    if p.cap_changes or (p.cap_share is not None and p.vcpus_delta):
+        steps.append(_Step("cpu cap", lambda: driver.set_cpu_cap(domain, cap), lambda got: got.cpu_cap, cap,
+                           lambda v: f"the CPU cap {v}", cap_label))
+    return steps
+
+
+def _attempt(applied: list[tuple[str, str]], host: str, step: _Step) -> Resized:
+    """Attempt, read back, compare: the intent goes into `applied` before the call (a step that raises
+    midway may have had an effect), then how it was done (the driver's method, or the step's label once
+    the read-back matches); a read-back that is not the wanted value raises naming what the host reports."""
+    applied.append((step.what, "attempted"))
+    got = step.call()
+    if step.label is None:
+        applied[-1] = (step.what, got.method)
+    if step.read(got) != step.want:
+        raise Conflict(f"{host} reports {step.words(step.read(got))} after the change, not {step.want}")
+    if step.label is not None:
+        applied[-1] = (step.what, step.label)
+    return got
 
 
 class Scaler:
@@ -134,8 +194,9 @@ class Scaler:
                                         message=described["summary"],
                                         result={**described, "admitted": admitted.to_record()})
                 L.set_vm(conn, vm.id, state=VmState.scaling)
-            if admitted.footprint_delta > 0 and admitted.path == "in-place":
-                self.o.index.add_usage(vm.host_name, max(plan.vcpus_delta, 0), admitted.footprint_delta)
+            grow_vcpus, grow_memory = max(plan.vcpus_delta, 0), max(admitted.footprint_delta, 0)
+            if (grow_vcpus or grow_memory) and admitted.path == "in-place":     # as _admit took it on the host
+                self.o.index.add_usage(vm.host_name, grow_vcpus, grow_memory)
         failpoints.hit("scale.admitted")
         self.o.executor.submit(self.o._run, op_id, lambda op: self._run(op, vm.id, admitted))
         return {"vm": name, "operation_id": op_id}
@@ -227,30 +288,13 @@ class Scaler:
             driver = self.o.drivers[vm.host_name]
             domain = self.o.domain_name(vm.name)
             p = a.plan
-            # the intent goes into `applied` before each driver call (a step that raises midway may have
-            # had an effect); each step's result is what the host reads back, and must be the target
-            if p.memory_delta_mib:
-                applied.append(("memory", "attempted"))
-                got = driver.set_memory(domain, p.target.memory_mib)
-                applied[-1] = ("memory", got.method)
-                if got.memory_mib != p.target.memory_mib:
-                    raise Conflict(f"{vm.host_name} reports {got.memory_mib} MiB after the change, not "
-                                   f"{p.target.memory_mib}")
-                failpoints.hit("scale.after-memory")
-            if p.vcpus_delta:
-                applied.append(("vcpus", "attempted"))
-                got = driver.set_vcpus(domain, p.target.vcpus)
-                applied[-1] = ("vcpus", got.method)
-                if got.vcpus != p.target.vcpus:
-                    raise Conflict(f"{vm.host_name} reports {got.vcpus} usable vCPU(s) after the change, not "
-                                   f"{p.target.vcpus}")
-            if p.cap_changes or (p.cap_share is not None and p.vcpus_delta):
-                want = cap_for_share(p.cap_share) if p.cap_share is not None else None
-                applied.append(("cpu cap", "attempted"))
-                got = driver.set_cpu_cap(domain, want)
-                if got.cpu_cap != want:
-                    raise Conflict(f"{vm.host_name} reports the CPU cap {got.cpu_cap} after the change, not {want}")
-                applied[-1] = ("cpu cap", "off" if p.cap_share is None else f"{p.cap_share:.2f}")
+            # each step: intent recorded, driver call, the host's read-back compared with the target
+            cap, cap_label = (None, "off") if p.cap_share is None else (cap_for_share(p.cap_share),
+                                                                         f"{p.cap_share:.2f}")
+            for step in _steps(driver, domain, p, p.target, cap, cap_label):
+                _attempt(applied, vm.host_name, step)
+                if step.what == "memory":
+                    failpoints.hit("scale.after-memory")
         except Interrupted:
             raise
         except Exception as exc:
@@ -276,10 +320,32 @@ class Scaler:
             failpoints.hit("scale.migrating")
             mig = self.o.migrator.migrate(vm.name, to=a.migrate_to, reason=f"live scale of {vm.name} needs room",
                                           for_scale=True)
-        while mig["state"] not in ("succeeded", "failed", "cancelled"):
+        timeout = self._migration_timeout(vm.host_name)
+        limit = timeout * 2 + MIGRATE_FIRST_SLACK_S
+        deadline, cancelled_at, still = time.monotonic() + limit, None, ""
+        while True:
+            ended = mig["state"] in ENDED
+            if cancelled_at is not None and (ended or time.monotonic() - cancelled_at > CANCEL_GRACE_S):
+                raise Conflict(f"the migration to {a.migrate_to} before scaling was still {still} after {limit} s "
+                               f"(twice vmplane.migration.timeout {timeout} s, plus {MIGRATE_FIRST_SLACK_S} s); it "
+                               f"was cancelled ({mig['state']} now) and the VM was not scaled")
+            if ended:
+                break
+            if mig["state"] == "postcopy-failed":       # the migration owns the VM until an operator decides
+                raise Conflict(f"the migration to {a.migrate_to} before scaling failed in post-copy "
+                               f"({mig['reason'] or 'paused on both hosts'}); the VM was not scaled: see "
+                               f"`vmplane migration show {mig['id'][:8]}`")
             if self.o.closing.wait(0.1):
                 raise Interrupted(f"shutting down while {vm.name} migrates for its scale")
             mig = self.o.migrator.get(mig["id"])
+            if cancelled_at is None and mig["state"] not in ENDED and time.monotonic() > deadline:
+                cancelled_at, still = time.monotonic(), mig["state"]
+                log.warning("scale of vm %s: its migration %s is still %s after %d s; cancelling it", vm.name,
+                            mig["id"], still, limit)
+                try:
+                    mig = self.o.migrator.cancel(vm.name)
+                except Conflict as exc:     # switched over meanwhile, or ended: it ends on its own
+                    log.info("scale of vm %s: cancel of its migration refused: %s", vm.name, exc.message)
         failpoints.hit("scale.after-migration")
         with self.o._lock:
             with self.o.db.transaction() as conn:
@@ -292,6 +358,13 @@ class Scaler:
                                                f"at its old size", field="host")
                 L.set_operation(conn, op_id, step="resizing", progress=60)
             self.o.index.add_usage(vm.host_name, grow_vcpus, grow_memory)
+
+    def _migration_timeout(self, host: str) -> int:
+        """`vmplane.migration.timeout` (seconds) where the VM runs, when the setting exists; else 600."""
+        if MIGRATION_TIMEOUT_KEY not in settings_rules.KEYS:
+            return MIGRATION_TIMEOUT_DEFAULT_S
+        meta = self.o._hosts[host]
+        return int(self.o.catalog.effective(MIGRATION_TIMEOUT_KEY, meta.zone, meta.cluster))
 
     def _commit(self, op_id: str, vm_id: int, a: Admitted, steps: list[str]) -> None:
         p = a.plan
@@ -375,8 +448,11 @@ class Scaler:
                     give_vcpus, give_memory = max(held_vcpus - size.vcpus, 0), max(held_memory - footprint, 0)
                     if give_vcpus or give_memory:
                         L.shrink_running_claim(conn, vm_id, vm.host_id, give_vcpus, give_memory)
-                L.set_vm(conn, vm_id, state=VmState.running, vcpus=size.vcpus, memory_mib=size.memory_mib,
-                         overhead_mib=overhead, charged_vcpus=charge.vcpus, charged_memory_mib=charge.memory_mib,
+                moving = not claimed_here and conn.execute(select(L.MIGRATIONS.c.id).where(
+                    L.MIGRATIONS.c.vm_id == vm_id, L.MIGRATIONS.c.state.in_(ACTIVE_MIGRATION)).limit(1)).first()
+                L.set_vm(conn, vm_id, state=VmState.migrating if moving else VmState.running,   # its end settles it
+                         vcpus=size.vcpus, memory_mib=size.memory_mib, overhead_mib=overhead,
+                         charged_vcpus=charge.vcpus, charged_memory_mib=charge.memory_mib,
                          **({"offering_id": a.offering_id} if size == new and size != old else {}),
                          **({"cpu_cap_percent": p.cap_share * 100 if p.cap_share is not None else None}
                             if new_cap else {}))
@@ -395,21 +471,13 @@ class Scaler:
         with self.o.db.read() as s:
             vm = L.vm_row(s.connection(), vm_id)
         driver, domain, p = self.o.drivers[vm.host_name], self.o.domain_name(vm.name), a.plan
-        old = p.current
-        steps = []
-        if p.cap_changes or (p.cap_share is not None and p.vcpus_delta):
-            steps.append(("cpu cap", lambda: driver.set_cpu_cap(
-                domain, cap_for_share(vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None)))
-        if p.vcpus_delta:
-            steps.append(("vcpus", lambda: driver.set_vcpus(domain, old.vcpus)))
-        if p.memory_delta_mib:
-            steps.append(("memory", lambda: driver.set_memory(domain, old.memory_mib)))
+        cap = cap_for_share(vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None
         failed = []
-        for what, step in steps:
+        for step in reversed(_steps(driver, domain, p, p.current, cap)):
             try:
-                step()
+                step.call()
             except Exception as exc:    # the read-back that follows says what the domain is
-                failed.append(f"{what} not undone ({exc})")
+                failed.append(f"{step.what} not undone ({exc})")
         return "; ".join(failed)
 
     def _read_back(self, vm_id: int):

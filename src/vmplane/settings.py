@@ -135,6 +135,9 @@ KEYS: dict[str, SettingKey] = {k.key: k for k in [
          "Live migrations leaving one host at once.", 1, 1000),
     _int("vmplane.migration.max.inbound.per.host", 2, "cluster",
          "Live migrations arriving on one host at once.", 1, 1000),
+    _int("vmplane.migration.timeout", 600, "cluster",
+         "Seconds a live migration may copy; at the deadline a copy still in pre-copy is aborted (KVM: switched "
+         "to post-copy) and settled by asking both hosts.", 1, 86400),
     _int("vmplane.vm.shutdown.timeout", 30, "cluster",
          "Seconds a stop waits for the guest to power off (ACPI) before forcing it off.", 0, 86400),
     _float("vmplane.host.check.interval", 5.0, "global",

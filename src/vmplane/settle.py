@@ -7,7 +7,9 @@ nobody changed it meanwhile (same state, host and `updated_at`, under the VM's r
 - a `running` or `unknown` VM whose domain is gone (absent: the driver says so only for "no such
   domain") or shut off on its host is recorded `stopped`; its charge and claims are given back and an
   event is written, all in one transaction. A shut-off definition is removed first, as a stop does.
-- an `unknown` VM whose domain runs is recorded `running` again.
+- an `unknown` VM whose domain runs is recorded `running` again; one whose domain is gone from its host
+  but runs on another host of its zone (start-up reconcile found two candidates), or where another host
+  of its zone can not be asked, stays `unknown`: `vm sync` or an operator decides.
 - VMs an operation owns (starting, stopping, migrating, scaling: that operation settles them), VMs
   recorded on another host (a migration's incoming domain, a domain left behind) and VMs still being
   recovered after a restart are left alone. A host that does not answer changes nothing.
@@ -52,6 +54,9 @@ def settle_vm(o, vm_name: str, host: str, cause: str, why: str) -> str | None:
     runs = info is not None and info.active     # paused still holds the host's memory: it stays running
     if runs and vm.state == VmState.running.value:
         return None
+    if not runs and vm.state == VmState.unknown.value and (elsewhere := _elsewhere(o, domain, host)):
+        log.info("settle %s: not on %s, but %s; left unknown for an operator (`vm sync`)", vm_name, host, elsewhere)
+        return None
     if not runs and info is not None:
         try:            # a shut-off definition: removed as a stop does (nobody starts a VM recorded running)
             driver.stop(domain, timeout_s=0)
@@ -75,3 +80,20 @@ def settle_vm(o, vm_name: str, host: str, cause: str, why: str) -> str | None:
     o._unindex(freed)
     log.warning("vm %s: %s -> %s (%s)", vm_name, vm.state, new, message)
     return new
+
+
+def _elsewhere(o, domain: str, host: str) -> str:
+    """For an `unknown` VM gone from its host: why it must not be recorded stopped: another host of its
+    zone runs it (start-up reconcile found it there), or can not be asked. Empty when no other host has it."""
+    zone = o._hosts[host].zone if host in o._hosts else None
+    for other, meta in sorted(o._hosts.items()):
+        driver = o.drivers.get(other)
+        if other == host or meta.zone != zone or driver is None:
+            continue
+        try:
+            info = driver.domain(domain)
+        except DriverError as exc:
+            return f"{other} can not be asked ({exc})"
+        if info is not None and info.active:
+            return f"it runs on {other}"
+    return ""

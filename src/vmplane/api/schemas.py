@@ -279,6 +279,8 @@ class MigrateRequest(Request):
     bandwidth_mib_s: Positive | None = Field(None, description="override the policy")
     postcopy: StrictBool | None = Field(None, description="override the policy")
     max_downtime_ms: Positive | None = None
+    postcopy_bandwidth_mib_s: Positive | None = Field(None, description="override the policy: the post-copy phase's "
+                                                                        "bandwidth")
 
 
 class MigrationOut(BaseModel):

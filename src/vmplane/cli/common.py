@@ -146,12 +146,15 @@ MIGRATION_COLUMNS = ["id", "vm", "source", "target", "state", Col("%", "progress
 
 def migration_note(m: dict) -> str | None:
     """What a migration waits for, or why it failed: printed under a migration table."""
+    if m.get("state") == "postcopy-failed":         # needs an operator's eye: why, and what vmplane does
+        return f"{vm_of(m)}: postcopy-failed: {m.get('reason')}; {m.get('waiting_for') or ''}".rstrip("; ")
     if m.get("waiting_for"):
         return f"{vm_of(m)}: waits for {m['waiting_for']}"
     if m.get("state") in ("failed", "cancelled") and m.get("reason"):
         return f"{vm_of(m)}: {m['state']}: {m['reason']}"
     return None
 DONE = ("succeeded", "failed", "cancelled")
+STOP_WAITING = DONE + ("postcopy-failed",)      # a failed post-copy needs an operator: waiting ends there
 
 
 def vm_of(migration: dict) -> str:
@@ -180,10 +183,10 @@ def follow_migrations(client: Client, ids: list[str], output: str, timeout_s: fl
                 rows = [client.get(f"/migrations/{i}") for i in ids]
                 for r in rows:
                     status = r["state"] + (f": {r['waiting_for']}" if r.get("waiting_for") else "") + (
-                        f" ({r['reason']})" if r["state"] in ("failed", "cancelled") else "")
+                        f" ({r['reason']})" if r["state"] in ("failed", "cancelled", "postcopy-failed") else "")
                     bar.update(tasks[r["id"]], completed=r["progress"], vm=f"{vm_of(r)} -> {r['target']}",
                                status=status[:70])
-                if all(r["state"] in DONE for r in rows) or time.monotonic() > deadline:
+                if all(r["state"] in STOP_WAITING for r in rows) or time.monotonic() > deadline:
                     return rows
                 time.sleep(0.2)
     except KeyboardInterrupt:

@@ -130,7 +130,7 @@ def maintenance_enter(name: str, dry_run: bool = typer.Option(False, help="print
         done = f"{len(rows)} VM(s) {moving}" if rows else "no running VMs to migrate"
         stay = f", {len(plan['unplaceable'])} stay on it" if plan["unplaceable"] else ""
         console.print(f"{name} {state}; {done}{stay}", soft_wrap=True)
-    failed = [m for m in rows if m.get("state") in ("failed", "cancelled")]
+    failed = [m for m in rows if m.get("state") in ("failed", "cancelled", "postcopy-failed")]
     if failed or plan["unplaceable"]:
         raise typer.Exit(1)
 

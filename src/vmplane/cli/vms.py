@@ -156,7 +156,7 @@ def vm_migrate(name: str, to: Optional[str] = typer.Option(None, help="target ho
             note(f"migration {result['id']} is {result['state']}; follow it with `vmplane migration show "
                  f"{result['id']}`, cancel it with `vmplane vm migrate {name} --cancel`")
         render(result, out)
-        if result.get("state") in ("failed", "cancelled"):
+        if result.get("state") in ("failed", "cancelled", "postcopy-failed"):
             raise typer.Exit(1)
     except ApiError as exc:
         fail(exc, out)

@@ -7,6 +7,7 @@ applied per vCPU. Methods raise DriverError with a message naming the host.
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -17,6 +18,29 @@ class DriverError(Exception):
     def __init__(self, host: str, message: str):
         super().__init__(f"{host}: {message}")
         self.host = host
+
+
+def confirm_unplug(host: str, what: str, request: Callable[[], str | None], gone: Callable[[], bool],
+                   tries: int, wait_s: float, pause: Callable[[float], object] = time.sleep) -> None:
+    """Ask for a device's removal up to `tries` times, each time waiting up to `wait_s` for `gone()` to
+    confirm it left the domain; else DriverError naming `what`. A hypervisor that accepted the request
+    has only *sent* it (libvirt's detach): the guest may complete it later or never. `request` returns
+    an error message to mention (e.g. "an unplug is still pending") or None; `pause(s)` waits between
+    looks (an event may end it early). Shared by the libvirt and the sim drivers."""
+    errors = []
+    for _ in range(tries):
+        t0 = time.monotonic()
+        error = request()
+        if error:
+            errors.append(error)
+        while True:
+            if gone():
+                return
+            if time.monotonic() - t0 >= wait_s:
+                break
+            pause(min(0.2, wait_s / 4))
+    raise DriverError(host, f"{what} still attached after {tries} unplug requests: the guest did not release it"
+                            + (f" (libvirt: {errors[-1]})" if errors else ""))
 
 
 @dataclass(frozen=True)
@@ -113,6 +137,10 @@ class MigrationParams:
     postcopy_after_s: float | None = None       # switch to post-copy this long after the first pass starts
     postcopy_bandwidth_mib_s: int | None = None
     parallel_connections: int | None = None
+    auto_converge: bool = False                 # QEMU throttles a guest that dirties memory faster than the link
+    timeout_s: float | None = None              # vmplane.migration.timeout: the copy ends by then
+    timeout_action: str = "abort"               # at the deadline, still in pre-copy: "abort", or "postcopy"
+                                                # (switch, if `postcopy` allows it; a post-copy can't be aborted)
 
 
 @dataclass

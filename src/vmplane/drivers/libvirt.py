@@ -14,6 +14,7 @@ import re
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -33,6 +34,7 @@ from .base import (
     MigrationStats,
     ProgressCallback,
     Resized,
+    confirm_unplug,
 )
 
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
@@ -112,6 +114,10 @@ class LibvirtDriver(Driver):
         self._conn_lock = threading.Lock()
         self._console_locks: dict[str, threading.Lock] = {}
         self._watchers: list = []          # lifecycle callbacks, registered on every connection opened
+        # migrations: a cancel asked before libvirt's job exists is kept until the copy sees a job
+        self._abort_lock = threading.Lock()
+        self._outgoing: set[str] = set()          # domains a migrate() of this driver is sending
+        self._pending_aborts: set[str] = set()
 
     # -- connection ----------------------------------------------------------------------------
     @property
@@ -471,31 +477,25 @@ class LibvirtDriver(Driver):
                                                         on_removed, None)
         except libvirt.libvirtError:
             callback = None             # the live XML alone tells
-        errors = []
+        def request() -> str | None:
+            try:
+                dom.detachDeviceFlags(xml, LIVE)
+            except libvirt.libvirtError as exc:
+                if is_absent(exc):
+                    raise DriverError(self.host, f"domain {dom.name()} went away during a DIMM unplug") from None
+                return exc.get_error_message()      # e.g. an unplug still pending: wait for it
+            return None
+
         try:
-            for _ in range(self.UNPLUG_TRIES):
-                t0 = time.monotonic()
-                try:
-                    dom.detachDeviceFlags(xml, LIVE)
-                except libvirt.libvirtError as exc:
-                    if is_absent(exc):
-                        raise DriverError(self.host, f"domain {dom.name()} went away during a DIMM unplug") from None
-                    errors.append(exc.get_error_message())   # e.g. an unplug still pending: wait for it
-                while True:
-                    if removed.is_set() or all(a != alias for _, a, _ in self._dimms(dom)):
-                        return
-                    if time.monotonic() - t0 >= self.UNPLUG_WAIT_S:
-                        break
-                    removed.wait(0.2)
+            confirm_unplug(self.host, f"DIMM {alias} ({size_mib} MiB)", request,
+                           lambda: removed.is_set() or all(a != alias for _, a, _ in self._dimms(dom)),
+                           self.UNPLUG_TRIES, self.UNPLUG_WAIT_S, removed.wait)
         finally:
             if callback is not None:
                 try:
                     self.conn.domainEventDeregisterAny(callback)
                 except libvirt.libvirtError:
                     pass
-        raise DriverError(self.host, f"DIMM {alias} ({size_mib} MiB) still attached after {self.UNPLUG_TRIES} "
-                                     f"unplug requests: the guest did not release it"
-                                     + (f" (libvirt: {errors[-1]})" if errors else ""))
 
     def _guest_memtotal_kib(self, dom) -> int | None:
         """The guest's MemTotal through the balloon's stats (None while the guest has no balloon driver)."""
@@ -529,16 +529,9 @@ class LibvirtDriver(Driver):
         self._call("set CPU cap", dom.setSchedulerParametersFlags, params, LIVE)
         return self._resized(dom, "cap")
 
-    def migrate(self, name: str, target: Driver, params: MigrationParams,
-                progress: ProgressCallback | None = None) -> MigrationStats:
-        """Peer-to-peer live migration to `target` (libvirt carries hot-plugged vCPUs and DIMMs along).
+    handles_timeout = True          # migrate() keeps params.timeout_s itself (switch to post-copy or abort)
 
-        The call runs in a thread; this one polls jobStats() for progress (it can block ~0.7 s) and, with
-        post-copy, switches over `postcopy_after_s` after the first pass starts. On failure or abort the
-        domain keeps running here and libvirt destroys the destination."""
-        if not isinstance(target, LibvirtDriver):
-            raise DriverError(self.host, "a libvirt host can only migrate to another libvirt host")
-        dom = self._dom(name)
+    def _migration_args(self, target: "LibvirtDriver", params: MigrationParams) -> tuple[int, dict]:
         flags = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_PERSIST_DEST
                  | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE)
         mparams: dict = {libvirt.VIR_MIGRATE_PARAM_URI: f"tcp://{target.incoming_address()}"}
@@ -548,11 +541,45 @@ class LibvirtDriver(Driver):
             flags |= libvirt.VIR_MIGRATE_POSTCOPY
             if params.postcopy_bandwidth_mib_s:
                 mparams[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH_POSTCOPY] = params.postcopy_bandwidth_mib_s
+        if params.auto_converge:
+            flags |= libvirt.VIR_MIGRATE_AUTO_CONVERGE
         if params.parallel_connections:
             flags |= libvirt.VIR_MIGRATE_PARALLEL
             mparams[libvirt.VIR_MIGRATE_PARAM_PARALLEL_CONNECTIONS] = params.parallel_connections
-        if params.max_downtime_ms:
-            self._call("set max downtime", dom.migrateSetMaxDowntime, params.max_downtime_ms, 0)
+        return flags, mparams
+
+    def migrate(self, name: str, target: Driver, params: MigrationParams,
+                progress: ProgressCallback | None = None) -> MigrationStats:
+        """Peer-to-peer live migration to `target` (libvirt carries hot-plugged vCPUs and DIMMs along).
+
+        The call runs in a thread; this one polls jobStats() for progress (it can block ~0.7 s), switches
+        to post-copy `postcopy_after_s` after the first pass starts, aborts the job once it exists if a
+        cancel came before it did, and keeps the deadline `timeout_s` (still in pre-copy then: switch to
+        post-copy when `timeout_action` says so, else abort; a post-copy is left to complete). An error
+        says nothing of where the domain is: the caller asks both hosts."""
+        with self._abort_lock:
+            self._outgoing.add(name)            # from now on a cancel is kept until the job exists
+        try:
+            if not isinstance(target, LibvirtDriver):
+                raise DriverError(self.host, "a libvirt host can only migrate to another libvirt host")
+            dom = self._dom(name)
+            flags, mparams = self._migration_args(target, params)
+            if params.max_downtime_ms:
+                self._call("set max downtime", dom.migrateSetMaxDowntime, params.max_downtime_ms, 0)
+            return self._copy(dom, name, target, params, flags, mparams, progress)
+        finally:
+            with self._abort_lock:
+                self._outgoing.discard(name)
+                self._pending_aborts.discard(name)
+
+    def _take_pending_abort(self, name: str) -> bool:
+        with self._abort_lock:
+            pending = name in self._pending_aborts
+            self._pending_aborts.discard(name)
+            return pending
+
+    def _copy(self, dom, name: str, target: "LibvirtDriver", params: MigrationParams, flags: int, mparams: dict,
+              progress: ProgressCallback | None) -> MigrationStats:
         completed: dict = {}
         callback = self.conn.domainEventRegisterAny(
             dom, libvirt.VIR_DOMAIN_EVENT_ID_JOB_COMPLETED, lambda c, d, stats, _: completed.update(stats), None)
@@ -566,61 +593,72 @@ class LibvirtDriver(Driver):
                 outcome["error"] = exc.get_error_message()
 
         t0 = time.monotonic()
-        worker = threading.Thread(target=copy, name=f"migrate-{name}", daemon=True)
-        worker.start()
-        switched = None
-        first_pass_at = None          # when memory started to move (jobStats' iteration reads 0 in pass 1)
+        watch = _CopyWatch(self, dom, name, params, progress, t0)
         try:
-            while worker.is_alive():
-                try:
-                    stats = dom.jobStats(0)
-                except libvirt.libvirtError:
-                    stats = {}
-                total, remaining = stats.get("memory_total") or 0, stats.get("memory_remaining") or 0
-                if progress and total:
-                    progress(min(99, int(100 * (total - remaining) / total)),
-                             f"iteration {stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
-                             + (", post-copy" if switched else ""))
-                if first_pass_at is None and (stats.get("memory_processed") or 0) > 0:
-                    first_pass_at = time.monotonic()
-                # switch during the first pass (healthy 13/13 under TCG), not after it (2/8)
-                if (params.postcopy and switched is None and params.postcopy_after_s is not None
-                        and first_pass_at is not None and time.monotonic() - first_pass_at >= params.postcopy_after_s):
-                    try:
-                        dom.migrateStartPostCopy(0)
-                        switched = time.monotonic() - t0
-                    except libvirt.libvirtError:
-                        switched = -1.0       # finished as pre-copy before the switch
-                worker.join(0.1)
+            if self._take_pending_abort(name):       # right before the job is created
+                raise DriverError(self.host, f"migration of {name} cancelled before the copy started; it keeps "
+                                             f"running here")
+            worker = threading.Thread(target=copy, name=f"migrate-{name}", daemon=True)
+            worker.start()
+            try:
+                while worker.is_alive():
+                    watch.poll()
+                    worker.join(0.1)
+            finally:
+                worker.join()
         finally:
-            worker.join()
             try:
                 self.conn.domainEventDeregisterAny(callback)
             except libvirt.libvirtError:
                 pass
         if "error" in outcome:
-            raise DriverError(self.host, f"migration of {name} to {target.host} failed: {outcome['error']}")
+            raise DriverError(self.host, f"migration of {name} to {target.host} failed{watch.why()}: "
+                                         f"{outcome['error']}")
         time.sleep(0.1)                       # JOB_COMPLETED is dispatched by the event loop thread
         return MigrationStats(total_ms=int(completed.get("time_elapsed") or (time.monotonic() - t0) * 1000),
                               downtime_ms=int(completed.get("downtime") or 0),
                               bytes_sent=int(completed.get("data_processed") or completed.get("memory_processed") or 0),
                               extra={"call_ms": int((time.monotonic() - t0) * 1000),
-                                     "postcopy_switch_s": round(switched, 2) if switched else None,
-                                     "first_pass_s": round(first_pass_at - t0, 2) if first_pass_at else None,
-                                     "iterations": completed.get("memory_iteration")})
+                                     "postcopy_switch_s": round(watch.switched, 2) if watch.switched else None,
+                                     "first_pass_s": round(watch.first_pass_at - t0, 2) if watch.first_pass_at else None,
+                                     "iterations": completed.get("memory_iteration"),
+                                     "deadline": watch.deadline_action})
+
+    def _abort_job(self, dom: libvirt.virDomain) -> bool:
+        """abortJob(); False when there is nothing to abort (no job, or no domain); other errors raise
+        (a post-copy can not be aborted: libvirt refuses, and that is said)."""
+        try:
+            dom.abortJob()
+            return True
+        except libvirt.libvirtError as exc:
+            if is_absent(exc) or (exc.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID
+                                  and "no job" in (exc.get_error_message() or "")):
+                return False
+            raise DriverError(self.host, f"abort the migration of {dom.name()}: {exc.get_error_message()}") from None
 
     def abort_migration(self, name: str) -> None:
-        """Abort the domain's job. Nothing to abort (no such domain, no job active) is no error; any
-        other error raises DriverError."""
+        """Abort the outgoing migration of `name`. Asked before libvirt's job exists (a copy this driver
+        is about to start), the cancel is kept and honoured once the job shows. Nothing to abort (no such
+        domain, no job) is no error; any other error raises DriverError."""
+        with self._abort_lock:
+            if name in self._outgoing:
+                self._pending_aborts.add(name)
         dom = self._lookup(name)
         if dom is None:
             return
-        try:
-            dom.abortJob()
-        except libvirt.libvirtError as exc:
-            if is_absent(exc) or exc.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID:
-                return          # "no job is active on the domain", or it left meanwhile
-            raise DriverError(self.host, f"abort the migration of {name}: {exc.get_error_message()}") from None
+        if self._abort_job(dom):
+            with self._abort_lock:
+                self._pending_aborts.discard(name)
+
+    def resume_postcopy(self, name: str, target: Driver, params: MigrationParams) -> None:
+        """Recover a failed post-copy migration (both QEMUs paused, reason postcopy-failed): the same
+        migration again with VIR_MIGRATE_POSTCOPY_RESUME; returns once libvirt says it completed."""
+        if not isinstance(target, LibvirtDriver):
+            raise DriverError(self.host, "a libvirt host can only migrate to another libvirt host")
+        dom = self._dom(name)
+        flags, mparams = self._migration_args(target, replace(params, postcopy=True))
+        self._call("resume the failed post-copy migration", dom.migrateToURI3, target.p2p_uri(), mparams,
+                   flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME)
 
     def migration_active(self, name: str) -> bool:
         """Whether libvirtd still runs a migration job of `name` here. A p2p migration belongs to the
@@ -739,6 +777,84 @@ class LibvirtDriver(Driver):
             raise DriverError(self.host, f"no QEMU pid for {name}: {exc}") from None
 
 
+class _CopyWatch:
+    """One poll of a running copy (LibvirtDriver.migrate): progress, a cancel kept until the job
+    exists, the early switch to post-copy, the deadline."""
+
+    def __init__(self, driver: LibvirtDriver, dom, name: str, params: MigrationParams,
+                 progress: ProgressCallback | None, t0: float):
+        self.driver, self.dom, self.name, self.params, self.progress, self.t0 = driver, dom, name, params, progress, t0
+        self.switched: float | None = None       # s after t0 of the switch to post-copy; -1: finished first
+        self.first_pass_at: float | None = None  # when memory started to move (iteration reads 0 in pass 1)
+        self.deadline_action: str | None = None  # what the deadline did: "postcopy", "aborted", "in post-copy"
+        self.cancelled = False
+
+    def why(self) -> str:
+        if self.cancelled:
+            return " (cancelled)"
+        if self.deadline_action == "aborted":
+            return f" (timed out after {self.params.timeout_s:g} s, vmplane.migration.timeout: aborted)"
+        return ""
+
+    def poll(self) -> None:
+        try:
+            stats = self.dom.jobStats(0)
+        except libvirt.libvirtError:
+            stats = {}
+        job = stats.get("type") in (libvirt.VIR_DOMAIN_JOB_BOUNDED, libvirt.VIR_DOMAIN_JOB_UNBOUNDED)
+        if job and self.driver._take_pending_abort(self.name):
+            self.cancelled = True
+            if not self._abort():
+                with self.driver._abort_lock:       # kept: tried again at the next poll
+                    self.driver._pending_aborts.add(self.name)
+        self._report(stats)
+        now = time.monotonic()
+        if self.first_pass_at is None and (stats.get("memory_processed") or 0) > 0:
+            self.first_pass_at = now
+        p = self.params
+        # switch during the first pass (healthy 13/13 under TCG), not after it (2/8)
+        if (p.postcopy and self.switched is None and p.postcopy_after_s is not None
+                and self.first_pass_at is not None and now - self.first_pass_at >= p.postcopy_after_s):
+            self._switch()
+        if p.timeout_s and self.deadline_action is None and job and now - self.t0 >= p.timeout_s:
+            self._deadline()
+
+    def _report(self, stats: dict) -> None:
+        total, remaining = stats.get("memory_total") or 0, stats.get("memory_remaining") or 0
+        if not (self.progress and total):
+            return
+        try:
+            self.progress(min(99, int(100 * (total - remaining) / total)),
+                          f"iteration {stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
+                          + (", post-copy" if self.switched and self.switched > 0 else ""))
+        except Exception:       # only a report: the copy goes on, its outcome is asked of the hosts
+            pass
+
+    def _switch(self) -> None:
+        try:
+            self.dom.migrateStartPostCopy(0)
+            self.switched = time.monotonic() - self.t0
+        except libvirt.libvirtError:
+            self.switched = -1.0       # finished as pre-copy before the switch
+
+    def _deadline(self) -> None:
+        p = self.params
+        if self.switched is not None and self.switched > 0:
+            self.deadline_action = "in post-copy"       # can not be aborted; it completes by itself
+        elif p.timeout_action == "postcopy" and p.postcopy and self.switched is None:
+            self._switch()
+            self.deadline_action = "postcopy" if self.switched and self.switched > 0 else None
+        elif self._abort():
+            self.deadline_action = "aborted"        # else tried again at the next poll
+
+    def _abort(self) -> bool:
+        try:
+            self.driver._abort_job(self.dom)
+            return True
+        except DriverError:
+            return False    # e.g. the host does not answer; the caller asks the hosts after the copy
+
+
 def discard_domain(dom: libvirt.virDomain) -> None:
     """Destroy (if running) and undefine a domain, whatever state it is in. Only VIR_ERR_NO_DOMAIN
     means it is gone; any other error is raised (a QEMU stuck in D state is not gone)."""
@@ -776,6 +892,22 @@ def _probe_cache(driver: LibvirtDriver) -> Path:
     return guest.cache_dir().parent / f"accel-{key}.json"
 
 
+PROBE_PREFIX = "vmplane-probe-"     # the audit names such a domain a leftover probe, not a VM
+
+
+def _discard_leftover_probes(driver: LibvirtDriver) -> None:
+    """Probe domains an earlier, interrupted probe left on this host (they hold memory without a claim)."""
+    try:
+        leftovers = [d for d in driver.conn.listAllDomains() if d.name().startswith(PROBE_PREFIX)]
+    except libvirt.libvirtError:
+        return
+    for dom in leftovers:
+        try:
+            discard_domain(dom)
+        except libvirt.libvirtError:
+            pass            # still there: the audit reports it as a leftover probe
+
+
 def probe_accel(driver: LibvirtDriver, timeout_s: float = 20.0) -> str:
     """KVM only if a probe guest boots under it on this host, else TCG ("qemu"); remembered per machine."""
     cache = _probe_cache(driver)
@@ -790,7 +922,8 @@ def probe_accel(driver: LibvirtDriver, timeout_s: float = 20.0) -> str:
     except libvirt.libvirtError:
         kvm_listed = False
     if kvm_listed:
-        name = f"vmplane-probe-{uuid.uuid4().hex[:8]}"
+        _discard_leftover_probes(driver)
+        name = f"{PROBE_PREFIX}{uuid.uuid4().hex[:8]}"
         spec = DomainSpec(name, 1, 1, 256, 256, guest.IMAGE_NAME)
         dom = None
         try:

@@ -4,12 +4,21 @@ It keeps the same contracts as a real host (a domain runs on one host; a migrati
 sizes change as asked) so the orchestrator cannot tell the difference in its rules. Its domains
 live in a SimFabric, outside the control plane's memory, so they outlive a killed control plane
 as a real host's do. It never stands in for the real path in tests of guest behaviour.
+
+Fault mode (drivers/simfaults.py; off by default, on per driver or per fabric) makes it behave as
+libvirt does at its worst: a DIMM unplug that the guest completes late or never (set_memory then
+confirms it as the libvirt driver does, with the same helper: base.confirm_unplug), errors raised
+after a partial effect, transient errors on any call, a connection lost mid-copy while the copy goes
+on, post-copy failure (paused on both hosts), guests that power off, crash or pause on their own,
+and lifecycle events (`watch`) that arrive late, twice or not at all.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
+from . import base
 from .base import (
     CpuCap,
     DomainInfo,
@@ -23,34 +32,118 @@ from .base import (
     ProgressCallback,
     Resized,
 )
-from .simfabric import SimFabric
+from .simfabric import (
+    CRASHED,
+    RESUMED,
+    SHUTDOWN,
+    SHUTDOWN_GUEST,
+    STOPPED,
+    STOPPED_CRASHED,
+    STOPPED_DESTROYED,
+    STOPPED_MIGRATED,
+    SUSPENDED,
+    SUSPENDED_IOERROR,
+    SUSPENDED_POSTCOPY_FAILED,
+    UNDEFINED,
+    SimFabric,
+)
+from .simfaults import SimFaults
 
 
 class SimDriver(Driver):
     kind = "sim"
+    UNPLUG_TRIES = 3            # as the libvirt driver
+    UNPLUG_WAIT_S = 0.15        # per request (libvirt: 5 s; a sim guest answers faster or never)
 
-    def __init__(self, host: str, info: HostInfo, fabric: SimFabric | None = None):
+    def __init__(self, host: str, info: HostInfo, fabric: SimFabric | None = None, faults: SimFaults | None = None):
         super().__init__(host)
         self._info = info
         self.fabric = fabric or SimFabric()
+        self.faults = faults        # None: the fabric's (fabric.faults), which is None unless switched on
         # None: a migration is instant; else memory is copied at this rate (for limit and drain timelines)
         self.copy_rate_mib_s: float | None = None
         self._aborts: set[str] = set()
+        self._copies: dict[str, threading.Thread] = {}      # copies going on after a lost connection
+        self._restarting_until = 0.0                        # fault mode: libvirtd restarting until then
 
+    # -- fault mode --------------------------------------------------------------------------------
+    @property
+    def _faults(self) -> SimFaults | None:
+        return self.faults if self.faults is not None else self.fabric.faults
+
+    def _chance(self, kind: str) -> bool:
+        f = self._faults
+        return f is not None and f.chance(kind)
+
+    def _emit(self, name: str, event: int, detail: int) -> None:
+        if self._faults is not None:
+            self.fabric.emit(self.host, name, event, detail)
+
+    def _call(self, what: str) -> None:
+        """Every call: a guest of this host may act on its own, and the daemon may be restarting."""
+        f = self._faults
+        if f is None or not f.enabled:
+            return
+        for kind in ("guest_poweroff", "guest_crash", "guest_pause"):
+            if f.chance(kind):
+                self._guest_acts(kind, f)
+        restarting = time.monotonic() < self._restarting_until
+        if restarting or f.chance("transient"):     # a restart fails every call for a while
+            if not restarting:
+                self._restarting_until = time.monotonic() + f.delay(f.restart_s)
+            else:
+                f.count("transient_call")
+            raise DriverError(self.host, f"{what}: daemon restarting: the connection to libvirtd was reset; retry")
+
+    def _guest_acts(self, kind: str, f: SimFaults) -> None:
+        running = [d.name for d in self.fabric.domains(self.host) if d.running]
+        if not running:
+            return
+        name = f.pick(running)
+        if kind == "guest_poweroff":            # poweroff -f inside: QEMU exits, a transient domain goes
+            self.fabric.remove(self.host, name)
+            self._emit(name, SHUTDOWN, SHUTDOWN_GUEST)
+            self._emit(name, STOPPED, 0)
+            self._emit(name, UNDEFINED, 0)
+        elif kind == "guest_crash":             # on_crash=destroy: left defined, shut off (crashed)
+            self.fabric.set_state(self.host, name, "shutoff", "crashed")
+            self._emit(name, CRASHED, 0)
+            self._emit(name, STOPPED, STOPPED_CRASHED)
+        else:                                   # an I/O error pauses it; it is resumed a little later
+            self.fabric.set_state(self.host, name, "paused", "ioerror")
+            self.fabric.pause_until(name, f.delay(f.pause_s))
+            self._emit(name, SUSPENDED, SUSPENDED_IOERROR)
+
+    def watch(self, callback) -> None:
+        """`callback(host, domain_name, event, detail)` for lifecycle events of this host's domains, with
+        libvirt's numbers. Events are sent in fault mode only (late, twice or lost as it says)."""
+        self.fabric.watch(self.host, callback)
+
+    # -- the driver --------------------------------------------------------------------------------
     def host_info(self) -> HostInfo:
         return self._info
 
     def start(self, spec: DomainSpec) -> None:
+        self._call(f"start {spec.name}")
         if not self.fabric.put(self.host, spec):
             raise DriverError(self.host, f"domain {spec.name} is already running")
+        if self._chance("partial"):
+            raise DriverError(self.host, f"start {spec.name}: the reply was lost (the domain started)")
 
     def stop(self, name: str, timeout_s: float = 30.0) -> None:
-        self.fabric.remove(self.host, name)
+        self._call(f"stop {name}")
+        if self.fabric.remove(self.host, name):
+            self._emit(name, STOPPED, STOPPED_DESTROYED)
+            self._emit(name, UNDEFINED, 0)
+            if self._chance("partial"):
+                raise DriverError(self.host, f"stop {name}: the reply was lost (the domain was destroyed)")
 
     def domains(self) -> list[DomainInfo]:
+        self._call("list domains")
         return self.fabric.domains(self.host)
 
     def domain(self, name: str) -> DomainInfo | None:
+        self._call(f"look up {name}")
         return self.fabric.domain(self.host, name)
 
     def _spec(self, name: str) -> DomainSpec:
@@ -62,35 +155,72 @@ class SimDriver(Driver):
     def _read_back(self, name: str, method: str) -> Resized:
         """What the domain is now (the same contract as a real host: read back, not what was asked)."""
         info = self.fabric.domain(self.host, name)
-        if info is None:
+        if info is None or not info.active:
             raise DriverError(self.host, f"domain {name} is not running here")
         return Resized.of(method, info)
 
+    def _partial(self, what: str) -> None:
+        if self._chance("partial"):
+            raise DriverError(self.host, f"{what}: an error after the change was made (it stays made)")
+
     def set_vcpus(self, name: str, vcpus: int) -> Resized:
+        self._call(f"set vCPUs of {name}")
         spec = self._spec(name)
         if vcpus > spec.max_vcpus:
             raise DriverError(self.host, f"{vcpus} vCPUs is above the domain's maximum {spec.max_vcpus}")
         self.fabric.update(self.host, name, vcpus=vcpus)
+        self._partial(f"set {vcpus} vCPUs")
         return self._read_back(name, "hotplug" if vcpus >= spec.vcpus else "unplug")
 
     def set_memory(self, name: str, memory_mib: int) -> Resized:
+        """Grow at once; shrink by an unplug request the guest completes at once, late or never (fault
+        mode), confirmed by reading the domain back (base.confirm_unplug, as the libvirt driver)."""
+        self._call(f"set memory of {name}")
         spec = self._spec(name)
         if memory_mib > spec.max_memory_mib:
             raise DriverError(self.host, f"{memory_mib} MiB is above the domain's maximum {spec.max_memory_mib}")
         if memory_mib == spec.memory_mib:
             return self._read_back(name, "unchanged")
-        self.fabric.update(self.host, name, memory_mib=memory_mib)
-        return self._read_back(name, "dimm" if memory_mib > spec.memory_mib else "dimm-unplug")  # as libvirt does
+        if memory_mib > spec.memory_mib:
+            self.fabric.update(self.host, name, memory_mib=memory_mib)
+            self._partial(f"attach a {memory_mib - spec.memory_mib} MiB DIMM")
+            return self._read_back(name, "dimm")
+
+        def request() -> str | None:
+            if self.fabric.pending_unplug(self.host, name) == memory_mib:
+                return "an unplug of this DIMM is still in progress"
+            if self._chance("unplug_never"):
+                self.fabric.request_unplug(self.host, name, memory_mib, None)
+            elif self._chance("unplug_late"):
+                f = self._faults
+                self.fabric.request_unplug(self.host, name, memory_mib, f.delay(f.unplug_delay_s))
+            elif not self.fabric.update(self.host, name, memory_mib=memory_mib):
+                raise DriverError(self.host, f"domain {name} went away during a DIMM unplug")
+            return None
+
+        def gone() -> bool:
+            info = self.fabric.domain(self.host, name)
+            if info is None or not info.active:
+                raise DriverError(self.host, f"domain {name} went away during a DIMM unplug")
+            return info.memory_mib <= memory_mib
+
+        base.confirm_unplug(self.host, f"DIMM ({spec.memory_mib - memory_mib} MiB) of {name}", request, gone,
+                            self.UNPLUG_TRIES, self.UNPLUG_WAIT_S)
+        self._partial("read the domain after the unplug")
+        return self._read_back(name, "dimm-unplug")  # as libvirt does
 
     def set_cpu_cap(self, name: str, cap: CpuCap | None) -> Resized:
+        self._call(f"set the CPU cap of {name}")
         if not self.fabric.update(self.host, name, cpu_cap=cap):
             raise DriverError(self.host, f"domain {name} is not running here")
+        self._partial("set the CPU cap")
         return self._read_back(name, "cap")
 
     def migrate(self, name: str, target: Driver, params: MigrationParams,
                 progress: ProgressCallback | None = None) -> MigrationStats:
         if not isinstance(target, SimDriver):
             raise DriverError(self.host, "a sim host can only migrate to another sim host")
+        self._call(f"migrate {name}")
         spec = self._spec(name)
         t0 = time.monotonic()
         try:
@@ -102,6 +232,21 @@ class SimDriver(Driver):
               progress: ProgressCallback | None) -> MigrationStats:
         if name in self._aborts:
             raise DriverError(self.host, f"migration of {name} cancelled; it keeps running here")
+        if self._chance("lost_connection"):             # the copy goes on without us
+            f = self._faults
+            delay = f.delay(f.copy_delay_s)
+
+            def go_on():
+                time.sleep(delay)
+                if self.fabric.move(name, self.host, target.host):
+                    self._emit(name, STOPPED, STOPPED_MIGRATED)
+                self._copies.pop(name, None)
+
+            thread = threading.Thread(target=go_on, name=f"sim-copy-{name}", daemon=True)
+            self._copies[name] = thread
+            thread.start()
+            raise DriverError(self.host, f"migration of {name}: the client connection was lost mid-copy "
+                                         f"(end of file while reading data: Input/output error)")
         if self.copy_rate_mib_s:
             duration = spec.memory_mib / self.copy_rate_mib_s
             while (elapsed := time.monotonic() - t0) < duration:
@@ -111,19 +256,42 @@ class SimDriver(Driver):
                     progress(int(100 * elapsed / duration), f"copied {int(spec.memory_mib * elapsed / duration)} "
                                                             f"of {spec.memory_mib} MiB")
                 time.sleep(min(0.02, duration - elapsed))
+        if self._chance("postcopy_failed"):
+            if self.fabric.copy_paused(name, self.host, target.host, "postcopy-failed"):
+                self._emit(name, SUSPENDED, SUSPENDED_POSTCOPY_FAILED)
+                target._emit(name, SUSPENDED, SUSPENDED_POSTCOPY_FAILED)
+                raise DriverError(self.host, f"migration of {name}: post-copy failed: the domain is paused on "
+                                             f"{self.host} and on {target.host}")
         if not self.fabric.move(name, self.host, target.host):
             raise DriverError(self.host, f"{target.host} already runs a domain {name}, or it left {self.host}")
+        self._emit(name, STOPPED, STOPPED_MIGRATED)
+        target._emit(name, RESUMED, 1)
         if progress:
             progress(100, "switched over")
         return MigrationStats(total_ms=int((time.monotonic() - t0) * 1000), downtime_ms=0,
                               bytes_sent=spec.memory_mib * 1024 * 1024)
 
+    def resume_postcopy(self, name: str, target: Driver, params: MigrationParams) -> None:
+        """Recover a failed post-copy (paused on both hosts): the domain then runs on the target only."""
+        self._call(f"resume the failed post-copy migration of {name}")
+        if not isinstance(target, SimDriver) or not self.fabric.resume_postcopy(name, self.host, target.host):
+            raise DriverError(self.host, f"resume the failed post-copy migration of {name}: the domain is not "
+                                         f"paused (postcopy-failed) on {self.host} and {target.host}")
+        self._emit(name, STOPPED, STOPPED_MIGRATED)
+        target._emit(name, RESUMED, 2)
+
     def abort_migration(self, name: str) -> None:
         self._aborts.add(name)
 
+    def migration_active(self, name: str) -> bool:
+        return name in self._copies
+
     def guest_view(self, name: str) -> GuestView:
+        self._call(f"ask the guest of {name}")
         spec = self._spec(name)
         return GuestView(spec.vcpus, spec.memory_mib * 1024)
 
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
         raise DriverError(self.host, "sim hosts have no guest to run commands in; use a libvirt host")
+
+

@@ -4,18 +4,26 @@ A control plane that is killed must find its sim hosts as it left them, with not
 its own store (that would hide exactly the bugs a crash test looks for). So the domains of every sim
 host live in one small SQLite file beside the store (`<store>.sim-hosts`), written on each change. A
 migration moves a domain from one host to the other in one transaction, as libvirt hands a domain
-over: it runs on the source or on the target, never on both and never on neither. A store that is
-not a SQLite file (PostgreSQL) keeps its sim hosts in this process's memory, shared by every
-control plane of that store in the process.
+over: it runs on the source or on the target, never on both and never on neither (except in fault
+mode, after a post-copy failure: paused on both). A store that is not a SQLite file (PostgreSQL)
+keeps its sim hosts in this process's memory, shared by every control plane of that store in the process.
+
+Each domain has libvirt's state and reason (`running`/`booted`, `paused`/`postcopy-failed`,
+`shutoff`/`crashed`). In fault mode (`faults`, drivers/simfaults.py) the fabric also keeps what is
+under way in this process: DIMM unplugs the guest completes late, pauses that end, and it delivers
+lifecycle events to the watchers (libvirt's numbers, as hostevents.py takes them) late, twice or not
+at all. With faults off no event is sent (the sim then behaves exactly as before fault mode).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 from .base import CpuCap, DomainInfo, DomainSpec
+from .simfaults import SimFaults
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS domains (
@@ -23,9 +31,16 @@ CREATE TABLE IF NOT EXISTS domains (
     vcpus INTEGER NOT NULL, max_vcpus INTEGER NOT NULL,
     memory_mib INTEGER NOT NULL, max_memory_mib INTEGER NOT NULL,
     image TEXT NOT NULL, cap_period_us INTEGER, cap_quota_us INTEGER,
+    state TEXT NOT NULL DEFAULT 'running', reason TEXT NOT NULL DEFAULT 'booted',
     PRIMARY KEY (host, name))
 """
-_COLUMNS = "name, vcpus, max_vcpus, memory_mib, max_memory_mib, image, cap_period_us, cap_quota_us"
+_COLUMNS = "name, vcpus, max_vcpus, memory_mib, max_memory_mib, image, cap_period_us, cap_quota_us, state, reason"
+_ACTIVE = "state NOT IN ('shutoff', 'crashed', 'nostate')"
+# libvirt's virDomainEventType and details (hostevents.py takes these numbers)
+UNDEFINED, STARTED, SUSPENDED, RESUMED, STOPPED, SHUTDOWN, CRASHED = 1, 2, 3, 4, 5, 6, 8
+STOPPED_SHUTDOWN, STOPPED_DESTROYED, STOPPED_CRASHED, STOPPED_MIGRATED, STOPPED_FAILED = 0, 1, 2, 3, 5
+SHUTDOWN_GUEST = 1
+SUSPENDED_IOERROR, SUSPENDED_POSTCOPY_FAILED = 2, 8
 _shared: dict[str, "SimFabric"] = {}
 _shared_lock = threading.Lock()
 
@@ -41,12 +56,22 @@ class SimFabric:
             target = str(path)
         self._db = sqlite3.connect(target, check_same_thread=False, isolation_level=None, timeout=30)
         self._lock = threading.Lock()
+        self.faults: SimFaults | None = None        # fault mode for every sim host of this fabric
+        self._watchers: dict[str, list] = {}        # host -> lifecycle callbacks (fault mode only)
+        self._unplugs: dict[tuple[str, str], tuple[int, float | None]] = {}   # (host, name) -> (MiB, due|never)
+        self._pauses: dict[str, float] = {}         # name -> when its pause ends
+        self._later: list[tuple[float, tuple]] = []  # (due, (host, name, event, detail)): late events
         with self._lock:
             if path is not None:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 # each change is handed to the OS at commit: it survives the process being killed
                 self._db.execute("PRAGMA synchronous=OFF")
             self._db.execute(_SCHEMA)
+            for column in ("state TEXT NOT NULL DEFAULT 'running'", "reason TEXT NOT NULL DEFAULT 'booted'"):
+                try:            # a fabric file from before states
+                    self._db.execute(f"ALTER TABLE domains ADD COLUMN {column}")
+                except sqlite3.OperationalError:
+                    pass
 
     @classmethod
     def for_store(cls, url: str) -> "SimFabric":
@@ -61,73 +86,212 @@ class SimFabric:
                 fabric = _shared[key] = cls(Path(key) if db_file else None)
             return fabric
 
+    # -- what is under way (fault mode) ----------------------------------------------------------
+    def tick(self) -> None:
+        """Complete what is due: late DIMM unplugs, pauses that end, late events."""
+        if not (self._unplugs or self._pauses or self._later):
+            return
+        now, events = time.monotonic(), []
+        with self._lock:
+            for key, (memory, due) in list(self._unplugs.items()):
+                if due is not None and due <= now:
+                    del self._unplugs[key]
+                    self._db.execute("UPDATE domains SET memory_mib = ? WHERE host = ? AND name = ? AND "
+                                     "memory_mib > ?", (memory, *key, memory))
+            for name, due in list(self._pauses.items()):
+                if due <= now:
+                    del self._pauses[name]
+                    for (host,) in self._db.execute("SELECT host FROM domains WHERE name = ? AND state = 'paused' "
+                                                    "AND reason = 'ioerror'", (name,)).fetchall():
+                        self._db.execute("UPDATE domains SET state = 'running', reason = 'unpaused' WHERE host = ? "
+                                         "AND name = ?", (host, name))
+                        events.append((host, name, RESUMED, 0))
+            due_events = [e for due, e in self._later if due <= now]
+            self._later = [(due, e) for due, e in self._later if due > now]
+        for e in events:
+            self.emit(*e)
+        for e in due_events:
+            self._deliver(*e)
+
+    def pending_unplug(self, host: str, name: str) -> int | None:
+        """The memory a sent DIMM unplug will leave (None: none pending that will complete)."""
+        with self._lock:
+            memory, due = self._unplugs.get((host, name), (None, None))
+        return memory if due is not None else None
+
+    def request_unplug(self, host: str, name: str, memory_mib: int, delay_s: float | None) -> None:
+        """An unplug request the guest completes after `delay_s` (None: never, until asked again)."""
+        with self._lock:
+            self._unplugs[(host, name)] = (memory_mib, None if delay_s is None else time.monotonic() + delay_s)
+
+    def settled(self) -> bool:
+        """Nothing under way (what a quiet period waits for)."""
+        return not (any(due is not None for _, due in self._unplugs.values()) or self._pauses or self._later)
+
+    # -- events (fault mode) -----------------------------------------------------------------------
+    def watch(self, host: str, callback) -> None:
+        with self._lock:
+            self._watchers.setdefault(host, []).append(callback)
+
+    def emit(self, host: str, name: str, event: int, detail: int) -> None:
+        """A lifecycle event of a domain on `host`, as libvirt would send it; only in fault mode, where
+        it may arrive late, twice or not at all."""
+        f = self.faults
+        if f is None or not self._watchers.get(host):
+            return
+        if f.chance("event_lost"):
+            return
+        if f.chance("event_late"):
+            with self._lock:
+                self._later.append((time.monotonic() + f.delay(f.event_delay_s), (host, name, event, detail)))
+        else:
+            self._deliver(host, name, event, detail)
+        if f.chance("event_twice"):
+            with self._lock:
+                self._later.append((time.monotonic() + f.delay(f.event_delay_s), (host, name, event, detail)))
+
+    def _deliver(self, host: str, name: str, event: int, detail: int) -> None:
+        for callback in list(self._watchers.get(host, ())):
+            try:
+                callback(host, name, event, detail)
+            except Exception:       # a watcher's trouble is not the host's
+                pass
+
     # -- reads -----------------------------------------------------------------------------------
     @staticmethod
     def _info(row) -> DomainInfo:
-        name, vcpus, _max_vcpus, memory, _max_memory, _image, period, quota = row
-        return DomainInfo(name, True, vcpus, memory, CpuCap(period, quota) if period else None)
+        name, vcpus, _max_vcpus, memory, _max_memory, _image, period, quota, state, reason = row
+        return DomainInfo(name, state in ("running", "blocked"), vcpus, memory,
+                          CpuCap(period, quota) if period else None, state=state, reason=reason)
 
     def domains(self, host: str) -> list[DomainInfo]:
+        self.tick()
         with self._lock:
             rows = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? ORDER BY name", (host,)).fetchall()
         return [self._info(r) for r in rows]
 
     def domain(self, host: str, name: str) -> DomainInfo | None:
-        spec = self.spec(host, name)
-        return None if spec is None else DomainInfo(name, True, spec.vcpus, spec.memory_mib, spec.cpu_cap)
-
-    def spec(self, host: str, name: str) -> DomainSpec | None:
+        self.tick()
         with self._lock:
             row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ?",
                                    (host, name)).fetchone()
+        return None if row is None else self._info(row)
+
+    def spec(self, host: str, name: str, active: bool = True) -> DomainSpec | None:
+        """The domain's spec as it is now; None if it is not there (or, `active`, only defined)."""
+        self.tick()
+        with self._lock:
+            row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ?"
+                                   + (f" AND {_ACTIVE}" if active else ""), (host, name)).fetchone()
         if row is None:
             return None
-        name, vcpus, max_vcpus, memory, max_memory, image, period, quota = row
+        name, vcpus, max_vcpus, memory, max_memory, image, period, quota, _state, _reason = row
         return DomainSpec(name, vcpus, max_vcpus, memory, max_memory, image,
                           CpuCap(period, quota) if period else None)
 
     def hosts_of(self, name: str) -> list[str]:
         """Every host that runs a domain of this name (a correct cluster has at most one)."""
+        self.tick()
         with self._lock:
-            return [h for (h,) in self._db.execute("SELECT host FROM domains WHERE name = ? ORDER BY host", (name,))]
+            return [h for (h,) in self._db.execute(f"SELECT host FROM domains WHERE name = ? AND {_ACTIVE} "
+                                                   f"ORDER BY host", (name,))]
 
     # -- changes ---------------------------------------------------------------------------------
     def put(self, host: str, spec: DomainSpec) -> bool:
-        """Run `spec` on `host`; False if a domain of that name already runs there."""
+        """Run `spec` on `host` (replacing a shut-off definition); False if a domain of that name is
+        active there."""
         cap = spec.cpu_cap
         with self._lock:
+            self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (host, spec.name))
+            self._unplugs.pop((host, spec.name), None)
             try:
-                self._db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self._db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  (host, spec.name, spec.vcpus, spec.max_vcpus, spec.memory_mib, spec.max_memory_mib,
-                                  spec.image, cap.period_us if cap else None, cap.quota_us if cap else None))
+                                  spec.image, cap.period_us if cap else None, cap.quota_us if cap else None,
+                                  "running", "booted"))
             except sqlite3.IntegrityError:
                 return False
         return True
 
-    def remove(self, host: str, name: str) -> None:
+    def remove(self, host: str, name: str) -> bool:
+        """Destroy and undefine; whether there was such a domain."""
         with self._lock:
-            self._db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (host, name))
+            cur = self._db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (host, name))
+            self._unplugs.pop((host, name), None)
+        return cur.rowcount == 1
+
+    def set_state(self, host: str, name: str, state: str, reason: str) -> bool:
+        with self._lock:
+            cur = self._db.execute("UPDATE domains SET state = ?, reason = ? WHERE host = ? AND name = ?",
+                                   (state, reason, host, name))
+            if state != "running":
+                self._unplugs.pop((host, name), None)
+        return cur.rowcount == 1
+
+    def pause_until(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self._pauses[name] = time.monotonic() + seconds
 
     def update(self, host: str, name: str, **fields) -> bool:
-        """Change vcpus / memory_mib / the cap of a running domain; False if it does not run there."""
+        """Change vcpus / memory_mib / the cap of an active domain; False if it does not run there."""
+        self.tick()
         if "cpu_cap" in fields:
             cap = fields.pop("cpu_cap")
             fields["cap_period_us"], fields["cap_quota_us"] = (cap.period_us, cap.quota_us) if cap else (None, None)
         assignments = ", ".join(f"{k} = ?" for k in fields)
         with self._lock:
-            cur = self._db.execute(f"UPDATE domains SET {assignments} WHERE host = ? AND name = ?",
+            cur = self._db.execute(f"UPDATE domains SET {assignments} WHERE host = ? AND name = ? AND {_ACTIVE}",
                                    (*fields.values(), host, name))
+            if "memory_mib" in fields:
+                self._unplugs.pop((host, name), None)       # a new size supersedes a request under way
         return cur.rowcount == 1
 
     def move(self, name: str, source: str, target: str) -> bool:
-        """Hand a running domain from source to target in one step; False if it is not on the source
-        or the target already runs one of that name."""
+        """Hand a running domain from source to target in one step; False if it is not active on the
+        source or the target already runs one of that name (a shut-off definition there is replaced)."""
         with self._lock:
+            self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
             try:
-                cur = self._db.execute("UPDATE domains SET host = ? WHERE host = ? AND name = ?", (target, source, name))
+                cur = self._db.execute(f"UPDATE domains SET host = ? WHERE host = ? AND name = ? AND {_ACTIVE}",
+                                       (target, source, name))
             except sqlite3.IntegrityError:
                 return False
+            if cur.rowcount == 1:
+                pending = self._unplugs.pop((source, name), None)
+                if pending is not None:       # the guest's answer follows the domain
+                    self._unplugs[(target, name)] = pending
         return cur.rowcount == 1
+
+    def copy_paused(self, name: str, source: str, target: str, reason: str) -> bool:
+        """A post-copy failure: the domain left paused (`reason`) on the source and on the target."""
+        with self._lock:
+            row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
+                                   (source, name)).fetchone()
+            if row is None:
+                return False
+            self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
+            try:
+                self._db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (target, *row[:-2], "paused", reason))
+            except sqlite3.IntegrityError:
+                return False
+            self._db.execute("UPDATE domains SET state = 'paused', reason = ? WHERE host = ? AND name = ?",
+                             (reason, source, name))
+            self._unplugs.pop((source, name), None)
+        return True
+
+    def resume_postcopy(self, name: str, source: str, target: str) -> bool:
+        """Finish a failed post-copy: the target's copy runs, the source's goes. False unless both are
+        paused with reason postcopy-failed."""
+        with self._lock:
+            rows = self._db.execute("SELECT host FROM domains WHERE name = ? AND host IN (?, ?) AND state = 'paused' "
+                                    "AND reason = 'postcopy-failed'", (name, source, target)).fetchall()
+            if len(rows) != 2:
+                return False
+            self._db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (source, name))
+            self._db.execute("UPDATE domains SET state = 'running', reason = 'migrated' WHERE host = ? AND name = ?",
+                             (target, name))
+        return True
 
     def close(self) -> None:
         with self._lock:

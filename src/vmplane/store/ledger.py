@@ -208,6 +208,8 @@ def new_operation(conn: Connection, kind: str, target: str, vm_id: int | None, p
 def set_operation(conn: Connection, op_id: str, **fields) -> None:
     """Update an operation; a change of its state is recorded in the event log in the same transaction."""
     fields = _enum_values({**fields, "updated_at": utcnow()})
+    if fields.get("host_id") is not None:
+        fields["last_host_id"] = fields["host_id"]       # kept when it stops: where a leftover domain can be
     before = conn.execute(_OPERATION_FOR_EVENT, {"id": op_id}).first() if "state" in fields else None
     conn.execute(_update_by_id("operations", tuple(sorted(fields))), {"_id": op_id, **fields})
     if before is not None and before.state != fields["state"]:
@@ -287,6 +289,8 @@ def set_vm(conn: Connection, vm_id: int, note: str = "", **fields) -> None:
     """Update a VM's row; a change of its state (or host) is recorded in the event log in the same
     transaction, with `note` (and the new size or host, when they change) as its message."""
     fields = _enum_values({**fields, "updated_at": utcnow()})
+    if fields.get("host_id") is not None:
+        fields["last_host_id"] = fields["host_id"]       # kept when it stops: where a leftover domain can be
     before = (conn.execute(_VM_FOR_EVENT, {"id": vm_id}).first()
               if "state" in fields or "host_id" in fields else None)
     conn.execute(_update_by_id("vms", tuple(sorted(fields))), {"_id": vm_id, **fields})
@@ -314,6 +318,8 @@ def _vm_event(conn: Connection, before: Row, fields: dict, note: str) -> None:
 def insert_vm(conn: Connection, note: str = "", **fields) -> int:
     """A new VM's row, and its `created` event (old state none, new state the row's)."""
     now = utcnow()
+    if fields.get("host_id") is not None:
+        fields = {**fields, "last_host_id": fields["host_id"]}
     vm_id = conn.execute(insert(VMS), {**fields, "created_at": now, "updated_at": now}).inserted_primary_key[0]
     host = conn.execute(_HOST_NAME, {"id": fields["host_id"]}).scalar() if fields.get("host_id") else None
     state = _enum_values({"state": fields.get("state", VmState.stopped.value)})["state"]

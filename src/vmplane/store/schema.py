@@ -10,6 +10,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -137,6 +138,8 @@ class Vm(Base):
     prepared: Mapped[bool] = mapped_column(Boolean, default=False)
     state: Mapped[str] = mapped_column(String(16), default="stopped", index=True)
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True, index=True)
+    # The host it was last placed on (kept when it stops): where a leftover domain of it can be; a delete asks it.
+    last_host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True)
     # What this VM has put on its project's ledger (0 while stopped) and its host footprint.
     overhead_mib: Mapped[int] = mapped_column(Integer, default=0)
     charged_vcpus: Mapped[int] = mapped_column(Integer, default=0)
@@ -146,7 +149,7 @@ class Vm(Base):
     project: Mapped[Project] = relationship(lazy="joined")
     offering: Mapped[Offering] = relationship(lazy="joined")
     template: Mapped[Template] = relationship(lazy="joined")
-    host: Mapped[Host | None] = relationship(lazy="joined")
+    host: Mapped[Host | None] = relationship(lazy="joined", foreign_keys=[host_id])
     zone: Mapped[Zone | None] = relationship(lazy="joined")
     cluster: Mapped[Cluster | None] = relationship(lazy="joined")
 
@@ -164,6 +167,7 @@ class Claim(Base):
 
 class Operation(Base):
     __tablename__ = "operations"
+    __table_args__ = (Index("ix_operations_created_at", "created_at"),)    # history pruning, newest-first lists
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     kind: Mapped[str] = mapped_column(String(24))
     target: Mapped[str] = mapped_column(String(63))
@@ -215,6 +219,7 @@ class Event(Base):
     """One state change of a VM, host, migration or operation, with its cause (the event log)."""
 
     __tablename__ = "events"
+    __table_args__ = (Index("ix_events_kind_subject", "kind", "subject"),)  # an operation's or migration's cause
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, index=True)
     kind: Mapped[str] = mapped_column(String(16))

@@ -113,7 +113,8 @@ def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
         raise Forbidden("choosing the target host needs an admin token; leave out `to` and placement picks one",
                         field="to")
     overrides = {k: v for k, v in (("bandwidth_mib_s", body.bandwidth_mib_s), ("postcopy", body.postcopy),
-                                   ("max_downtime_ms", body.max_downtime_ms)) if v is not None}
+                                   ("max_downtime_ms", body.max_downtime_ms),
+                                   ("postcopy_bandwidth_mib_s", body.postcopy_bandwidth_mib_s)) if v is not None}
     if body.policy != "vmplane":
         overrides["policy"] = body.policy
     result = orch.migrator.migrate(name, to=body.to, dry_run=body.dry_run, params=overrides or None)
@@ -131,8 +132,8 @@ def cancel_migration(name: str, orch: Orch, who: AnyCaller):
 @router.get("/migrations", response_model=list[MigrationOut])
 def list_migrations(orch: Orch, who: AnyCaller, response: Response, page: Paging, vm: str | None = None,
                     host: str | None = None, state: MigrationState | None = None, active: bool = False):
-    """Migrations, newest first; `host` matches the source or the target; `active`: queued, copying or
-    checking. `sort`: created_at, started_at, finished_at, vm, source, target, state, progress. The total
+    """Migrations, newest first; `host` matches the source or the target; `active`: queued, copying,
+    checking or postcopy-failed. `sort`: created_at, started_at, finished_at, vm, source, target, state, progress. The total
     is in the X-Total-Count header."""
     rows, total = orch.migrator.page(page, vm=vm, host=host, state=state and state.value, active_only=active,
                                      project_id=None if who.is_admin else who.project_id)
