@@ -56,7 +56,7 @@ def drain(name: str, limits: dict, tmp: str) -> dict:
     for d in o.drivers.values():
         d.copy_rate_mib_s = RATE_MIB_S
     t0 = time.perf_counter()
-    plan = o.migrator.enter_maintenance("h0")
+    plan = o.maintenance.enter("h0")
     ids = [m["migration"] for m in plan["migrations"]]
     while any(o.migrator.get(i)["state"] not in ("succeeded", "failed") for i in ids):
         time.sleep(0.01)

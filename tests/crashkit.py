@@ -115,9 +115,9 @@ def _drain(o, rng, n):
     if any(h.state == "maintenance" for h in o.hosts()):
         for h in o.hosts():
             if h.state == "maintenance":
-                o.migrator.exit_maintenance(h.name)
+                o.maintenance.exit(h.name)
     else:
-        o.migrator.enter_maintenance(host)
+        o.maintenance.enter(host)
 
 
 def _cancel(o, rng, n):

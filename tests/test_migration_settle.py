@@ -242,6 +242,7 @@ def test_a_postcopy_failure_keeps_both_claims_shows_it_and_settles_as_moved_once
     monkeypatch.setattr(tgt, "domain", answer(tgt.domain))
     monkeypatch.setattr(src, "resume_postcopy", resume, raising=False)
     monkeypatch.setattr(migrator_module, "RESUME_EVERY_S", 0.0)
+    monkeypatch.setattr(migrator_module, "RESUME_FIRST_S", 0.0)
     mig = o.migrator.migrate("v")
     row = o.migrator.get(mig["id"])
     assert row["state"] == "postcopy-failed" and "paused" in row["reason"], row

@@ -107,13 +107,13 @@ def test_at_exactly_100_percent_of_quota_every_vm_migrates_and_its_host_drains(t
     for n in names:
         assert wait_migrations(o, [o.migrator.migrate(n)["id"]])[0]["state"] == "succeeded"
     host = o.vm("v0").host.name
-    result = o.migrator.enter_maintenance(host)
+    result = o.maintenance.enter(host)
     assert result["unplaceable"] == [] and result["state"] == "maintenance"
     rows = wait_migrations(o, [m["migration"] for m in result["migrations"]])
     assert rows and all(r["state"] == "succeeded" for r in rows)
     assert all(v.host.name != host for v in o.vms())
     assert usage(o, "full") == used and o.audit() == []
-    assert o.migrator.exit_maintenance(host)["state"] == "enabled"
+    assert o.maintenance.exit(host)["state"] == "enabled"
 
 
 def test_a_migration_to_a_host_without_room_is_refused_naming_host_and_resource(orch):
@@ -191,7 +191,8 @@ def test_a_queued_migration_can_be_cancelled_and_gives_back_its_target_claim(thr
 
 def test_limits_rules():
     lim = Limits(per_cluster=3, outbound_per_host=2, inbound_per_host=1, per_project=2)
-    m = lambda i, s, t, p="p": MigrationSlot(str(i), "c", s, t, p)
+    def m(i, s, t, p="p"):
+        return MigrationSlot(str(i), "c", s, t, p)
     assert blocking_limit(m(9, "a", "x"), [m(1, "a", "y"), m(2, "a", "z")], lim).startswith("2 migrations leaving a")
     assert blocking_limit(m(9, "b", "x"), [m(1, "a", "x")], lim).startswith("1 migration arriving on x")
     assert blocking_limit(m(9, "b", "q", "p"), [m(1, "a", "x"), m(2, "c", "y")], lim).startswith("2 migrations of project p")
@@ -229,11 +230,11 @@ def test_a_drain_lists_the_vms_that_fit_nowhere_and_leaves_them_running(threaded
     o.create_vm("huge", "p", "any", "t", vcpus=2, memory_mib=32 * GIB, start=True)
     o.create_vm("tiny", "p", "any", "t", vcpus=1, memory_mib=1 * GIB, start=True)
     time.sleep(0.2)
-    o.migrator.exit_maintenance("small1")
-    plan = o.migrator.enter_maintenance("big1", dry_run=True)
+    o.maintenance.exit("small1")
+    plan = o.maintenance.enter("big1", dry_run=True)
     assert [m["vm"] for m in plan["migrations"]] == ["tiny"] and plan["unplaceable"][0]["vm"] == "huge"
     assert o.host_capacity("big1").state.value == "enabled" and o.host_capacity("small1").used_vcpus == 0
-    result = o.migrator.enter_maintenance("big1")
+    result = o.maintenance.enter("big1")
     [item] = result["unplaceable"]
     assert item["vm"] == "huge" and "small1: memory" in item["reason"]
     wait_migrations(o, [m["migration"] for m in result["migrations"]])

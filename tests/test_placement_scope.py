@@ -153,9 +153,9 @@ def test_the_drain_plan_and_the_drain_stay_in_the_source_cluster(scoped):
     o = scoped
     start_on(o, "a", "h1", zone="z1")
     start_on(o, "b", "h1", zone="z1", memory_mib=2048)
-    plan = o.migrator.enter_maintenance("h1", dry_run=True)
+    plan = o.maintenance.enter("h1", dry_run=True)
     assert {m["target"] for m in plan["migrations"]} == {"h2"} and plan["unplaceable"] == []
-    result = o.migrator.enter_maintenance("h1")
+    result = o.maintenance.enter("h1")
     assert {m["target"] for m in result["migrations"]} == {"h2"}
     assert {o.vm(n).host.name for n in ("a", "b")} == {"h2"} and o.audit() == []
 
@@ -256,8 +256,8 @@ def test_a_second_enter_names_the_vms_a_drain_left_behind(scoped):
     o = scoped
     start_on(o, "small", "h2", zone="z1")
     start_on(o, "big", "h1", vcpus=16, zone="z1")                  # fits nowhere else in c1
-    result = o.migrator.enter_maintenance("h1")
+    result = o.maintenance.enter("h1")
     assert [u["vm"] for u in result["unplaceable"]] == ["big"]
     with pytest.raises(Conflict, match="already in maintenance; 1 VM\\(s\\) still run on it \\(big\\): exit and "
                                        "enter maintenance again"):
-        o.migrator.enter_maintenance("h1")
+        o.maintenance.enter("h1")

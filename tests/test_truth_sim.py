@@ -15,12 +15,13 @@ REQUIRED = ("transient", "partial", "event_late", "event_twice", "event_lost")
 
 
 def test_the_record_is_what_the_hosts_run_after_more_than_100_faults(tmp_path):
-    report = truthkit.run(tmp_path, rounds=12, seed=20261130, log=print)
+    report = truthkit.run(tmp_path, rounds=12, seed=20261130, log=print, migration_faults=True)
     print(report.counts)
     assert report.problems() == []
     assert report.faults >= 100
     for kind in REQUIRED:
         assert report.counts[kind] > 0, f"no {kind} fault was injected"
+    assert report.counts["lost_connection"] + report.counts["postcopy_failed"] > 0, "no migration fault was injected"
     assert report.counts["unplug_late"] + report.counts["unplug_never"] > 0
     assert report.counts["guest_poweroff"] + report.counts["guest_crash"] + report.counts["guest_pause"] > 0
     assert max(r.vms for r in report.rounds) >= 10      # the cluster was busy, not empty

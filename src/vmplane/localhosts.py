@@ -234,16 +234,43 @@ def _destroy_domains(host: LocalHost) -> None:
         conn.close()
 
 
+def qemu_runs_domain(cmdline: bytes, domain: str) -> bool:
+    """Whether a /proc/PID/cmdline (NUL-separated) is a QEMU started for exactly `domain`: libvirt names
+    it with `-name guest=DOMAIN,...` (or the older `-name DOMAIN`). A pid from a stale pid file may have
+    been reused by any process, another host's QEMU included: only this test says it is ours."""
+    args = [a.decode(errors="replace") for a in cmdline.split(b"\0")]
+    exe = Path(args[0]).name
+    if not (exe.startswith("qemu-system") or exe == "qemu-kvm"):
+        return False
+    for flag, value in zip(args, args[1:]):
+        if flag != "-name":
+            continue
+        # QEMU's option syntax: key=value pairs split by ",", a literal comma written ",,"
+        parts = [p.replace("\0", ",") for p in value.replace(",,", "\0").split(",")]
+        first = parts[0]
+        name = first[len("guest="):] if first.startswith("guest=") else None
+        if name is None and "=" not in first:
+            name = first                                    # `-name DOMAIN[,...]`
+        if name is None:
+            name = next((p[len("guest="):] for p in parts[1:] if p.startswith("guest=")), None)
+        return name == domain
+    return False
+
+
 def _kill_orphaned_qemu(host: LocalHost) -> None:
-    """QEMU processes this host started whose daemon died before it could destroy them (by pid file)."""
+    """QEMU processes this host started whose daemon died before it could destroy them (by pid file,
+    `run/qemu/DOMAIN.pid`): killed only when that pid still is a QEMU of that very domain."""
     for pid_file in (host.dir / "run" / "qemu").glob("*.pid"):
         try:
             pid = int(pid_file.read_text().strip())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        if b"qemu-system" in cmdline:
-            os.kill(pid, signal.SIGKILL)
+        if qemu_runs_domain(cmdline, pid_file.stem):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def stop(host: LocalHost, remove_files: bool = False) -> None:

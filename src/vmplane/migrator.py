@@ -1,4 +1,4 @@
-"""Live migrations and host maintenance: admission, the queue under the limits, the copy, the guest check.
+"""Live migrations: admission, the queue under the limits, the copy, the guest check.
 
 Composed into the Orchestrator (it shares its store, drivers, index and lock). A migration never
 touches the quota ledger: the VM is charged once, before, during and after (DESIGN section 3). Only
@@ -24,7 +24,7 @@ from .drivers.base import DriverError, MigrationParams
 from .errors import Conflict, Invalid, NotFound
 from .listing import Page, by_prefix, order_by, run_page
 from .migration import Action, MigrationState, Outcome
-from .model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
+from .model import ClaimKind, PlacementRequest, Size, VmState
 from .placement import Placement, choose, fit_on
 from .scope import migration_scope_problem
 from .store import ledger as L
@@ -38,7 +38,7 @@ RECOVERY_WAIT_S = 30.0          # start-up, for all migrations together: copies 
 SETTLE_WAIT_S = 30.0            # after a copy error: for libvirtd's own job to end (then the controller)
 CONTROLLER_WAIT_S = 2.0         # the settle controller and cancel, per pass
 HUNG_GRACE_S = 120.0            # a copy thread this far past its deadline is taken for hung
-RESUME_EVERY_S = 60.0           # post-copy resume attempts, at most this often
+RESUME_FIRST_S, RESUME_EVERY_S = 5.0, 60.0    # post-copy resume: retried after 5 s, doubling up to every 60 s
 HEALTH_COMMAND = "cut -d' ' -f1 /proc/uptime; dmesg | grep -c -E 'Oops|BUG:|general protection|Kernel panic' || true"
 _ACTIVE = [s.value for s in rules.ACTIVE]
 
@@ -53,7 +53,7 @@ class Migrator:
         self._calling: set[str] = set()         # ... whose driver migrate() is called or about to be
         self._settling: set[str] = set()        # being settled now (one settler at a time)
         self._timed_out: set[str] = set()       # aborted at their deadline
-        self._resume_at: dict[str, float] = {}  # post-copy resume: not before (monotonic)
+        self._resume_at: dict[str, tuple[float, float]] = {}  # post-copy resume: (not before, next delay)
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, migration_id: str) -> dict:
@@ -103,7 +103,7 @@ class Migrator:
                             page, scalars=False)
 
     # -- planning ------------------------------------------------------------------------------
-    def _plan(self, vm, to: str | None, planned: dict[str, tuple[int, int]] | None = None) -> Placement:
+    def plan(self, vm, to: str | None) -> Placement:
         """Where `vm` would go: the host asked for (any cluster of the VM's zone), or placement's choice
         among the others of its host's cluster."""
         source = self.o._hosts[vm.host_name]
@@ -145,7 +145,7 @@ class Migrator:
                     self._check_migratable(vm)
                 elif vm.state != VmState.scaling.value:
                     raise Conflict(f"vm {vm_name} is {vm.state}, not scaling", field="state")
-                placement = self._plan(vm, to)
+                placement = self.plan(vm, to)
                 if dry_run:
                     return {"vm": vm_name, "source": vm.host_name, "target": placement.host, "dry_run": True,
                             "claim_memory_mib": placement.memory_mib, "claim_vcpus": vm.vcpus,
@@ -467,7 +467,7 @@ class Migrator:
 
     def _try_resume(self, row: dict, on_source, on_target) -> str:
         """libvirt's post-copy recovery (VIR_MIGRATE_POSTCOPY_RESUME, same parameters), at most every
-        RESUME_EVERY_S; it needs both QEMUs. Settled as moved when it succeeds."""
+        RESUME_EVERY_S (the first retries sooner); it needs both QEMUs. Settled as moved when it succeeds."""
         mid = row["id"]
         source, target = self.o.drivers[row["source"]], self.o.drivers[row["target"]]
         resume = getattr(source, "resume_postcopy", None)
@@ -480,15 +480,16 @@ class Migrator:
                             f"an operator decides (README)")
             return MigrationState.postcopy_failed.value
         with self._state_lock:
-            if time.monotonic() < self._resume_at.get(mid, 0.0):
+            not_before, delay = self._resume_at.get(mid, (0.0, RESUME_FIRST_S))
+            if time.monotonic() < not_before:
                 return MigrationState.postcopy_failed.value
-            self._resume_at[mid] = time.monotonic() + RESUME_EVERY_S
+            self._resume_at[mid] = (time.monotonic() + delay, min(delay * 2, RESUME_EVERY_S))
         domain = self.o.domain_name(row["vm_name"])
         try:
             resume(domain, target, self._params(self.get(mid), source))
             on_source, on_target = source.domain(domain), target.domain(domain)
         except DriverError as exc:
-            self._note(mid, f"resume failed ({exc}); tried again in {RESUME_EVERY_S:.0f} s")
+            self._note(mid, f"resume failed ({exc}); tried again in {self._resume_at[mid][0] - time.monotonic():.0f} s")
             return MigrationState.postcopy_failed.value
         outcome = rules.settle_outcome(on_source, on_target)
         if outcome != Outcome.moved:
@@ -640,96 +641,6 @@ class Migrator:
                             wait_s=max(0.5, deadline - time.monotonic()))
             except Exception:          # this one is retried by the controller; the others go on
                 log.exception("migration %s: settling at start-up", mig["id"])
-
-    # -- host maintenance ----------------------------------------------------------------------
-    def enter_maintenance(self, host: str, dry_run: bool = False) -> dict:
-        """Drain a host by live migration: every running VM gets a target from placement (the host is
-        out of placement from now on); VMs that fit nowhere are listed and stay where they are. The
-        drain is an operation: a restart in the middle admits migrations for the VMs it had not reached."""
-        if host not in self.o.index:
-            raise NotFound(f"host {host!r} does not exist", field="host")
-        if self.o.host_capacity(host).state == HostState.maintenance:
-            raise Conflict(f"host {host} is already in maintenance{self._still_running(host)}", field="state")
-        if dry_run:
-            return self._drain(host, None)
-        with self.o.db.transaction() as conn:
-            op_id = L.new_operation(conn, "drain", host, None, None, step="maintenance")
-        try:
-            return self._drain(host, op_id)
-        except Exception as exc:        # the drain operation must end, whatever happened
-            self.o._fail(op_id, exc)
-            raise
-
-    def resume_drain(self, op_id: str) -> None:
-        with self.o.db.read() as s:
-            host = L.operation_row(s.connection(), op_id).target
-        self._drain(host, op_id)
-
-    def _drain(self, host: str, op_id: str | None) -> dict:
-        dry_run = op_id is None
-        if not dry_run:
-            self.o.set_host_state(host, HostState.maintenance)
-            with self.o.db.transaction() as conn:
-                L.set_operation(conn, op_id, state=OperationState.running, step="admitting migrations", progress=20)
-        with self.o.db.read() as s:
-            vms = s.connection().execute(
-                select(L.VMS.c.name, L.VMS.c.state, L.VMS.c.memory_mib).join(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id)
-                .where(L.HOSTS.c.name == host).order_by(L.VMS.c.memory_mib.desc(), L.VMS.c.name)).all()
-        planned, unplaceable, held = [], [], []
-        try:
-            for name, state, _memory in vms:
-                if state != VmState.running.value:
-                    if state == VmState.migrating.value:
-                        planned.append({"vm": name, "note": "already migrating"})
-                    continue
-                try:
-                    if dry_run:
-                        with self.o._lock, self.o.db.read() as s:
-                            vm = L.vm_row(s.connection(), name=name)
-                            placement = self._plan(vm, None)
-                            self.o.index.add_usage(placement.host, vm.vcpus, placement.memory_mib)
-                            held.append((placement.host, vm.vcpus, placement.memory_mib))
-                        planned.append({"vm": name, "target": placement.host, "claim_memory_mib": placement.memory_mib})
-                    else:
-                        mig = self.migrate(name, reason=f"draining {host} for maintenance")
-                        planned.append({"vm": name, "target": mig["target"], "migration": mig["id"],
-                                        "state": mig["state"]})
-                        failpoints.hit("drain.mid")
-                except (Conflict, Invalid, NotFound) as exc:
-                    unplaceable.append({"vm": name, "reason": exc.message})
-                except Exception as exc:    # InsufficientCapacity and the like: reported, not stopped
-                    unplaceable.append({"vm": name, "reason": getattr(exc, "message", str(exc))})
-        finally:
-            with self.o._lock:
-                for target, vcpus, memory in held:     # a dry run leaves the index as it found it
-                    self.o.index.add_usage(target, -vcpus, -memory)
-        result = {"host": host, "state": "maintenance" if not dry_run else self.o.host_capacity(host).state.value,
-                  "dry_run": dry_run, "migrations": planned, "unplaceable": unplaceable}
-        if not dry_run:
-            with self.o.db.transaction() as conn:
-                L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100, result=result,
-                                message=f"{len(planned)} migration(s) admitted, {len(unplaceable)} VM(s) fit nowhere")
-            metrics.OPERATIONS.labels("drain", "succeeded").inc()
-            result["operation_id"] = op_id
-        return result
-
-    def _still_running(self, host: str) -> str:
-        """What a second `maintenance enter` could still do: retry the VMs that fit nowhere the first time."""
-        with self.o.db.read() as s:
-            left = s.connection().execute(select(L.VMS.c.name).join(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id).where(
-                L.HOSTS.c.name == host, L.VMS.c.state == VmState.running.value).order_by(L.VMS.c.name)).scalars().all()
-        if not left:
-            return ""
-        return (f"; {len(left)} VM(s) still run on it ({', '.join(left[:5])}{', ...' if len(left) > 5 else ''}): "
-                f"exit and enter maintenance again to retry draining them")
-
-    def exit_maintenance(self, host: str) -> dict:
-        if host not in self.o.index:
-            raise NotFound(f"host {host!r} does not exist", field="host")
-        if self.o.host_capacity(host).state == HostState.enabled:
-            raise Conflict(f"host {host} is not in maintenance: it is already enabled", field="state")
-        self.o.set_host_state(host, HostState.enabled)
-        return {"host": host, "state": "enabled"}
 
 
 def _paused_on(row: dict, on_source, on_target) -> str:

@@ -47,6 +47,7 @@ from .hostevents import HostEvents
 from .hostmonitor import HostMonitor
 from .hostsync import HostSync
 from .migrationsettle import MigrationSettle
+from .maintenance import Maintenance
 from .migrator import Migrator
 from .model import (
     IN_FLIGHT_OPERATION_STATES,
@@ -153,6 +154,7 @@ class Orchestrator:
         self.executor = executor or ThreadPoolExecutor(16, thread_name_prefix="vmplane-op")
         self.closing = threading.Event()    # set by close(): long waits inside operations end early
         self.migrator = Migrator(self)
+        self.maintenance = Maintenance(self)        # host drains, by live migration
         self.scaler = Scaler(self)
         self.recovery = Recovery(self)      # start-up recovery (in the background for the API)
         # the loops that listen to the hosts, started by start_monitor()
@@ -601,9 +603,54 @@ class Orchestrator:
         reason = exc.message if isinstance(exc, VmplaneError) else str(exc) or type(exc).__name__
         freed: list = []
         presence = self._domain_presence(op_id)     # asked before a start/stop gives anything back
+        given: tuple[str, int, int] | None = None
         with self.db.transaction() as conn:
             op = L.operation_row(conn, op_id, lock=True)
             vm = L.vm_row(conn, op.vm_id, lock=True) if op.vm_id is not None else None
+            resized: dict = {}
+            if (vm is not None and op.kind == "scale" and op.state in IN_FLIGHT
+                    and vm.state in (VmState.scaling.value, VmState.migrating.value)
+                    and (op.result or {}).get("admitted") is not None):
+                # neither _commit nor _roll_back ended it (one of them raised): the ledger still holds the
+                # increase charged at admission. Unknown is not "as before": once the driver may have been
+                # called, the VM stays recorded, charged and claimed at the larger of its two sizes
+                from .quota import overhead_mib
+                from .scaler import Admitted
+                a = Admitted.from_record(op.result["admitted"])
+                p, ratio = a.plan, self.index.host(vm.host_name).overhead_ratio
+                old, new = p.current, p.target
+                claimed = a.path == "in-place" or op.step == "resizing"
+                size = Size(max(old.vcpus, new.vcpus), max(old.memory_mib, new.memory_mib)) if claimed else old
+                project = L.lock_project(conn, vm.project_id)
+                if size == old:
+                    overhead, charge = vm.overhead_mib, Usage(vm.charged_vcpus, vm.charged_memory_mib, 0)
+                elif size == new:
+                    overhead = a.overhead_mib
+                    charge = Usage(vm.charged_vcpus + a.charge_delta.vcpus,
+                                   vm.charged_memory_mib + a.charge_delta.memory_mib, 0)
+                else:
+                    overhead = overhead_mib(size, ratio)
+                    charge = running_charge(size, overhead, project.count_overhead)
+                increase = Usage(max(a.charge_delta.vcpus, 0), max(a.charge_delta.memory_mib, 0), 0)
+                ledger = Usage(charge.vcpus - vm.charged_vcpus - increase.vcpus,
+                               charge.memory_mib - vm.charged_memory_mib - increase.memory_mib, 0)
+                if ledger.vcpus or ledger.memory_mib:
+                    L.add_to_ledger(conn, vm.project_id, ledger)
+                if claimed:                 # the claim holds max(old, new): trimmed to `size`, never grown
+                    old_footprint = old.memory_mib + overhead_mib(old, ratio)
+                    held_vcpus = old.vcpus + max(p.vcpus_delta, 0)
+                    held_memory = old_footprint + max(a.footprint_delta, 0)
+                    footprint = (old_footprint if size == old else
+                                 old_footprint + a.footprint_delta if size == new else size.memory_mib + overhead)
+                    give_vcpus, give_memory = max(held_vcpus - size.vcpus, 0), max(held_memory - footprint, 0)
+                    if give_vcpus or give_memory:
+                        L.shrink_running_claim(conn, vm.id, vm.host_id, give_vcpus, give_memory)
+                        given = (vm.host_name, give_vcpus, give_memory)
+                resized = {"vcpus": size.vcpus, "memory_mib": size.memory_mib, "overhead_mib": overhead,
+                           "charged_vcpus": charge.vcpus, "charged_memory_mib": charge.memory_mib,
+                           **({"offering_id": a.offering_id} if size == new and size != old else {})}
+                if vm.state == VmState.migrating.value:     # its migration's end settles the state
+                    L.set_vm(conn, vm.id, **resized)
             settling = vm is not None and ((op.kind == "start" and vm.state == VmState.starting.value)
                                            or (op.kind == "stop" and vm.state == VmState.stopping.value))
             if vm is not None and vm.state in (VmState.starting.value, VmState.stopping.value,
@@ -611,7 +658,7 @@ class Orchestrator:
                 # nobody can tell what its host did: kept charged and claimed until the host answers
                 # (hostmonitor settles it then), never put back to running/stopped unasked
                 L.set_vm(conn, vm.id, note=f"{op.kind} failed and its host {vm.host_name} does not answer: "
-                                           f"{reason}", state=VmState.unknown)
+                                           f"{reason}", state=VmState.unknown, **resized)
             elif settling and presence == "unknown":
                 # its host can not say whether the domain is there: kept charged and claimed, unknown
                 L.set_vm(conn, vm.id, note=f"{op.kind} failed and {vm.host_name} can not tell whether the domain "
@@ -630,11 +677,16 @@ class Orchestrator:
                 # the domain still runs; the stop can be retried
                 L.set_vm(conn, vm.id, note=f"stop failed: {reason}", state=VmState.running)
             elif vm is not None and op.kind == "scale" and vm.state == VmState.scaling.value:
-                # at the size the store has; `vmplane audit` checks
-                L.set_vm(conn, vm.id, note=f"scale failed: {reason}", state=VmState.running)
+                # at the size settled above (the larger one once the driver may have been called)
+                L.set_vm(conn, vm.id, note=f"scale failed: {reason}"
+                         + (f"; kept at {resized['vcpus']} vCPU(s) / {resized['memory_mib']} MiB, charged and "
+                            f"claimed" if resized else ""), state=VmState.running, **resized)
             L.set_operation(conn, op_id, state=OperationState.failed, progress=100,
                             message=f"{op.kind} failed at step {op.step}: {reason}")
         metrics.OPERATIONS.labels(op.kind, "failed").inc()
+        if given is not None:
+            with self._lock:
+                self.index.add_usage(given[0], -given[1], -given[2])
         self._unindex(freed)
 
     def _domain_presence(self, op_id: str) -> str | None:
@@ -716,7 +768,7 @@ class Orchestrator:
             pending = s.connection().execute(select(L.OPERATIONS.c.id, L.OPERATIONS.c.kind).where(
                 L.OPERATIONS.c.state.in_(IN_FLIGHT)).order_by(L.OPERATIONS.c.created_at)).all()
         bodies = {"start": self._run_start, "stop": self._run_stop, "scale": self.scaler.resume,
-                  "drain": self.migrator.resume_drain}
+                  "drain": self.maintenance.resume_drain}
         for op_id, kind in pending:
             body = bodies.get(kind)
             if body is None:
@@ -832,15 +884,25 @@ class Orchestrator:
         return problems + self.audit_hosts()
 
     def audit_hosts(self) -> list[str]:
-        seen: dict[str, list | None] = {}
-        for name, driver in list(self.drivers.items()):
-            try:
-                seen[name] = driver.domains()
-            except DriverError:
-                seen[name] = None
-        with self.db.read() as s:
-            vms = drift_view(s.connection(), domain_name)
-        return audit_rules.placement_problems(vms, seen, DOMAIN_PREFIX)
+        """The store against what every host runs. The hosts are scanned, then the store is read, with no
+        lock between: an operation that ends in between shows as a finding that is already gone. So a
+        finding is reported only if a second pass (a fresh scan and a fresh read) finds it again."""
+        def scan() -> list[str]:
+            seen: dict[str, list | None] = {}
+            for name, driver in list(self.drivers.items()):
+                try:
+                    seen[name] = driver.domains()
+                except DriverError:
+                    seen[name] = None
+            with self.db.read() as s:
+                vms = drift_view(s.connection(), domain_name)
+            return audit_rules.placement_problems(vms, seen, DOMAIN_PREFIX)
+
+        first = scan()
+        if not first:
+            return first
+        again = set(scan())
+        return [problem for problem in first if problem in again]
 
     def close(self) -> None:
         self.closing.set()

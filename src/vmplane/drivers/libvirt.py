@@ -437,14 +437,9 @@ class LibvirtDriver(Driver):
             return self._resized(dom, "dimm")
         release = current_mib - memory_mib
         dimms = self._dimms(dom)
-        chosen, total = [], 0
-        for dimm in reversed(dimms):       # newest first
-            if total + dimm[2] <= release:
-                chosen.append(dimm)
-                total += dimm[2]
-            if total == release:
-                break
-        if total != release:
+        picked = dimms_to_release([d[2] for d in dimms], release)
+        chosen = [dimms[i] for i in picked or ()]
+        if picked is None:
             plugged = sum(d[2] for d in dimms)
             raise DriverError(self.host, f"the guest can not release {release} MiB live: only hot-plugged DIMMs can "
                                          f"be removed ({plugged} MiB plugged); stop and restart it smaller")
@@ -853,6 +848,24 @@ class _CopyWatch:
             return True
         except DriverError:
             return False    # e.g. the host does not answer; the caller asks the hosts after the copy
+
+
+def dimms_to_release(sizes_mib: list[int], release_mib: int) -> list[int] | None:
+    """Which DIMMs (indices into `sizes_mib`, oldest first) add up to exactly `release_mib`: the fewest
+    DIMMs that do, the newest among equals, newest first (the order to unplug them); None if no subset
+    does. A subset sum over the sums up to the release (DIMMs are few and sized in MiB)."""
+    if release_mib <= 0:
+        return [] if release_mib == 0 else None
+    best: dict[int, tuple[int, ...]] = {0: ()}      # reachable sum -> the fewest DIMMs reaching it
+    for i in reversed(range(len(sizes_mib))):       # newest first: among equals, the first found stays
+        size = sizes_mib[i]
+        if size <= 0:
+            continue
+        for total, picked in list(best.items()):
+            after = total + size
+            if after <= release_mib and (after not in best or len(best[after]) > len(picked) + 1):
+                best[after] = picked + (i,)
+    return list(best[release_mib]) if release_mib in best else None
 
 
 def discard_domain(dom: libvirt.virDomain) -> None:

@@ -23,8 +23,8 @@ def maintenance(name: str, body: MaintenanceRequest, orch: Orch, _: Admin) -> di
     """enter: drain the host by live migration (within the limits); VMs that fit nowhere are listed and
     stay. exit: enable the host again. A dry run says what enter would do and changes nothing."""
     if body.action == "exit":
-        return orch.migrator.exit_maintenance(name)
-    return orch.migrator.enter_maintenance(name, dry_run=body.dry_run)
+        return orch.maintenance.exit(name)
+    return orch.maintenance.enter(name, dry_run=body.dry_run)
 
 
 @router.get("/hosts", response_model=list[HostOut])
