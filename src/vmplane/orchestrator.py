@@ -614,38 +614,15 @@ class Orchestrator:
                 # neither _commit nor _roll_back ended it (one of them raised): the ledger still holds the
                 # increase charged at admission. Unknown is not "as before": once the driver may have been
                 # called, the VM stays recorded, charged and claimed at the larger of its two sizes
-                from .quota import overhead_mib
-                from .scaler import Admitted
+                from .scaler import Admitted, settle_at_size
                 a = Admitted.from_record(op.result["admitted"])
-                p, ratio = a.plan, self.index.host(vm.host_name).overhead_ratio
-                old, new = p.current, p.target
+                old, new = a.plan.current, a.plan.target
                 claimed = a.path == "in-place" or op.step == "resizing"
                 size = Size(max(old.vcpus, new.vcpus), max(old.memory_mib, new.memory_mib)) if claimed else old
-                project = L.lock_project(conn, vm.project_id)
-                if size == old:
-                    overhead, charge = vm.overhead_mib, Usage(vm.charged_vcpus, vm.charged_memory_mib, 0)
-                elif size == new:
-                    overhead = a.overhead_mib
-                    charge = Usage(vm.charged_vcpus + a.charge_delta.vcpus,
-                                   vm.charged_memory_mib + a.charge_delta.memory_mib, 0)
-                else:
-                    overhead = overhead_mib(size, ratio)
-                    charge = running_charge(size, overhead, project.count_overhead)
-                increase = Usage(max(a.charge_delta.vcpus, 0), max(a.charge_delta.memory_mib, 0), 0)
-                ledger = Usage(charge.vcpus - vm.charged_vcpus - increase.vcpus,
-                               charge.memory_mib - vm.charged_memory_mib - increase.memory_mib, 0)
-                if ledger.vcpus or ledger.memory_mib:
-                    L.add_to_ledger(conn, vm.project_id, ledger)
-                if claimed:                 # the claim holds max(old, new): trimmed to `size`, never grown
-                    old_footprint = old.memory_mib + overhead_mib(old, ratio)
-                    held_vcpus = old.vcpus + max(p.vcpus_delta, 0)
-                    held_memory = old_footprint + max(a.footprint_delta, 0)
-                    footprint = (old_footprint if size == old else
-                                 old_footprint + a.footprint_delta if size == new else size.memory_mib + overhead)
-                    give_vcpus, give_memory = max(held_vcpus - size.vcpus, 0), max(held_memory - footprint, 0)
-                    if give_vcpus or give_memory:
-                        L.shrink_running_claim(conn, vm.id, vm.host_id, give_vcpus, give_memory)
-                        given = (vm.host_name, give_vcpus, give_memory)
+                ratio = self.index.host(vm.host_name).overhead_ratio
+                overhead, charge, (give_vcpus, give_memory) = settle_at_size(conn, vm, a, size, ratio, claimed)
+                if give_vcpus or give_memory:
+                    given = (vm.host_name, give_vcpus, give_memory)
                 resized = {"vcpus": size.vcpus, "memory_mib": size.memory_mib, "overhead_mib": overhead,
                            "charged_vcpus": charge.vcpus, "charged_memory_mib": charge.memory_mib,
                            **({"offering_id": a.offering_id} if size == new and size != old else {})}

@@ -130,6 +130,41 @@ def _attempt(applied: list[tuple[str, str]], host: str, step: _Step) -> Resized:
     return got
 
 
+def settle_at_size(conn, vm, a: Admitted, size: Size, ratio: float, claimed: bool) -> tuple[int, Usage, tuple[int, int]]:
+    """A scale that did not commit ends at `size` (its old size, its new one, or what the domain has in
+    between; the larger when unknown): the project's ledger, which holds the old charge plus the
+    increase admitted, is made to hold the charge at `size`, and a host claim that holds max(old, new)
+    (`claimed`) is trimmed to `size`, never grown. Returns (overhead, charge, (vCPUs, MiB) given back
+    on the host, for the capacity index)."""
+    p = a.plan
+    old, new = p.current, p.target
+    project = L.lock_project(conn, vm.project_id)
+    if size == old:
+        overhead, charge = vm.overhead_mib, Usage(vm.charged_vcpus, vm.charged_memory_mib, 0)
+    elif size == new:
+        overhead = a.overhead_mib
+        charge = Usage(vm.charged_vcpus + a.charge_delta.vcpus, vm.charged_memory_mib + a.charge_delta.memory_mib, 0)
+    else:
+        overhead = overhead_mib(size, ratio)
+        charge = running_charge(size, overhead, project.count_overhead)
+    increase = Usage(max(a.charge_delta.vcpus, 0), max(a.charge_delta.memory_mib, 0), 0)
+    ledger = Usage(charge.vcpus - vm.charged_vcpus - increase.vcpus,
+                   charge.memory_mib - vm.charged_memory_mib - increase.memory_mib, 0)
+    if ledger.vcpus or ledger.memory_mib:
+        L.add_to_ledger(conn, vm.project_id, ledger)
+    give_vcpus = give_memory = 0
+    if claimed:
+        old_footprint = old.memory_mib + overhead_mib(old, ratio)
+        held_vcpus = old.vcpus + max(p.vcpus_delta, 0)
+        held_memory = old_footprint + max(a.footprint_delta, 0)
+        footprint = (old_footprint if size == old else
+                     old_footprint + a.footprint_delta if size == new else size.memory_mib + overhead)
+        give_vcpus, give_memory = max(held_vcpus - size.vcpus, 0), max(held_memory - footprint, 0)
+        if give_vcpus or give_memory:
+            L.shrink_running_claim(conn, vm.id, vm.host_id, give_vcpus, give_memory)
+    return overhead, charge, (give_vcpus, give_memory)
+
+
 class Scaler:
     def __init__(self, orch: "Orchestrator"):
         self.o = orch
@@ -421,33 +456,8 @@ class Scaler:
         with self.o._lock:
             with self.o.db.transaction() as conn:
                 vm = L.vm_row(conn, vm_id, lock=True)
-                project = L.lock_project(conn, vm.project_id)
-                increase = Usage(max(a.charge_delta.vcpus, 0), max(a.charge_delta.memory_mib, 0), 0)
                 ratio = self.o.index.host(vm.host_name).overhead_ratio
-                if size == old:
-                    overhead, charge = vm.overhead_mib, Usage(vm.charged_vcpus, vm.charged_memory_mib, 0)
-                elif size == new:
-                    overhead = a.overhead_mib
-                    charge = Usage(vm.charged_vcpus + a.charge_delta.vcpus,
-                                   vm.charged_memory_mib + a.charge_delta.memory_mib, 0)
-                else:
-                    overhead = overhead_mib(size, ratio)
-                    charge = running_charge(size, overhead, project.count_overhead)
-                # the ledger holds the old charge plus the admitted increase: make it hold `charge`
-                ledger = Usage(charge.vcpus - vm.charged_vcpus - increase.vcpus,
-                               charge.memory_mib - vm.charged_memory_mib - increase.memory_mib, 0)
-                if ledger.vcpus or ledger.memory_mib:
-                    L.add_to_ledger(conn, vm.project_id, ledger)
-                give_vcpus = give_memory = 0
-                if claimed_here:            # the claim holds max(old, new): make it hold `size`
-                    old_footprint = old.memory_mib + overhead_mib(old, ratio)
-                    held_vcpus = old.vcpus + max(p.vcpus_delta, 0)
-                    held_memory = old_footprint + max(a.footprint_delta, 0)
-                    footprint = (old_footprint if size == old else
-                                 old_footprint + a.footprint_delta if size == new else size.memory_mib + overhead)
-                    give_vcpus, give_memory = max(held_vcpus - size.vcpus, 0), max(held_memory - footprint, 0)
-                    if give_vcpus or give_memory:
-                        L.shrink_running_claim(conn, vm_id, vm.host_id, give_vcpus, give_memory)
+                overhead, charge, (give_vcpus, give_memory) = settle_at_size(conn, vm, a, size, ratio, claimed_here)
                 moving = not claimed_here and conn.execute(select(L.MIGRATIONS.c.id).where(
                     L.MIGRATIONS.c.vm_id == vm_id, L.MIGRATIONS.c.state.in_(ACTIVE_MIGRATION)).limit(1)).first()
                 L.set_vm(conn, vm_id, state=VmState.migrating if moving else VmState.running,   # its end settles it
