@@ -14,7 +14,8 @@ ADMIN_ONLY = {("POST", "/zones"), ("GET", "/zones"), ("POST", "/clusters"), ("GE
               ("PUT", "/settings/{key}"), ("GET", "/audit"), ("POST", "/tokens"),
               ("DELETE", "/settings/{key}"), ("DELETE", "/projects/{name}"), ("DELETE", "/offerings/{name}"),
               ("POST", "/offerings/{name}/retire"), ("DELETE", "/templates/{name}"), ("POST", "/templates/{name}/retire"),
-              ("DELETE", "/zones/{name}"), ("DELETE", "/clusters/{name}"), ("DELETE", "/hosts/{name}")}
+              ("DELETE", "/zones/{name}"), ("DELETE", "/clusters/{name}"), ("DELETE", "/hosts/{name}"),
+              ("POST", "/pools"), ("GET", "/pools"), ("GET", "/pools/{name}"), ("DELETE", "/pools/{name}")}
 MEMBER_SCOPED = {("GET", "/projects"), ("GET", "/projects/{name}"), ("GET", "/projects/{name}/usage"),
                  ("GET", "/offerings"), ("GET", "/offerings/{name}"), ("GET", "/templates"),
                  ("GET", "/templates/{name}"), ("POST", "/vms"), ("GET", "/vms"), ("GET", "/vms/{name}"),
@@ -23,7 +24,10 @@ MEMBER_SCOPED = {("GET", "/projects"), ("GET", "/projects/{name}"), ("GET", "/pr
                  ("POST", "/vms/{name}/migrate/cancel"), ("POST", "/vms/{name}/scale"), ("POST", "/vms/{name}/sync"),
                  ("GET", "/migrations"),
                  ("GET", "/migrations/{migration_id}"), ("GET", "/operations"), ("GET", "/operations/{op_id}"),
-                 ("GET", "/tokens"), ("DELETE", "/tokens/{name}"), ("GET", "/events"), ("GET", "/recovery")}
+                 ("GET", "/tokens"), ("DELETE", "/tokens/{name}"), ("GET", "/events"), ("GET", "/recovery"),
+                 ("POST", "/volumes"), ("GET", "/volumes"), ("GET", "/volumes/{name}"), ("DELETE", "/volumes/{name}"),
+                 ("POST", "/volumes/{name}/attach"), ("POST", "/volumes/{name}/detach"),
+                 ("POST", "/volumes/{name}/resize")}
 
 
 @pytest.fixture
@@ -33,10 +37,12 @@ def tenants(orch, api):
     orch.catalog.create_offering(Offering("o", OfferingKind.fixed, vcpus=1, memory_mib=512, dynamic_scaling=True))
     orch.catalog.create_offering(Offering("o2", OfferingKind.fixed, vcpus=2, memory_mib=1024, dynamic_scaling=True))
     orch.catalog.create_template("t", "tiny-linux", dynamic_scaling=True)
+    orch.pools.create("s", "shared", cluster="c1")
     for project in ("a", "b"):
         orch.catalog.create_project(project, 8, 16384, 10)
         orch.create_vm(f"{project}-run", project, "o", "t", start=True)
         orch.create_vm(f"{project}-off", project, "o", "t")
+        orch.volumes.create(f"{project}-vol", project, 64)
     mig = orch.migrator.migrate("b-run")
     tokens = {p: api.post("/api/v1/tokens", json={"name": f"m-{p}", "role": "member", "project": p}).json()["token"]
               for p in ("a", "b")}
@@ -74,6 +80,9 @@ def test_admin_only_routes_refuse_a_member_with_403_and_change_nothing(tenants, 
     ("POST", "/vms/b-run/scale", {"offering": "o2"}), ("POST", "/vms/b-run/sync", None), ("GET", "/projects/b", None),
     ("GET", "/projects/b/usage", None),
     ("POST", "/vms", {"name": "sneaky", "project": "b", "offering": "o", "template": "t"}),
+    ("GET", "/volumes/b-vol", None), ("POST", "/volumes/b-vol/attach", {"vm": "a-run"}),
+    ("POST", "/volumes/b-vol/resize", {"size_mib": 128}), ("DELETE", "/volumes/b-vol", None),
+    ("POST", "/volumes", {"name": "sneaky", "project": "b", "size_mib": 64}),
 ])
 def test_a_member_of_a_can_not_touch_project_b(tenants, method, path, body):
     api, tokens, _ = tenants
@@ -88,6 +97,7 @@ def test_lists_and_ids_of_other_projects_are_hidden(tenants):
     api, tokens, mig = tenants
     member = as_member(tokens["a"])
     assert {v["name"] for v in api.get("/api/v1/vms", headers=member).json()} == {"a-run", "a-off"}
+    assert [v["name"] for v in api.get("/api/v1/volumes", headers=member).json()] == ["a-vol"]
     assert [p["name"] for p in api.get("/api/v1/projects", headers=member).json()] == ["a"]
     assert api.get("/api/v1/migrations", headers=member).json() == []
     assert api.get(f"/api/v1/migrations/{mig['id']}", headers=member).status_code == 404

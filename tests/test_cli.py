@@ -23,7 +23,7 @@ def test_walkthrough_with_json_output(live):
 
     p = run_json(live, "project", "create", "acme", "--vcpus", "8", "--memory", "16GiB", "--vms", "5",
                  "--count-overhead", "--max-concurrent-migrations", "2")
-    assert p["quota"] == {"vcpus": 8, "memory_mib": 16384, "vms": 5} and p["count_overhead"] is True
+    assert p["quota"] == {"vcpus": 8, "memory_mib": 16384, "vms": 5, "storage_mib": 1048576} and p["count_overhead"] is True
     assert run_json(live, "offering", "create", "small", "--kind", "fixed", "--vcpus", "1", "--memory",
                     "512MiB", "--cpu-speed", "1000", "--cpu-cap", "--dynamic-scaling")["cpu_cap"] is True
     o = run_json(live, "offering", "create", "flex", "--kind", "custom-constrained", "--min-vcpus", "1",

@@ -77,7 +77,8 @@ def test_retired_offering_and_template_refuse_new_vms_only(world):
     assert api.post(f"{V}/vms/old/start").status_code == 202       # the VM that uses it keeps it
     assert api.post(f"{V}/templates/tiny/retire").json()["retired"] is True
     assert api.get(f"{V}/templates/tiny").json() == {"name": "tiny", "image": "tiny-linux", "dynamic_scaling": False,
-                                                     "retired": True}
+                                                     "retired": True, "disk_image": None, "disk_format": None,
+                                                     "disk_mib": None, "checksum": None}
     refused(api.post(f"{V}/vms", json={"name": "new", "project": "p", "offering": "large", "template": "tiny"}),
             "template tiny is retired")
     assert api.get(f"{V}/vms/new").status_code == 404

@@ -7,6 +7,7 @@ VM lifecycle and hosts (which need drivers) are the orchestrator's.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 import threading
@@ -15,13 +16,23 @@ from typing import Callable
 from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.orm import Session
 
+from . import images
 from . import settings as settings_rules
 from .errors import AlreadyExists, Conflict, Invalid, NotFound, Unauthorized
-from .model import CHARGED_STATES, IN_FLIGHT_OPERATION_STATES, OfferingKind, Quota, Size, Usage, VmState
+from .model import (
+    CHARGED_STATES,
+    DEFAULT_STORAGE_QUOTA_MIB,
+    IN_FLIGHT_OPERATION_STATES,
+    OfferingKind,
+    Quota,
+    Size,
+    Usage,
+    VmState,
+)
 from .model import Offering as OfferingData
 from .names import NAME_RE, check_name
 from .offerings import validate_offering
-from .quota import check_quota_change, recompute_usage, running_charge
+from .quota import check_quota_change, recompute_usage, running_charge, storage_usage
 from .store import Database
 from .store.schema import (
     Cluster,
@@ -33,6 +44,7 @@ from .store.schema import (
     Template,
     Token,
     Vm,
+    Volume,
     Zone,
 )
 
@@ -69,15 +81,20 @@ def scales_in_flight(s: Session, project_id: int) -> Usage:
 
 def offering_data(o: Offering) -> OfferingData:
     return OfferingData(o.name, OfferingKind(o.kind), o.vcpus, o.memory_mib, o.min_vcpus, o.max_vcpus,
-                        o.min_memory_mib, o.max_memory_mib, o.cpu_speed_mhz, o.cpu_cap, o.dynamic_scaling)
+                        o.min_memory_mib, o.max_memory_mib, o.cpu_speed_mhz, o.cpu_cap, o.dynamic_scaling,
+                        o.root_disk_mib, o.max_root_disk_mib)
 
 
 def quota_of(p: Project) -> Quota:
-    return Quota(p.quota_vcpus, p.quota_memory_mib, p.quota_vms)
+    return Quota(p.quota_vcpus, p.quota_memory_mib, p.quota_vms, p.quota_storage_mib)
 
 
 def ledger_of(p: Project) -> Usage:
-    return Usage(p.used_vcpus, p.used_memory_mib, p.used_vms)
+    return Usage(p.used_vcpus, p.used_memory_mib, p.used_vms, p.used_storage_mib)
+
+
+def volume_sizes(s: Session, project_id: int) -> list[int]:
+    return list(s.scalars(select(Volume.size_mib).where(Volume.project_id == project_id)))
 
 
 _IMAGE_PATH = re.compile(r"^/[A-Za-z0-9._/-]{1,1023}$")
@@ -143,8 +160,9 @@ class Catalog:
 
     # -- projects ------------------------------------------------------------------------------
     def create_project(self, name: str, vcpus: int, memory_mib: int, vms: int, count_overhead: bool = False,
-                       max_concurrent_migrations: int | None = None) -> Project:
-        for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib), ("vms", vms)):
+                       max_concurrent_migrations: int | None = None,
+                       storage_mib: int = DEFAULT_STORAGE_QUOTA_MIB) -> Project:
+        for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib), ("vms", vms), ("storage_mib", storage_mib)):
             if value < 0:
                 raise Invalid(f"quota {field} must be 0 or more, got {value}", field=field)
         if max_concurrent_migrations is not None and max_concurrent_migrations < 0:
@@ -153,7 +171,7 @@ class Catalog:
             ensure_new(s, Project, name)
             p = Project(name=name, quota_vcpus=vcpus, quota_memory_mib=memory_mib, quota_vms=vms,
                         count_overhead=count_overhead, max_concurrent_migrations=max_concurrent_migrations or None,
-                        used_vcpus=0, used_memory_mib=0, used_vms=0)
+                        quota_storage_mib=storage_mib, used_vcpus=0, used_memory_mib=0, used_vms=0, used_storage_mib=0)
             s.add(p)
         return p
 
@@ -167,10 +185,10 @@ class Catalog:
 
     def set_quota(self, name: str, vcpus: int | None = None, memory_mib: int | None = None,
                   vms: int | None = None, count_overhead: bool | None = None,
-                  max_concurrent_migrations: int | None = None) -> Project:
+                  max_concurrent_migrations: int | None = None, storage_mib: int | None = None) -> Project:
         """Change a quota. Lowering below usage is refused; changing count_overhead re-charges every
         running VM in the same transaction (and is refused if that no longer fits)."""
-        for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib), ("vms", vms)):
+        for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib), ("vms", vms), ("storage_mib", storage_mib)):
             if value is not None and value < 0:
                 raise Invalid(f"quota {field} must be 0 or more, got {value}", field=field)
         if max_concurrent_migrations is not None and max_concurrent_migrations < 0:
@@ -179,12 +197,14 @@ class Catalog:
             p = get_by_name(s, Project, name, field="project", for_update=True)
             new = Quota(vcpus if vcpus is not None else p.quota_vcpus,
                         memory_mib if memory_mib is not None else p.quota_memory_mib,
-                        vms if vms is not None else p.quota_vms)
+                        vms if vms is not None else p.quota_vms,
+                        storage_mib if storage_mib is not None else p.quota_storage_mib)
             ledger = ledger_of(p)
             if count_overhead is not None and count_overhead != p.count_overhead:
                 ledger = self._recharge(s, p, count_overhead)
             check_quota_change(p.name, new, ledger)
             p.quota_vcpus, p.quota_memory_mib, p.quota_vms = new.vcpus, new.memory_mib, new.vms
+            p.quota_storage_mib = new.storage_mib
             if count_overhead is not None:
                 p.count_overhead = count_overhead
             if max_concurrent_migrations is not None:
@@ -205,14 +225,14 @@ class Catalog:
         usage = recompute_usage(((VmState(v.state), Size(v.vcpus, v.memory_mib), v.overhead_mib) for v in vms),
                                 count_overhead)
         p.used_vcpus, p.used_memory_mib, p.used_vms = usage.vcpus, usage.memory_mib, usage.vms
-        return usage
+        return usage + Usage(storage_mib=p.used_storage_mib)
 
     def recomputed_usage(self, s: Session, p: Project) -> Usage:
         """Usage from the VMs' sizes, plus the increase each scale in flight was charged at admission
         (its VM keeps its old size until the scale commits)."""
         rows = s.execute(select(Vm.state, Vm.vcpus, Vm.memory_mib, Vm.overhead_mib).where(Vm.project_id == p.id))
         usage = recompute_usage(((VmState(st), Size(c, m), o) for st, c, m, o in rows), p.count_overhead)
-        return usage + scales_in_flight(s, p.id)
+        return usage + scales_in_flight(s, p.id) + storage_usage(volume_sizes(s, p.id))
 
     # -- offerings and templates ---------------------------------------------------------------
     def create_offering(self, data: OfferingData) -> Offering:
@@ -223,7 +243,8 @@ class Catalog:
             row = Offering(name=data.name, kind=data.kind.value, vcpus=data.vcpus, memory_mib=data.memory_mib,
                            min_vcpus=data.min_vcpus, max_vcpus=data.max_vcpus, min_memory_mib=data.min_memory_mib,
                            max_memory_mib=data.max_memory_mib, cpu_speed_mhz=data.cpu_speed_mhz,
-                           cpu_cap=data.cpu_cap, dynamic_scaling=data.dynamic_scaling)
+                           cpu_cap=data.cpu_cap, dynamic_scaling=data.dynamic_scaling,
+                           root_disk_mib=data.root_disk_mib, max_root_disk_mib=data.max_root_disk_mib)
             s.add(row)
         return row
 
@@ -279,13 +300,31 @@ class Catalog:
             raise NotFound(f"offering #{offering_id} does not exist", field="offering")
         return found
 
-    def create_template(self, name: str, image: str, dynamic_scaling: bool = False) -> Template:
-        if not valid_image(image):
-            raise Invalid("image must be an image name (like tiny-linux) or an absolute path of letters, digits, "
-                          "'.', '_', '-' and '/', without '..'", field="image")
+    def create_template(self, name: str, image: str, dynamic_scaling: bool = False,
+                        disk: str | None = None) -> Template:
+        """A template boots a kernel image (`image`: tiny-linux or a folder with vmlinuz + initrd.gz), with
+        a root disk when `disk` names one (tiny-linux: the test guest's; or an image file, imported), or
+        boots a disk image file as it is (`image` an image file: imported, no kernel)."""
+        for field, value in (("image", image), ("disk", disk)):
+            if value is not None and not valid_image(value):
+                raise Invalid(f"{field} must be an image name (like tiny-linux) or an absolute path of letters, "
+                              f"digits, '.', '_', '-' and '/', without '..'", field=field)
+        if image.startswith("/") and os.path.isfile(image):
+            if disk is not None:
+                raise Invalid("a disk image template boots its image: give --disk only with a kernel image",
+                              field="disk")
+            image, disk = "", image
+        check_name(name)
+        with self.db.read() as s:
+            ensure_new(s, Template, name)
+        facts = None
+        if disk is not None:
+            facts = images.builtin_facts() if disk == images.BUILTIN else images.import_image(name, disk)
         with self.db.write() as s:
             ensure_new(s, Template, name)
-            row = Template(name=name, image=image, dynamically_scalable=dynamic_scaling)
+            row = Template(name=name, image=image, dynamically_scalable=dynamic_scaling,
+                           disk_image=facts.path if facts else None, disk_format=facts.format if facts else None,
+                           disk_mib=facts.virtual_mib if facts else None, checksum=facts.checksum if facts else None)
             s.add(row)
         return row
 

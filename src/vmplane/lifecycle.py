@@ -15,7 +15,21 @@ from sqlalchemy.orm import Session
 from .catalog import Catalog, get_by_name
 from .errors import Conflict
 from .migration import ACTIVE
-from .store.schema import Claim, Cluster, Host, Migration, Offering, Project, Setting, Template, Token, Vm, Zone
+from .store.schema import (
+    Claim,
+    Cluster,
+    Host,
+    Migration,
+    Offering,
+    Pool,
+    Project,
+    Setting,
+    Template,
+    Token,
+    Vm,
+    Volume,
+    Zone,
+)
 
 SHOWN = 5
 
@@ -41,7 +55,8 @@ def delete_project(catalog: Catalog, name: str) -> None:
     with catalog.db.write() as s:
         p = get_by_name(s, Project, name, field="project", for_update=True)
         _refuse_if_used("project", name, [_few(s, Vm.name, Vm.project_id == p.id, "VM"),
-                                          _few(s, Token.name, Token.project_id == p.id, "token")])
+                                          _few(s, Token.name, Token.project_id == p.id, "token"),
+                                          _few(s, Volume.name, Volume.project_id == p.id, "volume")])
         s.delete(p)
 
 
@@ -56,7 +71,8 @@ def delete_offering(catalog: Catalog, name: str) -> None:
 def delete_template(catalog: Catalog, name: str) -> None:
     with catalog.db.write() as s:
         t = get_by_name(s, Template, name, field="template", for_update=True)
-        _refuse_if_used("template", name, [_few(s, Vm.name, Vm.template_id == t.id, "VM")])
+        _refuse_if_used("template", name, [_few(s, Vm.name, Vm.template_id == t.id, "VM"),
+                                           _few(s, Volume.name, Volume.template_id == t.id, "volume")])
         s.delete(t)
     catalog.forget(template=name)
 
@@ -81,7 +97,8 @@ def delete_cluster(catalog: Catalog, name: str) -> None:
     with catalog.db.write() as s:
         c = get_by_name(s, Cluster, name, field="cluster", for_update=True)
         _refuse_if_used("cluster", name, [_few(s, Host.name, Host.cluster_id == c.id, "host"),
-                                          _few(s, Vm.name, Vm.cluster_id == c.id, "VM")])
+                                          _few(s, Vm.name, Vm.cluster_id == c.id, "VM"),
+                                          _few(s, Pool.name, Pool.cluster_id == c.id, "pool")])
         _drop_settings(catalog, s, "cluster", name)
         s.delete(c)
     catalog._settings_changed()
@@ -98,7 +115,8 @@ def delete_host_row(catalog: Catalog, name: str) -> None:
         _refuse_if_used("host", name, [
             _few(s, Vm.name, Vm.host_id == h.id, "VM"),
             _few(s, Vm.name, Vm.name.in_(select(claimed.c.name)), "claim of VM"),
-            _few(s, Migration.vm_name, touches & active, "active migration of VM")])
+            _few(s, Migration.vm_name, touches & active, "active migration of VM"),
+            _few(s, Pool.name, Pool.host_id == h.id, "local pool")])
         s.execute(delete(Migration).where(touches))
         # stopped VMs that last ran here forget it (a delete of one then asks its cluster's hosts)
         s.execute(update(Vm).where(Vm.last_host_id == h.id).values(last_host_id=None))

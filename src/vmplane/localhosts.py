@@ -5,6 +5,25 @@ Each host is a libvirtd in its own mount namespace with its own /etc, /run, /var
 side and can live-migrate to each other. With `netns=True` each also gets its own network namespace
 on a private bridge (10.88.0.0/24), so migration streams cross a veth as between real hosts.
 
+Storage: each host's namespace sees three folders at the same paths as every other host (the paths
+libvirt's pools and the domains' disks use), kept here on the control-plane side:
+  LOCAL_PATH   /var/lib/vmplane/local   <- BASE/NAME/local   this host's own disk (its local pool)
+  SHARED_PATH  /var/lib/vmplane/shared  <- BASE/shared       one folder for every host of BASE: the model
+                                                             of an NFS export (shared pools are subfolders)
+  IMAGES_PATH  /var/lib/vmplane/images  <- BASE/images       the image store (template images)
+`storage_dirs(base, name)` gives the control-plane folder behind each.
+
+Never two writers: every host runs libvirt's `virtlockd` (started in its namespace before libvirtd,
+its socket at /run/libvirt/virtlockd-sock there, its log in the host's log folder) and libvirtd uses
+the `lockd` lock manager with automatic disk leases and the *direct* lockspace: no
+`file_lockspace_dir`, virtlockd takes an fcntl lock on each writable disk file itself. A bind mount
+shows the same inode, so two hosts opening one shared disk conflict (as fcntl locks on a real NFS
+export would), while two hosts' local disks at the same path are different files and do not (an
+indirect lockspace, one lease file per sha256 of the *path*, would take those for one disk, and a
+local-pool migration copies a disk to the very same path on the target). libvirt releases a
+domain's leases when the source pauses at the end of a live migration and takes them when the
+target resumes, so migrations on a shared disk work with the locks.
+
 A host outlives the process that started it (as a hypervisor outlives a control-plane restart): a
 later `start()` of the same name adopts the running daemon. `stop()` destroys its domains and kills
 the daemon by its pid; namespaces, bridges and folders made here are removed by name.
@@ -23,6 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LIBVIRTD = "/usr/sbin/libvirtd"
+VIRTLOCKD = "/usr/sbin/virtlockd"
+LOCAL_PATH = "/var/lib/vmplane/local"
+SHARED_PATH = "/var/lib/vmplane/shared"
+IMAGES_PATH = "/var/lib/vmplane/images"
 BRIDGE = "vmpbr0"
 SUBNET = "10.88.0"
 
@@ -42,8 +65,8 @@ def available() -> str | None:
     """None when local libvirt hosts can run here, else the reason they can not."""
     if shutil.which("qemu-system-x86_64") is None:
         return "qemu-system-x86_64 is not installed"
-    if not os.path.exists(LIBVIRTD):
-        return "libvirtd is not installed"
+    if not os.path.exists(LIBVIRTD) or not os.path.exists(VIRTLOCKD):
+        return "libvirtd or virtlockd is not installed"
     if shutil.which("unshare") is None or shutil.which("nsenter") is None:
         return "unshare or nsenter (util-linux) is missing"
     if os.geteuid() != 0:
@@ -88,8 +111,21 @@ class LocalHost:
             return None
         return pid
 
+    def lockd_pid(self) -> int | None:
+        """The pid of this host's virtlockd (it writes its pid file under run/), if it runs."""
+        try:
+            pid = int((self.dir / "run" / "virtlockd.pid").read_text().strip())
+            return pid if Path(f"/proc/{pid}/comm").read_text().strip() == "virtlockd" else None
+        except (OSError, ValueError):
+            return None
+
     def running(self) -> bool:
         return self.pid() is not None and self.socket.exists() and _answers(self)
+
+
+def storage_dirs(base: Path, name: str) -> dict[str, Path]:
+    """The control-plane folders behind a host's LOCAL_PATH, SHARED_PATH and IMAGES_PATH."""
+    return {LOCAL_PATH: base / name / "local", SHARED_PATH: base / "shared", IMAGES_PATH: base / "images"}
 
 
 def _host_uuid(name: str, base: Path) -> str:
@@ -99,6 +135,9 @@ def _host_uuid(name: str, base: Path) -> str:
 def _write_config(host: LocalHost, base: Path) -> None:
     for sub in ("etc/qemu", "run", "lib", "cache", "log"):
         (host.dir / sub).mkdir(parents=True, exist_ok=True)
+    mounts = storage_dirs(base, host.name)
+    for folder in mounts.values():
+        folder.mkdir(parents=True, exist_ok=True)
     os.chmod(host.dir, 0o700)        # the socket inside is root's alone
     (host.dir / "etc" / "libvirtd.conf").write_text(
         f'host_uuid = "{_host_uuid(host.name, base)}"\n'
@@ -107,24 +146,46 @@ def _write_config(host: LocalHost, base: Path) -> None:
         'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n')
     (host.dir / "etc" / "qemu.conf").write_text(
         'user = "root"\ngroup = "root"\ndynamic_ownership = 0\nremember_owner = 0\nsecurity_driver = "none"\n'
-        'stdio_handler = "file"\nnamespaces = [ ]\n'
+        'stdio_handler = "file"\nnamespaces = [ ]\nlock_manager = "lockd"\n'
         # libvirt refuses loopback addresses here: a host in its own network namespace listens on its
         # own address; a host sharing this machine's network listens on all (the URI picks 127.0.0.1)
         + (f'migration_address = "{host.address}"\nmigration_host = "{host.address}"\n' if host.netns
            else 'migration_address = "0.0.0.0"\n'))
+    # leases on every disk, taken on the disk files themselves (see the module's docstring); domains
+    # without disks need none
+    (host.dir / "etc" / "qemu-lockd.conf").write_text("auto_disk_leases = 1\nrequire_lease_for_disks = 0\n")
+    (host.dir / "etc" / "virtlockd.conf").write_text('log_outputs = "3:file:/var/log/libvirt/virtlockd.log"\n')
     (host.dir / "etc" / "libvirt.conf").write_text("")
+    binds = "\n".join(f"mount --bind {folder} {path}" for path, folder in mounts.items())
     (host.dir / "start.sh").write_text(f"""set -e
 mount --make-rprivate /
 for d in /run /var/lib /var/cache /var/log; do mount -t tmpfs tmpfs $d; done
-mkdir -p /run/libvirt /run/lock /var/lib/libvirt /var/cache/libvirt /var/log/libvirt /etc/libvirt
+mkdir -p /run/libvirt /run/lock /var/lib/libvirt /var/cache/libvirt /var/log/libvirt /etc/libvirt {" ".join(mounts)}
 mount --bind {host.dir}/etc /etc/libvirt
 mount --bind {host.dir}/run /run/libvirt
 mount --bind {host.dir}/lib /var/lib/libvirt
 mount --bind {host.dir}/cache /var/cache/libvirt
 mount --bind {host.dir}/log /var/log/libvirt
+{binds}
+{_LOCKD_START}
 echo $$ > {host.pid_file}
 exec {LIBVIRTD} -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid
 """)
+
+
+# virtlockd daemonizes once its socket is ready (`-d`) and writes its pid under run/; libvirtd's lockd
+# plugin finds it at /run/libvirt/virtlockd-sock
+_LOCKD_START = (f"rm -f /run/libvirt/virtlockd-sock; {VIRTLOCKD} -d -f /etc/libvirt/virtlockd.conf "
+                "-p /run/libvirt/virtlockd.pid")
+
+
+def _ensure_lockd(host: LocalHost) -> None:
+    """Start virtlockd again in the namespace of an adopted libvirtd whose virtlockd died."""
+    pid = host.pid()
+    if pid is None or host.lockd_pid() is not None:
+        return
+    subprocess.run(["nsenter", f"--target={pid}", "--mount", "bash", "-c", _LOCKD_START], check=True,
+                   capture_output=True)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -178,6 +239,7 @@ def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s:
         raise RuntimeError(f"cannot start local libvirt host {name}: {reason}")
     host = describe(base, name, index, netns)
     if host.running():
+        _ensure_lockd(host)
         return host
     if netns:
         _ensure_netns(base, host, index)
@@ -273,21 +335,34 @@ def _kill_orphaned_qemu(host: LocalHost) -> None:
                 pass
 
 
+def _terminate(pid: int) -> None:
+    """SIGTERM, then SIGKILL if the process still runs after 10 s."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(100):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat[stat.rfind(")") + 2] == "Z":      # ended, not yet reaped by whoever started it
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+
+
 def stop(host: LocalHost, remove_files: bool = False) -> None:
-    """Destroy the host's domains, stop its daemon (by pid), remove its network namespace."""
+    """Destroy the host's domains, stop its daemons (libvirtd, virtlockd: by pid), remove its network
+    namespace."""
     pid = host.pid()
     if pid is not None:
         _destroy_domains(host)
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
+        _terminate(pid)
     _kill_orphaned_qemu(host)
+    lockd = host.lockd_pid()             # after QEMU: the leases go with the processes holding them
+    if lockd is not None:
+        _terminate(lockd)
     if host.netns and _netns_exists(host.netns):
         _ip("netns", "del", host.netns, check=False)
     if remove_files:
@@ -306,7 +381,7 @@ def stop_all(base: Path) -> list[str]:
     for name in sorted(p.name for p in base.iterdir() if (p / "host.json").exists()) if base.exists() else []:
         saved = json.loads((base / name / "host.json").read_text())
         host = describe(base, name, saved["index"], saved["netns"])
-        if host.pid() is not None or (host.netns and _netns_exists(host.netns)):
+        if host.pid() is not None or host.lockd_pid() is not None or (host.netns and _netns_exists(host.netns)):
             stop(host)
             stopped.append(name)
     stop_switch(base)

@@ -27,6 +27,7 @@ from .migration import Action, MigrationState, Outcome
 from .model import ClaimKind, PlacementRequest, Size, VmState
 from .placement import Placement, choose, fit_on
 from .scope import migration_scope_problem
+from .diskmoves import DiskMoves
 from .store import ledger as L
 from .store.schema import utcnow
 
@@ -105,11 +106,15 @@ class Migrator:
     # -- planning ------------------------------------------------------------------------------
     def plan(self, vm, to: str | None) -> Placement:
         """Where `vm` would go: the host asked for (any cluster of the VM's zone), or placement's choice
-        among the others of its host's cluster."""
+        among the others of its host's cluster; only hosts its disks can follow it to."""
         source = self.o._hosts[vm.host_name]
         zone = vm.zone_name or source.zone          # a VM placed before zones mattered: its host's zone
+        with self.o.db.read() as s:
+            reach = self.o.disk_moves.reach(s.connection(), vm.id)
         request = PlacementRequest(Size(vm.vcpus, vm.memory_mib), exclude_hosts=frozenset({vm.host_name}),
-                                   exclude_reason="the VM already runs here", zone=zone)
+                                   exclude_reason="the VM already runs here", zone=zone, storage_hosts=reach,
+                                   storage_reason="its disks can not follow it here (no shared pool, and no "
+                                                  "local pool at the same path with room for the copy)")
         if to is None:
             return choose(self.o.index, replace(request, cluster=source.cluster))
         if to == vm.host_name:
@@ -165,6 +170,7 @@ class Migrator:
         migration_id = str(uuid.uuid4())
         L.record_claim(conn, target.id, vm.id, migration_id, ClaimKind.migration_target, vm.vcpus,
                        placement.memory_mib)
+        self.o.disk_moves.admit(conn, vm.id, placement.host)       # copies' space on the target's pools
         source = self.o._hosts[vm.host_name]
         conn.execute(L.MIGRATIONS.insert().values(
             id=migration_id, vm_id=vm.id, vm_name=vm.name, project_id=vm.project_id, source_host_id=source.id,
@@ -259,6 +265,12 @@ class Migrator:
         target.migration_address = self.o._migration_address(row["target"])
         domain = self.o.domain_name(row["vm_name"])
         params = self._params(row, source)
+        try:
+            params = self.o.disk_moves.prepare(row["vm_id"], row["target"], params)
+        except DriverError as exc:          # no copy asked: the VM stays; the target's overlays are cleaned up
+            self._finish(migration_id, "copy-failed", reason=f"the disks could not be prepared on {row['target']}: "
+                                                             f"{exc}")
+            return
         policy_name = (row.get("params") or {}).get("policy") or f"vmplane ({getattr(source, 'accel', 'sim')})"
         with self.o.db.transaction() as conn:
             L.set_migration(conn, migration_id, params={**asdict(params), "policy": policy_name})
@@ -543,6 +555,8 @@ class Migrator:
             self._timed_out.discard(row.id)
             self._resume_at.pop(row.id, None)
         metrics.MIGRATIONS.labels(state.value).inc()
+        if state == MigrationState.succeeded or Action.release_target in actions:
+            self.o.disk_moves.cleanup(row.vm_id)    # the copy that is not the VM's (kept after an unhealthy check)
         if state == MigrationState.failed:
             log.error("migration %s of %s failed: %s", row.id, row.vm_name, reason)
         if Action.move_claims in actions:
@@ -568,6 +582,7 @@ class Migrator:
         if Action.move_claims in actions:
             freed = L.release_claim(conn, row.vm_id, None, kind=ClaimKind.running)
             L.promote_claim(conn, row.vm_id, row.id)
+            DiskMoves.swap(conn, row.vm_id)         # its disks are the target's copies now
             L.set_vm(conn, row.vm_id, host_id=row.target_host_id, **vm_state)
             # a VM pinned to a cluster follows an explicit move to another cluster of its zone
             v, h = L.VMS.c, L.HOSTS.c

@@ -56,11 +56,15 @@ class ClaimKind(str, enum.Enum):
     scale = "scale"                 # the increase of a scale in progress
 
 
+DEFAULT_STORAGE_QUOTA_MIB = 1024 * 1024      # 1 TiB: a project created without --storage
+
+
 @dataclass(frozen=True)
 class Quota:
     vcpus: int
     memory_mib: int
     vms: int
+    storage_mib: int = DEFAULT_STORAGE_QUOTA_MIB
 
 
 @dataclass(frozen=True)
@@ -68,12 +72,15 @@ class Usage:
     vcpus: int = 0
     memory_mib: int = 0
     vms: int = 0
+    storage_mib: int = 0        # provisioned size of the project's volumes, charged while they exist
 
     def __add__(self, other: "Usage") -> "Usage":
-        return Usage(self.vcpus + other.vcpus, self.memory_mib + other.memory_mib, self.vms + other.vms)
+        return Usage(self.vcpus + other.vcpus, self.memory_mib + other.memory_mib, self.vms + other.vms,
+                     self.storage_mib + other.storage_mib)
 
     def __sub__(self, other: "Usage") -> "Usage":
-        return Usage(self.vcpus - other.vcpus, self.memory_mib - other.memory_mib, self.vms - other.vms)
+        return Usage(self.vcpus - other.vcpus, self.memory_mib - other.memory_mib, self.vms - other.vms,
+                     self.storage_mib - other.storage_mib)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,8 @@ class Offering:
     cpu_speed_mhz: int = 1000
     cpu_cap: bool = False
     dynamic_scaling: bool = False
+    root_disk_mib: int | None = None
+    max_root_disk_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,8 @@ class PlacementRequest:
     cluster: str | None = None      # restrict to one cluster
     zone: str | None = None         # restrict to one zone
     exclude_reason: str = "excluded by the request"
+    storage_hosts: frozenset[str] | None = None     # only hosts that can open the VM's disks (None: any)
+    storage_reason: str = "can not reach the VM's disks"
 
 
 @dataclass(frozen=True)

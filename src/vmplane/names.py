@@ -15,3 +15,6 @@ def check_name(name: str, field: str = "name") -> str:
         raise Invalid(f"{field} {shown!r} is not valid: use 1-63 lowercase letters, digits and '-', "
                       f"starting and ending with a letter or digit", field=field)
     return name
+
+
+DOMAIN_PREFIX = "vmplane-"       # a VM's libvirt domain is named DOMAIN_PREFIX + its name

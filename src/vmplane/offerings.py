@@ -13,8 +13,11 @@ def _positive(value: int | None, field: str) -> None:
 
 def validate_offering(o: Offering) -> None:
     for field in ("vcpus", "memory_mib", "min_vcpus", "max_vcpus", "min_memory_mib", "max_memory_mib",
-                  "cpu_speed_mhz"):
+                  "cpu_speed_mhz", "root_disk_mib", "max_root_disk_mib"):
         _positive(getattr(o, field), field)
+    if o.root_disk_mib and o.max_root_disk_mib and o.root_disk_mib > o.max_root_disk_mib:
+        raise Invalid(f"root_disk_mib {o.root_disk_mib} is above max_root_disk_mib {o.max_root_disk_mib}",
+                      field="root_disk_mib")
     ranges = ("min_vcpus", "max_vcpus", "min_memory_mib", "max_memory_mib")
     if o.kind == OfferingKind.fixed:
         for field in ("vcpus", "memory_mib"):

@@ -60,7 +60,7 @@ from .model import (
     Usage,
     VmState,
 )
-from .names import check_name
+from .names import DOMAIN_PREFIX, check_name
 from .offerings import size_for
 from .listing import Page, by_prefix, order_by, run_page
 from .placement import CapacityIndex, Placement, choose
@@ -70,13 +70,18 @@ from .recovery import Recovery
 from .scaler import Scaler
 from .scaling import ScalingFlags, cap_for_share, cap_share, ceiling
 from .scope import Scope, vm_scope
+from .diskmoves import DiskMoves
+from .pools import Pools
+from .storageaudit import storage_problems
+from .storagesettle import StorageSettle
+from .volumes import Volumes
 from .store import Database
 from .store import ledger as L
+from .store import storageledger as SL
 from .store.schema import Cluster, Host, Operation, Project, Vm, Zone
 
 log = logging.getLogger("vmplane.orchestrator")
 
-DOMAIN_PREFIX = "vmplane-"
 PLACEMENT_RETRIES = 5
 IN_FLIGHT = {st.value for st in IN_FLIGHT_OPERATION_STATES}
 
@@ -160,6 +165,9 @@ class Orchestrator:
         # the loops that listen to the hosts, started by start_monitor()
         self.monitor, self.sync, self.host_events = HostMonitor(self), HostSync(self), HostEvents(self)
         self.migration_settle = MigrationSettle(self)     # settles migrations no copy thread carries
+        self.pools, self.volumes = Pools(self), Volumes(self)     # storage: pools, root disks and volumes
+        self.disk_moves = DiskMoves(self)                         # what a migration does with the disks
+        self.storage_settle = StorageSettle(self)                 # volumes between two steps, stale copies
 
     # -- start-up ------------------------------------------------------------------------------
     def load(self, background: bool = False, recover: bool = True) -> None:
@@ -288,17 +296,25 @@ class Orchestrator:
     # -- VMs: admission ------------------------------------------------------------------------
     def create_vm(self, name: str, project: str, offering: str, template: str, vcpus: int | None = None,
                   memory_mib: int | None = None, dynamically_scalable: bool = True,
-                  start: bool = False, zone: str | None = None, cluster: str | None = None) -> Admitted:
-        """Create a VM (charging one `vms`) in a zone (and a cluster when given), and with `start` admit
-        its start in the same transaction: either all of it is committed or nothing is."""
+                  start: bool = False, zone: str | None = None, cluster: str | None = None,
+                  root_disk_mib: int | None = None, pool: str | None = None) -> Admitted:
+        """Create a VM (charging one `vms`, and its root disk's storage when its template has a disk
+        image) in a zone (and a cluster when given), and with `start` admit its start in the same
+        transaction: either all of it is committed or nothing is. The root disk is then made on its
+        pool (read back) before the start runs; a pool that refuses it undoes the whole create."""
         check_name(name)
         o, t = self.catalog.for_new_vm(offering, template)
         size = size_for(offering_data(o), vcpus, memory_mib)
+        disk_mib = self.volumes.root_size(t, o, root_disk_mib) if t.disk_image else None
+        if disk_mib is None and (root_disk_mib is not None or pool is not None):
+            raise Invalid(f"template {template} has no disk image: its VMs have no root disk", field="root_disk_mib")
         scope, zone_id, cluster_id = self._new_scope(zone, cluster)
         with self._lock:
             with self.db.transaction() as conn:
                 p = L.lock_project(conn, name=project)
-                placement, delta = self._admit(conn, p, size, Usage(vms=1), start, scope)
+                base = Usage(vms=1, storage_mib=disk_mib or 0)
+                reach = self.volumes.reach_for_new(conn, disk_mib, pool, scope.cluster) if disk_mib else None
+                placement, delta = self._admit(conn, p, size, base, start, scope, reach)
                 L.add_to_ledger(conn, p.id, delta)
                 facts = StartFacts(o.dynamic_scaling, t.dynamically_scalable, dynamically_scalable, o.cpu_cap,
                                    o.cpu_speed_mhz)
@@ -310,8 +326,36 @@ class Orchestrator:
                     vm_id = L.insert_vm(conn, **fields)
                 except IntegrityError:
                     raise AlreadyExists(f"vm {name!r} already exists", field="name") from None
+                host = placement[0].host if placement else None
+                if disk_mib:
+                    meta = self._hosts.get(host) if host else None
+                    chosen = self.volumes.root_pool(conn, disk_mib, pool, host,
+                                                    meta.cluster if meta else scope.cluster)
+                    self.volumes.add_root(conn, vm_id, name, p.id, t.id, disk_mib, chosen)
                 claimed = self._claim(conn, vm_id, name, p.id, size, placement) if placement else None
+        if disk_mib:
+            self._make_root_or_undo(name, vm_id, host, claimed)
+        with self._lock:
             return self._launch(name, claimed)
+
+    def _make_root_or_undo(self, name: str, vm_id: int, host: str | None, claimed: Claimed | None) -> None:
+        """Make the new VM's root disk; if its pool refuses, undo the create: the start's claim and charge
+        go, and the VM goes too unless its disk is left `creating` (a host that could not say whether
+        it made it: the VM then stays, stopped, and the disk is resolved later)."""
+        try:
+            self.volumes.make_root(name, host)
+        except VmplaneError:
+            with self.db.transaction() as conn:
+                vm = L.vm_row(conn, vm_id=vm_id, lock=True)
+                L.lock_project(conn, vm.project_id)
+                if claimed:
+                    L.set_operation(conn, claimed.operation_id, state=OperationState.failed, step="done",
+                                    message="its root disk could not be created")
+                L.release_vm(conn, vm_id)       # the index never had the claim (_launch did not run)
+                if not SL.vm_volumes(conn, vm_id):
+                    L.add_to_ledger(conn, vm.project_id, Usage(vms=-1))
+                    L.delete_vm(conn, vm_id, note="its root disk could not be created")
+            raise
 
     def start_vm(self, name: str) -> Admitted:
         with self._lock:
@@ -321,7 +365,10 @@ class Orchestrator:
                     raise Conflict(f"vm {name} is {vm.state}; only a stopped VM can be started", field="state")
                 p = L.lock_project(conn, vm.project_id)
                 size = Size(vm.vcpus, vm.memory_mib)
-                placement, delta = self._admit(conn, p, size, Usage(), True, Scope(vm.zone_name, vm.cluster_name))
+                self.volumes.check_ready(conn, vm.id, name)
+                reach = self.volumes.storage_hosts(conn, vm.id)
+                placement, delta = self._admit(conn, p, size, Usage(), True, Scope(vm.zone_name, vm.cluster_name),
+                                               reach)
                 L.add_to_ledger(conn, p.id, delta)
                 facts = StartFacts(vm.offering_dynamic, vm.template_dynamic, vm.dynamically_scalable,
                                    vm.offering_cpu_cap, vm.offering_cpu_mhz)
@@ -348,8 +395,9 @@ class Orchestrator:
         scope = vm_scope(zones, zone, cluster)
         return scope, ids.get(("zone", scope.zone)), ids.get(("cluster", scope.cluster))
 
-    def _admit(self, conn: Connection, p: Row, size: Size, base: Usage,
-               start: bool, scope: Scope = Scope(None, None)) -> tuple[tuple[Placement, int] | None, Usage]:
+    def _admit(self, conn: Connection, p: Row, size: Size, base: Usage, start: bool,
+               scope: Scope = Scope(None, None),
+               reach: frozenset[str] | None = None) -> tuple[tuple[Placement, int] | None, Usage]:
         """Quota and placement for `base` (+ a start): returns the locked host and the ledger delta.
         Quota is checked before placement (without overhead) so that a quota refusal is reported as
         one even when no host has room; the exact check follows once the host (and its cluster's
@@ -361,7 +409,7 @@ class Orchestrator:
         t0 = time.perf_counter()
         try:
             check_admission(p.name, quota, ledger, base + running_charge(size, 0, False))
-            placement = self._place(conn, size, scope)
+            placement = self._place(conn, size, scope, reach)
             delta = base + running_charge(size, placement[0].overhead_mib, p.count_overhead)
             check_admission(p.name, quota, ledger, delta)
         except VmplaneError as exc:
@@ -391,12 +439,14 @@ class Orchestrator:
                     max_memory_mib=top.memory_mib, cpu_cap_percent=share * 100 if share else None,
                     prepared=flags.prepared)
 
-    def _place(self, conn: Connection, size: Size, scope: Scope) -> tuple[Placement, int]:
+    def _place(self, conn: Connection, size: Size, scope: Scope,
+               reach: frozenset[str] | None = None) -> tuple[Placement, int]:
         """Pick a host within the VM's zone (and cluster) from the index and take the capacity on its row
         (compare-and-add); if the store shows the index was behind (another process claimed), learn the
         store's numbers and pick again (so a final refusal carries the host's real numbers). Returns the
         placement and the host's id."""
-        request = PlacementRequest(size, zone=scope.zone, cluster=scope.cluster)
+        request = PlacementRequest(size, zone=scope.zone, cluster=scope.cluster, storage_hosts=reach,
+                                   storage_reason="can not open the VM's disks (their pools are not on it)")
         for _ in range(PLACEMENT_RETRIES):
             placement = choose(self.index, request)
             host_id = self._hosts[placement.host].id
@@ -443,15 +493,17 @@ class Orchestrator:
         self.executor.submit(self._run, op_id, self._run_stop)
         return Admitted(name, op_id)
 
-    def delete_vm(self, name: str) -> None:
+    def delete_vm(self, name: str, keep_disk: bool = False) -> None:
         """Delete a stopped (or error) VM once its hosts confirm no domain of it is left
         (`_no_domain_left`: a shut-off definition is removed; a running one, or a host that can not be
-        asked, refuses the delete with nothing changed)."""
+        asked, refuses the delete with nothing changed). Its root disk is deleted (kept as a volume
+        with `keep_disk`) and its volumes detached: they outlive it."""
         with self.db.read() as s:
             vm = L.vm_row(s.connection(), name=name)
         if vm.state not in (VmState.stopped.value, VmState.error.value):
             raise Conflict(f"vm {name} is {vm.state}; stop it before deleting it", field="state")
         self._no_domain_left(vm)
+        self.volumes.delete_disks(vm.id, keep_disk)
         with self.db.transaction() as conn:
             now = L.vm_row(conn, name=name, lock=True)
             if now.state not in (VmState.stopped.value, VmState.error.value):
@@ -567,7 +619,7 @@ class Orchestrator:
         vm = self._begin_step(op_id, "starting-domain")
         if vm is None:
             return
-        spec, driver = self._spec(vm), self.drivers[vm.host_name]
+        spec, driver = replace(self._spec(vm), disks=self.volumes.disks_of(vm.id)), self.drivers[vm.host_name]
         failpoints.hit("start.before-domain")
         current = driver.domain(spec.name)
         if current is None or not current.active:       # a paused domain is there: not started twice
@@ -710,6 +762,7 @@ class Orchestrator:
         self.sync.start()
         self.host_events.start()
         self.migration_settle.start()
+        self.storage_settle.start()
 
     def exec_in_guest(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
         """Run one shell line in a running VM's guest (through its console); (output, exit code)."""
@@ -858,7 +911,15 @@ class Orchestrator:
         every host runs (audit.placement_problems)."""
         with self._lock:
             problems = audit_rules.audit(self.db, self.catalog.recomputed_usage, self.index)
-        return problems + self.audit_hosts()
+        return problems + self.audit_hosts() + self._audit_storage()
+
+    def _audit_storage(self) -> list[str]:
+        """Storage findings, reported when a second pass finds them again (as for the hosts)."""
+        first = storage_problems(self)
+        if not first:
+            return first
+        again = set(storage_problems(self))
+        return [problem for problem in first if problem in again]
 
     def audit_hosts(self) -> list[str]:
         """The store against what every host runs. The hosts are scanned, then the store is read, with no
@@ -883,7 +944,7 @@ class Orchestrator:
 
     def close(self) -> None:
         self.closing.set()
-        for loop in (self.monitor, self.sync, self.host_events, self.migration_settle):
+        for loop in (self.monitor, self.sync, self.host_events, self.migration_settle, self.storage_settle):
             loop.stop()
         if isinstance(self.executor, ThreadPoolExecutor):
             self.executor.shutdown(wait=True)

@@ -190,6 +190,20 @@ def _exclude_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Deman
     return req.exclude_reason
 
 
+def _storage_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
+    if req.storage_hosts is None:
+        return None
+    mask = np.zeros(ix.size, dtype=bool)
+    for name in req.storage_hosts:
+        if name in ix:
+            mask[ix._row(name)] = True
+    return mask
+
+
+def _storage_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
+    return req.storage_reason
+
+
 def _cpu_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
     n = ix.size
     return ix.used_vcpus[:n] + d.vcpus <= ix.vcpus_capacity[:n]
@@ -216,6 +230,7 @@ FILTERS: tuple[Filter, ...] = (
     Filter("zone", _zone_mask, _zone_reason),
     Filter("cluster", _cluster_mask, _cluster_reason),
     Filter("exclude", _exclude_mask, _exclude_reason),
+    Filter("storage", _storage_mask, _storage_reason),
     Filter("cpu", _cpu_mask, _cpu_reason),
     Filter("memory", _memory_mask, _memory_reason),
 )

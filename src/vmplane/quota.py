@@ -16,7 +16,7 @@ OVERHEAD_IOTHREAD_MIB = 8
 OVERHEAD_VIDEO_MIB = 32
 OVERHEAD_PAGETABLE_DIVISOR = 512
 
-RESOURCES = ("vcpus", "memory_mib", "vms")
+RESOURCES = ("vcpus", "memory_mib", "vms", "storage_mib")
 
 
 def overhead_base_mib(size: Size) -> float:
@@ -55,9 +55,18 @@ def recompute_usage(vms: Iterable[tuple[VmState, Size, int]], count_overhead: bo
     return total
 
 
+def storage_usage(volume_sizes_mib: Iterable[int]) -> Usage:
+    """A project's storage from first principles: every volume it has (root disks included), whatever
+    its state: a disk is charged while it exists, running or not, and while vmplane does not know
+    whether it still exists (creating, deleting). A migration's copy is never charged here."""
+    return Usage(storage_mib=sum(volume_sizes_mib))
+
+
 def _describe(resource: str, value: int) -> str:
     if resource == "memory_mib":
         return f"{value} MiB"
+    if resource == "storage_mib":
+        return f"{format_mib(value)} of storage"
     if resource == "vcpus":
         return f"{value} vCPU{'s' if value != 1 else ''}"
     return f"{value} VM{'s' if value != 1 else ''}"
@@ -108,4 +117,5 @@ def describe_usage(usage: Usage, quota: Quota) -> dict:
 
 
 __all__ = ["overhead_base_mib", "overhead_mib", "host_footprint_mib", "running_charge", "vm_charge", "recompute_usage",
+           "storage_usage",
            "first_exceeded", "check_admission", "check_quota_change", "describe_usage", "format_mib"]

@@ -78,6 +78,7 @@ class Recovery:
                 o.migrator.recover()
                 self._finish_phase("migrations", "operations")
                 o._resume_operations()
+                o.storage_settle.run_once(min_age_s=0)     # volumes left between two steps, stale copies
                 self._finish_phase("operations", "migration queue")
                 o.migrator.pump()
         except Exception as exc:        # what is left is retried by the loops and the next start

@@ -275,7 +275,9 @@ class Scaler:
                 # the move stays within the host's cluster (as a migration without --to does)
                 request = PlacementRequest(plan.target, exclude_hosts=frozenset({vm.host_name}),
                                            exclude_reason="the VM's own host has no room for the new size",
-                                           zone=vm.zone_name or meta.zone, cluster=meta.cluster)
+                                           zone=vm.zone_name or meta.zone, cluster=meta.cluster,
+                                           storage_hosts=self.o.disk_moves.reach(conn, vm.id),
+                                           storage_reason="its disks can not follow it here")
                 migrate_to = choose(self.o.index, request).host
                 path = "migrate-then-scale"
         if not dry_run and (increase.vcpus or increase.memory_mib):

@@ -21,6 +21,7 @@ from .store import Database
 
 DEFAULT_PORT = 8470
 UP_ZONE, UP_CLUSTER = "zone1", "cluster1"
+UP_SHARED_POOL = "shared"
 UP_TOKEN_NAME = "up-admin"
 SIM_HOST = {"cores": 16, "cpu_mhz": 2400, "memory_mib": 65536}
 
@@ -69,8 +70,8 @@ def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str) -> list[s
         cat.create_zone(UP_ZONE)
     if UP_CLUSTER not in {c.name for c in cat.clusters()}:
         cat.create_cluster(UP_CLUSTER, UP_ZONE)
-    if guest.IMAGE_NAME not in {t.name for t in cat.templates()}:
-        cat.create_template(guest.IMAGE_NAME, guest.IMAGE_NAME, dynamic_scaling=True)
+    if guest.IMAGE_NAME not in {t.name for t in cat.templates()}:     # the test guest, with a root disk
+        cat.create_template(guest.IMAGE_NAME, guest.IMAGE_NAME, dynamic_scaling=True, disk=guest.IMAGE_NAME)
     prefix = "lv" if driver == "libvirt" else "sim"
     names = []
     for i in range(1, hosts + 1):
@@ -86,9 +87,20 @@ def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str) -> list[s
             else:
                 orch.add_host(name, UP_CLUSTER, "sim", **SIM_HOST)
         names.append(name)
+    _prepare_pools(orch, names)
     if driver == "libvirt":
         guest.build()                 # once per machine; the first VM would otherwise wait for it
     return names
+
+
+def _prepare_pools(orch: Orchestrator, hosts: list[str]) -> None:
+    """A local pool on each host (`local-HOST`, its own folder) and one shared pool for the cluster."""
+    existing = {p.name for p in orch.pools.rows()}
+    for name in hosts:
+        if f"local-{name}" not in existing:
+            orch.pools.create(f"local-{name}", "local", host=name)
+    if UP_SHARED_POOL not in existing and hosts:
+        orch.pools.create(UP_SHARED_POOL, "shared", cluster=UP_CLUSTER)
 
 
 def choose_driver(requested: str) -> tuple[str, str]:

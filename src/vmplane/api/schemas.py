@@ -95,6 +95,7 @@ class ProjectCreate(Request):
     vms: NonNegative = 100
     count_overhead: StrictBool = False
     max_concurrent_migrations: NonNegative | None = Field(None, description="0 or null = unlimited")
+    storage_mib: NonNegative = Field(1024 * 1024, description="provisioned size of its volumes and root disks")
 
 
 class QuotaUpdate(Request):
@@ -103,6 +104,7 @@ class QuotaUpdate(Request):
     vms: NonNegative | None = None
     count_overhead: StrictBool | None = None
     max_concurrent_migrations: NonNegative | None = Field(None, description="0 = unlimited")
+    storage_mib: NonNegative | None = None
 
 
 class ResourceUsage(BaseModel):
@@ -125,7 +127,8 @@ class UsageOut(BaseModel):
     vcpus: ResourceUsage
     memory_mib: ResourceUsage
     vms: ResourceUsage
-    consistent: bool = Field(description="the ledger equals the usage recomputed from the VMs")
+    storage_mib: ResourceUsage
+    consistent: bool = Field(description="the ledger equals the usage recomputed from the VMs and volumes")
 
 
 # -- offerings and templates -------------------------------------------------------------------
@@ -141,6 +144,8 @@ class OfferingCreate(Request):
     cpu_speed_mhz: Positive = 1000
     cpu_cap: StrictBool = False
     dynamic_scaling: StrictBool = False
+    root_disk_mib: Positive | None = Field(None, description="root disk size; null: the template image's size")
+    max_root_disk_mib: Positive | None = Field(None, description="a VM may ask for a root disk up to this")
 
 
 class OfferingOut(Response):
@@ -155,12 +160,19 @@ class OfferingOut(Response):
     cpu_speed_mhz: int
     cpu_cap: bool
     dynamic_scaling: bool
+    root_disk_mib: int | None = None
+    max_root_disk_mib: int | None = None
     retired: bool = Field(description="takes no new VMs; VMs using it keep it")
 
 
 class TemplateCreate(Request):
     name: Name
-    image: Annotated[str, Field(min_length=1, max_length=1024)]
+    image: Annotated[str, Field(min_length=1, max_length=1024,
+                                description="a kernel image (tiny-linux, or a folder with vmlinuz and initrd.gz), or a "
+                                            "disk image file (qcow2 or raw) on the control plane: imported, it boots "
+                                            "as it is")]
+    disk: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        None, description="root disk image of a kernel template: tiny-linux (the test guest's) or an image file")
     dynamic_scaling: StrictBool = False
 
 
@@ -168,6 +180,10 @@ class TemplateOut(Response):
     name: str
     image: str
     dynamic_scaling: bool
+    disk_image: str | None = Field(None, description="its VMs' root disks are overlays on this image")
+    disk_format: str | None = None
+    disk_mib: int | None = None
+    checksum: str | None = Field(None, description="sha256 of the imported image file")
     retired: bool = Field(description="takes no new VMs; VMs using it keep it")
 
 
@@ -205,6 +221,8 @@ class VmCreate(Request):
     zone: Name | None = Field(None, description="the zone it runs in for life; may be left out when there is one zone "
                                                 "or a cluster is given")
     cluster: Name | None = Field(None, description="pin it to one cluster of its zone; any cluster when left out")
+    root_disk_mib: Positive | None = Field(None, description="root disk size (templates with a disk image)")
+    pool: Name | None = Field(None, description="the pool of its root disk; placement picks when left out")
 
 
 class VmOut(Response):
@@ -244,8 +262,8 @@ class OperationOut(Response):
 class EventOut(Response):
     id: int = Field(description="increasing: `since=<id>` asks for the events after this one")
     at: UtcDatetime
-    kind: Literal["vm", "host", "migration", "operation"]
-    subject: str = Field(description="the VM's or host's name, the migration's or operation's id")
+    kind: Literal["vm", "host", "migration", "operation", "volume", "pool"]
+    subject: str = Field(description="the VM's, host's, volume's or pool's name, the migration's or operation's id")
     vm: str | None = Field(description="the VM it concerns, if any")
     host: str | None = Field(description="the host it concerns (a VM's host, a migration's source), if any")
     project: str | None = Field(description="the project of its VM; null for hosts and drains (or a project "
@@ -367,3 +385,58 @@ class VmSyncOut(BaseModel):
                                                      "(the VM keeps running)")
     message: str
     host: str | None = Field(None, description="where the VM runs; none: no host runs it (recorded stopped)")
+
+
+# -- storage -----------------------------------------------------------------------------------
+class PoolCreate(Request):
+    name: Name
+    kind: Literal["local", "shared"]
+    host: Name | None = Field(None, description="a local pool's host")
+    cluster: Name | None = Field(None, description="a shared pool's cluster")
+    path: Annotated[str, Field(min_length=1, max_length=1000)] | None = Field(
+        None, description="folder on the host(s); default /var/lib/vmplane/local or /var/lib/vmplane/shared/NAME")
+
+
+class PoolOut(Response):
+    name: str
+    kind: str
+    cluster: str
+    host: str | None
+    path: str
+    state: str
+    capacity_mib: int = Field(description="read back from a host")
+    allocation_mib: int = Field(description="taken on the pool's file system, read back")
+    available_mib: int
+    used_mib: int = Field(description="provisioned size of vmplane's volumes on it (and copies coming in)")
+    free_mib: int = Field(description="capacity - used: what placement gives out")
+    shared_checked: bool
+
+
+class VolumeCreate(Request):
+    name: Name
+    project: Name
+    size_mib: Positive
+    pool: Name | None = None
+
+
+class VolumeAttach(Request):
+    vm: Name
+
+
+class VolumeResize(Request):
+    size_mib: Positive = Field(description="the new size: larger than today's (volumes only grow)")
+
+
+class VolumeOut(Response):
+    name: str
+    project: str
+    pool: str
+    host: str | None = Field(description="a local pool's host")
+    size_mib: int
+    format: str
+    role: str = Field(description="root (a VM's root disk) or data")
+    state: str
+    vm: str | None
+    device: str | None
+    template: str | None
+    copy_to: str | None = Field(description="the pool a migration copies it to, while it does")

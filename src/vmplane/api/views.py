@@ -19,8 +19,23 @@ def host_out(orch: Orchestrator, h: Host) -> schemas.HostOut:
 def project_out(p: Project) -> schemas.ProjectOut:
     return schemas.ProjectOut(
         name=p.name, count_overhead=p.count_overhead, max_concurrent_migrations=p.max_concurrent_migrations,
-        quota={"vcpus": p.quota_vcpus, "memory_mib": p.quota_memory_mib, "vms": p.quota_vms},
-        usage={"vcpus": p.used_vcpus, "memory_mib": p.used_memory_mib, "vms": p.used_vms})
+        quota={"vcpus": p.quota_vcpus, "memory_mib": p.quota_memory_mib, "vms": p.quota_vms,
+               "storage_mib": p.quota_storage_mib},
+        usage={"vcpus": p.used_vcpus, "memory_mib": p.used_memory_mib, "vms": p.used_vms,
+               "storage_mib": p.used_storage_mib})
+
+
+def pool_out(r) -> schemas.PoolOut:
+    return schemas.PoolOut(name=r.name, kind=r.kind, cluster=r.cluster_name, host=r.host_name, path=r.path,
+                           state=r.state, capacity_mib=r.capacity_mib, allocation_mib=r.allocation_mib,
+                           available_mib=r.available_mib, used_mib=r.used_mib, free_mib=r.capacity_mib - r.used_mib,
+                           shared_checked=r.shared_checked)
+
+
+def volume_out(r) -> schemas.VolumeOut:
+    return schemas.VolumeOut(name=r.name, project=r.project, pool=r.pool_name, host=r.pool_host, size_mib=r.size_mib,
+                             format=r.format, role=r.role, state=r.state, vm=r.vm_name, device=r.device,
+                             template=r.template, copy_to=r.copy_pool_name)
 
 
 def _zone_of(vm: Vm) -> str | None:

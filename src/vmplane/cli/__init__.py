@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import catalog, events, infra, local, vms  # noqa: F401  (each registers its commands)
+from . import catalog, events, infra, local, storage, vms  # noqa: F401  (each registers its commands)
 from .common import app
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -24,11 +24,14 @@ def project_create(name: str, vcpus: int = typer.Option(..., min=0, help="vCPU q
                    count_overhead: bool = typer.Option(False, help="charge each VM's QEMU overhead to the quota"),
                    max_concurrent_migrations: Optional[int] = typer.Option(
                        None, min=0, help="live migrations of its VMs at once; 0 or left out = unlimited"),
+                   storage: str = typer.Option("1TiB", help="storage quota: provisioned size of its volumes and "
+                                               "root disks (GiB, TiB)", metavar="SIZE"),
                    *, client: Client):
     """Create a project (a tenant) with its quota."""
     return client.post("/projects", {"name": name, "vcpus": vcpus, "memory_mib": mib(memory), "vms": vms,
                                      "count_overhead": count_overhead,
-                                     "max_concurrent_migrations": max_concurrent_migrations})
+                                     "max_concurrent_migrations": max_concurrent_migrations,
+                                     "storage_mib": mib(storage, "--storage")})
 
 
 @api_command(groups["project"], "quota")
@@ -36,10 +39,12 @@ def project_quota(name: str, vcpus: Optional[int] = typer.Option(None, min=0), m
                   vms: Optional[int] = typer.Option(None, min=0),
                   count_overhead: Optional[bool] = typer.Option(None, "--count-overhead/--no-count-overhead"),
                   max_concurrent_migrations: Optional[int] = typer.Option(
-                      None, min=0, help="live migrations of its VMs at once; 0 = unlimited"), *, client: Client):
+                      None, min=0, help="live migrations of its VMs at once; 0 = unlimited"),
+                  storage: Annotated[Optional[str], typer.Option(help="storage quota (GiB, TiB)", metavar="SIZE")] = None,
+                  *, client: Client):
     """Change a project's quota (lowering below usage is refused)."""
     body = {"vcpus": vcpus, "memory_mib": mib(memory), "vms": vms, "count_overhead": count_overhead,
-            "max_concurrent_migrations": max_concurrent_migrations}
+            "max_concurrent_migrations": max_concurrent_migrations, "storage_mib": mib(storage, "--storage")}
     return client.call("PATCH", f"/projects/{name}/quota", json={k: v for k, v in body.items() if v is not None})
 
 
@@ -55,7 +60,8 @@ def _used_of(resource: str):
 
 
 PROJECT_COLUMNS = ["name", Col("vcpus", _used_of("vcpus")), Col("memory MiB", _used_of("memory_mib")),
-                   Col("vms", _used_of("vms")), Col("overhead", "count_overhead")]
+                   Col("vms", _used_of("vms")), Col("storage MiB", _used_of("storage_mib")),
+                   Col("overhead", "count_overhead")]
 
 
 def _range(low: str, high: str, fixed: str):
@@ -102,11 +108,16 @@ def offering_create(name: str, kind: str = typer.Option(..., help="fixed, custom
                     min_memory: Size = None, max_memory: Size = None,
                     cpu_speed: Optional[int] = typer.Option(None, help="MHz per vCPU"),
                     cpu_cap: bool = typer.Option(False), dynamic_scaling: bool = typer.Option(False),
+                    root_disk: Annotated[Optional[str], typer.Option(
+                        help="root disk size (default: the template image's)", metavar="SIZE")] = None,
+                    max_root_disk: Annotated[Optional[str], typer.Option(
+                        help="VMs may ask for a root disk up to this", metavar="SIZE")] = None,
                     *, client: Client):
-    """Create a compute offering: fixed sizes or ranges, CPU speed, cap and live scaling."""
+    """Create a compute offering: fixed sizes or ranges, CPU speed, cap, live scaling, root disk size."""
     body = {"name": name, "kind": kind, "vcpus": vcpus, "memory_mib": mib(memory), "min_vcpus": min_vcpus,
             "max_vcpus": max_vcpus, "min_memory_mib": mib(min_memory, "--min-memory"),
-            "max_memory_mib": mib(max_memory, "--max-memory"),
+            "max_memory_mib": mib(max_memory, "--max-memory"), "root_disk_mib": mib(root_disk, "--root-disk"),
+            "max_root_disk_mib": mib(max_root_disk, "--max-root-disk"),
             "cpu_speed_mhz": cpu_speed, "cpu_cap": cpu_cap, "dynamic_scaling": dynamic_scaling}
     return client.post("/offerings", {k: v for k, v in body.items() if v is not None})
 
@@ -137,17 +148,23 @@ def offering_delete(name: str, client: Client):
 
 
 @api_command(groups["template"], "create")
-def template_create(name: str, image: str = typer.Option(...),
+def template_create(name: str, image: str = typer.Option(..., help="a disk image file (qcow2 or raw: imported, "
+                                                        "boots as it is), or a kernel: tiny-linux or a folder with "
+                                                        "vmlinuz and initrd.gz"),
+                    disk: Optional[str] = typer.Option(None, help="with a kernel: the root disk image (tiny-linux, "
+                                                                  "or an image file)"),
                     dynamic_scaling: bool = typer.Option(False, help="its guests can be scaled live"),
                     *, client: Client):
-    """Register a guest image as a template."""
-    return client.post("/templates", {"name": name, "image": image, "dynamic_scaling": dynamic_scaling})
+    """Register a guest image as a template; an image file is checked (qemu-img) and imported."""
+    body = {"name": name, "image": image, "disk": disk, "dynamic_scaling": dynamic_scaling}
+    return client.post("/templates", {k: v for k, v in body.items() if v is not None})
 
 
 @api_command(groups["template"], "list", lists=True)
 def template_list(client: Client):
     """Templates (guest images)."""
-    return client.get("/templates"), ["name", "image", Col("scaling", "dynamic_scaling"), "retired"], "templates"
+    return client.get("/templates"), ["name", "image", Col("disk MiB", "disk_mib"), Col("scaling", "dynamic_scaling"),
+                                      "retired"], "templates"
 
 
 @api_command(groups["template"], "show")

@@ -21,7 +21,8 @@ groups = {name: typer.Typer(help=text, no_args_is_help=True) for name, text in [
     ("project", "Projects (tenants) and their quotas."), ("offering", "Compute offerings."),
     ("template", "Guest images."), ("setting", "Settings at global, zone or cluster scope."),
     ("vm", "Virtual machines."), ("operation", "Asynchronous operations."), ("token", "API tokens."),
-    ("migration", "Live migrations.")]}
+    ("migration", "Live migrations."), ("pool", "Storage pools (local to a host, or shared by a cluster)."),
+    ("volume", "Volumes: disks that outlive their VM.")]}
 maintenance_app = typer.Typer(help="Drain a host by live migration, or enable it again.", no_args_is_help=True)
 groups["host"].add_typer(maintenance_app, name="maintenance")
 for _name, _group in groups.items():

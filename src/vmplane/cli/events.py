@@ -34,6 +34,8 @@ class Kind(str, enum.Enum):
     host = "host"
     migration = "migration"
     operation = "operation"
+    volume = "volume"
+    pool = "pool"
 
 
 def _local(row: dict) -> dt.datetime | None:
@@ -95,7 +97,7 @@ def _emit(rows: list[dict], output: str) -> None:
 def events(vm: Optional[str] = typer.Option(None, help="only this VM's events (its operations and migrations "
                                                        "too)"),
            host: Optional[str] = typer.Option(None, help="only this host's events and those of what runs on it"),
-           kind: Optional[Kind] = typer.Option(None, help="vm, host, migration or operation"),
+           kind: Optional[Kind] = typer.Option(None, help="vm, host, migration, operation, volume or pool"),
            since: Optional[str] = typer.Option(None, help="an event id (the events after it) or an ISO 8601 "
                                                           "timestamp (those at or after it)"),
            limit: Optional[int] = Limit(), offset: Optional[int] = Offset,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import sys
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -70,12 +70,16 @@ def vm_create(name: str, project: str = typer.Option(...), offering: str = typer
               zone: Optional[str] = typer.Option(None, help="the zone it runs in for life (default: the only zone)"),
               cluster: Optional[str] = typer.Option(None, help="pin it to one cluster of its zone"),
               start: bool = typer.Option(False, help="start it at once"),
-              wait: bool = typer.Option(True, help="with --start, wait until it runs"), output: str = "table", *,
-              client: Client):
-    """Create a VM (charging one of its project's `vms`); with --start, admit and start it too."""
+              wait: bool = typer.Option(True, help="with --start, wait until it runs"), output: str = "table",
+              root_disk: Annotated[Optional[str], typer.Option(help="root disk size (templates with a disk image)",
+                                                               metavar="SIZE")] = None,
+              pool: Optional[str] = typer.Option(None, help="the pool of its root disk (default: placement picks)"),
+              *, client: Client):
+    """Create a VM (charging one of its project's `vms`, and its root disk's storage); with --start, admit
+    and start it too."""
     body = {"name": name, "project": project, "offering": offering, "template": template, "vcpus": vcpus,
             "memory_mib": mib(memory), "dynamic_scaling": dynamic_scaling, "start": start, "zone": zone,
-            "cluster": cluster}
+            "cluster": cluster, "root_disk_mib": mib(root_disk, "--root-disk"), "pool": pool}
     accepted = client.post("/vms", {k: v for k, v in body.items() if v is not None})
     return _shown(_follow(client, accepted, wait), wait, output)
 
@@ -172,12 +176,20 @@ def vm_scale(name: str, offering: Optional[str] = typer.Option(None, help="anoth
              vcpus: Optional[int] = typer.Option(None, min=1), memory: Size = None,
              cpu_cap: Optional[CapSwitch] = typer.Option(None, help="on or off"),
              dry_run: bool = typer.Option(False, help="say which path would be taken, change nothing"),
-             wait: bool = typer.Option(True, help="wait until the guest has the new size"), output: str = "table", *,
+             wait: bool = typer.Option(True, help="wait until the guest has the new size"), output: str = "table",
+             root_disk: Annotated[Optional[str], typer.Option(
+                 help="grow its root disk to SIZE (live while it runs; `volume resize NAME-root`)",
+                 metavar="SIZE")] = None, *,
              client: Client):
     """Live-scale a running VM: vCPUs, memory and CPU cap, without a reboot. A stopped VM is resized
-    offline (offering and size; nothing charged until it next starts; its CPU cap follows its offering)."""
+    offline (offering and size; nothing charged until it next starts; its CPU cap follows its offering).
+    --root-disk grows its root disk (charged to the storage quota at once)."""
+    if root_disk is not None:
+        if offering is not None or vcpus is not None or memory is not None or cpu_cap is not None or dry_run:
+            raise typer.BadParameter("--root-disk is a change of its own: give it alone")
+        return client.post(f"/volumes/{name}-root/resize", {"size_mib": mib(root_disk, "--root-disk")})
     if offering is None and vcpus is None and memory is None and cpu_cap is None:
-        raise typer.BadParameter("give --offering, --vcpus and/or --memory, or --cpu-cap on|off")
+        raise typer.BadParameter("give --offering, --vcpus and/or --memory, --cpu-cap on|off, or --root-disk")
     body = {"offering": offering, "vcpus": vcpus, "memory_mib": mib(memory), "dry_run": dry_run,
             "cpu_cap": None if cpu_cap is None else CapSwitch(cpu_cap) == CapSwitch.on}
     result = client.post(f"/vms/{name}/scale", {k: v for k, v in body.items() if v is not None})
@@ -219,9 +231,11 @@ def migration_show(migration_id: str, client: Client):
 
 
 @api_command(groups["vm"], "delete")
-def vm_delete(name: str, client: Client):
-    """Delete a stopped VM (its `vms` charge is given back)."""
-    client.call("DELETE", f"/vms/{name}")
+def vm_delete(name: str, keep_disk: bool = typer.Option(False, help="keep its root disk as a volume"),
+              *, client: Client):
+    """Delete a stopped VM (its `vms` charge is given back); its root disk goes too unless --keep-disk,
+    and its volumes are detached (they outlive it)."""
+    client.call("DELETE", f"/vms/{name}", params={"keep_disk": "true"} if keep_disk else None)
     return {"deleted": name}
 
 

@@ -59,9 +59,23 @@ class CpuCap:
 
 
 @dataclass(frozen=True)
+class DiskSpec:
+    """A volume as a domain's disk: `path` is where the host sees the volume's file (its pool's
+    target path + the volume name); `target` the guest device (vda, vdb, ...)."""
+
+    pool: str
+    volume: str
+    path: str
+    target: str
+    format: str = "qcow2"
+    readonly: bool = False
+
+
+@dataclass(frozen=True)
 class DomainSpec:
     """Everything a host needs to run a VM. `max_*` is the live-scaling ceiling (== current when
-    the VM is not prepared)."""
+    the VM is not prepared). `image` names the kernel + initrd of a direct kernel boot; "" boots
+    from the first disk as it is (a bootable disk image)."""
 
     name: str
     vcpus: int
@@ -70,6 +84,7 @@ class DomainSpec:
     max_memory_mib: int
     image: str
     cpu_cap: CpuCap | None = None
+    disks: tuple[DiskSpec, ...] = ()
 
     @property
     def prepared(self) -> bool:
@@ -103,6 +118,41 @@ class DomainInfo:
     @property
     def usable_vcpus(self) -> int:
         return min(self.vcpus, self.soft_vcpus) if self.soft_vcpus else self.vcpus
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A storage pool as a host defines it: a libvirt `dir` pool named `name` at `path` (as the host
+    sees it). A shared pool has the same path on every host of its cluster, and the same files."""
+
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """A pool as its host reports it (refreshed, read back). Sizes in MiB."""
+
+    name: str
+    path: str
+    state: str                  # "running", "inactive", "building", "degraded", "inaccessible"
+    capacity_mib: int
+    allocation_mib: int
+    available_mib: int
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    """A volume as its pool reports it: `capacity_mib` the virtual size the guest sees,
+    `allocation_mib` what it takes on the pool, `backing` the backing file of an overlay."""
+
+    pool: str
+    name: str
+    path: str
+    format: str
+    capacity_mib: int
+    allocation_mib: int
+    backing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +191,12 @@ class MigrationParams:
     timeout_s: float | None = None              # vmplane.migration.timeout: the copy ends by then
     timeout_action: str = "abort"               # at the deadline, still in pre-copy: "abort", or "postcopy"
                                                 # (switch, if `postcopy` allows it; a post-copy can't be aborted)
+    copy_disks: tuple[str, ...] = ()            # disk targets (vda, ...) copied to the target host with the
+                                                # memory (their overlays, created beforehand on the target:
+                                                # VIR_MIGRATE_NON_SHARED_INC); the backing image is there already
+    shared_disks: bool = False                  # the other disks are on storage both hosts share (checked by
+                                                # vmplane): libvirt's own check does not know a local bind
+                                                # mount, so VIR_MIGRATE_UNSAFE is passed
 
 
 @dataclass
@@ -218,6 +274,72 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     def guest_view(self, name: str) -> GuestView: ...
+
+    # -- storage (pools of volumes; every method reads back what it changed) ---------------------
+    def _no_storage(self) -> DriverError:
+        return DriverError(self.host, f"the {self.kind} driver has no storage")
+
+    def define_pool(self, spec: PoolSpec) -> PoolInfo:
+        """Define (persistent, autostarted), build and start a pool; an existing pool of that name and
+        path is started if needed and returned. Another path under that name: DriverError."""
+        raise self._no_storage()
+
+    def pool_info(self, name: str) -> PoolInfo | None:
+        """The pool, refreshed; None only when the host confirms it has no such pool."""
+        raise self._no_storage()
+
+    def remove_pool(self, name: str) -> None:
+        """Stop and undefine a pool (its files are left alone); absent is fine."""
+        raise self._no_storage()
+
+    def volumes(self, pool: str) -> list[VolumeInfo]:
+        """Every volume of the pool (refreshed first)."""
+        raise self._no_storage()
+
+    def volume(self, pool: str, name: str) -> VolumeInfo | None:
+        """None only when the pool confirms it has no such volume."""
+        for info in self.volumes(pool):
+            if info.name == name:
+                return info
+        return None
+
+    def create_volume(self, pool: str, name: str, capacity_mib: int, format: str = "qcow2",
+                      backing: str | None = None, backing_format: str | None = None) -> VolumeInfo:
+        """Create a volume (a qcow2 overlay on `backing` when given: the guest sees the backing image's
+        data, grown to `capacity_mib`). A volume of that name already there is returned as it is:
+        the caller compares."""
+        raise self._no_storage()
+
+    def delete_volume(self, pool: str, name: str) -> None:
+        """Delete a volume and its data; absent is fine. Refused (DriverError) while a domain uses it."""
+        raise self._no_storage()
+
+    def resize_volume(self, pool: str, name: str, capacity_mib: int) -> VolumeInfo:
+        """Grow a volume no running domain uses (offline); returns it read back."""
+        raise self._no_storage()
+
+    def upload_volume(self, pool: str, name: str, source: str, format: str) -> VolumeInfo:
+        """Create a volume with the contents of the local file `source` (a template image), through
+        the hypervisor's own upload stream."""
+        raise self._no_storage()
+
+    def attach_disk(self, name: str, disk: DiskSpec) -> None:
+        """Hot-plug a disk into a running domain (and its persistent definition, if any); returns once
+        the domain lists it (read back)."""
+        raise self._no_storage()
+
+    def detach_disk(self, name: str, target: str) -> None:
+        """Unplug a disk from a running domain; returns only once the hypervisor confirmed the device
+        left (libvirt's DEVICE_REMOVED, or the domain no longer lists it); else DriverError."""
+        raise self._no_storage()
+
+    def domain_disks(self, name: str) -> dict[str, str]:
+        """The disks a domain has now, read back: {target: path}."""
+        raise self._no_storage()
+
+    def grow_disk(self, name: str, target: str, capacity_mib: int) -> None:
+        """Grow a running domain's disk live (libvirt's blockResize); read back."""
+        raise self._no_storage()
 
     @abc.abstractmethod
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:

@@ -2,7 +2,9 @@
 
 libvirt does the domain XML, live vCPU and memory changes, CPU tuning and the migration protocol;
 this driver maps vmplane's requests onto it and reads the guest's own view through its serial
-console (virDomainOpenConsole), which works for local and remote (qemu+tls) hosts alike.
+console (virDomainOpenConsole), which works for local and remote (qemu+tls) hosts alike. Storage
+(pools, volumes, a domain's disks) is in libvirtstorage.StorageMixin; migrations with storage are here
+(_migration_args: copied disks and the shared-storage flag).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .base import (
     Resized,
     confirm_unplug,
 )
+from .libvirtstorage import StorageMixin
 
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
 NO_CAP = 17592186044415          # what libvirt reports (and takes) for "no CFS quota"
@@ -103,7 +106,7 @@ def resolve_image(image: str) -> guest.GuestImage:
     raise DriverError("-", f"image {image!r} is neither {guest.IMAGE_NAME} nor a folder with vmlinuz and initrd.gz")
 
 
-class LibvirtDriver(Driver):
+class LibvirtDriver(StorageMixin, Driver):
     kind = "libvirt"
 
     def __init__(self, host: str, uri: str, accel: str | None = None):
@@ -228,8 +231,13 @@ class LibvirtDriver(Driver):
 
     # -- lifecycle -----------------------------------------------------------------------------
     def domain_xml(self, spec: DomainSpec, accel: str | None = None) -> str:
-        image = resolve_image(spec.image)
-        return domain_xml(spec, str(image.kernel), str(image.initrd), image.cmdline, accel or self.accel)
+        try:
+            if spec.image == "":            # a bootable disk image: boots from the first disk
+                return domain_xml(spec, None, None, None, accel or self.accel)
+            image = resolve_image(spec.image)
+            return domain_xml(spec, str(image.kernel), str(image.initrd), image.cmdline, accel or self.accel)
+        except ValueError as exc:
+            raise DriverError(self.host, f"domain {spec.name}: {exc}") from None
 
     def start(self, spec: DomainSpec) -> None:
         xml = self.domain_xml(spec)
@@ -541,6 +549,32 @@ class LibvirtDriver(Driver):
         if params.parallel_connections:
             flags |= libvirt.VIR_MIGRATE_PARALLEL
             mparams[libvirt.VIR_MIGRATE_PARAM_PARALLEL_CONNECTIONS] = params.parallel_connections
+        if params.copy_disks:
+            # Copy these disks' data with the memory: libvirt starts an NBD server in the target QEMU
+            # and drive-mirrors each listed disk into it before (and while) memory moves. INC copies
+            # only the overlay's own clusters (the backing image must be on the target already), and
+            # libvirt does not create the target file for INC: the caller made the overlay there, at
+            # the same path ("pre-creation of storage targets for incremental storage migration is
+            # not supported" otherwise). DISKS_URI says where the NBD server listens and the source
+            # connects: the target's migration address, as for the memory stream. libvirt 9 does the
+            # same without it when the target's qemu.conf sets migration_address (checked: a copy
+            # between two hosts in their own network namespaces works either way), but a target
+            # listening on 0.0.0.0 would then be reached at the address the source resolves for it.
+            flags |= libvirt.VIR_MIGRATE_NON_SHARED_INC
+            mparams[libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = list(params.copy_disks)
+            mparams[libvirt.VIR_MIGRATE_PARAM_DISKS_URI] = f"tcp://{target.incoming_address()}"
+        if params.shared_disks:
+            # libvirt's own safety check (qemuMigrationSrcIsSafe, src/qemu/qemu_migration.c) refuses
+            # every writable file disk that is not copied unless statfs() of its path reports a
+            # shared or cluster file system it knows (virFileIsSharedFS / virFileIsClusterFS: NFS,
+            # GFS2, OCFS2, CIFS/SMB, Ceph, GPFS, Lustre, BeeGFS, ...): "Migration without shared
+            # storage is unsafe". The cache mode only matters after that test (cache=none/directsync,
+            # or a QEMU that drops its caches, as 7.2 does). A shared pool here is an ext4 folder
+            # bind-mounted into every host's namespace (the model of an NFS export): really shared,
+            # but ext4 to statfs, so libvirt can not know. vmplane checked that every other disk is
+            # on a pool all hosts share, and the lock manager (lockd) still forbids two writers:
+            # VIR_MIGRATE_UNSAFE only skips that file-system-type test.
+            flags |= libvirt.VIR_MIGRATE_UNSAFE
         return flags, mparams
 
     def migrate(self, name: str, target: Driver, params: MigrationParams,
@@ -617,7 +651,10 @@ class LibvirtDriver(Driver):
                                      "postcopy_switch_s": round(watch.switched, 2) if watch.switched else None,
                                      "first_pass_s": round(watch.first_pass_at - t0, 2) if watch.first_pass_at else None,
                                      "iterations": completed.get("memory_iteration"),
-                                     "deadline": watch.deadline_action})
+                                     "deadline": watch.deadline_action,
+                                     "disk_bytes": int(completed.get("disk_processed") or watch.disk_bytes),
+                                     "disk_total": int(completed.get("disk_total") or 0),
+                                     "memory_bytes": int(completed.get("memory_processed") or 0)})
 
     def _abort_job(self, dom: libvirt.virDomain) -> bool:
         """abortJob(); False when there is nothing to abort (no job, or no domain); other errors raise
@@ -783,6 +820,14 @@ class _CopyWatch:
         self.first_pass_at: float | None = None  # when memory started to move (iteration reads 0 in pass 1)
         self.deadline_action: str | None = None  # what the deadline did: "postcopy", "aborted", "in post-copy"
         self.cancelled = False
+        self.percent = 0                         # reported so far (never goes back)
+        self.disk_bytes = 0                      # disk bytes copied so far (jobStats disk_processed)
+        self.memory_estimate = 0                 # the domain's memory, until the memory copy reports its total
+        if params.copy_disks:
+            try:
+                self.memory_estimate = dom.info()[2] * 1024
+            except libvirt.libvirtError:
+                pass
 
     def why(self) -> str:
         if self.cancelled:
@@ -815,12 +860,23 @@ class _CopyWatch:
             self._deadline()
 
     def _report(self, stats: dict) -> None:
-        total, remaining = stats.get("memory_total") or 0, stats.get("memory_remaining") or 0
+        """Memory and disk bytes together: libvirt mirrors the disks first (disk_* in jobStats), then
+        copies memory while the mirror keeps the copies in step; until memory_total shows, the domain's
+        memory stands in for it so that the percentage never goes back."""
+        mem_total, mem_left = stats.get("memory_total") or 0, stats.get("memory_remaining") or 0
+        disk_total, disk_left = stats.get("disk_total") or 0, stats.get("disk_remaining") or 0
+        self.disk_bytes = max(self.disk_bytes, stats.get("disk_processed") or 0)
+        if not mem_total and disk_total:
+            mem_total = mem_left = self.memory_estimate
+        total = mem_total + disk_total
         if not (self.progress and total):
             return
+        remaining = mem_left + disk_left
+        self.percent = max(self.percent, min(99, int(100 * (total - remaining) / total)))
         try:
-            self.progress(min(99, int(100 * (total - remaining) / total)),
-                          f"iteration {stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
+            self.progress(self.percent,
+                          (f"disks {(disk_total - disk_left) >> 20}/{disk_total >> 20} MiB, " if disk_total else "")
+                          + f"iteration {stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
                           + (", post-copy" if self.switched and self.switched > 0 else ""))
         except Exception:       # only a report: the copy goes on, its outcome is asked of the hosts
             pass

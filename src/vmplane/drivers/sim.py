@@ -11,6 +11,11 @@ confirms it as the libvirt driver does, with the same helper: base.confirm_unplu
 after a partial effect, transient errors on any call, a connection lost mid-copy while the copy goes
 on, post-copy failure (paused on both hosts), guests that power off, crash or pause on their own,
 and lifecycle events (`watch`) that arrive late, twice or not at all.
+
+Storage (drivers/simstorage.py): pools with a capacity, volumes (qcow2 overlays allocate what the
+guest wrote), disks that must exist and that no two running domains open for writing (lockd), disk
+hot-plug with detaches completed late or never, and migrations that copy disks at a rate
+(`disk_copy_rate_mib_s`) before the memory, failing mid-copy in fault mode.
 """
 
 from __future__ import annotations
@@ -48,9 +53,10 @@ from .simfabric import (
     SimFabric,
 )
 from .simfaults import SimFaults
+from .simstorage import CopyPlan, SimStorageDriver, SimStorageError
 
 
-class SimDriver(Driver):
+class SimDriver(SimStorageDriver, Driver):
     kind = "sim"
     UNPLUG_TRIES = 3            # as the libvirt driver
     UNPLUG_WAIT_S = 0.15        # per request (libvirt: 5 s; a sim guest answers faster or never)
@@ -62,6 +68,8 @@ class SimDriver(Driver):
         self.faults = faults        # None: the fabric's (fabric.faults), which is None unless switched on
         # None: a migration is instant; else memory is copied at this rate (for limit and drain timelines)
         self.copy_rate_mib_s: float | None = None
+        # disks are copied at this rate (MiB/s); None: the fabric's (fabric.disk_copy_rate_mib_s)
+        self.disk_copy_rate_mib_s: float | None = None
         self._aborts: set[str] = set()
         self._copies: dict[str, threading.Thread] = {}      # copies going on after a lost connection
         self._restarting_until = 0.0                        # fault mode: libvirtd restarting until then
@@ -125,7 +133,13 @@ class SimDriver(Driver):
 
     def start(self, spec: DomainSpec) -> None:
         self._call(f"start {spec.name}")
-        if not self.fabric.put(self.host, spec):
+        if not spec.image and not spec.disks:
+            raise DriverError(self.host, f"start {spec.name}: no kernel image and no disk to boot from")
+        try:
+            started = self.fabric.put(self.host, spec)
+        except SimStorageError as e:
+            raise DriverError(self.host, f"start {spec.name}: {e}") from None
+        if not started:
             raise DriverError(self.host, f"domain {spec.name} is already running")
         if self._chance("partial"):
             raise DriverError(self.host, f"start {spec.name}: the reply was lost (the domain started)")
@@ -224,20 +238,25 @@ class SimDriver(Driver):
         spec = self._spec(name)
         t0 = time.monotonic()
         try:
-            return self._copy(name, spec, target, t0, progress)
+            plan = self._plan_copy(name, spec.disks, target.host, params) if spec.disks else CopyPlan([])
+            return self._copy(name, spec, target, t0, progress, plan, self._disk_rate(params))
         finally:
             self._aborts.discard(name)      # an abort asked before the copy began still counts
 
     def _copy(self, name: str, spec: DomainSpec, target: "SimDriver", t0: float,
-              progress: ProgressCallback | None) -> MigrationStats:
+              progress: ProgressCallback | None, plan: CopyPlan, disk_rate: float | None) -> MigrationStats:
+        """The disks first (NBD mirror, at `disk_rate`), then the memory (at copy_rate_mib_s)."""
         if name in self._aborts:
             raise DriverError(self.host, f"migration of {name} cancelled; it keeps running here")
+        disk_mib = plan.mib
+        disk_s = disk_mib / disk_rate if disk_rate and disk_mib else 0.0
         if self._chance("lost_connection"):             # the copy goes on without us
             f = self._faults
-            delay = f.delay(f.copy_delay_s)
+            delay = f.delay(f.copy_delay_s) + disk_s
 
             def go_on():
                 time.sleep(delay)
+                self.fabric.copied(plan, disk_mib)
                 if self.fabric.move(name, self.host, target.host):
                     self._emit(name, STOPPED, STOPPED_MIGRATED)
                 self._copies.pop(name, None)
@@ -247,15 +266,30 @@ class SimDriver(Driver):
             thread.start()
             raise DriverError(self.host, f"migration of {name}: the client connection was lost mid-copy "
                                          f"(end of file while reading data: Input/output error)")
-        if self.copy_rate_mib_s:
-            duration = spec.memory_mib / self.copy_rate_mib_s
-            while (elapsed := time.monotonic() - t0) < duration:
-                if name in self._aborts:
-                    raise DriverError(self.host, f"migration of {name} cancelled; it keeps running here")
-                if progress:
-                    progress(int(100 * elapsed / duration), f"copied {int(spec.memory_mib * elapsed / duration)} "
-                                                            f"of {spec.memory_mib} MiB")
-                time.sleep(min(0.02, duration - elapsed))
+        memory_s = spec.memory_mib / self.copy_rate_mib_s if self.copy_rate_mib_s else 0.0
+        fail_s = None if plan.fail_at_mib is None else (plan.fail_at_mib / disk_rate if disk_rate else 0.0)
+        t1, duration = time.monotonic(), disk_s + memory_s
+        while (elapsed := time.monotonic() - t1) < duration or fail_s is not None:
+            disk_done = disk_mib if elapsed >= disk_s else disk_rate * elapsed
+            if fail_s is not None and elapsed >= fail_s:
+                self.fabric.copied(plan, plan.fail_at_mib)
+                cause = ("Input/output error" if plan.fault else "No space left on device")
+                raise DriverError(self.host, f"migration of {name}: copying its disks to {target.host} failed after "
+                                             f"{int(plan.fail_at_mib)} of {disk_mib} MiB: {cause}; it keeps "
+                                             f"running here")
+            if name in self._aborts:
+                self.fabric.copied(plan, disk_done)
+                raise DriverError(self.host, f"migration of {name} cancelled; it keeps running here")
+            if progress:
+                memory_done = 0 if elapsed < disk_s else int(spec.memory_mib * min(1.0, (elapsed - disk_s) / memory_s)
+                                                              if memory_s else spec.memory_mib)
+                done, total = disk_done + memory_done, disk_mib + spec.memory_mib
+                progress(int(100 * done / total) if total else 100,
+                         f"copied {memory_done} of {spec.memory_mib} MiB" if not disk_mib else
+                         f"copied {int(disk_done)} of {disk_mib} MiB of disks, {memory_done} of {spec.memory_mib} "
+                         f"MiB of memory")
+            time.sleep(max(0.0, min(0.02, duration - elapsed, (fail_s - elapsed) if fail_s is not None else 1)))
+        self.fabric.copied(plan, disk_mib)
         if self._chance("postcopy_failed"):
             if self.fabric.copy_paused(name, self.host, target.host, "postcopy-failed"):
                 self._emit(name, SUSPENDED, SUSPENDED_POSTCOPY_FAILED)
@@ -269,7 +303,8 @@ class SimDriver(Driver):
         if progress:
             progress(100, "switched over")
         return MigrationStats(total_ms=int((time.monotonic() - t0) * 1000), downtime_ms=0,
-                              bytes_sent=spec.memory_mib * 1024 * 1024)
+                              bytes_sent=(spec.memory_mib + disk_mib) * 1024 * 1024,
+                              extra={"disk_bytes": disk_mib * 1024 * 1024} if spec.disks else {})
 
     def resume_postcopy(self, name: str, target: Driver, params: MigrationParams) -> None:
         """Recover a failed post-copy (paused on both hosts): the domain then runs on the target only."""

@@ -13,6 +13,9 @@ Each domain has libvirt's state and reason (`running`/`booted`, `paused`/`postco
 under way in this process: DIMM unplugs the guest completes late, pauses that end, and it delivers
 lifecycle events to the watchers (libvirt's numbers, as hostevents.py takes them) late, twice or not
 at all. With faults off no event is sent (the sim then behaves exactly as before fault mode).
+
+Storage (pools, volumes, the disks of domains, the lock on open disk files) is modelled in
+drivers/simstorage.py, in the same file: see there for shared vs local paths and the capacity knobs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from .base import CpuCap, DomainInfo, DomainSpec
 from .simfaults import SimFaults
+from .simstorage import StorageFabric
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS domains (
@@ -45,8 +49,9 @@ _shared: dict[str, "SimFabric"] = {}
 _shared_lock = threading.Lock()
 
 
-class SimFabric:
-    """The domains of all sim hosts of one store. Thread-safe; several processes may share a file."""
+class SimFabric(StorageFabric):
+    """The domains (and storage) of all sim hosts of one store. Thread-safe; several processes may
+    share a file."""
 
     def __init__(self, path: Path | None = None):
         self.path = path
@@ -72,6 +77,7 @@ class SimFabric:
                     self._db.execute(f"ALTER TABLE domains ADD COLUMN {column}")
                 except sqlite3.OperationalError:
                     pass
+            self._init_storage()
 
     @classmethod
     def for_store(cls, url: str) -> "SimFabric":
@@ -89,7 +95,7 @@ class SimFabric:
     # -- what is under way (fault mode) ----------------------------------------------------------
     def tick(self) -> None:
         """Complete what is due: late DIMM unplugs, pauses that end, late events."""
-        if not (self._unplugs or self._pauses or self._later):
+        if not (self._unplugs or self._pauses or self._later or self._detaches):
             return
         now, events = time.monotonic(), []
         with self._lock:
@@ -106,6 +112,7 @@ class SimFabric:
                         self._db.execute("UPDATE domains SET state = 'running', reason = 'unpaused' WHERE host = ? "
                                          "AND name = ?", (host, name))
                         events.append((host, name, RESUMED, 0))
+            self._tick_detaches(now)
             due_events = [e for due, e in self._later if due <= now]
             self._later = [(due, e) for due, e in self._later if due > now]
         for e in events:
@@ -126,7 +133,8 @@ class SimFabric:
 
     def settled(self) -> bool:
         """Nothing under way (what a quiet period waits for)."""
-        return not (any(due is not None for _, due in self._unplugs.values()) or self._pauses or self._later)
+        return not (any(due is not None for _, due in self._unplugs.values()) or self._pauses or self._later
+                    or any(due is not None for due in self._detaches.values()))
 
     # -- events (fault mode) -----------------------------------------------------------------------
     def watch(self, host: str, callback) -> None:
@@ -183,11 +191,12 @@ class SimFabric:
         with self._lock:
             row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ?"
                                    + (f" AND {_ACTIVE}" if active else ""), (host, name)).fetchone()
-        if row is None:
-            return None
+            if row is None:
+                return None
+            disks = self._disks(self._db, host, name)
         name, vcpus, max_vcpus, memory, max_memory, image, period, quota, _state, _reason = row
         return DomainSpec(name, vcpus, max_vcpus, memory, max_memory, image,
-                          CpuCap(period, quota) if period else None)
+                          CpuCap(period, quota) if period else None, disks)
 
     def hosts_of(self, name: str) -> list[str]:
         """Every host that runs a domain of this name (a correct cluster has at most one)."""
@@ -199,33 +208,39 @@ class SimFabric:
     # -- changes ---------------------------------------------------------------------------------
     def put(self, host: str, spec: DomainSpec) -> bool:
         """Run `spec` on `host` (replacing a shut-off definition); False if a domain of that name is
-        active there."""
+        active there. Its disks must be there and free (else SimStorageError, nothing done)."""
         cap = spec.cpu_cap
-        with self._lock:
-            self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (host, spec.name))
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM domains WHERE host = ? AND name = ?", (host, spec.name)).fetchone():
+                if db.execute(f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
+                              (host, spec.name)).fetchone():
+                    return False
+                db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (host, spec.name))
             self._unplugs.pop((host, spec.name), None)
-            try:
-                self._db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 (host, spec.name, spec.vcpus, spec.max_vcpus, spec.memory_mib, spec.max_memory_mib,
-                                  spec.image, cap.period_us if cap else None, cap.quota_us if cap else None,
-                                  "running", "booted"))
-            except sqlite3.IntegrityError:
-                return False
+            self._forget_detaches(host, spec.name)
+            self.put_disks(db, host, spec.name, spec.disks)
+            db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (host, spec.name, spec.vcpus, spec.max_vcpus, spec.memory_mib, spec.max_memory_mib,
+                        spec.image, cap.period_us if cap else None, cap.quota_us if cap else None,
+                        "running", "booted"))
         return True
 
     def remove(self, host: str, name: str) -> bool:
         """Destroy and undefine; whether there was such a domain."""
-        with self._lock:
+        with self._tx():
             cur = self._db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (host, name))
             self._unplugs.pop((host, name), None)
+            self.drop_disks(self._db, host, name)
+            self._forget_detaches(host, name)
         return cur.rowcount == 1
 
     def set_state(self, host: str, name: str, state: str, reason: str) -> bool:
-        with self._lock:
+        with self._tx():
             cur = self._db.execute("UPDATE domains SET state = ?, reason = ? WHERE host = ? AND name = ?",
                                    (state, reason, host, name))
             if state != "running":
                 self._unplugs.pop((host, name), None)
+                self._forget_detaches(host, name)
         return cur.rowcount == 1
 
     def pause_until(self, name: str, seconds: float) -> None:
@@ -249,7 +264,7 @@ class SimFabric:
     def move(self, name: str, source: str, target: str) -> bool:
         """Hand a running domain from source to target in one step; False if it is not active on the
         source or the target already runs one of that name (a shut-off definition there is replaced)."""
-        with self._lock:
+        with self._tx():
             self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
             try:
                 cur = self._db.execute(f"UPDATE domains SET host = ? WHERE host = ? AND name = ? AND {_ACTIVE}",
@@ -260,11 +275,13 @@ class SimFabric:
                 pending = self._unplugs.pop((source, name), None)
                 if pending is not None:       # the guest's answer follows the domain
                     self._unplugs[(target, name)] = pending
+                self.move_disks(self._db, name, source, target)
+                self._forget_detaches(source, name, to=target)
         return cur.rowcount == 1
 
     def copy_paused(self, name: str, source: str, target: str, reason: str) -> bool:
         """A post-copy failure: the domain left paused (`reason`) on the source and on the target."""
-        with self._lock:
+        with self._tx():
             row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
                                    (source, name)).fetchone()
             if row is None:
@@ -278,17 +295,20 @@ class SimFabric:
             self._db.execute("UPDATE domains SET state = 'paused', reason = ? WHERE host = ? AND name = ?",
                              (reason, source, name))
             self._unplugs.pop((source, name), None)
+            self._forget_detaches(source, name)
+            self.move_disks(self._db, name, source, target, copy=True)
         return True
 
     def resume_postcopy(self, name: str, source: str, target: str) -> bool:
         """Finish a failed post-copy: the target's copy runs, the source's goes. False unless both are
         paused with reason postcopy-failed."""
-        with self._lock:
+        with self._tx():
             rows = self._db.execute("SELECT host FROM domains WHERE name = ? AND host IN (?, ?) AND state = 'paused' "
                                     "AND reason = 'postcopy-failed'", (name, source, target)).fetchall()
             if len(rows) != 2:
                 return False
             self._db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (source, name))
+            self.drop_disks(self._db, source, name)
             self._db.execute("UPDATE domains SET state = 'running', reason = 'migrated' WHERE host = ? AND name = ?",
                              (target, name))
         return True

@@ -16,7 +16,11 @@ its own probability, drawn from one `random.Random(seed)`:
   off (its domain goes), crashes (left defined, shut off, reason crashed) or pauses (resumed after
   `pause_s`);
 - `event_late` / `event_twice` / `event_lost`: a lifecycle event arrives after `event_delay_s`, twice,
-  or not at all.
+  or not at all;
+- storage (drivers/simstorage.py): `detach_late` / `detach_never`: a disk detach the guest completes
+  after `unplug_delay_s` or never (as DIMM unplugs); `disk_copy_error`: a migration copying disks fails
+  with an I/O error part-way through the disks, leaving the target's overlays partly written; volume
+  calls get `transient` and `partial` (e.g. a volume created, then an error) as every call does.
 `counts` says how many of each were injected. `enabled = False` stops new faults (a quiet period);
 what is already under way (a late unplug, a copy going on, a late event, a pause) still completes.
 """
@@ -29,7 +33,8 @@ import threading
 from dataclasses import dataclass, field
 
 KINDS = ("transient", "transient_call", "partial", "unplug_late", "unplug_never", "lost_connection", "postcopy_failed",
-         "guest_poweroff", "guest_crash", "guest_pause", "event_late", "event_twice", "event_lost")
+         "guest_poweroff", "guest_crash", "guest_pause", "event_late", "event_twice", "event_lost",
+         "detach_late", "detach_never", "disk_copy_error")
 
 
 @dataclass
@@ -47,6 +52,9 @@ class SimFaults:
     event_late: float = 0.0
     event_twice: float = 0.0
     event_lost: float = 0.0
+    detach_late: float = 0.0
+    detach_never: float = 0.0
+    disk_copy_error: float = 0.0
     unplug_delay_s: tuple[float, float] = (0.05, 1.0)
     copy_delay_s: tuple[float, float] = (0.02, 0.5)      # a copy that goes on after the connection was lost
     event_delay_s: tuple[float, float] = (0.05, 1.5)
@@ -64,7 +72,8 @@ class SimFaults:
         """Every kind on, at rates that make a busy minute see each of them many times."""
         rates = dict(transient=0.02, partial=0.05, unplug_late=0.3, unplug_never=0.15, lost_connection=0.1,
                      postcopy_failed=0.05, guest_poweroff=0.002, guest_crash=0.002, guest_pause=0.003,
-                     event_late=0.2, event_twice=0.1, event_lost=0.1)
+                     event_late=0.2, event_twice=0.1, event_lost=0.1, detach_late=0.3, detach_never=0.15,
+                     disk_copy_error=0.1)
         return cls(seed=seed, **{k: v * scale for k, v in rates.items()} | overrides)
 
     def chance(self, kind: str) -> bool:

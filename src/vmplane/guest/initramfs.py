@@ -6,7 +6,7 @@ import gzip
 from pathlib import Path
 
 DIRS = ["bin", "sbin", "dev", "proc", "sys", "tmp", "run", "lib", "lib/modules", "usr", "usr/bin", "usr/sbin", "etc",
-        "root", "mnt"]
+        "root", "mnt", "data"]
 
 
 def _entry(name: str, mode: int, data: bytes = b"", ino: int = 1, rdev: tuple[int, int] = (0, 0)) -> bytes:
@@ -27,6 +27,8 @@ def write_initramfs(out: Path, busybox: Path, init_script: Path, modules: list[P
     files = [("bin/busybox", 0o100755, busybox.read_bytes()), ("bin/sh", 0o120777, b"busybox"),
              ("init", 0o100755, init_script.read_bytes())]
     files += [(f"lib/modules/{m.name}", 0o100644, m.read_bytes()) for m in modules]
+    # the order init loads them in: dependencies first
+    files.append(("lib/modules/load-order", 0o100644, "".join(f"{m.stem}\n" for m in modules).encode()))
     for name, mode, data in files:
         ino += 1
         parts.append(_entry(name, mode, data, ino=ino))

@@ -47,7 +47,7 @@ _PROJECT_BY_ID = select(PROJECTS).where(_P.id == bindparam("id")).with_for_updat
 _PROJECT_BY_NAME = select(PROJECTS).where(_P.name == bindparam("name")).with_for_update()
 _ADD_TO_LEDGER = update(PROJECTS).where(_P.id == bindparam("_id")).values(
     used_vcpus=_P.used_vcpus + bindparam("dv"), used_memory_mib=_P.used_memory_mib + bindparam("dm"),
-    used_vms=_P.used_vms + bindparam("dn"))
+    used_vms=_P.used_vms + bindparam("dn"), used_storage_mib=_P.used_storage_mib + bindparam("ds"))
 _HOST_BY_NAME = select(HOSTS).where(_H.name == bindparam("name")).with_for_update()
 # Compare-and-add: takes capacity on an enabled host only if it still fits, atomically on any database.
 _TAKE_ON_HOST = update(HOSTS).where(
@@ -112,15 +112,16 @@ def lock_project(conn: Connection, project_id: int | None = None, name: str | No
 
 
 def quota_row(p: Row) -> Quota:
-    return Quota(p.quota_vcpus, p.quota_memory_mib, p.quota_vms)
+    return Quota(p.quota_vcpus, p.quota_memory_mib, p.quota_vms, p.quota_storage_mib)
 
 
 def ledger_row(p: Row) -> Usage:
-    return Usage(p.used_vcpus, p.used_memory_mib, p.used_vms)
+    return Usage(p.used_vcpus, p.used_memory_mib, p.used_vms, p.used_storage_mib)
 
 
 def add_to_ledger(conn: Connection, project_id: int, delta: Usage) -> None:
-    conn.execute(_ADD_TO_LEDGER, {"_id": project_id, "dv": delta.vcpus, "dm": delta.memory_mib, "dn": delta.vms})
+    conn.execute(_ADD_TO_LEDGER, {"_id": project_id, "dv": delta.vcpus, "dm": delta.memory_mib, "dn": delta.vms,
+                                  "ds": delta.storage_mib})
 
 
 def lock_host(conn: Connection, name: str) -> Row:

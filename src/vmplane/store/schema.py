@@ -76,6 +76,9 @@ class Project(Base):
     used_vcpus: Mapped[int] = mapped_column(Integer, default=0)
     used_memory_mib: Mapped[int] = mapped_column(Integer, default=0)
     used_vms: Mapped[int] = mapped_column(Integer, default=0)
+    # Storage: provisioned size of the project's volumes (root disks included), charged while they exist.
+    quota_storage_mib: Mapped[int] = mapped_column(Integer, default=1024 * 1024)
+    used_storage_mib: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class Offering(Base):
@@ -93,6 +96,9 @@ class Offering(Base):
     cpu_cap: Mapped[bool] = mapped_column(Boolean, default=False)
     dynamic_scaling: Mapped[bool] = mapped_column(Boolean, default=False)
     retired: Mapped[bool] = mapped_column(Boolean, default=False)    # no new VMs; existing ones keep it
+    # Root disk size (None: the template image's size); a custom offering may allow up to max_root_disk_mib.
+    root_disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_root_disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Template(Base):
@@ -103,6 +109,12 @@ class Template(Base):
     dynamically_scalable: Mapped[bool] = mapped_column(Boolean, default=False)
     retired: Mapped[bool] = mapped_column(Boolean, default=False)    # no new VMs; existing ones keep it
     dynamic_scaling = synonym("dynamically_scalable")                 # the API's name (as for offerings)
+    # The root disk image: None (diskless), a built-in image name (tiny-linux), or an imported file in
+    # the image store. Its VMs get a qcow2 overlay on it; `image` "" means they boot from that disk.
+    disk_image: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    disk_format: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)         # its virtual size
+    checksum: Mapped[str | None] = mapped_column(String(64), nullable=True)      # sha256 of the imported file
 
 
 class Setting(Base):
@@ -152,6 +164,54 @@ class Vm(Base):
     host: Mapped[Host | None] = relationship(lazy="joined", foreign_keys=[host_id])
     zone: Mapped[Zone | None] = relationship(lazy="joined")
     cluster: Mapped[Cluster | None] = relationship(lazy="joined")
+
+
+class Pool(Base):
+    """A storage pool: a host's own (`local`, host_id set) or one every host of a cluster sees (`shared`).
+    capacity/allocation/available are read back from a host; used_mib is what vmplane's volumes (and
+    copies in flight into it) take, by provisioned size: changed with the volumes, in one transaction."""
+
+    __tablename__ = "pools"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))               # local / shared
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), index=True)
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True, index=True)
+    path: Mapped[str] = mapped_column(String(1024))
+    state: Mapped[str] = mapped_column(String(16), default="unknown")
+    capacity_mib: Mapped[int] = mapped_column(Integer, default=0)
+    allocation_mib: Mapped[int] = mapped_column(Integer, default=0)
+    available_mib: Mapped[int] = mapped_column(Integer, default=0)
+    used_mib: Mapped[int] = mapped_column(Integer, default=0)
+    shared_checked: Mapped[bool] = mapped_column(Boolean, default=False)   # a probe volume seen by every host
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    cluster: Mapped[Cluster] = relationship(lazy="joined")
+    host: Mapped[Host | None] = relationship(lazy="joined")
+
+
+class Volume(Base):
+    """A disk: a VM's root disk (role root) or a volume (role data). Charged to its project while the row
+    exists; `state` is the step it is in (creating, available, attached, attaching, detaching, deleting),
+    so a crash between asking a host and recording its answer is resolved by asking again."""
+
+    __tablename__ = "volumes"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    pool_id: Mapped[int] = mapped_column(ForeignKey("pools.id"), index=True)
+    copy_pool_id: Mapped[int | None] = mapped_column(ForeignKey("pools.id"), nullable=True)  # a migration's copy
+    size_mib: Mapped[int] = mapped_column(Integer)
+    format: Mapped[str] = mapped_column(String(16), default="qcow2")
+    role: Mapped[str] = mapped_column(String(8), default="data")             # root / data
+    template_id: Mapped[int | None] = mapped_column(ForeignKey("templates.id"), nullable=True)  # its backing
+    vm_id: Mapped[int | None] = mapped_column(ForeignKey("vms.id"), nullable=True, index=True)
+    device: Mapped[str | None] = mapped_column(String(8), nullable=True)     # vda, vdb, ...
+    state: Mapped[str] = mapped_column(String(16), default="creating", index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+    project: Mapped[Project] = relationship(lazy="joined")
+    pool: Mapped[Pool] = relationship(lazy="joined", foreign_keys=[pool_id])
+    vm: Mapped[Vm | None] = relationship(lazy="joined")
 
 
 class Claim(Base):

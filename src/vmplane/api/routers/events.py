@@ -37,7 +37,7 @@ def list_events(orch: Orch, who: AnyCaller, response: Response, page: Paging,
                                                                            "and migrations too)")] = None,
                 host: Annotated[str | None, Query(max_length=63, description="events of this host and of what "
                                                                              "runs on it")] = None,
-                kind: Literal["vm", "host", "migration", "operation"] | None = None,
+                kind: Literal["vm", "host", "migration", "operation", "volume", "pool"] | None = None,
                 since: Annotated[str | None, Query(max_length=40, description=(
                     "an event id: only the events after it; or an ISO 8601 timestamp: only those at or after "
                     "it"))] = None):

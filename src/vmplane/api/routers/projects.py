@@ -14,7 +14,8 @@ router = APIRouter(tags=["projects"])
 @router.post("/projects", status_code=201, response_model=ProjectOut)
 def create_project(body: ProjectCreate, orch: Orch, _: Admin):
     return project_out(orch.catalog.create_project(
-        body.name, body.vcpus, body.memory_mib, body.vms, body.count_overhead, body.max_concurrent_migrations))
+        body.name, body.vcpus, body.memory_mib, body.vms, body.count_overhead, body.max_concurrent_migrations,
+        body.storage_mib))
 
 
 @router.get("/projects", response_model=list[ProjectOut])
@@ -38,7 +39,7 @@ def delete_project(name: str, orch: Orch, _: Admin) -> None:
 @router.patch("/projects/{name}/quota", response_model=ProjectOut)
 def set_quota(name: str, body: QuotaUpdate, orch: Orch, _: Admin):
     return project_out(orch.catalog.set_quota(name, body.vcpus, body.memory_mib, body.vms, body.count_overhead,
-                                              body.max_concurrent_migrations))
+                                              body.max_concurrent_migrations, body.storage_mib))
 
 
 @router.get("/projects/{name}/usage", response_model=UsageOut)

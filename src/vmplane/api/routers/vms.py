@@ -55,7 +55,8 @@ def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
         who.check_project(orch.catalog.project(body.project).id, "project", body.project)
     admitted = orch.create_vm(body.name, body.project, body.offering, body.template, vcpus=body.vcpus,
                               memory_mib=body.memory_mib, dynamically_scalable=body.dynamic_scaling,
-                              start=body.start, zone=body.zone, cluster=body.cluster)
+                              start=body.start, zone=body.zone, cluster=body.cluster,
+                              root_disk_mib=body.root_disk_mib, pool=body.pool)
     return _accepted(orch, admitted, created=True)
 
 
@@ -97,9 +98,10 @@ def exec_in_vm(name: str, body: ExecRequest, orch: Orch, who: AnyCaller):
 
 
 @router.delete("/vms/{name}", status_code=204)
-def delete_vm(name: str, orch: Orch, who: AnyCaller):
+def delete_vm(name: str, orch: Orch, who: AnyCaller, keep_disk: bool = False):
+    """Its root disk is deleted with it, or kept as a volume (`keep_disk`); its volumes are detached."""
     _act_on(orch, who, name)
-    orch.delete_vm(name)
+    orch.delete_vm(name, keep_disk=keep_disk)
 
 
 @router.post("/vms/{name}/migrate", status_code=202, response_model=MigrationOut | MigrationPlan,

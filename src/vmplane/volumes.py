@@ -1,0 +1,506 @@
+"""Volumes: root disks and data volumes, charged to their project while they exist.
+
+Every change is recorded in two steps around the host: first the intent (state creating, attaching,
+detaching, deleting; the charge taken at once, so a crash never leaves a disk uncharged), then what
+the host confirmed (read back). A host that can not answer leaves the volume in its step; `resolve()`
+(start-up recovery and the sync loop) asks again and finishes or undoes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import Connection, Row
+
+from . import failpoints, images
+from . import storagerules as R
+from .drivers.base import DiskSpec, DriverError
+from .errors import Conflict, InsufficientCapacity, Invalid
+from .model import Usage, VmState
+from .names import DOMAIN_PREFIX, check_name
+from .pools import view
+from .quota import check_admission
+from .store import ledger as L
+from .store import storageledger as SL
+from .store.schema import Pool, Project, Volume, utcnow
+
+if TYPE_CHECKING:
+    from .orchestrator import Orchestrator
+
+log = logging.getLogger(__name__)
+_VO = Volume.__table__.c
+IN_BETWEEN = ("creating", "attaching", "detaching", "deleting", "resizing")
+
+
+def domain_name(vm: str) -> str:
+    return DOMAIN_PREFIX + vm
+
+
+def disk_spec(v: Row) -> DiskSpec:
+    return DiskSpec(v.pool_name, R.volume_file(v.name, v.format), f"{v.pool_path}/{R.volume_file(v.name, v.format)}",
+                    v.device or "vda", v.format)
+
+
+class Volumes:
+    def __init__(self, o: "Orchestrator"):
+        self.o = o
+
+    # -- reading ---------------------------------------------------------------------------------
+    def rows(self, project_id: int | None = None, vm: str | None = None) -> list[Row]:
+        where = []
+        if project_id is not None:
+            where.append(_VO.project_id == project_id)
+        with self.o.db.transaction() as conn:
+            rows = SL.volume_rows(conn, *where)
+        return [r for r in rows if vm is None or r.vm_name == vm]
+
+    def row(self, name: str) -> Row:
+        with self.o.db.transaction() as conn:
+            return SL.volume_row(conn, name)
+
+    def disks_of(self, vm_id: int) -> tuple[DiskSpec, ...]:
+        """The disks the VM's domain opens; the template images they are overlays on are put in its
+        host's image pool first (a root disk on a shared pool may start on a host that never had its
+        image: the start failed with "Cannot access backing file")."""
+        with self.o.db.transaction() as conn:
+            disks = SL.vm_volumes(conn, vm_id)
+            host = L.vm_row(conn, vm_id=vm_id).host_name
+        driver = self.o.drivers.get(host) if host else None
+        for template in sorted({v.template for v in disks if v.template is not None} if driver else ()):
+            t = self.o.catalog.template(template)
+            images.ensure_on_host(driver, t.disk_image, t.disk_format)
+        return tuple(disk_spec(v) for v in disks)
+
+    @staticmethod
+    def check_ready(conn: Connection, vm_id: int, vm: str) -> None:
+        """A VM starts only with every disk confirmed there (not creating, deleting or being moved)."""
+        for v in SL.vm_volumes(conn, vm_id):
+            if v.state != "attached":
+                raise Conflict(f"vm {vm}'s volume {v.name} is {v.state}; it can start once the volume is attached",
+                               field="state")
+
+    def storage_hosts(self, conn: Connection, vm_id: int) -> frozenset[str] | None:
+        """Hosts that open every disk of the VM (None: it has none)."""
+        disks = SL.vm_volumes(conn, vm_id)
+        if not disks:
+            return None
+        hosts: set[str] | None = None
+        for v in disks:
+            pool = SL.pool_row(conn, v.pool_name)
+            reach = set(self.o.pools.hosts_of(pool))
+            hosts = reach if hosts is None else hosts & reach
+        return frozenset(hosts or ())
+
+    # -- data volumes ----------------------------------------------------------------------------
+    def create(self, name: str, project: str, size_mib: int, pool: str | None = None,
+               project_id: int | None = None) -> Row:
+        """A blank qcow2 volume; charged and given pool space in the admitting transaction, then made on a
+        host and read back. A host that refuses: nothing is left (the row and charge go)."""
+        check_name(name)
+        if size_mib <= 0:
+            raise Invalid(f"size must be greater than zero, got {size_mib} MiB", field="size")
+        with self.o.db.transaction() as conn:
+            p = L.lock_project(conn, project_id, name=None if project_id is not None else project)
+            check_admission(p.name, L.quota_row(p), L.ledger_row(p), Usage(storage_mib=size_mib))
+            chosen = R.choose_pool(self.o.pools.views(conn), size_mib, name=pool)
+            pool_id = SL.pool_row(conn, chosen.name).id
+            self.o.pools.take(conn, chosen, pool_id, size_mib)
+            self._ensure_new(conn, name)
+            SL.insert_volume(conn, name=name, project_id=p.id, pool_id=pool_id, size_mib=size_mib, format="qcow2",
+                             role="data", note=f"{size_mib} MiB on {chosen.name}")
+        return self._make(name)
+
+    @staticmethod
+    def _ensure_new(conn: Connection, name: str) -> None:
+        if conn.execute(Volume.__table__.select().where(_VO.name == name)).first() is not None:
+            from .errors import AlreadyExists
+
+            raise AlreadyExists(f"volume {name!r} already exists", field="name")
+
+    def _make(self, name: str, prefer_host: str | None = None) -> Row:
+        """Create the volume a `creating` row stands for, on a host of its pool; read back."""
+        v = self.row(name)
+        pool = self.o.pools.row(v.pool_name)
+        spec = disk_spec(v)
+        try:
+            driver = self.o.pools.driver_for(pool, prefer=prefer_host)
+            backing = backing_format = None
+            if v.template is not None:
+                t = self.o.catalog.template(v.template)
+                backing, backing_format = images.ensure_on_host(driver, t.disk_image, t.disk_format), t.disk_format
+            failpoints.hit("volume.before-create")
+            info = driver.create_volume(pool.name, spec.volume, v.size_mib, "qcow2", backing, backing_format)
+            failpoints.hit("volume.after-create")
+        except (DriverError, Conflict) as exc:
+            self._undo_create(v, pool, exc)
+            raise Conflict(f"volume {name} could not be created on pool {pool.name}: {exc}", field="pool") from None
+        if info.capacity_mib < v.size_mib:
+            raise Conflict(f"volume {name}: pool {pool.name} made it {info.capacity_mib} MiB, not {v.size_mib}",
+                           field="size")
+        with self.o.db.transaction() as conn:
+            now = SL.volume_row(conn, name, lock=True)
+            SL.set_volume(conn, now, state="attached" if now.vm_id else "available", note=f"created at {info.path}")
+            return SL.volume_row(conn, name)
+
+    def _undo_create(self, v: Row, pool: Row, exc: Exception) -> None:
+        """The create failed: the row goes only if the pool confirms the file is not there."""
+        try:
+            driver = self.o.pools.driver_for(pool)
+            there = driver.volume(pool.name, disk_spec(v).volume) is not None
+        except (DriverError, Conflict):
+            return                                  # can not tell: left `creating`, charged; resolve() asks again
+        with self.o.db.transaction() as conn:
+            now = SL.volume_row(conn, v.name, lock=True)
+            if there:
+                SL.set_volume(conn, now, state="attached" if now.vm_id else "available", note="created (read back)")
+            else:
+                L.lock_project(conn, now.project_id)
+                SL.remove_volume(conn, now, note=f"not created: {exc}")
+
+    def attach(self, name: str, vm: str, project_id: int | None = None) -> Row:
+        with self.o.db.transaction() as conn:
+            v = SL.volume_row(conn, name, lock=True)
+            row = L.vm_row(conn, name=vm, lock=True)
+            self._owned(v, project_id)
+            if row.project_id != v.project_id:
+                raise Conflict(f"volume {name} is in project {v.project}; vm {vm} is not", field="vm")
+            if v.state != "available":
+                raise Conflict(f"volume {name} is {v.state}" + (f" (to {v.vm_name})" if v.vm_name else "")
+                               + "; only an available volume can be attached", field="volume")
+            if row.state not in (VmState.running.value, VmState.stopped.value):
+                raise Conflict(f"vm {vm} is {row.state}; attach a volume to a running or stopped VM", field="vm")
+            reach = self.storage_hosts(conn, row.id)
+            pool = SL.pool_row(conn, v.pool_name)
+            mine = set(self.o.pools.hosts_of(pool))
+            if row.host_name and row.host_name not in mine:
+                raise Conflict(f"volume {name} is on pool {pool.name}, which {row.host_name} (vm {vm}'s host) can not "
+                               f"open", field="volume")
+            if reach is not None and not (reach & mine):
+                raise Conflict(f"volume {name} is on pool {pool.name}; no host opens it and vm {vm}'s disks together",
+                               field="volume")
+            device = R.next_device(d.device for d in SL.vm_volumes(conn, row.id))
+            live = row.state == VmState.running.value
+            SL.set_volume(conn, v, state="attaching" if live else "attached", vm_id=row.id, device=device,
+                          vm_name=vm, note=f"as {device}" + (" (hot-plug)" if live else ""))
+        if not live:
+            return self.row(name)
+        return self._plug(name, row.host_name, vm)
+
+    def _plug(self, name: str, host: str, vm: str) -> Row:
+        v = self.row(name)
+        driver = self.o.drivers[host]
+        error = None
+        try:
+            failpoints.hit("volume.before-attach")
+            driver.attach_disk(domain_name(vm), disk_spec(v))
+        except DriverError as exc:
+            error = exc
+        return self._settle_plug(name, host, vm, error)
+
+    def _settle_plug(self, name: str, host: str, vm: str, error: Exception | None) -> Row:
+        """Record what the domain has now (read back), whatever the request answered."""
+        v = self.row(name)
+        try:
+            present = disk_spec(v).path in self.o.drivers[host].domain_disks(domain_name(vm)).values()
+        except DriverError as exc:
+            raise Conflict(f"volume {name}: {host} did not say whether vm {vm} has it ({exc}); it stays {v.state} "
+                           f"until the host answers", field="volume") from None
+        with self.o.db.transaction() as conn:
+            now = SL.volume_row(conn, name, lock=True)
+            if present:
+                SL.set_volume(conn, now, state="attached", note=f"{vm} has it as {now.device} (read back)")
+            else:
+                SL.set_volume(conn, now, state="available", vm_id=None, device=None,
+                              note=f"{vm} does not have it (read back)" + (f": {error}" if error else ""))
+        if error is not None and not present and v.state == "attaching":
+            raise Conflict(f"volume {name} could not be attached to {vm}: {error}", field="volume")
+        if error is not None and present and v.state == "detaching":
+            raise Conflict(f"volume {name} is still attached to {vm}: {error}", field="volume")
+        return self.row(name)
+
+    def detach(self, name: str, project_id: int | None = None) -> Row:
+        with self.o.db.transaction() as conn:
+            v = SL.volume_row(conn, name, lock=True)
+            self._owned(v, project_id)
+            if v.role == "root":
+                raise Conflict(f"volume {name} is vm {v.vm_name}'s root disk; it can not be detached", field="volume")
+            if v.state != "attached":
+                raise Conflict(f"volume {name} is {v.state}; only an attached volume can be detached", field="volume")
+            row = L.vm_row(conn, vm_id=v.vm_id, lock=True)
+            if row.state not in (VmState.running.value, VmState.stopped.value):
+                raise Conflict(f"vm {row.name} is {row.state}; detach once it is running or stopped", field="vm")
+            live = row.state == VmState.running.value
+            if not live:
+                SL.set_volume(conn, v, state="available", vm_id=None, device=None, note=f"from stopped vm {row.name}")
+            else:
+                SL.set_volume(conn, v, state="detaching", note=f"from {row.name} (unplug asked)")
+        if not live:
+            return self.row(name)
+        error = None
+        try:
+            failpoints.hit("volume.before-detach")
+            self.o.drivers[row.host_name].detach_disk(domain_name(row.name), v.device)
+        except DriverError as exc:
+            error = exc
+        return self._settle_plug(name, row.host_name, row.name, error)
+
+    def delete(self, name: str, project_id: int | None = None) -> None:
+        with self.o.db.transaction() as conn:
+            v = SL.volume_row(conn, name, lock=True)
+            self._owned(v, project_id)
+            if v.vm_id is not None or v.state != "available":
+                raise Conflict(f"volume {name} is {v.state}" + (f" (vm {v.vm_name})" if v.vm_name else "")
+                               + "; only an available (detached) volume can be deleted", field="volume")
+            SL.set_volume(conn, v, state="deleting")
+        self._unmake(name)
+
+    def _unmake(self, name: str) -> None:
+        """Delete the file a `deleting` row stands for; the row (and charge) go once the pool confirms."""
+        v = self.row(name)
+        pool = self.o.pools.row(v.pool_name)
+        file = disk_spec(v).volume
+        try:
+            driver = self.o.pools.driver_for(pool)
+            failpoints.hit("volume.before-delete")
+            driver.delete_volume(pool.name, file)
+            gone = driver.volume(pool.name, file) is None
+        except (DriverError, Conflict) as exc:
+            raise Conflict(f"volume {name}: pool {pool.name} did not confirm the delete ({exc}); it stays deleting "
+                           f"and is retried", field="volume") from None
+        with self.o.db.transaction() as conn:
+            now = SL.volume_row(conn, name, lock=True)
+            L.lock_project(conn, now.project_id)
+            if gone:
+                SL.remove_volume(conn, now, note=f"deleted from {pool.name}")
+            else:
+                SL.set_volume(conn, now, state="available", note="the pool still lists it")
+        if not gone:
+            raise Conflict(f"volume {name}: pool {pool.name} still lists it after the delete", field="volume")
+
+    def resize(self, name: str, size_mib: int, project_id: int | None = None) -> Row:
+        """Grow a volume (root disks too): the increase is charged and taken on its pool first, in one
+        transaction; then the host grows it: live through the running domain (blockResize), else the
+        file (offline). Read back: the record takes the size the pool reports; a host that refused gives
+        the increase back. Shrinking is refused (a file system does not survive it)."""
+        with self.o.db.transaction() as conn:
+            v = SL.volume_row(conn, name, lock=True)
+            self._owned(v, project_id)
+            if size_mib <= v.size_mib:
+                raise Invalid(f"volume {name} is {v.size_mib} MiB; it can only grow (asked {size_mib} MiB)",
+                              field="size")
+            if v.state not in ("attached", "available") or v.copy_pool_id is not None:
+                raise Conflict(f"volume {name} is {v.state}" + (" and being copied" if v.copy_pool_id else "")
+                               + "; resize it once it is attached or available", field="volume")
+            vm = L.vm_row(conn, vm_id=v.vm_id, lock=True) if v.vm_id else None
+            if vm is not None and vm.state not in (VmState.running.value, VmState.stopped.value):
+                raise Conflict(f"vm {vm.name} is {vm.state}; resize its disks once it is running or stopped",
+                               field="vm")
+            grow = size_mib - v.size_mib
+            p = L.lock_project(conn, v.project_id)
+            check_admission(p.name, L.quota_row(p), L.ledger_row(p), Usage(storage_mib=grow))
+            pool = SL.pool_row(conn, v.pool_name)
+            if view(pool).free_mib < grow:          # (take() would blame "another request")
+                raise InsufficientCapacity(f"pool {pool.name}: {max(view(pool).free_mib, 0)} MiB free of "
+                                           f"{pool.capacity_mib} MiB, volume {name} asks {grow} MiB more",
+                                           field="pool")
+            self.o.pools.take(conn, view(pool), pool.id, grow)
+            L.add_to_ledger(conn, p.id, Usage(storage_mib=grow))
+            SL.set_volume(conn, v, state="resizing", size_mib=size_mib, note=f"{v.size_mib} -> {size_mib} MiB")
+            live = vm is not None and vm.state == VmState.running.value
+        error = None
+        try:
+            if live:
+                self.o.drivers[vm.host_name].grow_disk(domain_name(vm.name), v.device, size_mib)
+            else:
+                self.o.pools.driver_for(pool).resize_volume(pool.name, disk_spec(v).volume, size_mib)
+        except (DriverError, Conflict) as exc:
+            error = exc
+        return self._settle_size(name, v.size_mib, size_mib, error)
+
+    def _settle_size(self, name: str, old_mib: int, asked_mib: int, error: Exception | None) -> Row:
+        """Keep the charge of the size the pool reports. While it can not say, the volume stays
+        `resizing`, charged at the larger size, and resolve() reads it again (it stayed larger in the
+        record for good: the audit found the pool's file smaller)."""
+        v = self.row(name)
+        pool = self.o.pools.row(v.pool_name)
+        try:
+            info = self.o.pools.driver_for(pool).volume(pool.name, disk_spec(v).volume)
+        except (DriverError, Conflict) as exc:
+            raise Conflict(f"volume {name}: pool {pool.name} did not say its size after the grow to {asked_mib} "
+                           f"MiB ({error or exc}); it stays resizing and is read again", field="size") from None
+        if info is None:
+            raise Conflict(f"volume {name}: pool {pool.name} does not list it; it stays resizing", field="size")
+        with self.o.db.transaction() as conn:
+            now = SL.volume_row(conn, name, lock=True)
+            back = asked_mib - max(info.capacity_mib, old_mib) if info.capacity_mib < asked_mib else 0
+            if back:
+                L.lock_project(conn, now.project_id)
+                L.add_to_ledger(conn, now.project_id, Usage(storage_mib=-back))
+                SL.add_to_pool(conn, now.pool_id, -back)
+            state = ("attached" if now.vm_id else "available") if now.state == "resizing" else now.state
+            SL.set_volume(conn, now, state=state, size_mib=asked_mib - back, note=f"{asked_mib - back} MiB (read back)")
+        if error is not None:
+            raise Conflict(f"volume {name} could not be grown to {asked_mib} MiB: {error}", field="size")
+        return self.row(name)
+
+    @staticmethod
+    def _owned(v: Row, project_id: int | None) -> None:
+        if project_id is not None and v.project_id != project_id:
+            from .errors import NotFound
+
+            raise NotFound(f"volume {v.name!r} does not exist", field="volume")
+
+    # -- root disks ------------------------------------------------------------------------------
+    def root_size(self, template: Row, offering: Row, asked_mib: int | None) -> int:
+        return R.root_disk_size(template.disk_mib, offering.root_disk_mib, offering.max_root_disk_mib, asked_mib,
+                                offering.name)
+
+    def root_pool(self, conn: Connection, size_mib: int, pool: str | None, host: str | None,
+                  cluster: str | None) -> R.PoolView:
+        return R.choose_pool(self.o.pools.views(conn), size_mib, name=pool, host=host, cluster=cluster)
+
+    def reach_for_new(self, conn: Connection, size_mib: int, pool: str | None,
+                      cluster: str | None) -> frozenset[str]:
+        """Hosts a new VM with a root disk of this size could start on: those that open a pool with room."""
+        hosts: set[str] = set()
+        for p in self.o.pools.views(conn):
+            if (pool is not None and p.name != pool) or R._refusal(p, size_mib, None, cluster, None):
+                continue
+            row = SL.pool_row(conn, p.name)
+            hosts.update(self.o.pools.hosts_of(row))
+        return frozenset(hosts)
+
+    def add_root(self, conn: Connection, vm_id: int, vm: str, project_id: int, template_id: int, size_mib: int,
+                 chosen: R.PoolView) -> None:
+        """In the VM's admitting transaction (its storage already on the ledger): the root disk's row and
+        its pool space."""
+        pool_id = SL.pool_row(conn, chosen.name).id
+        self.o.pools.take(conn, chosen, pool_id, size_mib)
+        self._ensure_new(conn, f"{vm}-root")
+        SL.insert_volume(conn, charge=False, name=f"{vm}-root", project_id=project_id, pool_id=pool_id,
+                         size_mib=size_mib, format="qcow2", role="root", template_id=template_id, vm_id=vm_id,
+                         device="vda", note=f"root disk of {vm}, {size_mib} MiB on {chosen.name}")
+
+    def make_root(self, vm: str, host: str | None) -> None:
+        self._make(f"{vm}-root", prefer_host=host)
+
+    def delete_disks(self, vm_id: int, keep: bool) -> None:
+        """A VM being deleted: its root disk is deleted (or, kept, becomes an available volume) and its
+        data volumes are detached (they outlive it)."""
+        with self.o.db.transaction() as conn:
+            disks = SL.vm_volumes(conn, vm_id)
+            for v in disks:
+                if v.role == "root" and not keep:
+                    SL.set_volume(conn, v, state="deleting", note=f"vm {v.vm_name} deleted")
+                elif v.state in ("creating", "resizing"):     # not confirmed yet: resolve() finishes it
+                    SL.set_volume(conn, v, vm_id=None, device=None, role="data", note=f"kept; vm {v.vm_name} deleted")
+                else:
+                    SL.set_volume(conn, v, state="available", vm_id=None, device=None, role="data",
+                                  note=f"kept; vm {v.vm_name} deleted")
+        for v in disks:
+            if v.role == "root" and not keep:
+                self._unmake(v.name)
+
+    # -- recovery --------------------------------------------------------------------------------
+    def resolve(self, min_age_s: float = 0.0) -> list[str]:
+        """Finish or undo every volume left between two steps (for `min_age_s` at least: younger ones
+        may still be carried by the request that started them), by asking its pool / its VM's host."""
+        done = []
+        now = utcnow()
+        for v in [r for r in self.rows() if r.state in IN_BETWEEN
+                  and (now - r.updated_at).total_seconds() >= min_age_s]:
+            try:
+                if v.state == "creating":
+                    self._make(v.name)
+                elif v.state == "resizing":
+                    self._settle_size(v.name, 0, v.size_mib, None)
+                elif v.state == "deleting":
+                    self._unmake(v.name)
+                elif v.vm_name:
+                    with self.o.db.transaction() as conn:
+                        host = L.vm_row(conn, vm_id=v.vm_id).host_name
+                    if host:
+                        self._settle_plug(v.name, host, v.vm_name, None)
+                    elif not self._settle_stopped(v.name):
+                        continue                # its VM is between two steps: asked again next pass
+                done.append(v.name)
+            except Conflict as exc:
+                log.info("volume %s left %s: %s", v.name, v.state, exc)
+        return done
+
+    def adopt_unplugged(self) -> list[str]:
+        """Data volumes attached (in the store) to a running VM whose domain no longer has them: an unplug
+        the guest completed after the detach request gave up (it was read back attached then; libvirt's
+        device-removed event comes late). Recorded available once a second read agrees."""
+        def missing() -> set[tuple[str, str, str]]:
+            with self.o.db.transaction() as conn:
+                rows = SL.volume_rows(conn, _VO.state == "attached", _VO.role == "data")
+                vms = {r.vm_id: L.vm_row(conn, vm_id=r.vm_id) for r in rows if r.vm_id is not None}
+            have: dict[int, set[str] | None] = {}
+            found = set()
+            for r in rows:
+                vm = vms.get(r.vm_id)
+                if vm is None or vm.state != VmState.running.value or vm.host_name not in self.o.drivers:
+                    continue
+                if vm.id not in have:
+                    try:
+                        have[vm.id] = set(self.o.drivers[vm.host_name].domain_disks(domain_name(vm.name)).values())
+                    except DriverError:
+                        have[vm.id] = None          # can not tell: nothing is changed
+                if have[vm.id] is not None and disk_spec(r).path not in have[vm.id]:
+                    found.add((r.name, vm.name, vm.host_name))
+            return found
+
+        gone = missing()
+        gone = gone & missing() if gone else gone
+        done = []
+        for name, vm, host in sorted(gone):
+            with self.o.db.transaction() as conn:
+                now = SL.volume_row(conn, name, lock=True)
+                if now.state != "attached" or now.vm_name != vm:
+                    continue
+                row = L.vm_row(conn, vm_id=now.vm_id, lock=True)
+                if row.state != VmState.running.value or row.host_name != host:
+                    continue
+                SL.set_volume(conn, now, state="available", vm_id=None, device=None,
+                              note=f"the domain of {vm} on {host} no longer has it (unplugged late; read back)")
+            done.append(name)
+        return done
+
+    def _settle_stopped(self, name: str) -> bool:
+        """A hot-plug or unplug whose VM stopped before it was settled (no domain to ask): finished as
+        on a stopped VM (attaching: attached, its domain gets it at the next start; detaching: available).
+        Left as it is (False) while the VM is in another state than stopped."""
+        with self.o.db.transaction() as conn:
+            now = SL.volume_row(conn, name, lock=True)
+            if now.state not in ("attaching", "detaching") or now.vm_id is None:
+                return True
+            vm = L.vm_row(conn, vm_id=now.vm_id, lock=True)
+            if vm.state != VmState.stopped.value:
+                return False
+            if now.state == "attaching":
+                SL.set_volume(conn, now, state="attached", note=f"vm {vm.name} stopped meanwhile: attached cold")
+            else:
+                SL.set_volume(conn, now, state="available", vm_id=None, device=None,
+                              note=f"vm {vm.name} stopped meanwhile: detached cold")
+        return True
+
+    def usage_check(self, conn: Connection) -> list[str]:
+        """Pools' used_mib == the volumes (and copies) on them; the audit reports any difference."""
+        problems = []
+        for p in conn.execute(Pool.__table__.select()).all():
+            rows = conn.execute(Volume.__table__.select().where(
+                (_VO.pool_id == p.id) | (_VO.copy_pool_id == p.id))).all()
+            total = sum(r.size_mib for r in rows if r.pool_id == p.id) + sum(
+                r.size_mib for r in rows if r.copy_pool_id == p.id)
+            if total != p.used_mib:
+                problems.append(f"pool {p.name}: used {p.used_mib} MiB recorded, volumes take {total} MiB")
+        for p in conn.execute(Project.__table__.select()).all():
+            total = sum(r.size_mib for r in conn.execute(Volume.__table__.select().where(_VO.project_id == p.id)))
+            if total != p.used_storage_mib:
+                problems.append(f"project {p.name}: storage ledger {p.used_storage_mib} MiB, volumes {total} MiB")
+        return problems
+
+
+__all__ = ["Volumes", "disk_spec", "view"]
