@@ -309,6 +309,9 @@ class Catalog:
             if value is not None and not valid_image(value):
                 raise Invalid(f"{field} must be an image name (like tiny-linux) or an absolute path of letters, "
                               f"digits, '.', '_', '-' and '/', without '..'", field=field)
+        if image.startswith("/") and not os.path.exists(image):
+            raise Invalid(f"image {image} does not exist on the control plane (give a disk image file, or a "
+                          f"folder with vmlinuz and initrd.gz)", field="image")
         if image.startswith("/") and os.path.isfile(image):
             if disk is not None:
                 raise Invalid("a disk image template boots its image: give --disk only with a kernel image",

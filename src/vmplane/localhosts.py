@@ -174,9 +174,12 @@ exec {LIBVIRTD} -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid
 
 
 # virtlockd daemonizes once its socket is ready (`-d`) and writes its pid under run/; libvirtd's lockd
-# plugin finds it at /run/libvirt/virtlockd-sock
-_LOCKD_START = (f"rm -f /run/libvirt/virtlockd-sock; {VIRTLOCKD} -d -f /etc/libvirt/virtlockd.conf "
-                "-p /run/libvirt/virtlockd.pid")
+# plugin finds it at /run/libvirt/virtlockd-sock. One that still runs (libvirtd died, its guests and their
+# leases live on) is kept: it holds those leases, and the new libvirtd reaches it through the same socket
+_LOCKD_START = ("p=$(cat /run/libvirt/virtlockd.pid 2>/dev/null || true); "
+                "if [ -z \"$p\" ] || [ \"$(cat /proc/$p/comm 2>/dev/null)\" != virtlockd ]; then "
+                f"rm -f /run/libvirt/virtlockd-sock; {VIRTLOCKD} -d -f /etc/libvirt/virtlockd.conf "
+                "-p /run/libvirt/virtlockd.pid; fi")
 
 
 def _ensure_lockd(host: LocalHost) -> None:
