@@ -41,6 +41,9 @@ def one(c, kind: str, data_mib: int, timeout_s: float) -> dict:
     vm, vol = f"{kind}-{data_mib}", f"d-{kind}-{data_mib}"
     c.post("/vms", json={"name": vm, "project": "b", "offering": "o", "template": "tiny-linux", "pool": pool,
                          "start": True}).raise_for_status()
+    t0 = time.monotonic()
+    while c.get(f"/vms/{vm}").json()["state"] != "running" and time.monotonic() - t0 < 300:
+        time.sleep(0.5)
     c.post("/volumes", json={"name": vol, "project": "b", "size_mib": data_mib + 16, "pool": pool}).raise_for_status()
     c.post(f"/volumes/{vol}/attach", json={"vm": vm}).raise_for_status()
     exec_(c, vm, "while ! grep -q vdb /proc/partitions; do sleep 0.2; done", 60)

@@ -4,7 +4,9 @@ and check that nothing was lost, duplicated or leaked.
 Each round forks a control plane (an Orchestrator with its thread pool, over the SQLite store and
 the sim hosts' fabric file) that runs a random workload: create and start, stop, delete, live
 migrate and cancel, live scale (growing past a full host, so that it migrates first), drain a host
-and bring it back, change quotas and whether overhead counts. The round ends with a kill:
+and bring it back, change quotas and whether overhead counts; with storage (the default), VMs with
+root disks on small local and shared pools, and volumes created, attached (hot-plugged into running VMs),
+detached, grown and deleted against small storage quotas. The round ends with a kill:
 - at a named crash point (vmplane.failpoints), armed for its N-th pass, or
 - at a random moment, by the harness, after 0-150 ms.
 Then a new control plane starts on the same store and hosts (its start-up reconciles and resumes),
@@ -13,7 +15,11 @@ is given time to finish what was in flight, and is checked:
 - no host runs a vmplane domain the store does not know;
 - each project's ledger == the usage recomputed from its VMs, within quota;
 - each host's used capacity == the sum of its claims, and its claims == what runs there;
-- no operation and no migration is still in flight, and no VM is left between two steps.
+- no operation and no migration is still in flight, and no VM is left between two steps;
+- no volume is left between two steps (start-up recovery settled them), no migration's copy is left
+  claimed, each project's storage ledger == its volumes (within quota), each pool's used space == the
+  volumes on it, and the storage audit (every volume in its pool at its size, attached where the store
+  says, no unknown vmplane file in a pool) has no finding.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 from vmplane import failpoints
 from vmplane.drivers import simfabric
 from vmplane.drivers.sim import SimDriver
+from vmplane.drivers.simstorage import SHARED
 from vmplane.errors import VmplaneError
 from vmplane.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
@@ -41,12 +48,29 @@ GIB = 1024
 PROJECTS = {"alpha": (12, 20 * GIB, 8), "beta": (8, 12 * GIB, 6), "gamma": (6, 10 * GIB, 5)}
 OFFERINGS = (("s1", 1, 512), ("s2", 2, 1024), ("m4", 4, 2048), ("l6", 4, 6144))
 HOSTS = 4
+STORAGE_MIB = {"alpha": 3 * GIB, "beta": 2 * GIB, "gamma": 1536}     # storage quota per project
+LOCAL_POOL_MIB, SHARED_POOL_MIB = 2 * GIB, 3 * GIB                   # small pools: they fill up
+POOLS = (None, "shared", *(f"local-h{i}" for i in range(1, HOSTS + 1)))
+# the crash points of the volume steps (failpoints.POINTS may not list them yet)
+VOLUME_POINTS = ("volume.before-create", "volume.after-create", "volume.before-attach", "volume.before-detach",
+                 "volume.before-delete")
 COPY_RATE_MIB_S = 12 * GIB          # a 1 GiB VM copies in ~80 ms: long enough to be killed mid-copy
 SETTLE_S = 30.0
 
 
-def seed_cluster(url: str) -> None:
-    """Zone, cluster, four small sim hosts, offerings that scale live, three tight projects."""
+def crash_points() -> tuple[str, ...]:
+    return failpoints.POINTS + tuple(p for p in VOLUME_POINTS if p not in failpoints.POINTS)
+
+
+def seed_cluster(url: str, storage: bool = True) -> None:
+    """Zone, cluster, four small sim hosts, offerings that scale live, three tight projects; with
+    `storage`: a small local pool per host, a small shared pool, a template with a disk image and
+    storage quotas."""
+    if storage:
+        fabric = simfabric.SimFabric.for_store(url)
+        for i in range(1, HOSTS + 1):
+            fabric.set_capacity(f"h{i}", LOCAL_POOL_MIB)
+        fabric.set_capacity(SHARED, SHARED_POOL_MIB)
     db = Database(url)
     db.migrate()
     o = Orchestrator(db, InlineExecutor())
@@ -61,7 +85,13 @@ def seed_cluster(url: str) -> None:
         c.create_offering(Offering(name, OfferingKind.fixed, vcpus=vcpus, memory_mib=memory, dynamic_scaling=True))
     c.create_template("t", "tiny-linux", dynamic_scaling=True)
     for name, (vcpus, memory, vms) in PROJECTS.items():
-        c.create_project(name, vcpus, memory, vms, count_overhead=True)
+        c.create_project(name, vcpus, memory, vms, count_overhead=True,
+                         **({"storage_mib": STORAGE_MIB[name]} if storage else {}))
+    if storage:
+        c.create_template("disk", "tiny-linux", disk="tiny-linux", dynamic_scaling=True)
+        for i in range(1, HOSTS + 1):
+            o.pools.create(f"local-h{i}", "local", host=f"h{i}")
+        o.pools.create("shared", "shared", cluster="c1")
     o.close()
     db.dispose()
 
@@ -72,8 +102,55 @@ def _vms(o: Orchestrator, *states: str) -> list[str]:
 
 
 def _create(o, rng, n):
-    o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", rng.choice(list(PROJECTS)), rng.choice(OFFERINGS)[0], "t",
-                start=rng.random() < 0.85)
+    """A VM; half of them (when the cluster has storage) with a root disk on a random pool."""
+    disk = _has_storage(o) and rng.random() < 0.5
+    o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", rng.choice(list(PROJECTS)), rng.choice(OFFERINGS)[0],
+                "disk" if disk else "t", start=rng.random() < 0.85, pool=rng.choice(POOLS) if disk else None)
+
+
+def _has_storage(o) -> bool:
+    return bool(o.pools.rows())
+
+
+def _volumes(o, *states: str, role: str | None = None) -> list:
+    return [v for v in o.volumes.rows() if v.state in states and (role is None or v.role == role)]
+
+
+def _create_volume(o, rng, n):
+    if _has_storage(o):
+        o.volumes.create(f"vol-{n}-{rng.randrange(10**6)}", rng.choice(list(PROJECTS)), rng.choice((64, 128, 512)),
+                         pool=rng.choice(POOLS))
+
+
+def _attach(o, rng, n):
+    """An available volume to a VM of its project (a running one mostly: hot-plugged)."""
+    if not (free := _volumes(o, "available")):
+        return
+    v = rng.choice(free)
+    vms = [x for x in o.vms() if x.project.name == v.project and x.state in ("running", "stopped")]
+    running = [x for x in vms if x.state == "running"]
+    if pick := (running if running and rng.random() < 0.8 else vms):
+        o.volumes.attach(v.name, rng.choice(pick).name)
+
+
+def _detach(o, rng, n):
+    """A data volume from its VM (a running one mostly: unplugged live)."""
+    attached = _volumes(o, "attached", role="data")
+    running = set(_vms(o, "running"))
+    live = [v for v in attached if v.vm_name in running]
+    if pick := (live if live and rng.random() < 0.8 else attached):
+        o.volumes.detach(rng.choice(pick).name)
+
+
+def _delete_volume(o, rng, n):
+    if free := _volumes(o, "available"):
+        o.volumes.delete(rng.choice(free).name)
+
+
+def _resize_volume(o, rng, n):
+    if vols := _volumes(o, "available", "attached"):
+        v = rng.choice(vols)
+        o.volumes.resize(v.name, v.size_mib + rng.choice((1, 64, 256)))
 
 
 def _start(o, rng, n):
@@ -88,7 +165,7 @@ def _stop(o, rng, n):
 
 def _delete(o, rng, n):
     if names := _vms(o, "stopped"):
-        o.delete_vm(rng.choice(names))
+        o.delete_vm(rng.choice(names), keep_disk=rng.random() < 0.3)
 
 
 def _migrate(o, rng, n):
@@ -132,17 +209,22 @@ def _quota(o, rng, n):
     if rng.random() < 0.3:
         o.catalog.set_quota(name, count_overhead=rng.random() < 0.7)
     else:
-        o.catalog.set_quota(name, vcpus=vcpus + rng.randint(-3, 0), memory_mib=memory + rng.randint(-4, 0) * GIB)
+        storage = {"storage_mib": STORAGE_MIB[name] - rng.randint(0, 2) * 256} if _has_storage(o) else {}
+        o.catalog.set_quota(name, vcpus=vcpus + rng.randint(-3, 0), memory_mib=memory + rng.randint(-4, 0) * GIB,
+                            **storage)
 
 
 ACTIONS = ((_create, 5), (_start, 2), (_stop, 2), (_delete, 1), (_migrate, 3), (_scale, 4), (_scale_where_full, 2), (_drain, 1),
-           (_cancel, 1), (_quota, 1))
+           (_cancel, 1), (_quota, 1), (_create_volume, 2), (_attach, 2), (_detach, 1), (_delete_volume, 1),
+           (_resize_volume, 1))
 
 
 def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "") -> None:
     """Random actions; with a crash point armed (`focus`), the actions that reach it are made likelier."""
     boost = {"scale.migrating": _scale_where_full, "scale.after-migration": _scale_where_full,
-             "drain.mid": _drain}.get(focus)
+             "drain.mid": _drain, "volume.before-create": _create_volume, "volume.after-create": _create_volume,
+             "volume.before-attach": _attach, "volume.before-detach": _detach,
+             "volume.before-delete": _delete_volume}.get(focus)
     actions, weights = zip(*((a, w * 3 if a is boost else w) for a, w in ACTIONS))
     for n in range(steps):
         try:
@@ -188,7 +270,25 @@ def check(o: Orchestrator) -> list[str]:
     problems = [f"still in flight after {SETTLE_S:.0f} s: {x}" for x in settle(o, SETTLE_S)]
     problems += [f"vm {v.name} left {v.state}" for v in o.vms()
                  if v.state in ("starting", "stopping", "migrating", "scaling")]
-    return problems + o.audit()
+    return problems + storage_problems(o) + o.audit()
+
+
+def storage_problems(o: Orchestrator) -> list[str]:
+    """No volume between two steps (recovery settled them), no copy left claimed, each project's storage
+    ledger == its volumes and within quota (the pools' used space == volumes: in the audit)."""
+    problems = [f"volume {v.name} left {v.state}" for v in o.volumes.rows()
+                if v.state in ("creating", "attaching", "detaching", "deleting")]
+    problems += [f"volume {v.name} still has a copy on {v.copy_pool_name}" for v in o.volumes.rows()
+                 if v.copy_pool_name]
+    for project in PROJECTS:
+        u = o.project_usage(project)
+        if u["ledger"].storage_mib != u["recomputed"].storage_mib:
+            problems.append(f"project {project}: storage ledger {u['ledger'].storage_mib} MiB, recomputed "
+                            f"{u['recomputed'].storage_mib} MiB")
+        if u["quota"].storage_mib is not None and u["ledger"].storage_mib > u["quota"].storage_mib:
+            problems.append(f"project {project}: {u['ledger'].storage_mib} MiB of storage > quota "
+                            f"{u['quota'].storage_mib} MiB")
+    return problems
 
 
 @dataclass
@@ -227,7 +327,7 @@ def run(home: Path, rounds: int, seed: int, steps: int = 60, timed_share: float 
     rng = random.Random(seed)
     ctx = multiprocessing.get_context("fork")
     report = Report()
-    points, next_point, misses = list(failpoints.POINTS), 0, 0
+    points, next_point, misses = list(crash_points()), 0, 0
     for number in range(rounds):
         timed = rng.random() < timed_share
         armed = {} if timed else {points[next_point % len(points)]: rng.randint(1, 2)}

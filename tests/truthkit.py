@@ -15,7 +15,10 @@ monitor, the periodic full sync, the libvirt-event loop, the migration settle lo
 - check: nothing in flight (30 s at most), no VM between two steps, and `Orchestrator.audit()`:
   every VM's record == what its host runs, at the size (usable vCPUs, memory), CPU cap and state the
   host reports; stopped VMs run nowhere; no domain the store does not know; ledger == recomputed and
-  within quota; host usage == claims == index.
+  within quota; host usage == claims == index; and the storage: no volume between two steps, each
+  volume in its pool at its size and attached to the domains the store says (hot-plugs and unplugs
+  under faults: detaches the guest completes late or never, disk copies that fail), storage ledger ==
+  volumes, pools' used space == volumes.
 Mutants (MUTANTS, `bench/truth.py --mutant NAME`) break one rule of the code under test by rewriting
 its source at run time; the harness must then find a problem.
 """
@@ -76,8 +79,8 @@ def _create_small(o, rng, n):
 
 
 # crashkit's actions, with more stops and deletes (the cluster keeps churning instead of filling its
-# quotas), CPU-cap changes, scale-downs that unplug DIMMs, and small VMs (which can give back growth)
-_WEIGHTS = {crashkit._delete: 2, crashkit._migrate: 4}
+# quotas), more volume attaches and detaches (hot-plugs that the guest completes late or never), CPU-cap changes, scale-downs that unplug DIMMs, and small VMs (which can give back growth)
+_WEIGHTS = {crashkit._delete: 2, crashkit._migrate: 4, crashkit._attach: 3, crashkit._detach: 3}
 ACTIONS = (*((a, _WEIGHTS.get(a, w)) for a, w in crashkit.ACTIONS), (_scale_cap, 2), (_scale_down, 5), (_create_small, 3))
 
 
@@ -102,6 +105,9 @@ def _loops_once(o: Orchestrator) -> None:
     settle_loop = getattr(o, "migration_settle", None)
     if settle_loop is not None:
         settle_loop.run_once()
+    # volumes left between two steps by a host that did not answer, copies left by migrations (the
+    # workload is over: no request carries a volume step any more, so no minimum age)
+    o.storage_settle.run_once(min_age_s=0)
 
 
 def quiet(o: Orchestrator, fabric: SimFabric, faults: SimFaults) -> list[str]:
@@ -131,7 +137,7 @@ def check(o: Orchestrator, left: list[str]) -> list[str]:
     problems = [f"still in flight after {QUIET_S:.0f} s: {x}" for x in left]
     problems += [f"vm {v.name} left {v.state}" for v in o.vms()
                  if v.state in ("starting", "stopping", "migrating", "scaling")]
-    return problems + o.audit()
+    return problems + crashkit.storage_problems(o) + o.audit()
 
 
 # -- mutants: one rule of the code under test broken, by rewriting its source ----------------------
@@ -240,12 +246,13 @@ def make_faults(seed: int, migration_faults: bool, scale: float = 1.0, overrides
 
 def run(home: Path, rounds: int, seed: int, steps: int = 60, migration_faults: bool = False,
         mutant: str | None = None, fault_scale: float = 3.0, faults: dict | None = None, log=lambda line: None,
-        stop_at_problem: bool = True) -> Report:
+        stop_at_problem: bool = True, storage: bool = True) -> Report:
     """`rounds` rounds (workload under faults, quiet, check) on one cluster; `mutant` names a rule to
     break (MUTANTS). Migration faults (lost connection, post-copy failure) are off unless asked for;
-    `faults` overrides rates of SimFaults.nasty (x `fault_scale`)."""
+    `faults` overrides rates of SimFaults.nasty (x `fault_scale`); `storage`: pools, disks and volumes
+    (crashkit.seed_cluster)."""
     url = f"sqlite:///{home / 'vmplane.db'}"
-    crashkit.seed_cluster(url)
+    crashkit.seed_cluster(url, storage=storage)
     simfabric.forget_shared()
     logging.getLogger("vmplane").setLevel(logging.CRITICAL)
     rng = random.Random(seed)

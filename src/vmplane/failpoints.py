@@ -32,6 +32,11 @@ POINTS = (
     "scale.after-memory",      # the guest has its new memory; vCPUs and the cap not yet changed
     "scale.before-commit",     # every driver step done; the store still has the old size
     "drain.mid",               # the host is in maintenance and some of its VMs are admitted to migrate
+    "volume.before-create",    # the volume's row is charged (creating); no file on the pool yet
+    "volume.after-create",     # the pool has the file; the store still says creating
+    "volume.before-attach",    # the store says attaching; the domain has not been asked
+    "volume.before-detach",    # the store says detaching; the domain has not been asked
+    "volume.before-delete",    # the store says deleting; the file is still on the pool
 )
 
 _armed: dict[str, int] = {}

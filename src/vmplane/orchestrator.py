@@ -503,7 +503,6 @@ class Orchestrator:
         if vm.state not in (VmState.stopped.value, VmState.error.value):
             raise Conflict(f"vm {name} is {vm.state}; stop it before deleting it", field="state")
         self._no_domain_left(vm)
-        self.volumes.delete_disks(vm.id, keep_disk)
         with self.db.transaction() as conn:
             now = L.vm_row(conn, name=name, lock=True)
             if now.state not in (VmState.stopped.value, VmState.error.value):
@@ -511,10 +510,13 @@ class Orchestrator:
             if (now.state, now.host_id, now.updated_at) != (vm.state, vm.host_id, vm.updated_at):
                 raise Conflict(f"vm {name} changed while its hosts were asked; delete it again", field="state")
             L.lock_project(conn, vm.project_id)
+            self.volumes.check_settled(conn, vm.id, name)
+            doomed = self.volumes.release_disks(conn, vm.id, keep_disk)
             freed = L.release_vm(conn, vm.id)
             L.add_to_ledger(conn, vm.project_id, Usage(vms=-1))
             L.delete_vm(conn, vm.id)
         self._unindex(freed)
+        self.volumes.delete_files(doomed)       # charged until each pool confirms its file gone
 
     def _hosts_to_ask(self, vm: Row) -> list[str]:
         """Where a domain of `vm` can be: its host, the host it last ran on, and every host of its cluster
@@ -619,6 +621,7 @@ class Orchestrator:
         vm = self._begin_step(op_id, "starting-domain")
         if vm is None:
             return
+        self.volumes.make_pending(vm.id, vm.host_name)
         spec, driver = replace(self._spec(vm), disks=self.volumes.disks_of(vm.id)), self.drivers[vm.host_name]
         failpoints.hit("start.before-domain")
         current = driver.domain(spec.name)

@@ -16,7 +16,7 @@ from .volumes import disk_spec, domain_name
 if TYPE_CHECKING:
     from .orchestrator import Orchestrator
 
-SETTLING = ("creating", "deleting", "attaching", "detaching")     # a step in flight: the host may differ
+SETTLING = ("creating", "deleting", "attaching", "detaching", "resizing")     # a step in flight: the host may differ
 
 
 def storage_problems(o: "Orchestrator") -> list[str]:

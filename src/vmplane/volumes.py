@@ -385,22 +385,46 @@ class Volumes:
     def make_root(self, vm: str, host: str | None) -> None:
         self._make(f"{vm}-root", prefer_host=host)
 
-    def delete_disks(self, vm_id: int, keep: bool) -> None:
-        """A VM being deleted: its root disk is deleted (or, kept, becomes an available volume) and its
-        data volumes are detached (they outlive it)."""
-        with self.o.db.transaction() as conn:
-            disks = SL.vm_volumes(conn, vm_id)
-            for v in disks:
-                if v.role == "root" and not keep:
-                    SL.set_volume(conn, v, state="deleting", note=f"vm {v.vm_name} deleted")
-                elif v.state in ("creating", "resizing"):     # not confirmed yet: resolve() finishes it
-                    SL.set_volume(conn, v, vm_id=None, device=None, role="data", note=f"kept; vm {v.vm_name} deleted")
-                else:
-                    SL.set_volume(conn, v, state="available", vm_id=None, device=None, role="data",
-                                  note=f"kept; vm {v.vm_name} deleted")
-        for v in disks:
+    @staticmethod
+    def check_settled(conn: Connection, vm_id: int, vm: str) -> None:
+        """A VM is deleted only when no disk of it is between an attach or a detach."""
+        for v in SL.vm_volumes(conn, vm_id):
+            if v.state in ("attaching", "detaching"):
+                raise Conflict(f"vm {vm}'s volume {v.name} is {v.state}; delete the VM once it settled", field="state")
+
+    @staticmethod
+    def release_disks(conn: Connection, vm_id: int, keep: bool) -> list[str]:
+        """In the transaction that deletes a VM: its root disk goes to `deleting` (or, kept, becomes a
+        data volume) and its volumes are detached (they outlive it). Returns the volumes to delete once
+        the transaction committed (delete_files)."""
+        doomed = []
+        for v in SL.vm_volumes(conn, vm_id):
             if v.role == "root" and not keep:
-                self._unmake(v.name)
+                SL.set_volume(conn, v, state="deleting", vm_id=None, device=None, note=f"vm {v.vm_name} deleted")
+                doomed.append(v.name)
+            elif v.state in ("creating", "resizing"):     # not confirmed yet: resolve() finishes it
+                SL.set_volume(conn, v, vm_id=None, device=None, role="data", note=f"kept; vm {v.vm_name} deleted")
+            else:
+                SL.set_volume(conn, v, state="available", vm_id=None, device=None, role="data",
+                              note=f"kept; vm {v.vm_name} deleted")
+        return doomed
+
+    def delete_files(self, names: list[str]) -> None:
+        """Delete `deleting` volumes' files; one a pool does not confirm stays `deleting` (still charged)
+        and the storage settle controller asks again."""
+        for name in names:
+            try:
+                self._unmake(name)
+            except Conflict as exc:
+                log.warning("%s", exc)
+
+    def make_pending(self, vm_id: int, host: str) -> None:
+        """Before a VM's domain starts: make any of its disks still `creating` (a crash between the
+        create's commit and the file)."""
+        with self.o.db.transaction() as conn:
+            pending = [v.name for v in SL.vm_volumes(conn, vm_id) if v.state == "creating"]
+        for name in pending:
+            self._make(name, prefer_host=host)
 
     # -- recovery --------------------------------------------------------------------------------
     def resolve(self, min_age_s: float = 0.0) -> list[str]:
