@@ -21,6 +21,7 @@ from sqlalchemy import select
 
 from .drivers.base import DriverError
 from .events import acting_as
+from .loops import every
 from .model import HostState, VmState
 from .settle import settle_vm
 from .store import ledger as L
@@ -38,14 +39,8 @@ class HostMonitor:
     def start(self) -> None:
         """Check the hosts every `vmplane.host.check.interval` seconds until stop()."""
 
-        def loop():
-            while not self._stop.wait(float(self.o.catalog.effective("vmplane.host.check.interval"))):
-                try:
-                    self.check()
-                except Exception:       # the monitor must survive anything one pass meets
-                    log.exception("host check")
-
-        threading.Thread(target=loop, name="vmplane-host-monitor", daemon=True).start()
+        every(lambda: float(self.o.catalog.effective("vmplane.host.check.interval")), self.check, self._stop,
+              "host-monitor", log)
 
     def stop(self) -> None:
         self._stop.set()

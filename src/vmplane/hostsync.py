@@ -19,6 +19,7 @@ from sqlalchemy import select
 
 from .drivers.base import DriverError
 from .events import acting_as, record
+from .loops import every
 from .model import HostState, VmState
 from .settle import OWNED_STATES, settle_vm
 from .store import ledger as L
@@ -35,14 +36,8 @@ class HostSync:
         self._reported: set[tuple[str, str, str]] = set()      # reported once, until resolved
 
     def start(self) -> None:
-        def loop():
-            while not self._stop.wait(float(self.o.catalog.effective("vmplane.host.sync.interval"))):
-                try:
-                    self.sync()
-                except Exception:       # the next pass tries again
-                    log.exception("host sync")
-
-        threading.Thread(target=loop, name="vmplane-host-sync", daemon=True).start()
+        every(lambda: float(self.o.catalog.effective("vmplane.host.sync.interval")), self.sync, self._stop,
+              "host-sync", log)
 
     def stop(self) -> None:
         self._stop.set()

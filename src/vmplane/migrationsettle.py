@@ -15,6 +15,7 @@ import logging
 import threading
 
 from .events import acting_as
+from .loops import every
 
 log = logging.getLogger("vmplane.migrationsettle")
 CAUSE = "migration-settle"
@@ -28,14 +29,7 @@ class MigrationSettle:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        def loop():
-            while not self._stop.wait(self.interval_s):
-                try:
-                    self.run_once()
-                except Exception:       # the next pass tries again
-                    log.exception("migration settle")
-
-        threading.Thread(target=loop, name="vmplane-migration-settle", daemon=True).start()
+        every(lambda: self.interval_s, self.run_once, self._stop, "migration-settle", log)
 
     def stop(self) -> None:
         self._stop.set()

@@ -176,14 +176,17 @@ def _cluster_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Deman
     return f"in cluster {ix._hosts[row].cluster}, not {req.cluster}"
 
 
-def _exclude_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
-    if not req.exclude_hosts:
-        return None
-    mask = np.ones(ix.size, dtype=bool)
-    for name in req.exclude_hosts:
+def _named(ix: CapacityIndex, names: frozenset[str]) -> np.ndarray:
+    """True on the rows of these hosts (those the index has)."""
+    mask = np.zeros(ix.size, dtype=bool)
+    for name in names:
         if name in ix:
-            mask[ix._row(name)] = False
+            mask[ix._row(name)] = True
     return mask
+
+
+def _exclude_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
+    return ~_named(ix, req.exclude_hosts) if req.exclude_hosts else None
 
 
 def _exclude_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
@@ -191,13 +194,7 @@ def _exclude_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Deman
 
 
 def _storage_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
-    if req.storage_hosts is None:
-        return None
-    mask = np.zeros(ix.size, dtype=bool)
-    for name in req.storage_hosts:
-        if name in ix:
-            mask[ix._row(name)] = True
-    return mask
+    return None if req.storage_hosts is None else _named(ix, req.storage_hosts)
 
 
 def _storage_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Row
 
+from . import events
 from . import storagerules as R
 from .drivers.base import Driver, DriverError, PoolInfo, PoolSpec
 from .errors import AlreadyExists, Conflict, InsufficientCapacity, NotFound
@@ -116,7 +117,6 @@ class Pools:
                 name=name, kind=kind, cluster_id=cluster_id, host_id=host_id, path=path, state=info.state,
                 capacity_mib=info.capacity_mib, allocation_mib=info.allocation_mib, available_mib=info.available_mib,
                 used_mib=0, shared_checked=checked))
-            from . import events
             events.record(conn, "pool", name, old_state=None, new_state=info.state,
                           message=f"{kind} pool at {path} on {', '.join(hosts)}", host=host)
             return SL.pool_row(conn, name)
@@ -167,7 +167,6 @@ class Pools:
         self._undefine(name, self.hosts_of(pool))
         with self.o.db.transaction() as conn:
             conn.execute(Pool.__table__.delete().where(Pool.__table__.c.id == pool.id))
-            from . import events
             events.record(conn, "pool", name, old_state=pool.state, new_state="deleted", host=pool.host_name)
 
     def refresh(self, name: str | None = None) -> list[Row]:
@@ -195,6 +194,11 @@ class Pools:
         return [self.row(name)] if name else self.rows()
 
     def take(self, conn: Connection, pool: R.PoolView, pool_id: int, mib: int) -> None:
+        """Take `mib` on the pool (compare-and-add); refused naming its room, or, if it fitted when read,
+        naming the request that took the room meanwhile."""
+        if pool.free_mib < mib:
+            raise InsufficientCapacity(f"pool {pool.name}: {max(pool.free_mib, 0)} MiB free of {pool.capacity_mib} "
+                                       f"MiB, {mib} MiB asked", field="pool")
         if not SL.take_on_pool(conn, pool_id, mib):
             raise InsufficientCapacity(f"pool {pool.name} has no room for {mib} MiB any more (another request "
                                        f"took it); retry", field="pool")

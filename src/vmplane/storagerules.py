@@ -102,14 +102,14 @@ def choose_pool(pools: Sequence[PoolView], need_mib: int, *, name: str | None = 
         pool = next((p for p in pools if p.name == name), None)
         if pool is None:
             raise Invalid(f"pool {name!r} does not exist", field="pool")
-        reason = _refusal(pool, need_mib, host, cluster, None)
+        reason = pool_refusal(pool, need_mib, host, cluster, None)
         if reason:
             raise InsufficientCapacity(f"pool {name}: {reason}", field="pool")
         return pool
     scope = set(hosts_in_scope) if hosts_in_scope is not None else None
     fits, refusals = [], []
     for pool in pools:
-        reason = _refusal(pool, need_mib, host, cluster, scope)
+        reason = pool_refusal(pool, need_mib, host, cluster, scope)
         (refusals.append(f"{pool.name}: {reason}") if reason else fits.append(pool))
     if not fits:
         shown = "; ".join(refusals[:5]) or "no pool exists (pool create)"
@@ -117,8 +117,10 @@ def choose_pool(pools: Sequence[PoolView], need_mib: int, *, name: str | None = 
     return min(fits, key=lambda p: (p.kind != "shared", -p.free_mib, p.name))
 
 
-def _refusal(pool: PoolView, need_mib: int, host: str | None, cluster: str | None,
-             scope: set[str] | None) -> str | None:
+def pool_refusal(pool: PoolView, need_mib: int, host: str | None, cluster: str | None,
+                 scope: set[str] | None) -> str | None:
+    """Why `pool` can not take a disk of `need_mib` for a VM on `host` / in `cluster` / within the hosts
+    of `scope` (each None: any), in words; None when it can."""
     if pool.state != "running":
         return f"is {pool.state}"
     if cluster is not None and pool.cluster != cluster:

@@ -10,6 +10,7 @@ import logging
 import threading
 
 from .events import acting_as
+from .loops import every
 
 log = logging.getLogger("vmplane.storagesettle")
 CAUSE = "storage-settle"
@@ -24,14 +25,7 @@ class StorageSettle:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        def loop():
-            while not self._stop.wait(self.interval_s):
-                try:
-                    self.run_once()
-                except Exception:       # the next pass tries again
-                    log.exception("storage settle")
-
-        threading.Thread(target=loop, name="vmplane-storage-settle", daemon=True).start()
+        every(lambda: self.interval_s, self.run_once, self._stop, "storage-settle", log)
 
     def stop(self) -> None:
         self._stop.set()

@@ -16,14 +16,14 @@ from sqlalchemy.engine import Connection, Row
 from . import failpoints, images
 from . import storagerules as R
 from .drivers.base import DiskSpec, DriverError
-from .errors import Conflict, InsufficientCapacity, Invalid
+from .errors import AlreadyExists, Conflict, Invalid, NotFound
 from .model import Usage, VmState
 from .names import DOMAIN_PREFIX, check_name
 from .pools import view
 from .quota import check_admission
 from .store import ledger as L
 from .store import storageledger as SL
-from .store.schema import Pool, Project, Volume, utcnow
+from .store.schema import Pool, Project, Vm, Volume, utcnow
 
 if TYPE_CHECKING:
     from .orchestrator import Orchestrator
@@ -51,9 +51,10 @@ class Volumes:
         where = []
         if project_id is not None:
             where.append(_VO.project_id == project_id)
+        if vm is not None:
+            where.append(Vm.name == vm)
         with self.o.db.transaction() as conn:
-            rows = SL.volume_rows(conn, *where)
-        return [r for r in rows if vm is None or r.vm_name == vm]
+            return SL.volume_rows(conn, *where)
 
     def row(self, name: str) -> Row:
         with self.o.db.transaction() as conn:
@@ -114,8 +115,6 @@ class Volumes:
     @staticmethod
     def _ensure_new(conn: Connection, name: str) -> None:
         if conn.execute(Volume.__table__.select().where(_VO.name == name)).first() is not None:
-            from .errors import AlreadyExists
-
             raise AlreadyExists(f"volume {name!r} already exists", field="name")
 
     def _make(self, name: str, prefer_host: str | None = None) -> Row:
@@ -300,10 +299,6 @@ class Volumes:
             p = L.lock_project(conn, v.project_id)
             check_admission(p.name, L.quota_row(p), L.ledger_row(p), Usage(storage_mib=grow))
             pool = SL.pool_row(conn, v.pool_name)
-            if view(pool).free_mib < grow:          # (take() would blame "another request")
-                raise InsufficientCapacity(f"pool {pool.name}: {max(view(pool).free_mib, 0)} MiB free of "
-                                           f"{pool.capacity_mib} MiB, volume {name} asks {grow} MiB more",
-                                           field="pool")
             self.o.pools.take(conn, view(pool), pool.id, grow)
             L.add_to_ledger(conn, p.id, Usage(storage_mib=grow))
             SL.set_volume(conn, v, state="resizing", size_mib=size_mib, note=f"{v.size_mib} -> {size_mib} MiB")
@@ -347,8 +342,6 @@ class Volumes:
     @staticmethod
     def _owned(v: Row, project_id: int | None) -> None:
         if project_id is not None and v.project_id != project_id:
-            from .errors import NotFound
-
             raise NotFound(f"volume {v.name!r} does not exist", field="volume")
 
     # -- root disks ------------------------------------------------------------------------------
@@ -365,7 +358,7 @@ class Volumes:
         """Hosts a new VM with a root disk of this size could start on: those that open a pool with room."""
         hosts: set[str] = set()
         for p in self.o.pools.views(conn):
-            if (pool is not None and p.name != pool) or R._refusal(p, size_mib, None, cluster, None):
+            if (pool is not None and p.name != pool) or R.pool_refusal(p, size_mib, None, cluster, None):
                 continue
             row = SL.pool_row(conn, p.name)
             hosts.update(self.o.pools.hosts_of(row))

@@ -466,9 +466,14 @@ class LibvirtDriver(StorageMixin, Driver):
         return out
 
     def _unplug_dimm(self, dom, xml: str, alias: str, size_mib: int) -> None:
-        """Ask the guest to release a DIMM and wait until it is gone: libvirt's DEVICE_REMOVED event for
-        its alias, or the DIMM gone from the live XML (polled every 0.2 s). libvirt's detach returns
-        success once it has only *sent* the request; the guest may complete it later or never."""
+        self._unplug_device(dom, xml, alias, f"DIMM {alias} ({size_mib} MiB)",
+                            lambda: any(a == alias for _, a, _ in self._dimms(dom)),
+                            self.UNPLUG_TRIES, self.UNPLUG_WAIT_S)
+
+    def _unplug_device(self, dom, xml: str, alias: str, what: str, still_there, tries: int, wait_s: float) -> None:
+        """Ask for a device's removal and wait until it is gone: libvirt's DEVICE_REMOVED event for its
+        alias, or `still_there()` false (the live XML, polled). libvirt's detach returns success once it
+        has only *sent* the request; the guest may complete it later or never (a DIMM, a disk)."""
         removed = threading.Event()
 
         def on_removed(_conn, _dom, dev_alias, _opaque):
@@ -480,19 +485,20 @@ class LibvirtDriver(StorageMixin, Driver):
                                                         on_removed, None)
         except libvirt.libvirtError:
             callback = None             # the live XML alone tells
+
         def request() -> str | None:
             try:
                 dom.detachDeviceFlags(xml, LIVE)
             except libvirt.libvirtError as exc:
                 if is_absent(exc):
-                    raise DriverError(self.host, f"domain {dom.name()} went away during a DIMM unplug") from None
+                    raise DriverError(self.host, f"domain {dom.name()} went away during the unplug of {what}") \
+                        from None
                 return exc.get_error_message()      # e.g. an unplug still pending: wait for it
             return None
 
         try:
-            confirm_unplug(self.host, f"DIMM {alias} ({size_mib} MiB)", request,
-                           lambda: removed.is_set() or all(a != alias for _, a, _ in self._dimms(dom)),
-                           self.UNPLUG_TRIES, self.UNPLUG_WAIT_S, removed.wait)
+            confirm_unplug(self.host, what, request, lambda: removed.is_set() or not still_there(), tries, wait_s,
+                           removed.wait)
         finally:
             if callback is not None:
                 try:

@@ -14,7 +14,6 @@ the host. Every change is read back before it is returned.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape, quoteattr
@@ -22,7 +21,7 @@ from xml.sax.saxutils import escape, quoteattr
 import libvirt
 
 from ..domainxml import disk_xml
-from .base import DiskSpec, DriverError, PoolInfo, PoolSpec, VolumeInfo, confirm_unplug
+from .base import DiskSpec, DriverError, PoolInfo, PoolSpec, VolumeInfo
 
 MIB = 1 << 20
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
@@ -426,37 +425,9 @@ class StorageMixin:
                     raise DriverError(self.host, f"the definition of {name} still lists {target} after a detach")
 
     def _unplug_disk(self, dom, target: str, alias: str, xml: str) -> None:
-        removed = threading.Event()
-
-        def on_removed(_conn, _dom, dev_alias, _opaque):
-            if dev_alias == alias:
-                removed.set()
-
-        try:
-            callback = self.conn.domainEventRegisterAny(dom, libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED,
-                                                        on_removed, None)
-        except libvirt.libvirtError:
-            callback = None             # the live XML alone tells
-
-        def request() -> str | None:
-            try:
-                dom.detachDeviceFlags(xml, LIVE)
-            except libvirt.libvirtError as exc:
-                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                    raise DriverError(self.host, f"domain {dom.name()} went away during a disk unplug") from None
-                return exc.get_error_message()      # e.g. an unplug still pending: wait for it
-            return None
-
-        try:
-            confirm_unplug(self.host, f"disk {target} ({alias}) of {dom.name()}", request,
-                           lambda: removed.is_set() or target not in disks_of(self._xml(dom)),
-                           self.DISK_UNPLUG_TRIES, self.DISK_UNPLUG_WAIT_S, removed.wait)
-        finally:
-            if callback is not None:
-                try:
-                    self.conn.domainEventDeregisterAny(callback)
-                except libvirt.libvirtError:
-                    pass
+        self._unplug_device(dom, xml, alias, f"disk {target} ({alias}) of {dom.name()}",
+                            lambda: target in disks_of(self._xml(dom)), self.DISK_UNPLUG_TRIES,
+                            self.DISK_UNPLUG_WAIT_S)
 
     def grow_disk(self, name: str, target: str, capacity_mib: int) -> None:
         """blockResize (bytes) on the running domain, then blockInfo says the size the guest sees."""
