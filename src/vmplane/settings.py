@@ -146,6 +146,16 @@ KEYS: dict[str, SettingKey] = {k.key: k for k in [
     _int("vmplane.host.sync.interval", 30, "global",
          "Seconds between full syncs of every host's domains with the record (the safety net for missed "
          "libvirt events).", 1, 3600),
+    _float("vmplane.ha.grace", 10.0, "cluster",
+           "Seconds a host may fail to answer before it is declared failed and fenced (a shorter blip restarts "
+           "nothing).", 0, 3600),
+    _int("vmplane.ha.max.parallel", 4, "cluster",
+         "HA restarts run at once after a host failure (by priority, highest first).", 1, 1000),
+    _int("vmplane.ha.max.restart", 3, "cluster",
+         "Attempts to restart an HA VM elsewhere before it is put in the terminal error state.", 1, 100),
+    _int("vmplane.ha.host.failures.tolerated", 0, "cluster",
+         "Host failures the cluster keeps room for: placement refuses a start, scale or migration that would "
+         "leave too little room to restart the HA VMs of any that many hosts.", 0, 100),
     _int("vmplane.operation.history", 10000, "global",
          "Finished operations kept for `operations list`.", 0, 10_000_000),
     _int("vmplane.event.history", 100_000, "global",

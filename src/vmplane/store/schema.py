@@ -56,6 +56,11 @@ class Host(Base):
     migration_address: Mapped[str | None] = mapped_column(String(255), nullable=True)
     # The state a host had when the monitor marked it down (maintenance survives an outage).
     state_before_down: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # High availability: how to power it off (a list of {"agent": local|ipmi|redfish, ...}, tried in order),
+    # why it is in its state (fencing: the last fence error), and since when it does not answer.
+    fence_agents: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    state_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    down_since: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     # Sum of the claims on this host; changed only together with claims, in one transaction.
     used_vcpus: Mapped[int] = mapped_column(Integer, default=0)
     used_memory_mib: Mapped[int] = mapped_column(Integer, default=0)
@@ -99,6 +104,7 @@ class Offering(Base):
     # Root disk size (None: the template image's size); a custom offering may allow up to max_root_disk_mib.
     root_disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_root_disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    ha_policy: Mapped[str] = mapped_column(String(8), default="off")      # its VMs' default: restart / off
 
 
 class Template(Base):
@@ -127,6 +133,20 @@ class Setting(Base):
     value: Mapped[str] = mapped_column(String(256))
 
 
+class Group(Base):
+    """A placement group of one project's VMs: `affinity` (together on one host) or `anti-affinity` (on
+    different hosts); `hard` refuses a placement that breaks it, soft only prefers one that keeps it."""
+
+    __tablename__ = "groups"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    policy: Mapped[str] = mapped_column(String(16))
+    hard: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    project: Mapped[Project] = relationship(lazy="joined")
+
+
 class Vm(Base):
     __tablename__ = "vms"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -152,6 +172,10 @@ class Vm(Base):
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True, index=True)
     # The host it was last placed on (kept when it stops): where a leftover domain of it can be; a delete asks it.
     last_host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True)
+    # High availability: restart it elsewhere when its host fails (restart) or not (off); higher first.
+    ha_policy: Mapped[str] = mapped_column(String(8), default="off")
+    ha_priority: Mapped[int] = mapped_column(Integer, default=0)
+    group_id: Mapped[int | None] = mapped_column(ForeignKey("groups.id"), nullable=True)
     # What this VM has put on its project's ledger (0 while stopped) and its host footprint.
     overhead_mib: Mapped[int] = mapped_column(Integer, default=0)
     charged_vcpus: Mapped[int] = mapped_column(Integer, default=0)
@@ -162,6 +186,7 @@ class Vm(Base):
     offering: Mapped[Offering] = relationship(lazy="joined")
     template: Mapped[Template] = relationship(lazy="joined")
     host: Mapped[Host | None] = relationship(lazy="joined", foreign_keys=[host_id])
+    group: Mapped[Group | None] = relationship(lazy="joined")
     zone: Mapped[Zone | None] = relationship(lazy="joined")
     cluster: Mapped[Cluster | None] = relationship(lazy="joined")
 
