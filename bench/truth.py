@@ -7,6 +7,7 @@ harness caught it. With --migration-faults, lost connections mid-copy and post-c
 usage: .venv/bin/python bench/truth.py [rounds per cluster, default 40] [clusters, default 3]
        .venv/bin/python bench/truth.py --mutants [rounds, default 20]     (every mutant, 3 seeds each)
        .venv/bin/python bench/truth.py --mutant NAME [rounds] [--migration-faults]
+       .venv/bin/python bench/truth.py --ha [rounds per cluster, default 20] [clusters]   (HA mode, issue 12)
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ SHORT = {"transient": "transient", "transient_call": "in restart", "partial": "p
 
 
 def one(rounds: int, seed: int, migration_faults: bool, mutant: str | None = None,
-        stop_at_problem: bool = False) -> tuple[truthkit.Report, float]:
+        stop_at_problem: bool = False, ha: "truthkit.HaMode | None" = None) -> tuple[truthkit.Report, float]:
+    ha = ha or truthkit.MUTANT_HA.get(mutant)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
         report = truthkit.run(Path(tmp), rounds, seed=seed, migration_faults=migration_faults, mutant=mutant,
-                              stop_at_problem=stop_at_problem)
+                              stop_at_problem=stop_at_problem, ha=ha, storage=not (mutant and ha))
         return report, time.monotonic() - t0
 
 
@@ -52,7 +54,7 @@ def clean(rounds: int, clusters: int) -> None:
             for p in report.problems()[:8]:
                 print("PROBLEM", p)
                 findings.append(f"- seed {seed}, migration faults {'on' if migration_faults else 'off'}: {p}")
-    body = table(["seed", "migration faults", "rounds", *(SHORT[k] for k in KINDS), "faults", "problems", "max VMs",
+    body = table(["seed", "migration faults", "rounds", *(SHORT.get(k, k) for k in KINDS), "faults", "problems", "max VMs",
                   "seconds"], rows)
     body += ("\n\nFaults injected in all runs: " + ", ".join(f"{k} {total[k]}" for k in KINDS)
              + f" (total {sum(total.values())}).\n\n"
@@ -99,6 +101,35 @@ def mutants(rounds: int, seeds: int) -> None:
     write_section("Truth harness mutants (bench/truth.py --mutants)", body)
 
 
+def ha_runs(rounds: int, clusters: int) -> None:
+    """HA mode: hosts failing during the random operations (truthkit.HaMode); per cluster the failures,
+    fences, HA restarts, running-twice samples and problems."""
+    rows, findings = [], []
+    for seed in range(1, clusters + 1):
+        report, seconds = one(rounds, seed, False, ha=truthkit.HaMode())
+        h = report.ha
+        failures = sum(n for k, n in h.items() if k.startswith(("power ", "daemon ", "network ")))
+        host_faults = sum(report.counts[k] for k in ("host_flap", "host_partition", "host_reboot"))
+        twice = sum(1 for p in report.problems() if "running twice" in p)
+        rows.append([seed, len(report.rounds), failures, h.get("blips (< grace)", 0), host_faults,
+                     h.get("fence broken", 0), h.get("operator confirmed off", 0), h.get("repairs", 0), h["fences"],
+                     h["HA restarts"], h["running-twice samples"], twice, len(report.problems()), f"{seconds:.0f}"])
+        print(rows[-1])
+        findings += [f"- seed {seed}: {p}" for p in report.problems()[:8]]
+    body = table(["seed", "rounds", "host failures", "blips < grace", "flaps/partitions/reboots", "fence broken",
+                  "confirmed off", "repairs", "fences", "HA restarts", "twice samples", "running twice", "problems",
+                  "seconds"], rows)
+    body += ("\n\nA round: 60 random operations at a slower pace (HA VMs among them) while hosts fail (power, "
+             "daemon, network; for good or for 0.1-4 s; `vmplane.ha.grace` 0.7 s) and fault mode's flaps, "
+             "partitions and reboots happen, fence agents broken for 1-4 s, an operator confirming a stuck host "
+             "off; then the recoveries end, the HA checks (every HA restart after its host was fenced, no VM "
+             "charged on a fenced host), every host repaired, the usual checks. The running-twice watch reads the "
+             "fabric every 5 ms all along.\n")
+    if findings:
+        body += "\nProblems found:\n" + "\n".join(findings[:20]) + "\n"
+    write_section("Truth harness, HA mode (bench/truth.py --ha)", body)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("rounds", nargs="?", type=int)
@@ -106,7 +137,11 @@ if __name__ == "__main__":
     ap.add_argument("--mutant", choices=list(truthkit.MUTANTS))
     ap.add_argument("--mutants", action="store_true")
     ap.add_argument("--migration-faults", action="store_true")
+    ap.add_argument("--ha", action="store_true")
     a = ap.parse_args()
+    if a.ha:
+        ha_runs(a.rounds or 20, a.clusters)
+        sys.exit(0)
     if a.mutant:
         report, seconds = one(a.rounds or 20, 1, a.migration_faults or a.mutant in truthkit.MUTANT_FAULTS,
                               mutant=a.mutant, stop_at_problem=True)

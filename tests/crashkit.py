@@ -6,7 +6,9 @@ the sim hosts' fabric file) that runs a random workload: create and start, stop,
 migrate and cancel, live scale (growing past a full host, so that it migrates first), drain a host
 and bring it back, change quotas and whether overhead counts; with storage (the default), VMs with
 root disks on small local and shared pools, and volumes created, attached (hot-plugged into running VMs),
-detached, grown and deleted against small storage quotas. The round ends with a kill:
+detached, grown and deleted against small storage quotas; with HA (the default), VMs with `--ha restart`
+and hosts failing (power, daemon, network; `vmplane.ha.grace` 0, so each is declared, fenced and its HA
+VMs restarted at once: the ha.* crash points) and repaired later. The round ends with a kill:
 - at a named crash point (vmplane.failpoints), armed for its N-th pass, or
 - at a random moment, by the harness, after 0-150 ms.
 Then a new control plane starts on the same store and hosts (its start-up reconciles and resumes),
@@ -19,17 +21,27 @@ is given time to finish what was in flight, and is checked:
 - no volume is left between two steps (start-up recovery settled them), no migration's copy is left
   claimed, each project's storage ledger == its volumes (within quota), each pool's used space == the
   volumes on it, and the storage audit (every volume in its pool at its size, attached where the store
-  says, no unknown vmplane file in a pool) has no finding.
+  says, no unknown vmplane file in a pool) has no finding (a volume on the local pool of a host still
+  out of service waits for it);
+- with HA: the checking control plane first looks at its hosts (as its monitor and HA loops would), so a
+  recovery the kill interrupted is resumed and one not yet declared is; then no VM is left charged on a
+  fenced host (each HA VM runs exactly once elsewhere, or is in error), every HA restart in the event log
+  came after its host was fenced, and a watch that read the fabric file every 5 ms during the whole run
+  (killed control planes included) never saw a domain running on two hosts.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing
 import os
 import random
 import shutil
+import re
 import signal
+import sqlite3
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,8 +52,11 @@ from vmplane.drivers import simfabric
 from vmplane.drivers.sim import SimDriver
 from vmplane.drivers.simstorage import SHARED
 from vmplane.errors import VmplaneError
+from vmplane.events import EVENTS
 from vmplane.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
+from sqlalchemy import select
+
 from vmplane.store import Database
 
 GIB = 1024
@@ -58,11 +73,12 @@ COPY_RATE_MIB_S = 12 * GIB          # a 1 GiB VM copies in ~80 ms: long enough t
 SETTLE_S = 30.0
 
 
-def crash_points() -> tuple[str, ...]:
-    return failpoints.POINTS + tuple(p for p in VOLUME_POINTS if p not in failpoints.POINTS)
+def crash_points(ha: bool = True) -> tuple[str, ...]:
+    points = failpoints.POINTS + tuple(p for p in VOLUME_POINTS if p not in failpoints.POINTS)
+    return points if ha else tuple(p for p in points if not p.startswith("ha."))
 
 
-def seed_cluster(url: str, storage: bool = True) -> None:
+def seed_cluster(url: str, storage: bool = True, ha_grace: float | None = None) -> None:
     """Zone, cluster, four small sim hosts, offerings that scale live, three tight projects; with
     `storage`: a small local pool per host, a small shared pool, a template with a disk image and
     storage quotas."""
@@ -79,6 +95,8 @@ def seed_cluster(url: str, storage: bool = True) -> None:
     c.create_zone("z1")
     c.create_cluster("c1", "z1")
     c.set_setting("enable.dynamic.scale.vm", "true", "zone", "z1")
+    if ha_grace is not None:        # the crash harness: 0, a failed host is declared at once
+        c.set_setting("vmplane.ha.grace", str(ha_grace))
     for i in range(1, HOSTS + 1):
         o.add_host(f"h{i}", "c1", "sim", 8, 2400, 8 * GIB)
     for name, vcpus, memory in OFFERINGS:
@@ -219,13 +237,177 @@ ACTIONS = ((_create, 5), (_start, 2), (_stop, 2), (_delete, 1), (_migrate, 3), (
            (_resize_volume, 1))
 
 
-def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "") -> None:
-    """Random actions; with a crash point armed (`focus`), the actions that reach it are made likelier."""
+# -- high availability (issue 12) -------------------------------------------------------------
+HA_POINTS = ("ha.before-fenced", "ha.fenced", "ha.claimed", "ha.before-domain")
+HA_MODES = ("power", "daemon", "network")
+_ACTIVE_SQL = "state NOT IN ('shutoff', 'crashed', 'nostate') AND NOT (state = 'paused' AND reason = 'postcopy-failed')"
+
+
+def fabric_of(o: Orchestrator):
+    return next(d.fabric for d in o.drivers.values() if isinstance(d, SimDriver))
+
+
+def _create_ha(o, rng, n):
+    """A VM restarted elsewhere when its host fails (no disk mostly: nothing but fencing keeps it from
+    running twice; else its root disk on the shared pool), with a priority."""
+    disk = _has_storage(o) and rng.random() < 0.3
+    o.create_vm(f"ha-{n}-{rng.randrange(10**6)}", rng.choice(list(PROJECTS)), rng.choice(OFFERINGS[:3])[0],
+                "disk" if disk else "t", start=True, pool="shared" if disk else None, ha_policy="restart",
+                ha_priority=rng.randint(0, 5))
+
+
+def out_of_service(o: Orchestrator) -> list[str]:
+    """Hosts failed in the fabric, or not back in the store (down, fencing, fenced)."""
+    failed = set(fabric_of(o).failed_hosts())
+    return sorted(failed | {h.name for h in o.hosts() if h.state in ("down", "fencing", "fenced")})
+
+
+def _fail_host(o, rng, n):
+    """A host fails (power, daemon or network; a host with HA VMs mostly) and the monitor and HA see it
+    at once (grace 0 in this cluster: declared, fenced, its HA VMs restarted). With a host already out of
+    service, that one is repaired instead (one failed host at a time: the others have room)."""
+    fabric = fabric_of(o)
+    if out := out_of_service(o):
+        repair(o, rng.choice(out))
+        return
+    ha_hosts = sorted({v.host.name for v in o.vms() if v.ha_policy == "restart" and v.state == "running" and v.host})
+    host = rng.choice(ha_hosts) if ha_hosts and rng.random() < 0.9 else f"h{rng.randint(1, HOSTS)}"
+    fabric.fail_host(host, rng.choice(HA_MODES))
+    o.check_hosts()
+    o.ha.check()
+
+
+def repair(o: Orchestrator, host: str) -> None:
+    """The host answers again (repaired, powered on: empty after a power failure or a fence); the monitor
+    brings it back."""
+    fabric_of(o).recover_host(host)
+    o.check_hosts()
+
+
+HA_ACTIONS = ((_create_ha, 3), (_fail_host, 1))
+
+
+def running_twice(path) -> list[str]:
+    """Every domain active on more than one host of the fabric file, read directly (a host the control
+    plane can not reach included; a post-copy failure's two paused halves excluded)."""
+    conn = sqlite3.connect(str(path), timeout=30)
+    try:
+        rows = conn.execute(f"SELECT name, GROUP_CONCAT(host, ', ') FROM domains WHERE {_ACTIVE_SQL} GROUP BY name "
+                            f"HAVING COUNT(*) > 1").fetchall()
+    finally:
+        conn.close()
+    return [f"domain {name} runs on {hosts} at once" for name, hosts in rows]
+
+
+class TwiceWatch:
+    """Samples the fabric file every `every_s` from a thread of its own, for the whole run: any domain
+    active on two hosts at once is a finding (the audit can not see it: it asks hosts through their
+    daemons, and a failed host's guests run on unseen)."""
+
+    def __init__(self, path, every_s: float = 0.005):
+        self.path, self.every_s = path, every_s
+        self.found: dict[str, int] = {}         # finding -> times seen
+        self.samples = 0
+        self._stop = threading.Event()
+        self._busy = threading.Lock()       # held while sampling: a fork waits for it (paused())
+        self._thread = threading.Thread(target=self._loop, name="twice-watch", daemon=True)
+
+    def __enter__(self) -> "TwiceWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def paused(self):
+        """Hold while forking: a fork taken while this thread is inside SQLite would copy SQLite's lock held
+        into the child, which then hangs at its first connect."""
+        return self._busy
+
+    def sample(self) -> list[str]:
+        try:
+            with self._busy:
+                found = running_twice(self.path)
+        except sqlite3.Error:
+            return []                           # the file is being created or locked: the next sample
+        self.samples += 1
+        for f in found:
+            self.found[f] = self.found.get(f, 0) + 1
+        return found
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample()
+
+    def take(self) -> list[str]:
+        """Findings since the last take."""
+        found, self.found = self.found, {}
+        return [f"{f} (seen in {n} sample(s))" for f, n in sorted(found.items())]
+
+
+_RESTART = re.compile(r"HA restart after (\S+) failed")
+
+
+class FenceOrder:
+    """Reads the event log forward (by id: the order of commits): each HA restart (the VM's event "HA
+    restart after H failed", it moving to its new host) must come after H was fenced since it last went
+    down (fenced, or repaired after it was fenced: powered off either way, its old guests gone), never
+    while H is down or fencing, nor after it failed again and was not fenced again; and never while H is
+    in another state than fenced and enabled (a drain of a fenced host is a finding). Counts fences and
+    restarts."""
+
+    def __init__(self):
+        self.last_id = 0
+        self.hosts: dict[str, str] = {}
+        self.fenced: dict[str, bool] = {}       # fenced since it last went down
+        self.fences = 0
+        self.restarts = 0
+        self.lost: list[str] = []       # HA VMs (named ha-*) settled stopped from unknown: not restarted
+
+    def check(self, db) -> list[str]:
+        e = EVENTS.c
+        with db.read() as s:
+            rows = s.connection().execute(select(e.id, e.kind, e.subject, e.vm, e.old_state, e.new_state, e.message)
+                                          .where(e.id > self.last_id).order_by(e.id)).all()
+        problems = []
+        for row in rows:
+            self.last_id = row.id
+            if row.kind == "host" and row.new_state:
+                self.hosts[row.subject] = row.new_state
+                self.fences += row.new_state == "fenced"
+                if row.new_state in ("down", "fenced"):
+                    self.fenced[row.subject] = row.new_state == "fenced"
+            elif row.kind == "vm" and row.new_state == "stopped" and (row.vm or "").startswith("ha-") and \
+                    row.old_state == "unknown" and "not restarted after" not in (row.message or ""):
+                self.lost.append(f"{row.vm} (event {row.id}: {row.message})")
+            elif row.kind == "vm" and (m := _RESTART.search(row.message or "")):
+                self.restarts += 1
+                host = m.group(1)
+                state = self.hosts.get(host, "enabled")
+                if not self.fenced.get(host) or state not in ("fenced", "enabled"):
+                    problems.append(f"vm {row.vm}: restarted by HA (event {row.id}) while its host {host} was "
+                                    f"{state}, not fenced since it went down")
+        return problems
+
+
+def ha_problems(o: Orchestrator) -> list[str]:
+    """After the recoveries ended: no VM charged on a fenced host (its HA VMs run elsewhere or are in
+    error, the others stopped), no HA VM left starting/unknown on one."""
+    fenced = {h.name for h in o.hosts() if h.state == "fenced"}
+    return [f"vm {v.name} (ha {v.ha_policy}) is {v.state} on the fenced host {v.host.name}" for v in o.vms()
+            if v.host and v.host.name in fenced and v.state not in ("stopped", "error")]
+
+
+def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "", ha: bool = False) -> None:
+    """Random actions; with a crash point armed (`focus`), the actions that reach it are made likelier;
+    `ha`: HA VMs are created and hosts fail (HA_ACTIONS)."""
     boost = {"scale.migrating": _scale_where_full, "scale.after-migration": _scale_where_full,
              "drain.mid": _drain, "volume.before-create": _create_volume, "volume.after-create": _create_volume,
              "volume.before-attach": _attach, "volume.before-detach": _detach,
              "volume.before-delete": _delete_volume}.get(focus)
-    actions, weights = zip(*((a, w * 3 if a is boost else w) for a, w in ACTIONS))
+    boost = (_create_ha, _fail_host) if focus.startswith("ha.") else (boost,)
+    actions, weights = zip(*((a, w * 3 if a in boost else w) for a, w in ACTIONS + (HA_ACTIONS if ha else ())))
     for n in range(steps):
         try:
             rng.choices(actions, weights)[0](o, rng, n)
@@ -234,18 +416,26 @@ def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "") -
         time.sleep(rng.uniform(0, 0.01))
 
 
-def _control_plane(url: str, seed: int, armed: dict[str, int], steps: int) -> None:
-    """A forked control plane: start up (recovering), run the workload, wait for its operations."""
+def _control_plane(url: str, seed: int, armed: dict[str, int], steps: int, ha: bool = False) -> None:
+    """A forked control plane: start up (recovering), run the workload, wait for its operations. With `ha`,
+    it first looks at its hosts as its monitor and HA loops would (a host that failed before the last
+    one was killed is declared now)."""
     simfabric.forget_shared()
     logging.disable(logging.CRITICAL)
     failpoints.arm(armed)
+    # a control plane still alive after 55 s (the harness kills it at 60: "hung") says where each thread is
+    stacks = open(Path(url.removeprefix("sqlite:///")).parent / f"hung-{os.getpid()}.txt", "w")   # noqa: SIM115
+    faulthandler.dump_traceback_later(55, file=stacks)
     db = Database(url)
     o = Orchestrator(db, ThreadPoolExecutor(4))
     o.load()
     for d in o.drivers.values():
         if isinstance(d, SimDriver):
             d.copy_rate_mib_s = COPY_RATE_MIB_S
-    workload(o, random.Random(seed), steps, focus=next(iter(armed), ""))
+    if ha:
+        o.check_hosts()
+        o.ha.check()
+    workload(o, random.Random(seed), steps, focus=next(iter(armed), ""), ha=ha)
     settle(o, 20.0)
     os._exit(0)
 
@@ -270,16 +460,19 @@ def check(o: Orchestrator) -> list[str]:
     problems = [f"still in flight after {SETTLE_S:.0f} s: {x}" for x in settle(o, SETTLE_S)]
     problems += [f"vm {v.name} left {v.state}" for v in o.vms()
                  if v.state in ("starting", "stopping", "migrating", "scaling")]
-    return problems + storage_problems(o) + o.audit()
+    return problems + storage_problems(o, waiting_for=out_of_service(o)) + o.audit()
 
 
-def storage_problems(o: Orchestrator) -> list[str]:
+def storage_problems(o: Orchestrator, waiting_for: list[str] = ()) -> list[str]:
     """No volume between two steps (recovery settled them), no copy left claimed, each project's storage
-    ledger == its volumes and within quota (the pools' used space == volumes: in the audit)."""
+    ledger == its volumes and within quota (the pools' used space == volumes: in the audit). A volume on
+    the local pool of a host that does not answer (`waiting_for`: failed, fenced) waits for it: not a
+    finding."""
+    waiting = {f"local-{h}" for h in waiting_for}
     problems = [f"volume {v.name} left {v.state}" for v in o.volumes.rows()
-                if v.state in ("creating", "attaching", "detaching", "deleting")]
+                if v.state in ("creating", "attaching", "detaching", "deleting") and v.pool_name not in waiting]
     problems += [f"volume {v.name} still has a copy on {v.copy_pool_name}" for v in o.volumes.rows()
-                 if v.copy_pool_name]
+                 if v.copy_pool_name and v.copy_pool_name not in waiting]
     for project in PROJECTS:
         u = o.project_usage(project)
         if u["ledger"].storage_mib != u["recomputed"].storage_mib:
@@ -303,6 +496,8 @@ class Round:
 @dataclass
 class Report:
     rounds: list[Round] = field(default_factory=list)
+    watch: "TwiceWatch | None" = None       # the running-twice watch (its samples)
+    order: "FenceOrder | None" = None       # the event-order check (fences and HA restarts seen)
 
     @property
     def kills(self) -> list[Round]:
@@ -316,23 +511,41 @@ class Report:
 
 
 def run(home: Path, rounds: int, seed: int, steps: int = 60, timed_share: float = 0.4, unchecked_share: float = 0.25,
-        log=lambda line: None, stop_at_problem: bool = True) -> Report:
+        log=lambda line: None, stop_at_problem: bool = True, ha: bool = True) -> Report:
     """`rounds` crash-and-restart rounds on one cluster; failpoints are cycled so each is armed. After
     a share of the kills the next control plane starts without a check in between, so that its own
-    start-up (the recovery) runs with a crash point armed too."""
+    start-up (the recovery) runs with a crash point armed too. `ha`: HA VMs, and hosts failing during
+    the workload (power, daemon, network; repaired later), so that recoveries are killed too; a watch
+    reads the fabric all along for a domain running on two hosts at once, and each check also asks:
+    every HA restart came after its host was fenced, no VM left charged on a fenced host."""
     url = f"sqlite:///{home / 'vmplane.db'}"
-    seed_cluster(url)
+    seed_cluster(url, ha_grace=0 if ha else None)
     simfabric.forget_shared()
     logging.getLogger("vmplane").setLevel(logging.CRITICAL)     # recoveries log what they undo; rounds say it
     rng = random.Random(seed)
     ctx = multiprocessing.get_context("fork")
     report = Report()
-    points, next_point, misses = list(crash_points()), 0, 0
+    points, next_point, misses = list(crash_points(ha)), 0, 0
+    order = FenceOrder()
+    watch = TwiceWatch(simfabric.SimFabric.for_store(url).path).__enter__()
+    report.watch, report.order = watch, order
+    try:
+        _rounds(url, home, rounds, rng, ctx, report, points, next_point, misses, steps, timed_share, unchecked_share,
+                log, stop_at_problem, ha, watch, order)
+    finally:
+        watch.__exit__()
+        simfabric.forget_shared()
+    return report
+
+
+def _rounds(url, home, rounds, rng, ctx, report, points, next_point, misses, steps, timed_share, unchecked_share, log,
+            stop_at_problem, ha, watch, order) -> None:
     for number in range(rounds):
         timed = rng.random() < timed_share
         armed = {} if timed else {points[next_point % len(points)]: rng.randint(1, 2)}
-        child = ctx.Process(target=_control_plane, args=(url, rng.randrange(2**32), armed, steps))
-        child.start()
+        child = ctx.Process(target=_control_plane, args=(url, rng.randrange(2**32), armed, steps, ha))
+        with watch.paused():
+            child.start()
         if timed:
             child.join(rng.uniform(0.0, 0.15))
             if child.exitcode is None:
@@ -343,6 +556,9 @@ def run(home: Path, rounds: int, seed: int, steps: int = 60, timed_share: float 
             os.kill(child.pid, signal.SIGKILL)
             child.join()
         killed = child.exitcode == -signal.SIGKILL and not hung
+        for f in home.glob("hung-*.txt"):
+            if f.stat().st_size == 0:       # only a hung control plane's stacks are kept
+                f.unlink()
         kill = "timed" if timed else next(iter(armed))
         if not timed:       # a point the workload did not reach is armed again, a few times
             misses = 0 if killed else misses + 1
@@ -356,7 +572,13 @@ def run(home: Path, rounds: int, seed: int, steps: int = 60, timed_share: float 
         o = Orchestrator(db, ThreadPoolExecutor(4))
         try:
             o.load()
+            if ha:          # what its monitor and HA loops do first: a host failed meanwhile is declared
+                o.check_hosts()
+                o.ha.check()
             problems = ["the control plane hung for 60 s"] * hung + check(o)
+            if ha:
+                problems += ha_problems(o) + order.check(db)
+            problems += watch.take()
             vms = len(o.vms())
         finally:
             o.close()
@@ -372,4 +594,3 @@ def run(home: Path, rounds: int, seed: int, steps: int = 60, timed_share: float 
             keep.mkdir()
             for f in home.glob("vmplane.db*"):
                 shutil.copy(f, keep / f.name)
-    return report

@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from vmplane import localhosts
@@ -139,3 +140,32 @@ def record_agrees_with_host(live: LiveServer, vm: str) -> dict:
     assert (host["used_vcpus"], host["used_memory_mib"]) == (
         sum(v["vcpus"] for v in placed), sum(v["memory_mib"] + v["overhead_mib"] for v in placed)), (host, placed)
     return show
+
+
+def crash_at(live, point: str, action) -> None:
+    """Restart the control plane with `point` armed (by SIGKILL: the hosts and guests keep running), do
+    `action`, see the control plane die there, and start it again unarmed: it recovers."""
+    live.stop("kill")
+    live.extra_env = {"VMPLANE_FAILPOINTS": point}
+    live.start()
+    with live.client(timeout=120) as c:
+        try:
+            action(c)
+        except httpx.TransportError:
+            pass                          # the control plane died while answering: that is the point
+    code = live.proc.wait(180)
+    assert code == -9, f"the control plane did not die at {point} (exit {code}): {live.log.read_text()[-2000:]}"
+    live.extra_env = {}
+    live.start()
+
+
+def settled(live, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    with live.client() as c:
+        while True:
+            busy = [o for st in ("pending", "running") for o in c.get("/operations", params={"state": st}).json()]
+            busy += c.get("/migrations", params={"active": True}).json()
+            if not busy:
+                return
+            assert time.monotonic() < deadline, f"still in flight after {timeout} s: {busy}"
+            time.sleep(0.5)

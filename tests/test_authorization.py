@@ -15,19 +15,22 @@ ADMIN_ONLY = {("POST", "/zones"), ("GET", "/zones"), ("POST", "/clusters"), ("GE
               ("DELETE", "/settings/{key}"), ("DELETE", "/projects/{name}"), ("DELETE", "/offerings/{name}"),
               ("POST", "/offerings/{name}/retire"), ("DELETE", "/templates/{name}"), ("POST", "/templates/{name}/retire"),
               ("DELETE", "/zones/{name}"), ("DELETE", "/clusters/{name}"), ("DELETE", "/hosts/{name}"),
-              ("POST", "/pools"), ("GET", "/pools"), ("GET", "/pools/{name}"), ("DELETE", "/pools/{name}")}
+              ("POST", "/pools"), ("GET", "/pools"), ("GET", "/pools/{name}"), ("DELETE", "/pools/{name}"),
+              ("GET", "/clusters/{name}"), ("POST", "/hosts/{name}/fence"), ("PUT", "/hosts/{name}/fence-agents"),
+              ("POST", "/hosts/{name}/fail"), ("POST", "/hosts/{name}/recover")}
 MEMBER_SCOPED = {("GET", "/projects"), ("GET", "/projects/{name}"), ("GET", "/projects/{name}/usage"),
                  ("GET", "/offerings"), ("GET", "/offerings/{name}"), ("GET", "/templates"),
                  ("GET", "/templates/{name}"), ("POST", "/vms"), ("GET", "/vms"), ("GET", "/vms/{name}"),
                  ("POST", "/vms/{name}/start"), ("POST", "/vms/{name}/stop"), ("DELETE", "/vms/{name}"),
                  ("POST", "/vms/{name}/exec"), ("POST", "/vms/{name}/migrate"),
-                 ("POST", "/vms/{name}/migrate/cancel"), ("POST", "/vms/{name}/scale"), ("POST", "/vms/{name}/sync"),
+                 ("POST", "/vms/{name}/migrate/cancel"), ("PATCH", "/vms/{name}"), ("POST", "/vms/{name}/scale"), ("POST", "/vms/{name}/sync"),
                  ("GET", "/migrations"),
                  ("GET", "/migrations/{migration_id}"), ("GET", "/operations"), ("GET", "/operations/{op_id}"),
                  ("GET", "/tokens"), ("DELETE", "/tokens/{name}"), ("GET", "/events"), ("GET", "/recovery"),
                  ("POST", "/volumes"), ("GET", "/volumes"), ("GET", "/volumes/{name}"), ("DELETE", "/volumes/{name}"),
                  ("POST", "/volumes/{name}/attach"), ("POST", "/volumes/{name}/detach"),
-                 ("POST", "/volumes/{name}/resize")}
+                 ("POST", "/volumes/{name}/resize"),
+                 ("POST", "/groups"), ("GET", "/groups"), ("GET", "/groups/{name}"), ("DELETE", "/groups/{name}")}
 
 
 @pytest.fixture
@@ -67,7 +70,8 @@ def test_admin_only_routes_refuse_a_member_with_403_and_change_nothing(tenants, 
     before = api.get("/api/v1/hosts").json(), api.get("/api/v1/projects").json()
     url = "/api/v1" + path.format(name="h1", key="cpu.overprovisioning.factor")
     body = {"name": "x", "zone": "z1", "action": "enter", "value": "2", "vcpus": 1, "memory_mib": 1, "kind": "fixed",
-            "image": "tiny-linux", "cluster": "c1", "cores": 1, "cpu_mhz": 1, "role": "admin"}
+            "image": "tiny-linux", "cluster": "c1", "cores": 1, "cpu_mhz": 1, "role": "admin", "mode": "power",
+            "agents": [{"agent": "sim"}], "confirm_off": True}
     r = api.request(method, url, json=body if method != "GET" else None, headers=as_member(tokens["a"]))
     assert r.status_code == 403 and r.json()["error"] == "forbidden", (method, path, r.text)
     assert (api.get("/api/v1/hosts").json(), api.get("/api/v1/projects").json()) == before
@@ -78,6 +82,7 @@ def test_admin_only_routes_refuse_a_member_with_403_and_change_nothing(tenants, 
     ("DELETE", "/vms/b-off", None), ("POST", "/vms/b-run/exec", {"command": "true"}),
     ("POST", "/vms/b-run/migrate", {}), ("POST", "/vms/b-run/migrate/cancel", None),
     ("POST", "/vms/b-run/scale", {"offering": "o2"}), ("POST", "/vms/b-run/sync", None), ("GET", "/projects/b", None),
+    ("PATCH", "/vms/b-run", {"ha_priority": 5}),
     ("GET", "/projects/b/usage", None),
     ("POST", "/vms", {"name": "sneaky", "project": "b", "offering": "o", "template": "t"}),
     ("GET", "/volumes/b-vol", None), ("POST", "/volumes/b-vol/attach", {"vm": "a-run"}),

@@ -3,12 +3,19 @@ a live scale, a live migration (mid-copy: libvirtd carries the copy on alone) an
 again. Each time: every VM runs exactly once (one QEMU), on the host the store says, its guest answers
 at the size the store says, and the audit (ledger, claims, store against libvirt) is clean."""
 
-import time
 
-import httpx
 import pytest
 
-from .realguest import domain_memory, domains_on, guest, qemu_pids, run_json, scalable_cluster
+from .realguest import (
+    crash_at,
+    domain_memory,
+    domains_on,
+    guest,
+    qemu_pids,
+    run_json,
+    scalable_cluster,
+    settled,
+)
 
 BOOT_MEMTOTAL: dict[str, int] = {}      # each guest's MemTotal without DIMMs, seen at its first check
 
@@ -18,35 +25,6 @@ def live(tmp_path_factory):
     server = scalable_cluster(tmp_path_factory.mktemp("crash"), 2, 1024, {"c1": (1, "512MiB"), "c2": (2, "640MiB")})
     yield server
     server.stop()
-
-
-def crash_at(live, point: str, action) -> None:
-    """Restart the control plane with `point` armed (by SIGKILL: the hosts and guests keep running), do
-    `action`, see the control plane die there, and start it again unarmed: it recovers."""
-    live.stop("kill")
-    live.extra_env = {"VMPLANE_FAILPOINTS": point}
-    live.start()
-    with live.client(timeout=120) as c:
-        try:
-            action(c)
-        except httpx.TransportError:
-            pass                          # the control plane died while answering: that is the point
-    code = live.proc.wait(180)
-    assert code == -9, f"the control plane did not die at {point} (exit {code}): {live.log.read_text()[-2000:]}"
-    live.extra_env = {}
-    live.start()
-
-
-def settled(live, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    with live.client() as c:
-        while True:
-            busy = [o for st in ("pending", "running") for o in c.get("/operations", params={"state": st}).json()]
-            busy += c.get("/migrations", params={"active": True}).json()
-            if not busy:
-                return
-            assert time.monotonic() < deadline, f"still in flight after {timeout} s: {busy}"
-            time.sleep(0.5)
 
 
 def consistent(live) -> dict:

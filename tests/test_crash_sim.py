@@ -10,7 +10,7 @@ from . import crashkit
 
 
 def test_more_than_100_kills_at_every_crash_point_leave_a_consistent_cluster(tmp_path):
-    report = crashkit.run(tmp_path, rounds=125, seed=20261129, log=print)
+    report = crashkit.run(tmp_path, rounds=135, seed=20261129, log=print)      # (HA: its points are missed more)
     assert report.problems() == []
     assert len(report.kills) >= 100
     assert report.points_hit() == set(crashkit.crash_points()), "a crash point was never reached by the workload"

@@ -75,3 +75,27 @@ def test_a_scale_that_adds_vcpus_and_gives_back_memory_keeps_the_capacity_index_
     vm = orch.vm("v")
     assert (vm.state, vm.vcpus, vm.memory_mib) == ("running", 2, 1024)
     assert orch.audit() == []
+
+
+def test_ha_mode_hosts_failing_during_random_operations_run_no_vm_twice_and_keep_the_ledger_exact(tmp_path):
+    """Issue 12 on sim hosts: HA VMs among the random operations while hosts fail (power, daemon, network;
+    for good or for a while, blips shorter than the grace among them; fault mode's flaps, partitions and
+    reboots), fence agents broken for a while, an operator confirming a host off. A watch reads the fabric
+    all along: no domain ever runs on two hosts; every HA restart came while its host was fenced; no VM
+    left charged on a fenced host; then every host repaired, the usual checks (ledger exact, audit clean)."""
+    report = truthkit.run(tmp_path, rounds=4, seed=20261201, log=print, ha=truthkit.HaMode())
+    print(report.counts, report.ha)
+    assert report.problems() == []
+    failures = sum(n for k, n in report.ha.items() if k.startswith(("power ", "daemon ", "network ")))
+    assert failures >= 3 and report.ha["fences"] >= 2 and report.ha["HA restarts"] >= 1, report.ha
+    assert report.counts["host_flap"] + report.counts["host_partition"] + report.counts["host_reboot"] > 0
+    assert report.ha["running-twice samples"] > 1000
+
+
+def test_the_ha_mutant_that_restarts_before_fencing_is_caught_by_the_running_twice_watch(tmp_path):
+    """A failed host taken as fenced without its agent (truthkit.MUTANTS["ha-no-fence"]): a host whose
+    daemon died, or that is cut off, still runs its guests when they restart elsewhere."""
+    report = truthkit.run(tmp_path, rounds=4, seed=7, mutant="ha-no-fence", log=print, storage=False,
+                          ha=truthkit.MUTANT_HA["ha-no-fence"],
+                          stop_at_problem=lambda problems: any("running twice" in p for p in problems))
+    assert any("running twice" in p for p in report.problems()), report.problems()

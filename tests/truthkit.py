@@ -19,12 +19,22 @@ monitor, the periodic full sync, the libvirt-event loop, the migration settle lo
   volume in its pool at its size and attached to the domains the store says (hot-plugs and unplugs
   under faults: detaches the guest completes late or never, disk copies that fail), storage ledger ==
   volumes, pools' used space == volumes.
+HA mode (`run(..., ha=HaMode())`, issue 12): some VMs are created with `--ha restart` (and priorities), and
+hosts fail during the workload: power, daemon and network failures for good (until repaired) or for a
+while (shorter and longer than `vmplane.ha.grace`, set small so that recoveries really happen), fault
+mode's own host_flap / host_partition / host_reboot, fence agents broken for a while, an operator pulling
+the plug and confirming a host off. All along, a watch (crashkit.TwiceWatch) reads the fabric for a
+domain active on two hosts at once (also after every step); at the end of each round, once the
+recoveries ended: every HA restart came while its host was fenced (event order, crashkit.FenceOrder),
+no VM is left charged on a fenced host (HA VMs run elsewhere or are in error; the others stopped); then
+every host is repaired and the usual checks run (ledger exact, claims == what runs, audit clean).
 Mutants (MUTANTS, `bench/truth.py --mutant NAME`) break one rule of the code under test by rewriting
 its source at run time; the harness must then find a problem.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import logging
@@ -47,6 +57,7 @@ from vmplane.store import Database
 from . import crashkit
 
 QUIET_S = 30.0
+HA_QUIET_S = 90.0       # a restart that finds no room is tried again after 1, 3, 10, 30, 30 s (harecovery)
 MIGRATION_FAULTS = ("lost_connection", "postcopy_failed")     # settled by the migrator's rewrite (in progress)
 
 
@@ -84,14 +95,122 @@ _WEIGHTS = {crashkit._delete: 2, crashkit._migrate: 4, crashkit._attach: 3, cras
 ACTIONS = (*((a, _WEIGHTS.get(a, w)) for a, w in crashkit.ACTIONS), (_scale_cap, 2), (_scale_down, 5), (_create_small, 3))
 
 
-def workload(o: Orchestrator, rng: random.Random, steps: int) -> None:
-    actions, weights = zip(*ACTIONS)
+def workload(o: Orchestrator, rng: random.Random, steps: int, nemesis: "Nemesis | None" = None) -> None:
+    actions, weights = zip(*(ACTIONS + (nemesis.actions() if nemesis else ())))
     for n in range(steps):
         try:
             rng.choices(actions, weights)[0](o, rng, n)
         except VmplaneError:
             pass                       # refused (quota, capacity, state): as a user would be
-        time.sleep(rng.uniform(0, 0.02))
+        if nemesis:
+            nemesis.step(o)
+        time.sleep(rng.uniform(0, nemesis.mode.step_s if nemesis else 0.02))
+
+
+# -- HA mode: hosts fail during the workload -----------------------------------------------------
+@dataclass
+class HaMode:
+    """The knobs of HA mode."""
+    grace_s: float = 0.7                    # vmplane.ha.grace
+    modes: tuple[str, ...] = ("power", "daemon", "network")
+    fail_weight: int = 3                    # weight of a host failure among the workload's actions
+    for_good: float = 0.4                   # share of failures that last until repaired (else 0.1-4 s)
+    fence_broken: float = 0.3               # share of failures whose fence agent is broken for 1-4 s
+    max_failed: int = 2                     # hosts failed at once by the harness (of 4)
+    step_s: float = 0.08                    # the workload's pace: failures last long enough to be seen
+    host_faults: dict = field(default_factory=lambda: {"host_flap": 0.02, "host_partition": 0.006,
+                                                       "host_reboot": 0.004})   # per driver call
+
+
+class Nemesis:
+    """The harness's host failures (and repairs, broken fence agents, operators confirming hosts off)."""
+
+    def __init__(self, mode: HaMode, fabric: SimFabric):
+        self.mode, self.fabric = mode, fabric
+        self.counts: collections.Counter = collections.Counter()
+        self._fix_fence: dict[str, float] = {}          # host -> when its fence agent works again
+
+    def actions(self) -> tuple:
+        return ((crashkit._create_ha, 6), (self.fail, self.mode.fail_weight), (self.repair, 1),
+                (self.confirm_off, 1))
+
+    def fail(self, o, rng, n):
+        if len(crashkit.out_of_service(o)) >= self.mode.max_failed:
+            return
+        running = [v for v in o.vms() if v.state == "running" and v.host]
+        ha_hosts = sorted({v.host.name for v in running if v.ha_policy == "restart"})
+        healthy = sorted(set(o.drivers) - set(crashkit.out_of_service(o)))
+        host = rng.choice(ha_hosts if ha_hosts and rng.random() < 0.9 else healthy)
+        if host not in healthy:
+            return
+        mode = rng.choice(self.mode.modes)
+        seconds = None if rng.random() < self.mode.for_good else rng.uniform(0.1, 4.0)
+        if rng.random() < self.mode.fence_broken:
+            self.fabric.set_fence_broken(host, "the BMC does not answer (harness)")
+            self._fix_fence[host] = time.monotonic() + rng.uniform(1.0, 4.0)
+            self.counts["fence broken"] += 1
+        self.fabric.fail_host(host, mode, seconds)
+        self.counts[f"{mode} {'for good' if seconds is None else 'for a while'}"] += 1
+        if seconds is not None and seconds < self.mode.grace_s:
+            self.counts["blips (< grace)"] += 1
+
+    def repair(self, o, rng, n):
+        """A host failed for good (or fenced) is repaired: it answers again (empty if it was off)."""
+        failed = self.fabric.failed_hosts()
+        fixable = sorted({h for h, st in failed.items() if st.until is None}
+                         | {h.name for h in o.hosts() if h.state == "fenced"})
+        if fixable:
+            self.fabric.recover_host(rng.choice(fixable))
+            self.counts["repairs"] += 1
+
+    def confirm_off(self, o, rng, n):
+        """An operator pulls the plug of a host whose fencing fails and says so (`host fence --confirm-off`)."""
+        stuck = [h.name for h in o.hosts() if h.state == "fencing" and self.fabric.host_state(h.name).fence_broken]
+        if stuck:
+            host = rng.choice(stuck)
+            self.fabric.fail_host(host, "power")
+            o.ha.fence(host, confirm_off=True)
+            self.counts["operator confirmed off"] += 1
+
+    def step(self, o) -> None:
+        now = time.monotonic()
+        for host, due in list(self._fix_fence.items()):
+            if due <= now:
+                self.fabric.set_fence_broken(host, None)
+                del self._fix_fence[host]
+
+    def calm(self) -> None:
+        """The end of the failures: every fence agent works again."""
+        for host in list(self._fix_fence):
+            self.fabric.set_fence_broken(host, None)
+        self._fix_fence.clear()
+
+
+def _ha_unsettled(o: Orchestrator) -> list[str]:
+    """What HA still has to do: operations in flight, hosts fencing, down hosts with charged VMs."""
+    charged = {v.host.name for v in o.vms() if v.host and v.state not in ("stopped", "error")}
+    return crashkit.in_flight(o) + [f"host {h.name} is {h.state}" for h in o.hosts()
+                                    if h.state == "fencing" or (h.state == "down" and h.name in charged)]
+
+
+def ha_quiet(o: Orchestrator, fabric: SimFabric, faults: SimFaults, nemesis: Nemesis, order: "crashkit.FenceOrder",
+             timeout_s: float = HA_QUIET_S) -> list[str]:
+    """Failures stop (faults off, fence agents fixed, timed failures run out); wait until the recoveries
+    ended; check what HA promises; then repair every host, so that the usual quiet and check follow.
+    Returns the problems found."""
+    faults.enabled = False
+    nemesis.calm()
+    deadline = time.monotonic() + timeout_s
+    while fabric.hosts_failing_for_a_while() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2.5)         # a host that came back is seen by the monitor, one that did not is declared
+    while (left := _ha_unsettled(o)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    problems = [f"HA not settled after {timeout_s:.0f} s: {x}" for x in left]
+    problems += crashkit.ha_problems(o) + order.check(o.db)
+    for host in crashkit.out_of_service(o):
+        fabric.recover_host(host)
+    return problems
 
 
 def _copies(o: Orchestrator) -> bool:
@@ -135,6 +254,7 @@ def quiet(o: Orchestrator, fabric: SimFabric, faults: SimFaults) -> list[str]:
 
 def check(o: Orchestrator, left: list[str]) -> list[str]:
     problems = [f"still in flight after {QUIET_S:.0f} s: {x}" for x in left]
+    problems += [f"host {h.name} left {h.state}" for h in o.hosts() if h.state in ("down", "fencing", "fenced")]
     problems += [f"vm {v.name} left {v.state}" for v in o.vms()
                  if v.state in ("starting", "stopping", "migrating", "scaling")]
     return problems + crashkit.storage_problems(o) + o.audit()
@@ -206,8 +326,20 @@ def _copy_error_stays():
     return _patched((Migrator, "_run", run))
 
 
+def _ha_no_fence():
+    """A failed host is taken as fenced without asking its agent: its HA VMs restart while a host whose
+    daemon died or that is cut off still runs them (caught by the running-twice watch)."""
+    from vmplane.harecovery import HostRecovery
+
+    fence = _rewrite(HostRecovery._fence, r"fenced, errors = self\._try_agents\(host, row\)",
+                     "return self._fenced(op_id, host, None)")
+    return _patched((HostRecovery, "_fence", fence))
+
+
 MUTANTS = {"no-unplug-wait": _no_unplug_wait, "no-unplug-wait-only": _no_unplug_wait_only, "unknown-is-absent": _unknown_is_absent,
-           "copy-error-stays": _copy_error_stays}
+           "copy-error-stays": _copy_error_stays, "ha-no-fence": _ha_no_fence}
+# the HA mode a mutant needs to be seen (guests that run on while their host does not answer)
+MUTANT_HA = {"ha-no-fence": HaMode(modes=("daemon", "network"), fence_broken=0.0, for_good=1.0, fail_weight=5)}
 # the faults a mutant needs to be seen (the others may stay off)
 MUTANT_FAULTS = {"copy-error-stays": MIGRATION_FAULTS}
 # rates that make a mutant show sooner (the suite's quick check; bench/truth.py runs the plain rates too)
@@ -221,12 +353,15 @@ class Round:
     problems: list[str]
     vms: int
     faults: int                     # injected during this round
+    failures: int = 0               # host failures by the harness (HA mode)
 
 
 @dataclass
 class Report:
     rounds: list[Round] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)       # injected faults by kind
+    ha: dict[str, int] = field(default_factory=dict)           # HA mode: failures, repairs, fences, restarts, samples
+    lost: list[str] = field(default_factory=list)              # HA VMs settled stopped (their host back without them)
 
     @property
     def faults(self) -> int:
@@ -246,19 +381,21 @@ def make_faults(seed: int, migration_faults: bool, scale: float = 1.0, overrides
 
 def run(home: Path, rounds: int, seed: int, steps: int = 60, migration_faults: bool = False,
         mutant: str | None = None, fault_scale: float = 3.0, faults: dict | None = None, log=lambda line: None,
-        stop_at_problem: bool = True, storage: bool = True) -> Report:
+        stop_at_problem: bool = True, storage: bool = True, ha: HaMode | None = None) -> Report:
     """`rounds` rounds (workload under faults, quiet, check) on one cluster; `mutant` names a rule to
     break (MUTANTS). Migration faults (lost connection, post-copy failure) are off unless asked for;
     `faults` overrides rates of SimFaults.nasty (x `fault_scale`); `storage`: pools, disks and volumes
-    (crashkit.seed_cluster)."""
+    (crashkit.seed_cluster); `ha`: HA mode (HaMode: HA VMs, hosts failing, the HA checks);
+    `stop_at_problem`: stop after the first round with a problem (or, a callable, with problems it accepts)."""
     url = f"sqlite:///{home / 'vmplane.db'}"
     crashkit.seed_cluster(url, storage=storage)
     simfabric.forget_shared()
     logging.getLogger("vmplane").setLevel(logging.CRITICAL)
     rng = random.Random(seed)
-    overrides = faults
+    overrides = (ha.host_faults if ha else {}) | (faults or {})
     faults = make_faults(seed, migration_faults, fault_scale, overrides)
     report = Report()
+    nemesis, order, watch = None, crashkit.FenceOrder(), None
     with MUTANTS[mutant]() if mutant else contextlib.nullcontext():
         db = Database(url)
         o = Orchestrator(db, ThreadPoolExecutor(4))
@@ -269,24 +406,41 @@ def run(home: Path, rounds: int, seed: int, steps: int = 60, migration_faults: b
             fabric = SimFabric.for_store(url)
             for d in o.drivers.values():
                 d.copy_rate_mib_s = crashkit.COPY_RATE_MIB_S
+            if ha:
+                o.catalog.set_setting("vmplane.ha.grace", str(ha.grace_s))
+                nemesis = Nemesis(ha, fabric)
+                watch = crashkit.TwiceWatch(fabric.path).__enter__()
+                order.check(db)                 # from now on
             o.start_monitor()       # the host monitor, the full sync, the event loop, the migration settle loop
             fabric.faults = faults
             for number in range(rounds):
-                before = faults.total()
+                before, failed_before = faults.total(), sum(nemesis.counts.values()) if nemesis else 0
                 faults.enabled = True
-                workload(o, random.Random(rng.randrange(2**32)), steps)
-                problems = check(o, quiet(o, fabric, faults))
+                workload(o, random.Random(rng.randrange(2**32)), steps, nemesis)
+                problems = ha_quiet(o, fabric, faults, nemesis, order) if nemesis else []
+                problems += check(o, quiet(o, fabric, faults))
+                if watch:
+                    watch.sample()
+                    problems += [f"running twice: {p}" for p in watch.take()]
                 vms = len(o.vms())
-                report.rounds.append(Round(number, problems, vms, faults.total() - before))
-                log(f"round {number}: {vms} VMs, {faults.total() - before} faults, {len(problems)} problem(s)"
-                    + (f": {problems[:3]}" if problems else ""))
-                if problems and stop_at_problem:
+                failures = sum(nemesis.counts.values()) - failed_before if nemesis else 0
+                report.rounds.append(Round(number, problems, vms, faults.total() - before, failures))
+                log(f"round {number}: {vms} VMs, {faults.total() - before} faults"
+                    + (f", {failures} host failures/repairs, {order.fences} fences, {order.restarts} HA restarts so "
+                       f"far" if nemesis else "") + f", {len(problems)} problem(s)" + (f": {problems[:3]}" if problems else ""))
+                if problems and (stop_at_problem(problems) if callable(stop_at_problem) else stop_at_problem):
                     break
         finally:
+            if watch:
+                watch.__exit__()
             fabric_ = SimFabric.for_store(url)
             fabric_.faults = None
             o.close()
             db.dispose()
             simfabric.forget_shared()
     report.counts = {k: faults.counts.get(k, 0) for k in KINDS}
+    if nemesis:
+        report.ha = {**nemesis.counts, "fences": order.fences, "HA restarts": order.restarts,
+                     "running-twice samples": watch.samples, "HA VMs stopped, not restarted": len(order.lost)}
+        report.lost = order.lost
     return report

@@ -244,7 +244,8 @@ class Catalog:
                            min_vcpus=data.min_vcpus, max_vcpus=data.max_vcpus, min_memory_mib=data.min_memory_mib,
                            max_memory_mib=data.max_memory_mib, cpu_speed_mhz=data.cpu_speed_mhz,
                            cpu_cap=data.cpu_cap, dynamic_scaling=data.dynamic_scaling,
-                           root_disk_mib=data.root_disk_mib, max_root_disk_mib=data.max_root_disk_mib)
+                           root_disk_mib=data.root_disk_mib, max_root_disk_mib=data.max_root_disk_mib,
+                           ha_policy=data.ha_policy)
             s.add(row)
         return row
 

@@ -37,6 +37,10 @@ POINTS = (
     "volume.before-attach",    # the store says attaching; the domain has not been asked
     "volume.before-detach",    # the store says detaching; the domain has not been asked
     "volume.before-delete",    # the store says deleting; the file is still on the pool
+    "ha.before-fenced",        # a fence agent confirmed the host off; the store still says fencing
+    "ha.fenced",               # the host is recorded fenced; none of its VMs restarted yet
+    "ha.claimed",              # an HA VM's claim moved to its new host (starting); no domain there yet
+    "ha.before-domain",        # its restart operation persisted its step; the domain is not started
 )
 
 _armed: dict[str, int] = {}

@@ -8,6 +8,10 @@ never started elsewhere). VMs an operation owns are left to it; if that operatio
 one back to `running` while the host is down, the next pass makes it `unknown` too. When the host
 answers again it gets its previous state back, and EVERY VM recorded on it is settled from what it
 runs (settle.settle_vm): running again, or stopped with charge and claim given back.
+
+High availability (ha.py) takes over a host that stays down longer than `vmplane.ha.grace`: it is
+`fencing`, then `fenced`. This monitor leaves a `fencing` host to it (whether it answers again decides
+there), and brings a `fenced` host back like a down one once it answers (an operator repaired it).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from sqlalchemy import select
 from .drivers.base import DriverError
 from .events import acting_as
 from .loops import every
-from .model import HostState, VmState
+from .model import UNREACHABLE_HOST_STATES, HostState, VmState
 from .settle import settle_vm
 from .store import ledger as L
+from .store.schema import utcnow
 
 log = logging.getLogger("vmplane.hostmonitor")
 CAUSE = "monitor"
@@ -66,10 +71,11 @@ class HostMonitor:
             for (name, _), error in zip(hosts, answers):
                 if name not in self.o.index:
                     continue                    # removed meanwhile
-                down = self.o.index.host(name).state == HostState.down
+                state = self.o.index.host(name).state
+                down = state in UNREACHABLE_HOST_STATES
                 if error is not None:
                     changes += self._mark_down(name, error) if not down else self._keep_unknown(name)
-                elif down:
+                elif state in (HostState.down, HostState.fenced):
                     changes += self._bring_back(name)
         return changes
 
@@ -81,8 +87,9 @@ class HostMonitor:
                 row = conn.execute(select(h.id, h.state).where(h.name == name).with_for_update()).first()
                 if row is None or row.state == HostState.down.value:
                     return []
-                L.set_host_state(conn, name, HostState.down, f"its hypervisor does not answer: {error}",
-                                 state_before_down=row.state)
+                reason = f"its hypervisor does not answer: {error}"
+                L.set_host_state(conn, name, HostState.down, reason, state_before_down=row.state,
+                                 state_reason=reason, down_since=utcnow())
                 moved = self._running_to_unknown(conn, row.id, name)
             self.o.index.upsert(replace(self.o.index.host(name), state=HostState.down))
         log.error("host %s is down (%s); %d VM(s) unknown; it was %s", name, error, moved, row.state)
@@ -112,11 +119,12 @@ class HostMonitor:
             with self.o.db.transaction() as conn:
                 row = conn.execute(select(h.id, h.state, h.state_before_down).where(h.name == name)
                                    .with_for_update()).first()
-                if row is None or row.state != HostState.down.value:
+                if row is None or row.state not in (HostState.down.value, HostState.fenced.value):
                     return []
                 restored = row.state_before_down or HostState.enabled.value
-                L.set_host_state(conn, name, restored, "its hypervisor answers again; its state before it went "
-                                 "down is restored", state_before_down=None)
+                L.set_host_state(conn, name, restored, f"its hypervisor answers again; its state before it went "
+                                 f"{row.state} is restored", state_before_down=None, state_reason=None,
+                                 down_since=None)
             self.o.index.upsert(replace(self.o.index.host(name), state=HostState(restored)))
         with self.o.db.read() as s:
             names = s.connection().execute(select(v.name).where(

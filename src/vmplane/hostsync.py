@@ -20,7 +20,7 @@ from sqlalchemy import select
 from .drivers.base import DriverError
 from .events import acting_as, record
 from .loops import every
-from .model import HostState, VmState
+from .model import UNREACHABLE_HOST_STATES, VmState
 from .settle import OWNED_STATES, settle_vm
 from .store import ledger as L
 
@@ -55,7 +55,7 @@ class HostSync:
         reported: set[tuple[str, str, str]] = set()
         with acting_as(CAUSE):
             for host, driver in list(self.o.drivers.items()):
-                if host not in self.o.index or self.o.index.host(host).state == HostState.down:
+                if host not in self.o.index or self.o.index.host(host).state in UNREACHABLE_HOST_STATES:
                     continue
                 findings += self._sync_host(host, driver, reported)
         self._reported = reported

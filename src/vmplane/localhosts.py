@@ -27,6 +27,11 @@ target resumes, so migrations on a shared disk work with the locks.
 A host outlives the process that started it (as a hypervisor outlives a control-plane restart): a
 later `start()` of the same name adopts the running daemon. `stop()` destroys its domains and kills
 the daemon by its pid; namespaces, bridges and folders made here are removed by name.
+
+Each host also runs a heartbeat writer (`vmplane.heartbeat`, in its namespaces) onto the shared
+folder, SHARED_PATH/.heartbeat/NAME, as a remote host heartbeats onto shared storage: the second
+liveness signal of high availability (liveness.py). `fail(host, mode)` is the nemesis that breaks a
+host as a power cut, a crashed daemon or a lost network would, and `recover(host)` undoes it.
 """
 
 from __future__ import annotations
@@ -115,12 +120,66 @@ class LocalHost:
         """The pid of this host's virtlockd (it writes its pid file under run/), if it runs."""
         try:
             pid = int((self.dir / "run" / "virtlockd.pid").read_text().strip())
-            return pid if Path(f"/proc/{pid}/comm").read_text().strip() == "virtlockd" else None
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "virtlockd" or _zombie(pid):
+                return None          # a killed virtlockd not reaped yet (its parent is init) is gone
+            return pid
         except (OSError, ValueError):
             return None
 
+    def heartbeat_pid(self) -> int | None:
+        """The pid of this host's heartbeat writer, if it runs (its pid file checked against its command
+        line: a stale pid may belong to anything now)."""
+        try:
+            pid = int((self.dir / "run" / "heartbeat.pid").read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            return None
+        if b"vmplane.heartbeat" not in cmdline or _zombie(pid):
+            return None
+        return pid
+
     def running(self) -> bool:
-        return self.pid() is not None and self.socket.exists() and _answers(self)
+        return self.pid() is not None and not _stopped(self.pid()) and self.socket.exists() and _answers(self)
+
+
+def _state(pid: int) -> str:
+    """The process state letter of /proc/PID/stat ("R", "S", "T" stopped, "Z" zombie), "" when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rfind(")") + 2]
+
+
+def _zombie(pid: int) -> bool:
+    return _state(pid) in ("Z", "X", "")
+
+
+def _stopped(pid: int | None) -> bool:
+    return pid is not None and _state(pid) in ("T", "t")
+
+
+def from_uri(uri: str | None) -> LocalHost | None:
+    """The local host behind a libvirt URI (its socket lies in BASE/NAME/run, beside host.json), or None
+    when the URI is not one of these hosts: the fence agent and the liveness signal find it this way."""
+    from urllib.parse import parse_qs, urlparse
+
+    if not uri:
+        return None
+    socket = parse_qs(urlparse(uri).query).get("socket", [None])[0]
+    if not socket:
+        return None
+    folder = Path(socket).parent.parent
+    try:
+        saved = json.loads((folder / "host.json").read_text())
+        return describe(folder.parent, folder.name, saved["index"], saved["netns"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def heartbeat_path(base: Path, name: str) -> Path:
+    """Where host NAME's heartbeat lands on the control-plane side (SHARED_PATH/.heartbeat/NAME inside)."""
+    return base / "shared" / ".heartbeat" / name
 
 
 def storage_dirs(base: Path, name: str) -> dict[str, Path]:
@@ -175,9 +234,11 @@ exec {LIBVIRTD} -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid
 
 # virtlockd daemonizes once its socket is ready (`-d`) and writes its pid under run/; libvirtd's lockd
 # plugin finds it at /run/libvirt/virtlockd-sock. One that still runs (libvirtd died, its guests and their
-# leases live on) is kept: it holds those leases, and the new libvirtd reaches it through the same socket
+# leases live on) is kept: it holds those leases, and the new libvirtd reaches it through the same socket;
+# a zombie (killed, not yet reaped) is not
 _LOCKD_START = ("p=$(cat /run/libvirt/virtlockd.pid 2>/dev/null || true); "
-                "if [ -z \"$p\" ] || [ \"$(cat /proc/$p/comm 2>/dev/null)\" != virtlockd ]; then "
+                "if [ -z \"$p\" ] || [ \"$(cat /proc/$p/comm 2>/dev/null)\" != virtlockd ] "
+                "|| grep -qs '^State:[[:space:]]*[ZX]' /proc/$p/status; then "
                 f"rm -f /run/libvirt/virtlockd-sock; {VIRTLOCKD} -d -f /etc/libvirt/virtlockd.conf "
                 "-p /run/libvirt/virtlockd.pid; fi")
 
@@ -241,8 +302,11 @@ def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s:
     if reason:
         raise RuntimeError(f"cannot start local libvirt host {name}: {reason}")
     host = describe(base, name, index, netns)
+    if _stopped(host.pid()):
+        return host          # partitioned by fail(host, "network"): it runs, unreachable, until recover()
     if host.running():
         _ensure_lockd(host)
+        _ensure_heartbeat(host)
         return host
     if netns:
         _ensure_netns(base, host, index)
@@ -259,6 +323,8 @@ def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if host.socket.exists() and host.pid() is not None and _answers(host):
+            _ensure_heartbeat(host)
+            (host.dir / "failed").unlink(missing_ok=True)      # a new daemon: whatever failed is over
             return host
         time.sleep(0.05)
     log = (host.dir / "daemon.out").read_text(errors="replace")[-2000:]
@@ -322,20 +388,120 @@ def qemu_runs_domain(cmdline: bytes, domain: str) -> bool:
     return False
 
 
-def _kill_orphaned_qemu(host: LocalHost) -> None:
-    """QEMU processes this host started whose daemon died before it could destroy them (by pid file,
-    `run/qemu/DOMAIN.pid`): killed only when that pid still is a QEMU of that very domain."""
+def qemu_pids(host: LocalHost) -> list[int]:
+    """The live QEMU processes this host started (by pid file, `run/qemu/DOMAIN.pid`): only pids that
+    still are a QEMU of that very domain, zombies left out."""
+    pids = []
     for pid_file in (host.dir / "run" / "qemu").glob("*.pid"):
         try:
             pid = int(pid_file.read_text().strip())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        if qemu_runs_domain(cmdline, pid_file.stem):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if qemu_runs_domain(cmdline, pid_file.stem) and not _zombie(pid):
+            pids.append(pid)
+    return pids
+
+
+def _kill(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_orphaned_qemu(host: LocalHost) -> None:
+    """QEMU processes this host started whose daemon died before it could destroy them."""
+    _kill(qemu_pids(host))
+
+
+def processes(host: LocalHost) -> dict[str, list[int]]:
+    """The host's live processes by role (libvirtd, qemu, virtlockd, heartbeat): what a power cut ends.
+    A stopped (SIGSTOP) process is alive; a zombie is not."""
+    found = {"libvirtd": [host.pid()], "qemu": qemu_pids(host), "virtlockd": [host.lockd_pid()],
+             "heartbeat": [host.heartbeat_pid()]}
+    return {role: [p for p in pids if p is not None and not _zombie(p)] for role, pids in found.items()}
+
+
+def _ensure_heartbeat(host: LocalHost) -> None:
+    """Start the host's heartbeat writer in its namespaces unless it runs: it writes through the host's
+    own view of the shared folder, as a remote host writes to its NFS export."""
+    import sys
+
+    pid = host.pid()
+    if pid is None or host.heartbeat_pid() is not None:
+        return
+    heartbeat_path(host.dir.parent, host.name).parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["nsenter", f"--target={pid}", "--mount"] + (["--net"] if host.netns else []) + [
+        sys.executable, "-m", "vmplane.heartbeat", "--file", f"{SHARED_PATH}/.heartbeat/{host.name}",
+        "--interval", "1"]
+    src = str(Path(__file__).resolve().parent.parent)       # vmplane importable wherever it was run from
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    with open(host.dir / "heartbeat.out", "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+    (host.dir / "run" / "heartbeat.pid").write_text(str(proc.pid))     # nsenter execs: the same pid
+    deadline = time.monotonic() + 5    # while a process execs, its cmdline reads empty: wait for python's
+    while host.heartbeat_pid() is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+FAIL_MODES = ("power", "daemon", "network")
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 5.0) -> None:
+    """Wait (briefly) until SIGKILLed processes are dead: the kernel takes a moment to tear one down."""
+    deadline = time.monotonic() + timeout_s
+    while any(not _zombie(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def cut_power(host: LocalHost) -> None:
+    """What a power cut does to the host: SIGKILL its libvirtd, every QEMU it ran, its virtlockd and its
+    heartbeat writer, at once and without warning (a SIGSTOPped process dies of SIGKILL too)."""
+    pids = [pid for pids in processes(host).values() for pid in pids]
+    _kill(pids)
+    _wait_gone(pids)
+
+
+def fail(host: LocalHost, mode: str) -> None:
+    """The nemesis: break the host as `mode` says, and record it in BASE/NAME/failed for recover().
+      power    cut_power(): daemon, guests, virtlockd and heartbeat gone
+      daemon   SIGKILL libvirtd only: the guests, virtlockd and the heartbeat run on
+      network  SIGSTOP libvirtd: the control plane's calls get no answer, as if its packets were lost,
+               while the guests and the heartbeat run on"""
+    if mode not in FAIL_MODES:
+        raise ValueError(f"mode must be one of {', '.join(FAIL_MODES)}, not {mode!r}")
+    (host.dir / "failed").write_text(mode)
+    pid = host.pid()
+    if mode == "power":
+        cut_power(host)
+    elif pid is not None and mode == "daemon":
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone([pid])
+    elif pid is not None:
+        os.kill(pid, signal.SIGSTOP)
+
+
+def failed(host: LocalHost) -> str | None:
+    """The mode of the host's recorded failure, None when it is not failed."""
+    try:
+        return (host.dir / "failed").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def recover(host: LocalHost, timeout_s: float = 30.0) -> LocalHost:
+    """Undo fail(): let a partitioned daemon run again (SIGCONT), start a dead one (start(), which adopts
+    the guests, virtlockd and heartbeat still running; after a power cut the guests are gone)."""
+    pid = host.pid()
+    if _stopped(pid):
+        os.kill(pid, signal.SIGCONT)
+    saved = json.loads((host.dir / "host.json").read_text())
+    started = start(host.dir.parent, host.name, saved["index"], saved["netns"], timeout_s)
+    (host.dir / "failed").unlink(missing_ok=True)
+    return started
 
 
 def _terminate(pid: int) -> None:
@@ -359,10 +525,15 @@ def stop(host: LocalHost, remove_files: bool = False) -> None:
     """Destroy the host's domains, stop its daemons (libvirtd, virtlockd: by pid), remove its network
     namespace."""
     pid = host.pid()
+    if _stopped(pid):
+        os.kill(pid, signal.SIGCONT)      # a partitioned daemon (fail "network") answers again
     if pid is not None:
         _destroy_domains(host)
         _terminate(pid)
     _kill_orphaned_qemu(host)
+    heartbeat = host.heartbeat_pid()
+    if heartbeat is not None:
+        _terminate(heartbeat)
     lockd = host.lockd_pid()             # after QEMU: the leases go with the processes holding them
     if lockd is not None:
         _terminate(lockd)
@@ -384,7 +555,8 @@ def stop_all(base: Path) -> list[str]:
     for name in sorted(p.name for p in base.iterdir() if (p / "host.json").exists()) if base.exists() else []:
         saved = json.loads((base / name / "host.json").read_text())
         host = describe(base, name, saved["index"], saved["netns"])
-        if host.pid() is not None or host.lockd_pid() is not None or (host.netns and _netns_exists(host.netns)):
+        if (host.pid() is not None or host.lockd_pid() is not None or host.heartbeat_pid() is not None
+                or (host.netns and _netns_exists(host.netns))):
             stop(host)
             stopped.append(name)
     stop_switch(base)

@@ -24,9 +24,11 @@ from .drivers.base import DriverError, MigrationParams
 from .errors import Conflict, Invalid, NotFound
 from .listing import Page, by_prefix, order_by, run_page
 from .migration import Action, MigrationState, Outcome
-from .model import ClaimKind, PlacementRequest, Size, VmState
+from .model import ClaimKind, HostState, PlacementRequest, Size, VmState
 from .placement import Placement, choose, fit_on
-from .scope import migration_scope_problem
+from .failover import Load
+from .reserves import placement_rules
+from .scope import Scope, migration_scope_problem
 from .diskmoves import DiskMoves
 from .store import ledger as L
 from .store.schema import utcnow
@@ -43,6 +45,19 @@ RESUME_FIRST_S, RESUME_EVERY_S = 5.0, 60.0    # post-copy resume: retried after 
 HEALTH_COMMAND = "cut -d' ' -f1 /proc/uptime; dmesg | grep -c -E 'Oops|BUG:|general protection|Kernel panic' || true"
 _ACTIVE = [s.value for s in rules.ACTIVE]
 
+
+
+class _PoweredOff:
+    """A fenced host, as a migration's settle asks it: no domain, no migration job."""
+
+    def __init__(self, host: str):
+        self.host = host
+
+    def migration_active(self, name: str) -> bool:
+        return False
+
+    def domain(self, name: str):
+        return None
 
 class Migrator:
     def __init__(self, orch: "Orchestrator"):
@@ -111,10 +126,14 @@ class Migrator:
         zone = vm.zone_name or source.zone          # a VM placed before zones mattered: its host's zone
         with self.o.db.read() as s:
             reach = self.o.disk_moves.reach(s.connection(), vm.id)
+            # its group (itself left out) and the failover reserve, its claim freed on the source
+            rules = placement_rules(self.o, s.connection(), Scope(zone, source.cluster if to is None else None),
+                                    action=f"migrating {vm.name} to {{host}}", vm_id=vm.id, ha=vm.ha_policy == "restart",
+                                    release=(vm.host_name, Load(vm.vcpus, vm.memory_mib + vm.overhead_mib)))
         request = PlacementRequest(Size(vm.vcpus, vm.memory_mib), exclude_hosts=frozenset({vm.host_name}),
                                    exclude_reason="the VM already runs here", zone=zone, storage_hosts=reach,
                                    storage_reason="its disks can not follow it here (no shared pool, and no "
-                                                  "local pool at the same path with room for the copy)")
+                                                  "local pool at the same path with room for the copy)", **rules)
         if to is None:
             return choose(self.o.index, replace(request, cluster=source.cluster))
         if to == vm.host_name:
@@ -413,7 +432,7 @@ class Migrator:
         row = self.get(migration_id)
         if MigrationState(row["state"]) not in rules.SETTLING:
             return row["state"]
-        source, target = self.o.drivers[row["source"]], self.o.drivers[row["target"]]
+        source, target = self._asked(row["source"]), self._asked(row["target"])
         domain = self.o.domain_name(row["vm_name"])
         try:
             if not self._copy_ended(row, source, domain, wait_s):
@@ -428,6 +447,13 @@ class Migrator:
             self._note(migration_id, f"both {row['source']} and {row['target']} hold the domain; asked again")
             return row["state"]
         return self._settle_to(row, outcome, why, on_source, on_target)
+
+    def _asked(self, host: str):
+        """Who answers for `host` when a migration is settled: its driver, or, for a fenced host
+        (confirmed off by its agent or an operator), the certainty that it runs and copies nothing."""
+        if host in self.o.index and self.o.index.host(host).state == HostState.fenced:
+            return _PoweredOff(host)
+        return self.o.drivers[host]
 
     def _copy_ended(self, row: dict, source, domain: str, wait_s: float) -> bool:
         """Wait while the source's libvirtd still migrates the domain (a p2p job goes on without us);

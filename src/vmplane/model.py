@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .failover import Reserve
+    from .groups import GroupRule
 
 
 STORE_INT_MAX = 2**31 - 1       # the store's integer columns are 32-bit on PostgreSQL
@@ -13,7 +18,13 @@ class HostState(str, enum.Enum):
     enabled = "enabled"
     maintenance = "maintenance"
     disabled = "disabled"
-    down = "down"
+    down = "down"               # its hypervisor does not answer (maybe a blip)
+    fencing = "fencing"         # declared failed: being powered off before its VMs run elsewhere
+    fenced = "fenced"           # confirmed off (by its fence agent or an operator)
+
+
+# Hosts vmplane can not ask: what their VMs do is unknown until they answer again.
+UNREACHABLE_HOST_STATES = frozenset({HostState.down, HostState.fencing, HostState.fenced})
 
 
 class VmState(str, enum.Enum):
@@ -98,6 +109,7 @@ class Offering:
     dynamic_scaling: bool = False
     root_disk_mib: int | None = None
     max_root_disk_mib: int | None = None
+    ha_policy: str = "off"          # its VMs' default: restart them elsewhere when their host fails, or not
 
 
 @dataclass(frozen=True)
@@ -144,6 +156,8 @@ class PlacementRequest:
     exclude_reason: str = "excluded by the request"
     storage_hosts: frozenset[str] | None = None     # only hosts that can open the VM's disks (None: any)
     storage_reason: str = "can not reach the VM's disks"
+    group: "GroupRule | None" = None        # the VM's placement group (groups.py): hard filters, soft weighs
+    reserve: "Reserve | None" = None        # the failover reserve to keep (failover.py); None: not checked
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from .maintenance import Maintenance
 from .migrator import Migrator
 from .model import (
     IN_FLIGHT_OPERATION_STATES,
+    UNREACHABLE_HOST_STATES,
     ClaimKind,
     HostCapacity,
     HostState,
@@ -66,6 +67,9 @@ from .listing import Page, by_prefix, order_by, run_page
 from .placement import CapacityIndex, Placement, choose
 from .quota import check_admission, running_charge
 from .reconcile import reconcile as reconcile_running
+from .groupstore import resolve_group
+from .reserves import placement_rules
+from .ha import HaController, check_ha, default_agents
 from .recovery import Recovery
 from .scaler import Scaler
 from .scaling import ScalingFlags, cap_for_share, cap_share, ceiling
@@ -84,6 +88,7 @@ log = logging.getLogger("vmplane.orchestrator")
 
 PLACEMENT_RETRIES = 5
 IN_FLIGHT = {st.value for st in IN_FLIGHT_OPERATION_STATES}
+UNREACHABLE = {st.value for st in UNREACHABLE_HOST_STATES}
 
 
 def domain_name(vm_name: str) -> str:
@@ -168,6 +173,7 @@ class Orchestrator:
         self.pools, self.volumes = Pools(self), Volumes(self)     # storage: pools, root disks and volumes
         self.disk_moves = DiskMoves(self)                         # what a migration does with the disks
         self.storage_settle = StorageSettle(self)                 # volumes between two steps, stale copies
+        self.ha = HaController(self)                              # failed hosts: fencing, HA restarts
 
     # -- start-up ------------------------------------------------------------------------------
     def load(self, background: bool = False, recover: bool = True) -> None:
@@ -205,11 +211,18 @@ class Orchestrator:
     domain_name = staticmethod(domain_name)
 
     def set_host_state(self, name: str, state: HostState) -> None:
-        """Enable a host or take it out of placement (maintenance, disabled, down)."""
+        """Enable a host or take it out of placement (maintenance, disabled). Refused (409) for a host
+        that does not answer (down, fencing, fenced): its state is the monitor's and HA's until it answers."""
+        state = HostState(state)
         with self._lock:
             with self.db.transaction() as conn:
-                if not L.set_host_state(conn, name, state):         # records the change in the event log
+                now = conn.execute(select(L.HOSTS.c.state).where(L.HOSTS.c.name == name).with_for_update()).scalar()
+                if now is None:
                     raise NotFound(f"host {name!r} does not exist", field="host")
+                if now in UNREACHABLE and now != state.value:
+                    raise Conflict(f"host {name} is {now}: it does not answer; its state comes back when it does "
+                                   f"(vmplane host show {name} says why)", field="host")
+                L.set_host_state(conn, name, state)         # records the change in the event log
             self.index.upsert(replace(self.index.host(name), state=state))
 
     def _capacity(self, host: Host) -> HostCapacity:
@@ -262,7 +275,7 @@ class Orchestrator:
                 c = get_by_name(s, Cluster, cluster, field="cluster")
                 s.add(Host(name=name, cluster_id=c.id, driver=driver, uri=uri, cores=cores, cpu_mhz=cpu_mhz,
                            memory_mib=memory_mib, state=HostState.enabled.value, used_vcpus=0, used_memory_mib=0,
-                           migration_address=migration_address))
+                           migration_address=migration_address, fence_agents=default_agents(driver, uri)))
             host = self.host(name)
             self.drivers[name] = self._make_driver(host)
             self._hosts[name] = self._meta(host)
@@ -297,13 +310,17 @@ class Orchestrator:
     def create_vm(self, name: str, project: str, offering: str, template: str, vcpus: int | None = None,
                   memory_mib: int | None = None, dynamically_scalable: bool = True,
                   start: bool = False, zone: str | None = None, cluster: str | None = None,
-                  root_disk_mib: int | None = None, pool: str | None = None) -> Admitted:
+                  root_disk_mib: int | None = None, pool: str | None = None, ha_policy: str | None = None,
+                  ha_priority: int = 0, group: str | None = None) -> Admitted:
         """Create a VM (charging one `vms`, and its root disk's storage when its template has a disk
         image) in a zone (and a cluster when given), and with `start` admit its start in the same
         transaction: either all of it is committed or nothing is. The root disk is then made on its
-        pool (read back) before the start runs; a pool that refuses it undoes the whole create."""
+        pool (read back) before the start runs; a pool that refuses it undoes the whole create.
+        `ha_policy` (restart or off; None: the offering's) says what happens when its host fails; `group`
+        is its placement group (of its project)."""
         check_name(name)
         o, t = self.catalog.for_new_vm(offering, template)
+        ha_policy = check_ha(ha_policy or o.ha_policy, ha_priority)
         size = size_for(offering_data(o), vcpus, memory_mib)
         disk_mib = self.volumes.root_size(t, o, root_disk_mib) if t.disk_image else None
         if disk_mib is None and (root_disk_mib is not None or pool is not None):
@@ -314,13 +331,17 @@ class Orchestrator:
                 p = L.lock_project(conn, name=project)
                 base = Usage(vms=1, storage_mib=disk_mib or 0)
                 reach = self.volumes.reach_for_new(conn, disk_mib, pool, scope.cluster) if disk_mib else None
-                placement, delta = self._admit(conn, p, size, base, start, scope, reach)
+                group_id = resolve_group(conn, group, p.id) if group else None
+                rules = placement_rules(self, conn, scope, action=f"starting {name} on {{host}}", group_id=group_id,
+                                        ha=ha_policy == "restart") if start else None
+                placement, delta = self._admit(conn, p, size, base, start, scope, reach, rules)
                 L.add_to_ledger(conn, p.id, delta)
                 facts = StartFacts(o.dynamic_scaling, t.dynamically_scalable, dynamically_scalable, o.cpu_cap,
                                    o.cpu_speed_mhz)
                 fields = dict(name=name, project_id=p.id, offering_id=o.id, template_id=t.id, vcpus=size.vcpus,
                               memory_mib=size.memory_mib, dynamically_scalable=dynamically_scalable,
-                              zone_id=zone_id, cluster_id=cluster_id,
+                              zone_id=zone_id, cluster_id=cluster_id, ha_policy=ha_policy, ha_priority=ha_priority,
+                              group_id=group_id,
                               **self._started_fields(size, placement, delta, facts))
                 try:
                     vm_id = L.insert_vm(conn, **fields)
@@ -331,6 +352,10 @@ class Orchestrator:
                     meta = self._hosts.get(host) if host else None
                     chosen = self.volumes.root_pool(conn, disk_mib, pool, host,
                                                     meta.cluster if meta else scope.cluster)
+                    if ha_policy == "restart" and chosen.kind != "shared":
+                        raise Invalid(f"--ha restart needs its root disk on a shared pool: {chosen.name} is a "
+                                      f"{chosen.kind} pool, and the disk would be lost with its host; use "
+                                      f"--pool with a shared pool", field="ha_policy")
                     self.volumes.add_root(conn, vm_id, name, p.id, t.id, disk_mib, chosen)
                 claimed = self._claim(conn, vm_id, name, p.id, size, placement) if placement else None
         if disk_mib:
@@ -361,14 +386,16 @@ class Orchestrator:
         with self._lock:
             with self.db.transaction() as conn:
                 vm = L.vm_row(conn, name=name, lock=True)
-                if vm.state != VmState.stopped.value:
+                if vm.state not in (VmState.stopped.value, VmState.error.value):      # neither holds anything
                     raise Conflict(f"vm {name} is {vm.state}; only a stopped VM can be started", field="state")
                 p = L.lock_project(conn, vm.project_id)
                 size = Size(vm.vcpus, vm.memory_mib)
                 self.volumes.check_ready(conn, vm.id, name)
                 reach = self.volumes.storage_hosts(conn, vm.id)
-                placement, delta = self._admit(conn, p, size, Usage(), True, Scope(vm.zone_name, vm.cluster_name),
-                                               reach)
+                scope = Scope(vm.zone_name, vm.cluster_name)
+                rules = placement_rules(self, conn, scope, action=f"starting {name} on {{host}}", vm_id=vm.id,
+                                        ha=vm.ha_policy == "restart")
+                placement, delta = self._admit(conn, p, size, Usage(), True, scope, reach, rules)
                 L.add_to_ledger(conn, p.id, delta)
                 facts = StartFacts(vm.offering_dynamic, vm.template_dynamic, vm.dynamically_scalable,
                                    vm.offering_cpu_cap, vm.offering_cpu_mhz)
@@ -397,8 +424,10 @@ class Orchestrator:
 
     def _admit(self, conn: Connection, p: Row, size: Size, base: Usage, start: bool,
                scope: Scope = Scope(None, None),
-               reach: frozenset[str] | None = None) -> tuple[tuple[Placement, int] | None, Usage]:
+               reach: frozenset[str] | None = None,
+               rules: dict | None = None) -> tuple[tuple[Placement, int] | None, Usage]:
         """Quota and placement for `base` (+ a start): returns the locked host and the ledger delta.
+        `rules`: the group and failover-reserve fields of the placement (reserves.placement_rules).
         Quota is checked before placement (without overhead) so that a quota refusal is reported as
         one even when no host has room; the exact check follows once the host (and its cluster's
         overhead ratio) is known."""
@@ -409,7 +438,7 @@ class Orchestrator:
         t0 = time.perf_counter()
         try:
             check_admission(p.name, quota, ledger, base + running_charge(size, 0, False))
-            placement = self._place(conn, size, scope, reach)
+            placement = self._place(conn, size, scope, reach, rules)
             delta = base + running_charge(size, placement[0].overhead_mib, p.count_overhead)
             check_admission(p.name, quota, ledger, delta)
         except VmplaneError as exc:
@@ -440,13 +469,14 @@ class Orchestrator:
                     prepared=flags.prepared)
 
     def _place(self, conn: Connection, size: Size, scope: Scope,
-               reach: frozenset[str] | None = None) -> tuple[Placement, int]:
+               reach: frozenset[str] | None = None, rules: dict | None = None) -> tuple[Placement, int]:
         """Pick a host within the VM's zone (and cluster) from the index and take the capacity on its row
         (compare-and-add); if the store shows the index was behind (another process claimed), learn the
         store's numbers and pick again (so a final refusal carries the host's real numbers). Returns the
         placement and the host's id."""
         request = PlacementRequest(size, zone=scope.zone, cluster=scope.cluster, storage_hosts=reach,
-                                   storage_reason="can not open the VM's disks (their pools are not on it)")
+                                   storage_reason="can not open the VM's disks (their pools are not on it)",
+                                   **(rules or {}))
         for _ in range(PLACEMENT_RETRIES):
             placement = choose(self.index, request)
             host_id = self._hosts[placement.host].id
@@ -545,7 +575,7 @@ class Orchestrator:
             driver = self.drivers.get(host)
             if driver is None:
                 continue
-            if host not in mine and host in self.index and self.index.host(host).state == HostState.down:
+            if host not in mine and host in self.index and self.index.host(host).state in UNREACHABLE_HOST_STATES:
                 continue            # not reachable and not where it ran: the monitor reports it when back
             try:
                 info = driver.domain(domain)
@@ -746,7 +776,7 @@ class Orchestrator:
     @staticmethod
     def _host_down(conn: Connection, host_id: int | None) -> bool:
         return host_id is not None and conn.execute(select(L.HOSTS.c.state).where(
-            L.HOSTS.c.id == host_id)).scalar() == HostState.down.value
+            L.HOSTS.c.id == host_id)).scalar() in UNREACHABLE
 
     def reconcile(self) -> list[str]:
         """Start-up reconcile (reconcile.reconcile): every `running` VM against the hosts of its zone."""
@@ -766,6 +796,7 @@ class Orchestrator:
         self.host_events.start()
         self.migration_settle.start()
         self.storage_settle.start()
+        self.ha.start()
 
     def exec_in_guest(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
         """Run one shell line in a running VM's guest (through its console); (output, exit code)."""
@@ -801,7 +832,8 @@ class Orchestrator:
             pending = s.connection().execute(select(L.OPERATIONS.c.id, L.OPERATIONS.c.kind).where(
                 L.OPERATIONS.c.state.in_(IN_FLIGHT)).order_by(L.OPERATIONS.c.created_at)).all()
         bodies = {"start": self._run_start, "stop": self._run_stop, "scale": self.scaler.resume,
-                  "drain": self.maintenance.resume_drain}
+                  "drain": self.maintenance.resume_drain, "recover": self.ha.recovery.resume,
+                  "restart": self.ha.recovery.run_restart}
         for op_id, kind in pending:
             body = bodies.get(kind)
             if body is None:
@@ -947,7 +979,7 @@ class Orchestrator:
 
     def close(self) -> None:
         self.closing.set()
-        for loop in (self.monitor, self.sync, self.host_events, self.migration_settle, self.storage_settle):
+        for loop in (self.monitor, self.sync, self.host_events, self.migration_settle, self.storage_settle, self.ha):
             loop.stop()
         if isinstance(self.executor, ThreadPoolExecutor):
             self.executor.shutdown(wait=True)

@@ -13,8 +13,10 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from . import failover
+from . import groups as group_rules
 from .errors import InsufficientCapacity, NotFound
-from .model import HostCapacity, HostState, PlacementRequest, Refusal
+from .model import UNREACHABLE_HOST_STATES, HostCapacity, HostState, PlacementRequest, Refusal
 from .quota import overhead_base_mib
 
 
@@ -35,6 +37,7 @@ class CapacityIndex:
         self.used_memory = np.zeros(n)
         self.overhead_ratio = np.ones(n)
         self.pack = np.zeros(n, dtype=bool)
+        self.reachable = np.zeros(n, dtype=bool)       # not down, fencing or fenced: it can fail (failover)
         self.cluster_code = np.zeros(n, dtype=np.int64)
         self._cluster_codes: dict[str, int] = {}
         self.zone_code = np.zeros(n, dtype=np.int64)
@@ -45,7 +48,7 @@ class CapacityIndex:
     # -- maintenance -------------------------------------------------------------------------
     def _grow(self) -> None:
         for attr in ("enabled", "present", "vcpus_capacity", "memory_capacity", "used_vcpus", "used_memory",
-                     "overhead_ratio", "pack", "cluster_code", "zone_code"):
+                     "overhead_ratio", "pack", "reachable", "cluster_code", "zone_code"):
             old = getattr(self, attr)
             new = np.zeros(len(old) * 2, dtype=old.dtype)
             new[: len(old)] = old
@@ -62,6 +65,7 @@ class CapacityIndex:
         self._hosts[row] = host
         self.present[row] = True
         self.enabled[row] = host.state == HostState.enabled
+        self.reachable[row] = host.state not in UNREACHABLE_HOST_STATES
         self.vcpus_capacity[row] = host.vcpus_capacity
         self.memory_capacity[row] = host.memory_capacity_mib
         self.used_vcpus[row] = host.used_vcpus
@@ -76,6 +80,7 @@ class CapacityIndex:
         self._hosts[row] = None
         self.present[row] = False
         self.enabled[row] = False
+        self.reachable[row] = False
 
     def add_usage(self, name: str, vcpus: int, memory_mib: int) -> None:
         """Record a claim (positive) or its release (negative) on a host."""
@@ -201,6 +206,72 @@ def _storage_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Deman
     return req.storage_reason
 
 
+def _group_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
+    rule = req.group
+    if rule is None or not rule.hard or not rule.placed:
+        return None
+    members = _named(ix, rule.hosts)        # the hosts its other members hold (groups.breaks, for all hosts)
+    return ~members if rule.policy == group_rules.ANTI_AFFINITY else members
+
+
+def _group_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
+    return group_rules.refusal(req.group, ix._hosts[row].name) or ""  # type: ignore[union-attr]
+
+
+def _cluster_rows(ix: CapacityIndex, cluster: str) -> np.ndarray:
+    return np.flatnonzero(ix.present[: ix.size] & (ix.cluster_code[: ix.size] == ix.cluster_code_of(cluster)))
+
+
+def _reserve_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
+    """Hosts whose choice would leave their cluster unable to restart the HA VMs of k failed hosts."""
+    r = req.reserve
+    if r is None or not any(k > 0 for k in r.k_by_cluster.values()):
+        return None
+    mask = np.ones(ix.size, dtype=bool)
+    all_ha_v, all_ha_m = np.zeros(ix.size), np.zeros(ix.size)
+    for name, load in r.ha_load.items():        # only hosts with HA VMs are listed
+        if name in ix:
+            all_ha_v[ix._row(name)], all_ha_m[ix._row(name)] = load[0], load[1]
+    for cluster, k in r.k_by_cluster.items():
+        rows = _cluster_rows(ix, cluster)
+        if k <= 0 or len(rows) == 0:
+            continue
+        used_v, used_m = ix.used_vcpus[rows], ix.used_memory[rows]      # copies (fancy indexing)
+        ha_v, ha_m = all_ha_v[rows], all_ha_m[rows]
+        if r.release is not None and r.release[0] in ix and ix._row(r.release[0]) in rows:
+            at = int(np.flatnonzero(rows == ix._row(r.release[0]))[0])
+            used_v[at] -= r.release[1].vcpus
+            used_m[at] -= r.release[1].memory_mib
+            if r.is_ha:
+                ha_v[at] -= r.release[1].vcpus
+                ha_m[at] -= r.release[1].memory_mib
+        breaks = failover.breaking_mask(ix.vcpus_capacity[rows], ix.memory_capacity[rows], used_v, used_m,
+                                        ix.enabled[rows], ix.reachable[rows], ha_v, ha_m, d.vcpus,
+                                        d.memory_mib[rows], r.is_ha, k)
+        mask[rows] = ~breaks
+    return mask
+
+
+def reserve_breach(ix: CapacityIndex, req: PlacementRequest, host: str, vcpus: int,
+                   memory_mib: int) -> "failover.Assessment | None":
+    """would_break for placing (vcpus, memory_mib) on `host` under `req.reserve` (None: it keeps the reserve)."""
+    r = req.reserve
+    cluster = ix.host(host).cluster
+    k = r.k_by_cluster.get(cluster, 0) if r is not None else 0
+    if r is None or k <= 0:
+        return None
+    hosts = [ix.host(ix._hosts[i].name) for i in _cluster_rows(ix, cluster)]  # type: ignore[union-attr]
+    return failover.would_break(hosts, r.ha_load, k, host, failover.Load(vcpus, memory_mib), r.is_ha, r.release)
+
+
+def _reserve_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
+    host = ix._hosts[row]
+    after = reserve_breach(ix, req, host.name, d.vcpus, int(d.memory_mib[row]))  # type: ignore[union-attr]
+    if after is None:
+        return "would break the failover reserve"
+    return failover.reserve_message(after, req.reserve.action.format(host=host.name), host.cluster)  # type: ignore[union-attr]
+
+
 def _cpu_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
     n = ix.size
     return ix.used_vcpus[:n] + d.vcpus <= ix.vcpus_capacity[:n]
@@ -228,8 +299,10 @@ FILTERS: tuple[Filter, ...] = (
     Filter("cluster", _cluster_mask, _cluster_reason),
     Filter("exclude", _exclude_mask, _exclude_reason),
     Filter("storage", _storage_mask, _storage_reason),
+    Filter("group", _group_mask, _group_reason),
     Filter("cpu", _cpu_mask, _cpu_reason),
     Filter("memory", _memory_mask, _memory_reason),
+    Filter("reserve", _reserve_mask, _reserve_reason),
 )
 
 
@@ -237,11 +310,11 @@ FILTERS: tuple[Filter, ...] = (
 @dataclass(frozen=True)
 class Weigher:
     name: str
-    score: Callable[[CapacityIndex, np.ndarray, Demand], np.ndarray]   # in [0, 1] for the given rows
+    score: Callable[[CapacityIndex, np.ndarray, PlacementRequest, Demand], np.ndarray]   # in [0, 1] for the rows
     multiplier: float = 1.0
 
 
-def _allocation_score(ix: CapacityIndex, rows: np.ndarray, d: Demand) -> np.ndarray:
+def _allocation_score(ix: CapacityIndex, rows: np.ndarray, req: PlacementRequest, d: Demand) -> np.ndarray:
     """Fraction allocated after placing, averaged over CPU and memory; inverted where the cluster spreads."""
     cpu = (ix.used_vcpus[rows] + d.vcpus) / np.maximum(ix.vcpus_capacity[rows], 1)
     mem = (ix.used_memory[rows] + d.memory_mib[rows]) / np.maximum(ix.memory_capacity[rows], 1)
@@ -249,7 +322,23 @@ def _allocation_score(ix: CapacityIndex, rows: np.ndarray, d: Demand) -> np.ndar
     return np.where(ix.pack[rows], allocated, 1.0 - allocated)
 
 
-WEIGHERS: tuple[Weigher, ...] = (Weigher("allocation", _allocation_score),)
+def _group_score(ix: CapacityIndex, rows: np.ndarray, req: PlacementRequest, d: Demand) -> np.ndarray:
+    """A soft group's preference (groups.preference); 1 everywhere otherwise."""
+    rule = req.group
+    if rule is None or rule.hard:
+        return np.ones(len(rows))
+    counts = np.zeros(ix.size)
+    for host in rule.hosts:
+        if host in ix:
+            counts[ix._row(host)] = len(rule.on(host))
+    here = counts[rows]
+    if rule.policy == group_rules.ANTI_AFFINITY:
+        return 1.0 / (1.0 + here)
+    return here / len(rule.placed) if rule.placed else np.ones(len(rows))
+
+
+# the soft group's weight outweighs allocation: a host that keeps the group wins over a less loaded one
+WEIGHERS: tuple[Weigher, ...] = (Weigher("allocation", _allocation_score), Weigher("group", _group_score, 10.0))
 
 
 # -- decisions --------------------------------------------------------------------------------
@@ -280,7 +369,7 @@ def choose(index: CapacityIndex, request: PlacementRequest, filters: Sequence[Fi
         raise InsufficientCapacity(refusal_message(request, explain(index, request, filters)), field="host")
     total = np.zeros(len(rows))
     for w in weighers:
-        total += w.multiplier * w.score(index, rows, demand)
+        total += w.multiplier * w.score(index, rows, request, demand)
     best = rows[int(np.argmax(total))]
     memory = int(demand.memory_mib[best])
     return Placement(index._hosts[best].name, memory, memory - request.size.memory_mib,  # type: ignore[union-attr]

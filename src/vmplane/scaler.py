@@ -20,6 +20,7 @@ from . import failpoints, metrics
 from . import settings as settings_rules
 from .catalog import offering_data
 from .drivers.base import CpuCap, Resized
+from .failover import Load
 from .errors import Conflict, InsufficientCapacity, Interrupted, VmplaneError
 from .migration import ACTIVE
 from .model import OperationState, PlacementRequest, Size, Usage, VmState
@@ -27,6 +28,8 @@ from .offerings import size_for
 from .placement import choose
 from .quota import check_admission, overhead_mib, running_charge
 from .resize import resize_stopped
+from .reserves import growth_refusal, placement_rules
+from .scope import Scope
 from .scaling import (
     ScaleFacts,
     ScalePlan,
@@ -260,7 +263,12 @@ class Scaler:
         path, migrate_to = "in-place", None
         grow_vcpus, grow_memory = max(plan.vcpus_delta, 0), max(footprint_delta, 0)
         if grow_vcpus or grow_memory:
-            if dry_run:
+            # growing in place must keep the cluster's failover reserve; if it does not, the VM moves (as
+            # when its host has no room) to a host that keeps it, or the scale is refused naming the reserve
+            refused = growth_refusal(self.o, conn, vm, grow_vcpus, grow_memory)
+            if refused:
+                fits = False
+            elif dry_run:
                 host = self.o.index.host(vm.host_name)
                 fits = (host.used_vcpus + grow_vcpus <= host.vcpus_capacity
                         and host.used_memory_mib + grow_memory <= host.memory_capacity_mib)
@@ -269,15 +277,24 @@ class Scaler:
             if not fits:
                 key = "auto.migrate.vm.on.live.scale.insufficient.capacity"
                 if not self.o.catalog.effective(key, meta.zone, meta.cluster):
+                    if refused:
+                        raise InsufficientCapacity(f"{refused}; and {key} is false {self._where(key, vm)}",
+                                                   field="host")
                     raise InsufficientCapacity(
                         f"host {vm.host_name} has no room to grow vm {vm.name} by {_growth(grow_vcpus, grow_memory)} "
                         f"and {key} is false {self._where(key, vm)}", field="host")
                 # the move stays within the host's cluster (as a migration without --to does)
                 request = PlacementRequest(plan.target, exclude_hosts=frozenset({vm.host_name}),
-                                           exclude_reason="the VM's own host has no room for the new size",
+                                           exclude_reason=refused or "the VM's own host has no room for the new size",
                                            zone=vm.zone_name or meta.zone, cluster=meta.cluster,
                                            storage_hosts=self.o.disk_moves.reach(conn, vm.id),
-                                           storage_reason="its disks can not follow it here")
+                                           storage_reason="its disks can not follow it here",
+                                           **placement_rules(self.o, conn, Scope(vm.zone_name or meta.zone,
+                                                                                 meta.cluster),
+                                                             action=f"moving {vm.name} to {{host}} to grow it",
+                                                             vm_id=vm.id,
+                                                             ha=vm.ha_policy == "restart",
+                                                             release=(vm.host_name, Load(vm.vcpus, old_footprint))))
                 migrate_to = choose(self.o.index, request).host
                 path = "migrate-then-scale"
         if not dry_run and (increase.vcpus or increase.memory_mib):

@@ -171,6 +171,9 @@ class Volumes:
                 raise Conflict(f"vm {vm} is {row.state}; attach a volume to a running or stopped VM", field="vm")
             reach = self.storage_hosts(conn, row.id)
             pool = SL.pool_row(conn, v.pool_name)
+            if row.ha_policy == "restart" and pool.kind != "shared":
+                raise Conflict(f"vm {vm} has --ha restart: volume {name} is on {pool.name}, a {pool.kind} pool, and "
+                               f"would be lost with its host; attach a volume of a shared pool", field="volume")
             mine = set(self.o.pools.hosts_of(pool))
             if row.host_name and row.host_name not in mine:
                 raise Conflict(f"volume {name} is on pool {pool.name}, which {row.host_name} (vm {vm}'s host) can not "
@@ -494,7 +497,7 @@ class Volumes:
             if now.state not in ("attaching", "detaching") or now.vm_id is None:
                 return True
             vm = L.vm_row(conn, vm_id=now.vm_id, lock=True)
-            if vm.state != VmState.stopped.value:
+            if vm.state not in (VmState.stopped.value, VmState.error.value):      # neither has a domain
                 return False
             if now.state == "attaching":
                 SL.set_volume(conn, now, state="attached", note=f"vm {vm.name} stopped meanwhile: attached cold")

@@ -16,7 +16,7 @@ from .deps import Caller, caller
 from .errors import install_error_handlers
 from .paging import known_query_params
 from .routers import events as event_routes
-from .routers import hosts, offerings, operations, projects, settings, storage, tokens, vms, zones
+from .routers import groups, hosts, offerings, operations, projects, settings, storage, tokens, vms, zones
 from .schemas import ErrorBody
 
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 409, 422, 500)}
@@ -70,7 +70,8 @@ def create_app(orch: Orchestrator) -> FastAPI:
 
     app.add_middleware(BearerAuth, catalog=orch.catalog)
     api = APIRouter(prefix="/api/v1", responses=ERRORS)
-    for module in (zones, hosts, projects, offerings, settings, vms, storage, operations, tokens, event_routes):
+    for module in (zones, hosts, projects, offerings, settings, vms, storage, groups, operations, tokens,
+                   event_routes):
         api.include_router(module.router)
 
     def _project_of(vm: str) -> int | None:

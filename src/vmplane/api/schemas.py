@@ -13,6 +13,8 @@ Name = Annotated[str, Field(min_length=1, max_length=63, description="lowercase 
 INT_MAX = STORE_INT_MAX
 Positive = Annotated[StrictInt, Field(gt=0, le=INT_MAX)]
 NonNegative = Annotated[StrictInt, Field(ge=0, le=INT_MAX)]
+HaPolicy = Literal["restart", "off"]
+HaPriority = Annotated[StrictInt, Field(ge=0, le=1000, description="HA restarts go highest first")]
 
 
 def _utc(value: dt.datetime) -> dt.datetime:
@@ -85,6 +87,25 @@ class HostOut(Response):
     used_vcpus: int
     used_memory_mib: int
     migration_address: str | None = None
+    state_reason: str | None = Field(None, description="why it is down, fencing or fenced")
+    down_since: UtcDatetime | None = Field(None, description="since when it does not answer")
+    fence_agents: list[str] = Field(default_factory=list, description="its fence agents, in order (kinds only)")
+
+
+class FenceRequest(Request):
+    confirm_off: StrictBool = Field(False, description="the operator's word that the host is off: its HA VMs "
+                                                       "are restarted without asking a fence agent")
+
+
+class FenceAgents(Request):
+    agents: list[dict] = Field(description='tried in order, e.g. [{"agent": "ipmi", "address": "10.0.0.5", '
+                                           '"username": "admin", "password": "..."}]')
+
+
+class HostFailure(Request):
+    mode: Literal["power", "daemon", "network"] = Field(
+        description="power: daemon and guests killed; daemon: libvirtd killed, guests run on; network: the host "
+                    "unreachable from the control plane, guests run on")
 
 
 # -- projects ----------------------------------------------------------------------------------
@@ -146,6 +167,7 @@ class OfferingCreate(Request):
     dynamic_scaling: StrictBool = False
     root_disk_mib: Positive | None = Field(None, description="root disk size; null: the template image's size")
     max_root_disk_mib: Positive | None = Field(None, description="a VM may ask for a root disk up to this")
+    ha_policy: HaPolicy = Field("off", description="its VMs' default HA policy")
 
 
 class OfferingOut(Response):
@@ -162,6 +184,7 @@ class OfferingOut(Response):
     dynamic_scaling: bool
     root_disk_mib: int | None = None
     max_root_disk_mib: int | None = None
+    ha_policy: str = "off"
     retired: bool = Field(description="takes no new VMs; VMs using it keep it")
 
 
@@ -223,6 +246,15 @@ class VmCreate(Request):
     cluster: Name | None = Field(None, description="pin it to one cluster of its zone; any cluster when left out")
     root_disk_mib: Positive | None = Field(None, description="root disk size (templates with a disk image)")
     pool: Name | None = Field(None, description="the pool of its root disk; placement picks when left out")
+    ha_policy: HaPolicy | None = Field(None, description="restart: run it again elsewhere when its host fails; "
+                                                         "null: its offering's policy")
+    ha_priority: HaPriority = 0
+    group: Name | None = Field(None, description="its placement group (of its project)")
+
+
+class VmUpdate(Request):
+    ha_policy: HaPolicy | None = None
+    ha_priority: HaPriority | None = None
 
 
 class VmOut(Response):
@@ -242,6 +274,8 @@ class VmOut(Response):
     cluster: str | None = Field(description="the cluster it is pinned to; null when any cluster of its zone will do")
     boot_memory_mib: int | None = Field(description="memory it started with: live scaling never goes below it; "
                                                     "null while it has not started")
+    ha_policy: str = Field("off", description="restart: run it again elsewhere when its host fails")
+    ha_priority: int = Field(0, description="HA restarts go highest first")
     created_at: UtcDatetime
 
 

@@ -13,7 +13,8 @@ def host_out(orch: Orchestrator, h: Host) -> schemas.HostOut:
                            uri=h.uri, state=h.state, cores=h.cores, cpu_mhz=h.cpu_mhz, memory_mib=h.memory_mib,
                            vcpus_capacity=cap.vcpus_capacity, memory_capacity_mib=cap.memory_capacity_mib,
                            used_vcpus=h.used_vcpus, used_memory_mib=h.used_memory_mib,
-                           migration_address=h.migration_address)
+                           migration_address=h.migration_address, state_reason=h.state_reason,
+                           down_since=h.down_since, fence_agents=[a.get("agent", "?") for a in h.fence_agents or []])
 
 
 def project_out(p: Project) -> schemas.ProjectOut:
@@ -52,14 +53,14 @@ def vm_out(vm: Vm) -> schemas.VmOut:
                          max_memory_mib=vm.max_memory_mib, overhead_mib=vm.overhead_mib,
                          dynamic_scaling=vm.dynamically_scalable, zone=_zone_of(vm),
                          cluster=vm.cluster.name if vm.cluster else None, boot_memory_mib=vm.boot_memory_mib,
-                         created_at=vm.created_at)
+                         ha_policy=vm.ha_policy, ha_priority=vm.ha_priority, created_at=vm.created_at)
 
 
 def operation_out(op: Operation | None) -> schemas.OperationOut | None:
     """The store's `target` is the VM's name, or the host's for a drain: the API names which."""
     if op is None:
         return None
-    on_host = op.kind == "drain"
+    on_host = op.kind in ("drain", "recover")
     return schemas.OperationOut(id=op.id, kind=op.kind, vm=None if on_host else op.target,
                                 host=op.target if on_host else None, state=op.state, step=op.step,
                                 progress=op.progress, message=op.message, result=op.result,

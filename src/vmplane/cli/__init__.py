@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from . import catalog, events, infra, local, storage, vms  # noqa: F401  (each registers its commands)
+import faulthandler
+
+from . import catalog, events, groups, infra, local, storage, vms  # noqa: F401  (each registers its commands)
 from .common import app
 
 
 def main() -> None:
+    faulthandler.enable()       # a crash in a C library (libvirt) leaves its thread's stack in the log
     app(prog_name="vmplane")
 
 

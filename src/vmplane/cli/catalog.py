@@ -112,13 +112,14 @@ def offering_create(name: str, kind: str = typer.Option(..., help="fixed, custom
                         help="root disk size (default: the template image's)", metavar="SIZE")] = None,
                     max_root_disk: Annotated[Optional[str], typer.Option(
                         help="VMs may ask for a root disk up to this", metavar="SIZE")] = None,
+                    ha: Optional[str] = typer.Option(None, help="its VMs' default HA policy: restart or off"),
                     *, client: Client):
     """Create a compute offering: fixed sizes or ranges, CPU speed, cap, live scaling, root disk size."""
     body = {"name": name, "kind": kind, "vcpus": vcpus, "memory_mib": mib(memory), "min_vcpus": min_vcpus,
             "max_vcpus": max_vcpus, "min_memory_mib": mib(min_memory, "--min-memory"),
             "max_memory_mib": mib(max_memory, "--max-memory"), "root_disk_mib": mib(root_disk, "--root-disk"),
             "max_root_disk_mib": mib(max_root_disk, "--max-root-disk"),
-            "cpu_speed_mhz": cpu_speed, "cpu_cap": cpu_cap, "dynamic_scaling": dynamic_scaling}
+            "cpu_speed_mhz": cpu_speed, "cpu_cap": cpu_cap, "dynamic_scaling": dynamic_scaling, "ha_policy": ha}
     return client.post("/offerings", {k: v for k, v in body.items() if v is not None})
 
 

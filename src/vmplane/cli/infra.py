@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import typer
@@ -96,6 +97,42 @@ def host_delete(name: str, client: Client):
 def host_show(name: str, client: Client):
     """Show one host: capacity under overcommit, what is claimed, state."""
     return client.get(f"/hosts/{name}")
+
+
+@api_command(groups["host"], "fence")
+def host_fence(name: str, confirm_off: bool = typer.Option(False, help="your word that the host is off (pulled the "
+                                                                       "plug, checked its BMC): no agent is asked"),
+               *, client: Client):
+    """Fence a host that does not answer now, without waiting for vmplane.ha.grace: its fence agents power
+    it off, then its HA VMs run elsewhere (`operation show` follows the recovery)."""
+    return client.post(f"/hosts/{name}/fence", {"confirm_off": confirm_off})
+
+
+@api_command(groups["host"], "fence-agents")
+def host_fence_agents(name: str, agents: str = typer.Argument(
+        ..., help='JSON list, tried in order: \'[{"agent": "local"}]\', \'[{"agent": "ipmi", "address": "10.0.0.5", '
+                  '"username": "admin", "password": "secret"}]\', redfish: address, system, username, password'),
+        *, client: Client):
+    """Set how a host is powered off when it fails (its fence agents, tried in order)."""
+    try:
+        parsed = json.loads(agents)
+    except ValueError as exc:
+        raise typer.BadParameter(f"AGENTS is not JSON: {exc}") from None
+    return client.call("PUT", f"/hosts/{name}/fence-agents", json={"agents": parsed})
+
+
+@api_command(groups["host"], "fail")
+def host_fail(name: str, mode: str = typer.Option(..., help="power (daemon and guests killed), daemon (libvirtd "
+                                                            "killed, guests run on) or network (unreachable, guests "
+                                                            "run on)"), *, client: Client):
+    """The nemesis, for drills on local and simulated clusters: make a host fail. Refused for remote hosts."""
+    return client.post(f"/hosts/{name}/fail", {"mode": mode})
+
+
+@api_command(groups["host"], "recover")
+def host_recover(name: str, client: Client):
+    """Undo `host fail`: the host's daemon runs (and answers) again."""
+    return client.post(f"/hosts/{name}/recover")
 
 
 DRAIN_COLUMNS = ["vm", "target", "migration", "state", Col("note", lambda r: r.get("reason") or r.get("note"))]

@@ -74,14 +74,30 @@ def vm_create(name: str, project: str = typer.Option(...), offering: str = typer
               root_disk: Annotated[Optional[str], typer.Option(help="root disk size (templates with a disk image)",
                                                                metavar="SIZE")] = None,
               pool: Optional[str] = typer.Option(None, help="the pool of its root disk (default: placement picks)"),
+              ha: Optional[str] = typer.Option(None, help="restart: run it again elsewhere when its host fails; "
+                                                          "off (default: its offering's)"),
+              ha_priority: Optional[int] = typer.Option(None, help="HA restarts go highest first (0..1000)"),
+              group: Optional[str] = typer.Option(None, help="its placement group (affinity or anti-affinity)"),
               *, client: Client):
     """Create a VM (charging one of its project's `vms`, and its root disk's storage); with --start, admit
     and start it too."""
     body = {"name": name, "project": project, "offering": offering, "template": template, "vcpus": vcpus,
             "memory_mib": mib(memory), "dynamic_scaling": dynamic_scaling, "start": start, "zone": zone,
-            "cluster": cluster, "root_disk_mib": mib(root_disk, "--root-disk"), "pool": pool}
+            "cluster": cluster, "root_disk_mib": mib(root_disk, "--root-disk"), "pool": pool, "ha_policy": ha,
+            "ha_priority": ha_priority, "group": group}
     accepted = client.post("/vms", {k: v for k, v in body.items() if v is not None})
     return _shown(_follow(client, accepted, wait), wait, output)
+
+
+@api_command(groups["vm"], "update")
+def vm_update(name: str, ha: Optional[str] = typer.Option(None, help="restart or off"),
+              ha_priority: Optional[int] = typer.Option(None, help="HA restarts go highest first (0..1000)"),
+              *, client: Client):
+    """Change what happens to a VM when its host fails: its HA policy and priority."""
+    body = {"ha_policy": ha, "ha_priority": ha_priority}
+    if not any(v is not None for v in body.values()):
+        raise typer.BadParameter("give --ha or --ha-priority")
+    return client.call("PATCH", f"/vms/{name}", json={k: v for k, v in body.items() if v is not None})
 
 
 @api_command(groups["vm"], "list", lists=True)

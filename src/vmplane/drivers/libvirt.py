@@ -9,10 +9,12 @@ console (virDomainOpenConsole), which works for local and remote (qemu+tls) host
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 import uuid
@@ -74,6 +76,10 @@ def _quiet(ctx, err):   # libvirt prints every error to stderr by default; we ra
 libvirt.registerErrorHandler(_quiet, None)
 
 
+OPEN_TIMEOUT_S = 10.0
+STUCK_S = 3.0
+
+
 class _EventLoop:
     """libvirt's default event loop in a daemon thread: needed for keepalive (dead-host detection)
     and domain events; must be registered before the first connection is opened."""
@@ -115,6 +121,9 @@ class LibvirtDriver(StorageMixin, Driver):
         self._accel = accel or os.environ.get("VMPLANE_ACCEL") or None
         self._conn: libvirt.virConnect | None = None
         self._conn_lock = threading.Lock()
+        self._dead: list[libvirt.virConnect] = []     # connections that died, kept (see conn)
+        self._quick_lock = threading.Lock()
+        self._quick_calls: dict[object, float] = {}      # domain reads in flight, by start time
         self._console_locks: dict[str, threading.Lock] = {}
         self._watchers: list = []          # lifecycle callbacks, registered on every connection opened
         # migrations: a cancel asked before libvirt's job exists is kept until the copy sees a job
@@ -128,14 +137,38 @@ class LibvirtDriver(StorageMixin, Driver):
         with self._conn_lock:
             if self._conn is None or not self._conn.isAlive():
                 _EventLoop.ensure()
-                try:
-                    self._conn = libvirt.open(self.uri)
-                except libvirt.libvirtError as exc:
-                    raise DriverError(self.host, f"cannot connect to {self.uri}: {exc.get_error_message()}") from None
-                self._conn.setKeepAlive(5, 3)
+                if self._conn is not None:
+                    # a dead connection is kept, never freed: libvirt's event loop may still hold its
+                    # remote client (a keepalive close races with a free from this thread)
+                    self._dead.append(self._conn)
+                    self._conn = None
+                self._conn = self._open()
+                self._conn.setKeepAlive(3, 3)
                 for callback in self._watchers:
                     self._register_watch(self._conn, callback)
             return self._conn
+
+    def _open(self) -> libvirt.virConnect:
+        """libvirt.open, but only once the daemon has answered a probe within OPEN_TIMEOUT_S. A daemon that
+        accepts the socket but never answers (stopped, hung, or a network that drops packets) would hold
+        libvirt.open, the caller and every other call of this driver waiting for the connection lock
+        forever: keepalive only guards an open connection. The probe is `virsh uri` in a process of its
+        own, killed at the deadline (a libvirt.open left hanging in a thread crashed libvirt 9.0's client
+        when the daemon died under it)."""
+        try:
+            probe = subprocess.run(["virsh", "-c", self.uri, "uri"], capture_output=True, text=True,
+                                   timeout=OPEN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise DriverError(self.host, f"cannot connect to {self.uri}: no answer within {OPEN_TIMEOUT_S:g} s") from None
+        except OSError:
+            probe = None            # no virsh here: open without the probe
+        if probe is not None and probe.returncode != 0:
+            words = (probe.stderr.strip().splitlines() or ["virsh failed"])[0].removeprefix("error: ")
+            raise DriverError(self.host, f"cannot connect to {self.uri}: {words}")
+        try:
+            return libvirt.open(self.uri)
+        except libvirt.libvirtError as exc:
+            raise DriverError(self.host, f"cannot connect to {self.uri}: {exc.get_error_message()}") from None
 
     def watch(self, callback) -> None:
         """`callback(host, domain_name, event, detail)` for every lifecycle event of this host's domains,
@@ -274,12 +307,33 @@ class LibvirtDriver(StorageMixin, Driver):
         self._discard(dom, "stop")      # returns only once the host confirms the domain gone
 
     def domains(self) -> list[DomainInfo]:
-        infos = (self._info_if_present(d) for d in self._call("list domains", self.conn.listAllDomains))
-        return [info for info in infos if info is not None]
+        with self._quick_call("list domains"):
+            infos = (self._info_if_present(d) for d in self._call("list domains", self.conn.listAllDomains))
+            return [info for info in infos if info is not None]
 
     def domain(self, name: str) -> DomainInfo | None:
-        dom = self._lookup(name)
-        return None if dom is None else self._info_if_present(dom)
+        with self._quick_call(f"look up {name}"):
+            dom = self._lookup(name)
+            return None if dom is None else self._info_if_present(dom)
+
+    @contextlib.contextmanager
+    def _quick_call(self, what: str):
+        """Reading domains takes milliseconds. When such a call has waited STUCK_S for a daemon that does
+        not answer (frozen, or packets lost), a new one fails at once instead of joining it: several
+        calls waiting on one connection when keepalive closes it and the daemon then dies crash
+        libvirt 9.0's client (tests/test_ha_real.py reproduced it); one waiter gets its keepalive error."""
+        now = time.monotonic()
+        with self._quick_lock:
+            oldest = min(self._quick_calls.values(), default=now)
+            if now - oldest > STUCK_S:
+                raise DriverError(self.host, f"{what}: the daemon has not answered a call for {now - oldest:.0f} s")
+            token = object()
+            self._quick_calls[token] = now
+        try:
+            yield
+        finally:
+            with self._quick_lock:
+                self._quick_calls.pop(token, None)
 
     def _info_if_present(self, dom: libvirt.virDomain) -> DomainInfo | None:
         """A domain can go between two calls (a migration completes, a guest is destroyed)."""

@@ -12,6 +12,12 @@ after a partial effect, transient errors on any call, a connection lost mid-copy
 on, post-copy failure (paused on both hosts), guests that power off, crash or pause on their own,
 and lifecycle events (`watch`) that arrive late, twice or not at all.
 
+Host failures (drivers/simhosts.py: `fabric.fail_host(host, "power"|"daemon"|"network")`, and in
+fault mode flaps, partitions and reboots): while its host does not answer, every call raises
+DriverError ("cannot connect to the hypervisor"; retry-able), no event comes from it, and a
+migration to or from it fails (one under way fails as soon as either end stops answering: the domain
+stays on the source, or is gone with it if the source lost its power; the target keeps nothing).
+
 Storage (drivers/simstorage.py): pools with a capacity, volumes (qcow2 overlays allocate what the
 guest wrote), disks that must exist and that no two running domains open for writing (lockd), disk
 hot-plug with detaches completed late or never, and migrations that copy disks at a rate
@@ -88,8 +94,21 @@ class SimDriver(SimStorageDriver, Driver):
             self.fabric.emit(self.host, name, event, detail)
 
     def _call(self, what: str) -> None:
-        """Every call: a guest of this host may act on its own, and the daemon may be restarting."""
+        """Every call: the host may not answer (failed, or a flap), a guest of this host may act on its
+        own, and the daemon may be restarting."""
         f = self._faults
+        try:
+            self.fabric.check_host(self.host, what)
+            if f is not None and f.enabled:
+                for kind, mode, span in (("host_reboot", "power", f.reboot_s), ("host_partition", "network",
+                                         f.partition_s), ("host_flap", "network", f.flap_s)):
+                    if f.chance(kind):
+                        self.fabric.fail_host(self.host, mode, f.delay(span))
+                        self.fabric.check_host(self.host, what)
+        except DriverError:
+            if f is not None:
+                f.count("host_call")
+            raise
         if f is None or not f.enabled:
             return
         for kind in ("guest_poweroff", "guest_crash", "guest_pause"):
@@ -129,6 +148,7 @@ class SimDriver(SimStorageDriver, Driver):
 
     # -- the driver --------------------------------------------------------------------------------
     def host_info(self) -> HostInfo:
+        self.fabric.check_host(self.host, "get the host's info")
         return self._info
 
     def start(self, spec: DomainSpec) -> None:
@@ -236,6 +256,7 @@ class SimDriver(SimStorageDriver, Driver):
             raise DriverError(self.host, "a sim host can only migrate to another sim host")
         self._call(f"migrate {name}")
         spec = self._spec(name)
+        self._ends_answer(name, target)
         t0 = time.monotonic()
         try:
             plan = self._plan_copy(name, spec.disks, target.host, params) if spec.disks else CopyPlan([])
@@ -270,6 +291,7 @@ class SimDriver(SimStorageDriver, Driver):
         fail_s = None if plan.fail_at_mib is None else (plan.fail_at_mib / disk_rate if disk_rate else 0.0)
         t1, duration = time.monotonic(), disk_s + memory_s
         while (elapsed := time.monotonic() - t1) < duration or fail_s is not None:
+            self._ends_answer(name, target, plan, disk_rate * elapsed if disk_rate else 0.0)
             disk_done = disk_mib if elapsed >= disk_s else disk_rate * elapsed
             if fail_s is not None and elapsed >= fail_s:
                 self.fabric.copied(plan, plan.fail_at_mib)
@@ -297,6 +319,7 @@ class SimDriver(SimStorageDriver, Driver):
                 raise DriverError(self.host, f"migration of {name}: post-copy failed: the domain is paused on "
                                              f"{self.host} and on {target.host}")
         if not self.fabric.move(name, self.host, target.host):
+            self._ends_answer(name, target)
             raise DriverError(self.host, f"{target.host} already runs a domain {name}, or it left {self.host}")
         self._emit(name, STOPPED, STOPPED_MIGRATED)
         target._emit(name, RESUMED, 1)
@@ -306,9 +329,26 @@ class SimDriver(SimStorageDriver, Driver):
                               bytes_sent=(spec.memory_mib + disk_mib) * 1024 * 1024,
                               extra={"disk_bytes": disk_mib * 1024 * 1024} if spec.disks else {})
 
+    def _ends_answer(self, name: str, target: "SimDriver", plan: CopyPlan | None = None,
+                     disk_done: float = 0.0) -> None:
+        """A migration needs both ends: DriverError as soon as either does not answer (what the source
+        keeps: its domain, unless it lost its power; the target keeps nothing)."""
+        for end in (self.host, target.host):
+            state = self.fabric.host_state(end)
+            if state.reachable:
+                continue
+            if plan is not None:
+                self.fabric.copied(plan, min(disk_done, plan.mib))
+            keeps = ("it was lost with its host" if self.fabric.host_state(self.host).power == "off"
+                     else "it keeps running on " + self.host)
+            raise DriverError(self.host, f"migration of {name} to {target.host}: {end} does not answer "
+                                         f"(connection reset by peer; host {state.mode}); {keeps}")
+
     def resume_postcopy(self, name: str, target: Driver, params: MigrationParams) -> None:
         """Recover a failed post-copy (paused on both hosts): the domain then runs on the target only."""
         self._call(f"resume the failed post-copy migration of {name}")
+        if isinstance(target, SimDriver):
+            self.fabric.check_host(target.host, f"resume the failed post-copy migration of {name}")
         if not isinstance(target, SimDriver) or not self.fabric.resume_postcopy(name, self.host, target.host):
             raise DriverError(self.host, f"resume the failed post-copy migration of {name}: the domain is not "
                                          f"paused (postcopy-failed) on {self.host} and {target.host}")
@@ -317,8 +357,10 @@ class SimDriver(SimStorageDriver, Driver):
 
     def abort_migration(self, name: str) -> None:
         self._aborts.add(name)
+        self.fabric.check_host(self.host, f"abort the migration of {name}")
 
     def migration_active(self, name: str) -> bool:
+        self.fabric.check_host(self.host, f"job of {name}")
         return name in self._copies
 
     def guest_view(self, name: str) -> GuestView:

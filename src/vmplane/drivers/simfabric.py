@@ -16,6 +16,9 @@ at all. With faults off no event is sent (the sim then behaves exactly as before
 
 Storage (pools, volumes, the disks of domains, the lock on open disk files) is modelled in
 drivers/simstorage.py, in the same file: see there for shared vs local paths and the capacity knobs.
+Host power and reachability (a host failed as power, daemon or network; the HA nemesis) is in
+drivers/simhosts.py, in the same file too: no domain starts or arrives on a host that is off or whose
+daemon is dead, and no event comes from a host the control plane does not reach.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from pathlib import Path
 
 from .base import CpuCap, DomainInfo, DomainSpec
 from .simfaults import SimFaults
-from .simstorage import StorageFabric
+from .simhosts import HostFabric
+from .simstorage import SimStorageError, StorageFabric
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS domains (
@@ -49,7 +53,7 @@ _shared: dict[str, "SimFabric"] = {}
 _shared_lock = threading.Lock()
 
 
-class SimFabric(StorageFabric):
+class SimFabric(HostFabric, StorageFabric):
     """The domains (and storage) of all sim hosts of one store. Thread-safe; several processes may
     share a file."""
 
@@ -78,6 +82,7 @@ class SimFabric(StorageFabric):
                 except sqlite3.OperationalError:
                     pass
             self._init_storage()
+            self._init_hosts()
 
     @classmethod
     def for_store(cls, url: str) -> "SimFabric":
@@ -134,7 +139,7 @@ class SimFabric(StorageFabric):
     def settled(self) -> bool:
         """Nothing under way (what a quiet period waits for)."""
         return not (any(due is not None for _, due in self._unplugs.values()) or self._pauses or self._later
-                    or any(due is not None for due in self._detaches.values()))
+                    or any(due is not None for due in self._detaches.values()) or self.hosts_failing_for_a_while())
 
     # -- events (fault mode) -----------------------------------------------------------------------
     def watch(self, host: str, callback) -> None:
@@ -145,8 +150,8 @@ class SimFabric(StorageFabric):
         """A lifecycle event of a domain on `host`, as libvirt would send it; only in fault mode, where
         it may arrive late, twice or not at all."""
         f = self.faults
-        if f is None or not self._watchers.get(host):
-            return
+        if f is None or not self._watchers.get(host) or not self.host_answers(host):
+            return                  # (a host the control plane does not reach sends it nothing)
         if f.chance("event_lost"):
             return
         if f.chance("event_late"):
@@ -159,6 +164,8 @@ class SimFabric(StorageFabric):
                 self._later.append((time.monotonic() + f.delay(f.event_delay_s), (host, name, event, detail)))
 
     def _deliver(self, host: str, name: str, event: int, detail: int) -> None:
+        if not self.host_answers(host):        # the connection it would come by is down: lost
+            return
         for callback in list(self._watchers.get(host, ())):
             try:
                 callback(host, name, event, detail)
@@ -211,6 +218,8 @@ class SimFabric(StorageFabric):
         active there. Its disks must be there and free (else SimStorageError, nothing done)."""
         cap = spec.cpu_cap
         with self._tx() as db:
+            if not self._runs(db, host):
+                raise SimStorageError(f"host {host} is down")
             if db.execute("SELECT 1 FROM domains WHERE host = ? AND name = ?", (host, spec.name)).fetchone():
                 if db.execute(f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
                               (host, spec.name)).fetchone():
@@ -265,6 +274,8 @@ class SimFabric(StorageFabric):
         """Hand a running domain from source to target in one step; False if it is not active on the
         source or the target already runs one of that name (a shut-off definition there is replaced)."""
         with self._tx():
+            if not self._runs(self._db, source, target):     # a dead daemon ends the migration
+                return False
             self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
             try:
                 cur = self._db.execute(f"UPDATE domains SET host = ? WHERE host = ? AND name = ? AND {_ACTIVE}",
@@ -284,7 +295,7 @@ class SimFabric(StorageFabric):
         with self._tx():
             row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
                                    (source, name)).fetchone()
-            if row is None:
+            if row is None or not self._runs(self._db, source, target):
                 return False
             self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
             try:
@@ -305,7 +316,7 @@ class SimFabric(StorageFabric):
         with self._tx():
             rows = self._db.execute("SELECT host FROM domains WHERE name = ? AND host IN (?, ?) AND state = 'paused' "
                                     "AND reason = 'postcopy-failed'", (name, source, target)).fetchall()
-            if len(rows) != 2:
+            if len(rows) != 2 or not self._runs(self._db, source, target):
                 return False
             self._db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (source, name))
             self.drop_disks(self._db, source, name)

@@ -20,7 +20,12 @@ its own probability, drawn from one `random.Random(seed)`:
 - storage (drivers/simstorage.py): `detach_late` / `detach_never`: a disk detach the guest completes
   after `unplug_delay_s` or never (as DIMM unplugs); `disk_copy_error`: a migration copying disks fails
   with an I/O error part-way through the disks, leaving the target's overlays partly written; volume
-  calls get `transient` and `partial` (e.g. a volume created, then an error) as every call does.
+  calls get `transient` and `partial` (e.g. a volume created, then an error) as every call does;
+- hosts (drivers/simhosts.py; off in `nasty` too, the HA harness turns them on): `host_flap`: on a
+  call, the host becomes unreachable from the control plane for `flap_s` (a blip: its guests run on);
+  `host_partition`: the same for `partition_s` (long enough to be taken for dead); `host_reboot`: its
+  power fails (every domain gone, no event) and it is back, empty, after `reboot_s`. Each is kept in
+  the fabric (every process sees it) and ends by itself; calls refused meanwhile count as `host_call`.
 `counts` says how many of each were injected. `enabled = False` stops new faults (a quiet period);
 what is already under way (a late unplug, a copy going on, a late event, a pause) still completes.
 """
@@ -34,7 +39,7 @@ from dataclasses import dataclass, field
 
 KINDS = ("transient", "transient_call", "partial", "unplug_late", "unplug_never", "lost_connection", "postcopy_failed",
          "guest_poweroff", "guest_crash", "guest_pause", "event_late", "event_twice", "event_lost",
-         "detach_late", "detach_never", "disk_copy_error")
+         "detach_late", "detach_never", "disk_copy_error", "host_flap", "host_partition", "host_reboot", "host_call")
 
 
 @dataclass
@@ -55,11 +60,17 @@ class SimFaults:
     detach_late: float = 0.0
     detach_never: float = 0.0
     disk_copy_error: float = 0.0
+    host_flap: float = 0.0
+    host_partition: float = 0.0
+    host_reboot: float = 0.0
     unplug_delay_s: tuple[float, float] = (0.05, 1.0)
     copy_delay_s: tuple[float, float] = (0.02, 0.5)      # a copy that goes on after the connection was lost
     event_delay_s: tuple[float, float] = (0.05, 1.5)
     pause_s: tuple[float, float] = (0.05, 1.0)
     restart_s: tuple[float, float] = (0.05, 0.4)
+    flap_s: tuple[float, float] = (0.05, 0.5)           # a blip: far shorter than vmplane.ha.grace
+    partition_s: tuple[float, float] = (1.0, 5.0)
+    reboot_s: tuple[float, float] = (0.5, 3.0)
     enabled: bool = True
     counts: collections.Counter = field(default_factory=collections.Counter)
 

@@ -188,6 +188,19 @@ def release_claim(conn: Connection, vm_id: int, operation_id: str | None,
     return freed
 
 
+def move_running_claim(conn: Connection, vm_id: int, to_host_id: int, operation_id: str | None, vcpus: int,
+                       memory_mib: int, taken: bool) -> list[tuple[str, int, int]]:
+    """Move a VM's running claim to another host (an HA restart, or its undo): the old claim and its
+    host's usage go; the new claim is recorded, its usage already taken with take_on_host() (`taken`)
+    or added here without a capacity check (back onto a fenced host, which places nothing).
+    The project's charge does not change. Returns what was freed, for the capacity index."""
+    freed = release_claim(conn, vm_id, None, ClaimKind.running)
+    if not taken:
+        conn.execute(_ADD_TO_HOST, {"_id": to_host_id, "dv": vcpus, "dm": memory_mib})
+    record_claim(conn, to_host_id, vm_id, operation_id, ClaimKind.running, vcpus, memory_mib)
+    return freed
+
+
 def promote_claim(conn: Connection, vm_id: int, operation_id: str) -> None:
     """A migration target's claim becomes the VM's running claim."""
     conn.execute(update(CLAIMS).where(_C.vm_id == vm_id, _C.operation_id == operation_id)

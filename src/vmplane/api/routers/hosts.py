@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter, Response
 
-from ..deps import Admin, Orch
-from ..schemas import HostCreate, HostOut, MaintenanceRequest
+from ..deps import Admin, Caller, Orch
+from ..schemas import FenceAgents, FenceRequest, HostCreate, HostFailure, HostOut, MaintenanceRequest
 from ...model import HostState
 from ..paging import Paging, paged
 from ..views import host_out
@@ -46,3 +46,34 @@ def delete_host(name: str, orch: Orch, _: Admin) -> None:
 @router.get("/hosts/{name}", response_model=HostOut)
 def show_host(name: str, orch: Orch, _: Admin):
     return host_out(orch, orch.host(name))
+
+
+@router.post("/hosts/{name}/fence")
+def fence_host(name: str, body: FenceRequest, orch: Orch, who: Admin) -> dict:
+    """Fence a host that does not answer now, without waiting for `vmplane.ha.grace` (its fence agents
+    power it off, then its HA VMs run elsewhere); `confirm_off`: the operator's word that it is off.
+    Refused (409) for a host that answers."""
+    return orch.ha.fence(name, confirm_off=body.confirm_off, who=_who(who))
+
+
+@router.put("/hosts/{name}/fence-agents")
+def set_fence_agents(name: str, body: FenceAgents, orch: Orch, _: Admin) -> dict:
+    """How the host is powered off when it fails: agents tried in order (local, ipmi, redfish, sim)."""
+    return {"host": name, "agents": [a.get("agent") for a in orch.ha.set_agents(name, body.agents)]}
+
+
+@router.post("/hosts/{name}/fail")
+def fail_host(name: str, body: HostFailure, orch: Orch, _: Admin) -> dict:
+    """The nemesis, for drills on local and simulated clusters: make the host fail (power, daemon or
+    network). Refused (409) for a remote host."""
+    return orch.ha.nemesis(name, body.mode)
+
+
+@router.post("/hosts/{name}/recover")
+def recover_host(name: str, orch: Orch, _: Admin) -> dict:
+    """Undo the nemesis: power the host on, start its daemon again, or heal its network."""
+    return orch.ha.nemesis(name, None)
+
+
+def _who(who: Caller) -> str:
+    return f"an operator (token {who.name})" if getattr(who, "name", None) else "an operator"

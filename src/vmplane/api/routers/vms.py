@@ -21,6 +21,7 @@ from ..schemas import (
     VmOut,
     VmStop,
     VmSyncOut,
+    VmUpdate,
 )
 from ..paging import Paging, paged
 from ..views import migration_out, operation_out, vm_out
@@ -56,8 +57,17 @@ def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
     admitted = orch.create_vm(body.name, body.project, body.offering, body.template, vcpus=body.vcpus,
                               memory_mib=body.memory_mib, dynamically_scalable=body.dynamic_scaling,
                               start=body.start, zone=body.zone, cluster=body.cluster,
-                              root_disk_mib=body.root_disk_mib, pool=body.pool)
+                              root_disk_mib=body.root_disk_mib, pool=body.pool, ha_policy=body.ha_policy,
+                              ha_priority=body.ha_priority, group=body.group)
     return _accepted(orch, admitted, created=True)
+
+
+@router.patch("/vms/{name}", response_model=VmOut)
+def update_vm(name: str, body: VmUpdate, orch: Orch, who: AnyCaller):
+    """Change what happens to the VM when its host fails (its HA policy and priority)."""
+    _own_vm(orch, who, name)
+    orch.ha.set_policy(name, body.ha_policy, body.ha_priority)
+    return vm_out(orch.vm(name))
 
 
 @router.get("/vms", response_model=list[VmOut])

@@ -2,8 +2,10 @@
 
 from fastapi import APIRouter
 
-from ... import lifecycle
+from ... import lifecycle, reserves
+from ...errors import NotFound
 from ..deps import Admin, Orch
+from .groups import ClusterDetail
 from ..schemas import ClusterCreate, ClusterOut, ZoneCreate, ZoneOut
 
 router = APIRouter(tags=["zones and clusters"])
@@ -34,6 +36,16 @@ def create_cluster(body: ClusterCreate, orch: Orch, _: Admin):
 @router.get("/clusters", response_model=list[ClusterOut])
 def list_clusters(orch: Orch, _: Admin):
     return [ClusterOut(name=c.name, zone=c.zone.name) for c in orch.catalog.clusters()]
+
+
+@router.get("/clusters/{name}", response_model=ClusterDetail)
+def show_cluster(name: str, orch: Orch, _: Admin):
+    """A cluster, its hosts, and its failover capacity: k, the reserve, and whether it survives k host failures."""
+    c = next((c for c in orch.catalog.clusters() if c.name == name), None)
+    if c is None:
+        raise NotFound(f"cluster {name!r} does not exist", field="cluster")
+    hosts = sorted(h.name for h in orch.hosts() if h.cluster.name == name)
+    return ClusterDetail(name=c.name, zone=c.zone.name, hosts=hosts, failover=reserves.cluster_report(orch, name))
 
 
 @router.delete("/clusters/{name}", status_code=204)

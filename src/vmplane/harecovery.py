@@ -1,0 +1,408 @@
+"""The recovery of a failed host, as an operation (kind `recover`, its target the host): fence it, then
+run its HA VMs again elsewhere (README "High availability").
+
+Steps, persisted so that a control plane killed anywhere resumes them (`resume`):
+  fencing     the host is powered off through its fence agents, tried in order, until one confirms it
+              off (read back through the agent), or an operator says so (`host fence --confirm-off`).
+              A failed attempt leaves the host `fencing` with the agents' words as its reason, and is
+              retried with backoff: never skipped. A host that answers again before it is fenced is
+              given back to the monitor (its VMs still run there): nothing is restarted.
+  restarting  the host is `fenced`: nothing of it runs. Its VMs without HA are stopped (their charge and
+              claims released). Its HA VMs are restarted, highest `ha_priority` first, at most
+              `vmplane.ha.max.parallel` at once, each by a `restart` operation of its own: the VM's
+              running claim moves from the dead host to the chosen one in one transaction, its project's
+              charge unchanged (never refused for quota, never charged twice). A restart that fails is
+              tried again (`vmplane.ha.max.restart` attempts, with backoff); then the VM is in the
+              terminal `error` state, its charge released.
+  done
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from sqlalchemy import select
+
+from . import failpoints, metrics
+from .drivers.base import DriverError
+from .errors import InsufficientCapacity, Interrupted, VmplaneError
+from .fencing.base import FenceError, Fenced
+from .model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
+from .names import DOMAIN_PREFIX
+from .placement import choose
+from .reserves import placement_rules
+from .scope import Scope
+from .store import ledger as L
+
+log = logging.getLogger("vmplane.ha")
+CAUSE = "ha"
+FENCE_BACKOFF_S = (1, 2, 5, 10, 30)
+RESTART_BACKOFF_S = (1, 3, 10, 30)
+PLACEMENT_RETRIES = 5
+# VMs an operation owns right now: their operation's end (or its failure path) settles them first
+OWNED = [VmState.starting.value, VmState.stopping.value, VmState.scaling.value, VmState.migrating.value]
+
+
+def _backoff(table: tuple[int, ...], attempt: int) -> float:
+    return float(table[min(attempt, len(table) - 1)])
+
+
+class HostRecovery:
+    def __init__(self, o):
+        self.o = o
+
+    # -- the operation ---------------------------------------------------------------------------
+    def begin(self, conn, host: str, reason: str) -> str:
+        """In the caller's transaction: the recovery operation of `host` (already `fencing`)."""
+        return L.new_operation(conn, "recover", host, None, None, step="fencing", message=reason,
+                               result={"attempts": {}, "restarted": {}, "failed": {}})
+
+    def run(self, op_id: str) -> None:
+        """The operation's body (Orchestrator._run): from its persisted step to its end."""
+        with self.o.db.read() as s:
+            op = L.operation_row(s.connection(), op_id)
+        if op.state not in ("pending", "running"):
+            return
+        host = op.target
+        if op.step == "fencing" and not self._fence(op_id, host):
+            return
+        self._restart_all(op_id, host)
+
+    resume = run
+
+    def _op(self, op_id: str):
+        with self.o.db.read() as s:
+            return L.operation_row(s.connection(), op_id)
+
+    def _host(self, host: str):
+        with self.o.db.read() as s:
+            return s.connection().execute(select(L.HOSTS).where(L.HOSTS.c.name == host)).first()
+
+    def _wait(self, seconds: float) -> None:
+        if self.o.closing.wait(seconds):
+            raise Interrupted()
+
+    # -- fencing ---------------------------------------------------------------------------------
+    def _answers(self, host: str) -> bool:
+        driver = self.o.drivers.get(host)
+        try:
+            driver.domains()
+            return True
+        except (DriverError, AttributeError):
+            return False
+
+    def _fence(self, op_id: str, host: str) -> bool:
+        """Until the host is confirmed off: True. False when the recovery ends without it (the host
+        answers again, or was brought back)."""
+        attempt = 0
+        while True:
+            if self.o.closing.is_set():
+                raise Interrupted()
+            row = self._host(host)
+            if row is None:
+                self._end(op_id, OperationState.failed, f"host {host} was removed")
+                return False
+            if row.state == HostState.fenced.value:        # an operator confirmed it off meanwhile
+                return self._fenced(op_id, host, None)
+            if row.state != HostState.fencing.value:
+                self._end(op_id, OperationState.failed, f"host {host} is {row.state} again; nothing was restarted")
+                return False
+            if self._answers(host):
+                self._give_back(op_id, host)
+                return False
+            fenced, errors = self._try_agents(host, row)
+            if fenced is not None:
+                return self._fenced(op_id, host, fenced)
+            attempt += 1
+            wait = _backoff(FENCE_BACKOFF_S, attempt - 1)
+            reason = (f"fencing failed (attempt {attempt}): {'; '.join(errors)}; retrying in {wait:g} s (or confirm "
+                      f"it off: vmplane host fence {host} --confirm-off)")
+            with self.o.db.transaction() as conn:
+                L.set_host_state(conn, host, HostState.fencing, state_reason=reason)
+                L.set_operation(conn, op_id, state=OperationState.running, message=reason)
+            log.error("host %s: %s", host, reason)
+            self._wait(wait)
+
+    def _try_agents(self, host: str, row) -> tuple[Fenced | None, list[str]]:
+        configs = row.fence_agents or []
+        if not configs:
+            return None, ["no fence agent is configured (vmplane host fence-agents)"]
+        errors = []
+        for config in configs:
+            try:
+                agent = self.o.ha.agent(config, row)
+                return agent.power_off(host), errors
+            except (FenceError, ValueError, OSError) as exc:
+                errors.append(str(exc))
+        return None, errors
+
+    def _fenced(self, op_id: str, host: str, fenced: Fenced | None) -> bool:
+        failpoints.hit("ha.before-fenced")
+        how = (f"fenced by its {fenced.agent} agent: {fenced.detail} ({fenced.seconds:.1f} s)" if fenced
+               else "confirmed off by an operator")
+        with self.o._lock:
+            with self.o.db.transaction() as conn:
+                L.set_host_state(conn, host, HostState.fenced, how, state_reason=how)
+                L.set_operation(conn, op_id, state=OperationState.running, step="restarting", progress=30,
+                                message=f"{host} {how}; restarting its HA VMs")
+            self.o.index.upsert(replace(self.o.index.host(host), state=HostState.fenced))
+        metrics.OPERATIONS.labels("fence", "succeeded").inc()
+        log.warning("host %s %s", host, how)
+        failpoints.hit("ha.fenced")
+        return True
+
+    def _give_back(self, op_id: str, host: str) -> None:
+        """It answers again before it was fenced: a blip longer than the grace. Down again, so that the
+        monitor brings it back and settles its VMs from what it runs; nothing was restarted."""
+        with self.o._lock:
+            with self.o.db.transaction() as conn:
+                L.set_host_state(conn, host, HostState.down, "it answers again before it was fenced",
+                                 state_reason="it answers again; the monitor brings it back")
+                L.set_operation(conn, op_id, state=OperationState.failed, step="done", progress=100,
+                                message=f"{host} answers again before it was fenced; nothing was restarted")
+            self.o.index.upsert(replace(self.o.index.host(host), state=HostState.down))
+        log.warning("host %s answers again before it was fenced; recovery ends", host)
+
+    # -- restarting ------------------------------------------------------------------------------
+    def _restart_all(self, op_id: str, host: str) -> None:
+        rounds = 0
+        while True:
+            if self.o.closing.is_set():
+                raise Interrupted()
+            row = self._host(host)
+            if row is None or row.state != HostState.fenced.value:     # repaired (and maybe failed again,
+                self._end(op_id, OperationState.failed,                 # not fenced): its VMs are not ours
+                          f"{host} is {row.state if row else 'removed'}, no longer fenced: its VMs are left to "
+                          f"the monitor (and a new recovery if it fails again)")
+                return
+            left, owned = self._pass(op_id, host)
+            if not left and not owned:
+                break
+            self._wait(_backoff(RESTART_BACKOFF_S, rounds) if left else 0.5)
+            rounds += 1
+        result = self._op(op_id).result or {}
+        restarted, failed = result.get("restarted", {}), result.get("failed", {})
+        words = ", ".join(f"{vm} on {h}" for vm, h in restarted.items()) or "none"
+        message = f"restarted {len(restarted)} VM(s): {words}" + (
+            f"; {len(failed)} in error: {', '.join(f'{vm} ({why})' for vm, why in failed.items())}" if failed else "")
+        self._end(op_id, OperationState.succeeded, message)
+
+    def _pass(self, op_id: str, host: str) -> tuple[list[str], int]:
+        """One round: VMs without HA stopped, HA VMs restarted (in parallel, by priority). Returns the
+        HA VMs still to restart and how many of the host's VMs an operation still owns."""
+        v, h = L.VMS.c, L.HOSTS.c
+        with self.o.db.transaction() as conn:   # put back to running on the fenced host by an operation's failure
+            ids = conn.execute(select(v.id).join(L.HOSTS, h.id == v.host_id).where(   # path (a scale whose
+                h.name == host, v.state == VmState.running.value).with_for_update()).scalars().all()   # migration
+            for vm_id in ids:                                                              # failed): unknown
+                L.set_vm(conn, vm_id, f"its host {host} is fenced: it runs nowhere", state=VmState.unknown)
+        with self.o.db.read() as s:
+            conn = s.connection()
+            rows = conn.execute(select(v.name, v.state, v.ha_policy, v.cluster_id).join(L.HOSTS, h.id == v.host_id)
+                                .where(h.name == host).order_by(v.ha_priority.desc(), v.name)).all()
+        owned = sum(1 for r in rows if r.state in OWNED)
+        unknown = [r for r in rows if r.state == VmState.unknown.value]
+        for r in unknown:
+            if r.ha_policy != "restart":
+                self._stop_unprotected(r.name, host)
+        queue = [r.name for r in unknown if r.ha_policy == "restart"]
+        if not queue:
+            return [], owned
+        cluster = self.o._hosts[host].cluster
+        parallel = int(self.o.catalog.effective("vmplane.ha.max.parallel", self.o._hosts[host].zone, cluster))
+        with ThreadPoolExecutor(min(parallel, len(queue)), thread_name_prefix="vmplane-ha") as pool:
+            done = list(pool.map(lambda vm: self._restart(op_id, vm, host), queue))    # submitted in order
+        return [vm for vm, ok in zip(queue, done) if not ok], owned
+
+    def _stop_unprotected(self, vm: str, host: str) -> None:
+        with self.o._lock:
+            with self.o.db.transaction() as conn:
+                row = L.vm_row(conn, name=vm, lock=True)
+                if row.state != VmState.unknown.value or row.host_name != host:
+                    return
+                L.lock_project(conn, row.project_id)
+                freed = L.release_vm(conn, row.id, note=f"its host {host} failed and was fenced; it has no HA "
+                                                        f"policy: stopped, its charge released")
+            self.o._unindex(freed)
+
+    def _attempt(self, op_id: str, vm: str, max_restart: int) -> int | None:
+        """Count one more attempt for `vm` in the operation's result; None once it has used them all."""
+        with self.o.db.transaction() as conn:
+            op = L.operation_row(conn, op_id, lock=True)
+            result = dict(op.result or {})
+            attempts = dict(result.get("attempts", {}))
+            n = attempts.get(vm, 0)
+            if n >= max_restart:
+                return None
+            attempts[vm] = n + 1
+            L.set_operation(conn, op_id, result={**result, "attempts": attempts})
+            return n + 1
+
+    def _restart(self, op_id: str, vm: str, host: str) -> bool:
+        """One attempt to run `vm` (unknown on the fenced `host`) elsewhere; True when it needs no more."""
+        meta = self.o._hosts[host]
+        max_restart = int(self.o.catalog.effective("vmplane.ha.max.restart", meta.zone, meta.cluster))
+        attempt = self._attempt(op_id, vm, max_restart)
+        if attempt is None:
+            self._give_up(op_id, vm, host, f"not restarted after {max_restart} attempt(s)")
+            return True
+        try:
+            restart_op = self._claim_elsewhere(op_id, vm, host, attempt)
+        except VmplaneError as exc:
+            self._note(op_id, vm, f"attempt {attempt}: {exc.message}")
+            return False
+        if restart_op is None:
+            return True                 # no longer unknown on the host: someone else settled it
+        return self.run_restart(restart_op)
+
+    def _claim_elsewhere(self, op_id: str, vm: str, host: str, attempt: int) -> str | None:
+        o = self.o
+        with o._lock:
+            with o.db.transaction() as conn:
+                row = L.vm_row(conn, name=vm, lock=True)
+                if row.state != VmState.unknown.value or row.host_name != host:
+                    return None
+                size = Size(row.vcpus, row.memory_mib)
+                cluster = o._hosts[host].cluster
+                rules = placement_rules(o, conn, Scope(o._hosts[host].zone, cluster), vm_id=row.id, ha=True,
+                                        action=f"restarting {vm} on {{host}}", keep_reserve=False)
+                request = PlacementRequest(size, exclude_hosts=frozenset({host}), cluster=cluster,
+                                           exclude_reason=f"the failed host {host}",
+                                           storage_hosts=o.volumes.storage_hosts(conn, row.id),
+                                           storage_reason="can not open the VM's disks (their pools are not on it)",
+                                           **rules)
+                placement, host_id = self._take(conn, request)
+                restart_op = L.new_operation(conn, "restart", vm, row.id, row.project_id, step="claimed",
+                                             message=f"attempt {attempt}: claimed {size.vcpus} vCPU(s) / "
+                                                     f"{placement.memory_mib} MiB on {placement.host}",
+                                             result={"from": host, "host": placement.host, "recovery": op_id,
+                                                     "attempt": attempt})
+                freed = L.move_running_claim(conn, row.id, host_id, restart_op, size.vcpus, placement.memory_mib,
+                                             taken=True)
+                L.set_vm(conn, row.id, note=f"HA restart after {host} failed (attempt {attempt})",
+                         state=VmState.starting, host_id=host_id, overhead_mib=placement.overhead_mib)
+            o._unindex(freed)
+            o.index.add_usage(placement.host, size.vcpus, placement.memory_mib)
+        failpoints.hit("ha.claimed")
+        return restart_op
+
+    def _take(self, conn, request: PlacementRequest):
+        o = self.o
+        for _ in range(PLACEMENT_RETRIES):
+            placement = choose(o.index, request)
+            host_id = o._hosts[placement.host].id
+            cap_vcpus, cap_memory = o.index.capacity_of(placement.host)
+            if L.take_on_host(conn, host_id, request.size.vcpus, placement.memory_mib, cap_vcpus, cap_memory):
+                return placement, host_id
+            row = L.lock_host(conn, placement.host)
+            o.index.upsert(replace(o.index.host(row.name), state=HostState(row.state), used_vcpus=row.used_vcpus,
+                                   used_memory_mib=row.used_memory_mib))
+        raise InsufficientCapacity(f"no host could be claimed after {PLACEMENT_RETRIES} tries; hosts are changing "
+                                   f"fast", field="host")
+
+    # -- one restart: its own operation ----------------------------------------------------------
+    def run_restart(self, op_id: str) -> bool:
+        """Start the VM's domain on the host its restart claimed (also the body that resumes it):
+        True once it runs or its state is settled otherwise; False to try again (claim moved back)."""
+        o = self.o
+        vm = o._begin_step(op_id, "starting-domain")
+        if vm is None:
+            return True
+        op = self._op(op_id)
+        try:
+            if vm.state != VmState.starting.value:
+                raise VmplaneError(f"vm {vm.name} is {vm.state}, not starting")
+            driver = o.drivers[vm.host_name]
+            spec = replace(o._spec(vm), disks=o.volumes.disks_of(vm.id))
+            failpoints.hit("ha.before-domain")
+            current = driver.domain(spec.name)
+            if current is None or not current.active:
+                driver.start(spec)
+        except Exception as exc:          # noqa: BLE001 - every failure is settled by asking the host
+            return self._restart_failed(op_id, op, vm, exc)
+        with o.db.transaction() as conn:
+            L.set_vm(conn, vm.id, note=f"restarted by HA after {op.result['from']} failed", state=VmState.running)
+            L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100,
+                            message=f"running on {vm.host_name}")
+            self._record(conn, op.result.get("recovery"), "restarted", vm.name, vm.host_name)
+        metrics.OPERATIONS.labels("restart", "succeeded").inc()
+        log.warning("vm %s restarted on %s (its host %s failed)", vm.name, vm.host_name, op.result["from"])
+        return True
+
+    def _restart_failed(self, op_id: str, op, vm, exc: Exception) -> bool:
+        o = self.o
+        reason = exc.message if isinstance(exc, VmplaneError) else str(exc) or type(exc).__name__
+        try:
+            info = o.drivers[vm.host_name].domain(DOMAIN_PREFIX + vm.name)
+            presence = "running" if info is not None and info.active else "gone"
+        except Exception:             # noqa: BLE001 - unknown is not absent
+            presence = "unknown"
+        dead = op.result["from"]
+        with o._lock:
+            with o.db.transaction() as conn:
+                row = L.vm_row(conn, vm.id, lock=True)
+                freed: list = []
+                if row.state != VmState.starting.value:
+                    pass
+                elif presence == "running":
+                    L.set_vm(conn, vm.id, note=f"its restart reported {reason}, but it runs on {vm.host_name}",
+                             state=VmState.running)
+                    self._record(conn, op.result.get("recovery"), "restarted", vm.name, vm.host_name)
+                elif presence == "unknown":
+                    L.set_vm(conn, vm.id, note=f"its restart failed and {vm.host_name} can not tell whether it runs: "
+                                               f"{reason}", state=VmState.unknown)
+                else:                       # confirmed not running there: back to the fenced host, tried again
+                    dead_id = o._hosts[dead].id
+                    claim = conn.execute(select(L.CLAIMS.c.vcpus, L.CLAIMS.c.memory_mib).where(
+                        L.CLAIMS.c.vm_id == vm.id, L.CLAIMS.c.kind == ClaimKind.running.value)).first()
+                    freed = L.move_running_claim(conn, vm.id, dead_id, None, claim.vcpus, claim.memory_mib,
+                                                 taken=False)
+                    L.set_vm(conn, vm.id, note=f"HA restart on {vm.host_name} failed: {reason}", state=VmState.unknown,
+                             host_id=dead_id)
+                    o.index.add_usage(dead, claim.vcpus, claim.memory_mib)
+                L.set_operation(conn, op_id, state=OperationState.failed, step="done", progress=100,
+                                message=f"restart on {vm.host_name} failed: {reason}")
+            o._unindex(freed)
+        metrics.OPERATIONS.labels("restart", "failed").inc()
+        self._note(op.result.get("recovery"), vm.name, f"attempt {op.result.get('attempt')} on {vm.host_name}: {reason}")
+        log.error("vm %s: HA restart on %s failed (%s); its domain is %s there", vm.name, vm.host_name, reason,
+                  presence)
+        return presence != "gone"
+
+    def _give_up(self, op_id: str, vm: str, host: str, why: str) -> None:
+        with self.o._lock:
+            with self.o.db.transaction() as conn:
+                row = L.vm_row(conn, name=vm, lock=True)
+                if row.state != VmState.unknown.value or row.host_name != host:
+                    return
+                L.lock_project(conn, row.project_id)
+                last = ((L.operation_row(conn, op_id).result or {}).get("notes", {})).get(vm, "")
+                freed = L.release_vm(conn, row.id, note=f"its host {host} failed; {why}" + (f" (last: {last})"
+                                                                                             if last else ""))
+                L.set_vm(conn, row.id, note="HA gave up", state=VmState.error)
+                self._record(conn, op_id, "failed", vm, why + (f"; last: {last}" if last else ""))
+            self.o._unindex(freed)
+        log.error("vm %s: %s; it is in error", vm, why)
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    @staticmethod
+    def _record(conn, op_id: str | None, key: str, vm: str, value: str) -> None:
+        if op_id is None:
+            return
+        op = L.operation_row(conn, op_id, lock=True)
+        result = dict(op.result or {})
+        result[key] = {**result.get(key, {}), vm: value}
+        L.set_operation(conn, op_id, result=result)
+
+    def _note(self, op_id: str | None, vm: str, note: str) -> None:
+        with self.o.db.transaction() as conn:
+            self._record(conn, op_id, "notes", vm, note)
+
+    def _end(self, op_id: str, state: OperationState, message: str) -> None:
+        with self.o.db.transaction() as conn:
+            L.set_operation(conn, op_id, state=state, step="done", progress=100, message=message)
+        metrics.OPERATIONS.labels("recover", state.value).inc()
+        log.warning("recovery %s: %s", op_id[:8], message)
+

@@ -1,0 +1,96 @@
+"""The local-host nemesis (localhosts.fail / recover) and the second liveness signal, on a real local
+libvirtd host with a real guest QEMU, through vmplane's libvirt driver."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from vmplane import liveness, localhosts
+from vmplane.drivers.base import DriverError
+
+from .hakit import alive, one_guest_host
+
+
+@pytest.fixture
+def guest_host(tmp_path_factory):
+    yield from one_guest_host(tmp_path_factory)
+
+
+def _fails_within(driver, seconds: float) -> float:
+    t0 = time.monotonic()
+    with pytest.raises(DriverError):
+        driver.domains()
+    took = time.monotonic() - t0
+    assert took < seconds, took
+    return took
+
+
+def test_a_bad_mode_is_refused(guest_host):
+    with pytest.raises(ValueError, match="power, daemon, network"):
+        localhosts.fail(guest_host.host, "disk")
+    assert localhosts.failed(guest_host.host) is None
+
+
+def test_daemon_failure_leaves_the_guest_running_and_recover_finds_it(guest_host):
+    h = guest_host
+    localhosts.fail(h.host, "daemon")
+    procs = h.processes()
+    assert not procs["libvirtd"] and procs["qemu"] == [h.qemu] and procs["virtlockd"] and procs["heartbeat"]
+    assert liveness.local_signal(h.host.uri).alive is True
+    print(f"daemon mode: driver failed in {_fails_within(h.driver, 10):.1f} s")
+    localhosts.recover(h.host)
+    assert localhosts.failed(h.host) is None
+    assert [(d.name, d.running) for d in h.driver.domains()] == [("g1", True)]
+    assert h.driver.qemu_pid("g1") == h.qemu and alive(h.qemu)
+
+
+def test_network_failure_makes_calls_fail_in_bounded_time_and_recover_answers(guest_host):
+    h = guest_host
+    assert h.driver.domains()                 # the connection is open before the partition
+    localhosts.fail(h.host, "network")
+    assert localhosts.failed(h.host) == "network"
+    # keepalive (3 s x 3) ends the call on the open connection; opening a new one is bounded too
+    print(f"network mode: driver failed in {_fails_within(h.driver, 30):.1f} s, "
+          f"reconnect failed in {_fails_within(h.driver, 15):.1f} s")
+    assert alive(h.qemu) and liveness.local_signal(h.host.uri).alive is True
+    localhosts.recover(h.host)
+    assert [(d.name, d.running) for d in h.driver.domains()] == [("g1", True)]
+    assert h.driver.qemu_pid("g1") == h.qemu
+
+
+def test_power_failure_then_recover_brings_the_daemon_back_without_the_guest(guest_host):
+    h = guest_host
+    localhosts.fail(h.host, "power")
+    assert not any(h.processes().values()) and not alive(h.qemu)
+    _fails_within(h.driver, 10)
+    localhosts.recover(h.host)
+    procs = h.processes()
+    assert procs["libvirtd"] and procs["virtlockd"] and procs["heartbeat"] and not procs["qemu"], procs
+    assert not [d.name for d in h.driver.domains() if d.running]
+
+
+def test_stop_cleans_up_a_partitioned_host(guest_host):
+    h = guest_host
+    localhosts.fail(h.host, "network")
+    localhosts.stop(h.host)
+    assert not any(h.processes().values()), h.processes()
+
+
+def test_the_heartbeat_is_fresh_while_the_host_runs_and_stale_after_a_power_cut(guest_host, tmp_path):
+    h = guest_host
+    path = localhosts.heartbeat_path(h.base, "h1")
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    first = liveness.heartbeat_signal(path, 3)
+    assert first.alive is True, first
+    time.sleep(1.5)
+    assert liveness.heartbeat_signal(path, 3).detail != first.detail        # the counter moved on
+    localhosts.fail(h.host, "power")
+    time.sleep(3.5)
+    stale = liveness.heartbeat_signal(path, 3)
+    assert stale.alive is False and "old" in stale.detail, stale
+    assert liveness.heartbeat_signal(tmp_path / "never", 3).alive is None
+    assert liveness.local_signal("qemu+tls://remote/system") is None

@@ -1,0 +1,311 @@
+"""Sim hosts that fail as local hosts do (drivers/simhosts.py): power, daemon and network failures seen
+through SimDriver calls of another fabric instance on the same file (another process's view), their
+recovery, migrations that meet a failed end, fault-mode flaps, partitions and reboots, and the sim fence
+agent (fencing/sim.py) with its broken modes and the sim liveness signal."""
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from vmplane.drivers.base import DomainSpec, DriverError, HostInfo, MigrationParams
+from vmplane.drivers.sim import SimDriver
+from vmplane.drivers.simfabric import STOPPED, SimFabric
+from vmplane.drivers.simfaults import KINDS, SimFaults
+from vmplane.drivers.simstorage import SimStorageError
+from vmplane.fencing.base import FenceError
+from vmplane.fencing.sim import SimAgent, sim_signal
+
+INFO = HostInfo(16, 2400, 65536)
+
+
+def spec(name: str, memory: int = 1024) -> DomainSpec:
+    return DomainSpec(name, 1, 2, memory, memory, "tiny")
+
+
+@pytest.fixture
+def path(tmp_path):
+    return tmp_path / "store.db.sim-hosts"
+
+
+@pytest.fixture
+def fabrics(path):
+    """Two fabrics on one file: this process's and (another connection) another control plane's."""
+    a, b = SimFabric(path), SimFabric(path)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def drivers(fabric, *hosts):
+    return [SimDriver(h, INFO, fabric) for h in hosts]
+
+
+def alive(signal) -> bool:
+    return signal[0] if isinstance(signal, tuple) else signal.alive
+
+
+def test_a_power_failure_empties_the_host_at_once_with_no_event_and_another_view_sees_it(fabrics):
+    a, b = fabrics
+    h1, h2 = drivers(a, "h1", "h2")
+    h1.start(spec("d1"))
+    h1.start(spec("d2"))
+    h2.start(spec("d3"))
+    a.set_state("h1", "d2", "shutoff", "crashed")       # defined, shut off: gone too after a power cut
+    events = []
+    a.faults = SimFaults(seed=1)                         # fault mode with no fault: events are sent
+    h1.watch(lambda *e: events.append(e))
+
+    a.fail_host("h1", "power")
+
+    other = SimDriver("h1", INFO, b)
+    for call in (other.domains, lambda: other.domain("d1"), lambda: other.start(spec("d4")), other.host_info,
+                 lambda: other.stop("d1"), lambda: other.migration_active("d1")):
+        with pytest.raises(DriverError, match="cannot connect to the hypervisor.*retry"):
+            call()
+    state = b.host_state("h1")
+    assert (state.power, state.reachable, state.mode) == ("off", False, "power")
+    assert b.domains("h1") == [] and b.hosts_of("d1") == []
+    assert [d.name for d in SimDriver("h2", INFO, b).domains()] == ["d3"]       # the others run on
+    assert events == []
+    with pytest.raises(SimStorageError, match="down"):      # nothing starts on it, even behind the driver
+        b.put("h1", spec("d5"))
+
+    b.recover_host("h1")
+    assert a.host_state("h1").power == "on" and h1.domains() == []
+    h1.start(spec("d1"))                                   # it runs what it is asked again
+    assert a.hosts_of("d1") == ["h1"]
+
+
+@pytest.mark.parametrize("mode", ["daemon", "network"])
+def test_a_daemon_or_network_failure_keeps_the_guests_running_but_the_host_does_not_answer(fabrics, mode):
+    a, b = fabrics
+    (h1,) = drivers(a, "h1")
+    h1.start(spec("d1"))
+    events = []
+    a.faults = SimFaults(seed=2)
+    h1.watch(lambda *e: events.append(e))
+
+    b.fail_host("h1", mode)
+
+    with pytest.raises(DriverError, match="cannot connect"):
+        h1.domains()
+    with pytest.raises(DriverError, match="cannot connect"):
+        SimDriver("h1", INFO, b).domain("d1")
+    state = a.host_state("h1")
+    assert (state.power, state.reachable, state.mode) == ("on", False, mode)
+    assert [(d.name, d.running) for d in a.domains("h1")] == [("d1", True)]       # what the host runs
+    a.emit("h1", "d1", STOPPED, 0)
+    assert events == []                                   # nothing comes from a host not reached
+
+    a.recover_host("h1")
+    assert [d.name for d in SimDriver("h1", INFO, b).domains()] == ["d1"]
+    a.emit("h1", "d1", STOPPED, 0)
+    assert events == [("h1", "d1", STOPPED, 0)]
+
+
+def test_another_process_fails_and_recovers_a_host(path):
+    fabric = SimFabric(path)
+    (h1,) = drivers(fabric, "h1")
+    h1.start(spec("d1"))
+    script = ("import sys; from pathlib import Path; from vmplane.drivers.simfabric import SimFabric; "
+              "f = SimFabric(Path(sys.argv[1])); f.fail_host('h1', sys.argv[2]); print(len(f.domains('h1')))")
+
+    out = subprocess.run([sys.executable, "-c", script, str(path), "network"], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "1"
+    with pytest.raises(DriverError, match="Connection reset"):
+        h1.domains()
+    subprocess.run([sys.executable, "-c", script, str(path), "power"], check=True, capture_output=True)
+    assert fabric.host_state("h1").power == "off" and fabric.domains("h1") == []
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from vmplane.drivers.simfabric "
+                    "import SimFabric; SimFabric(Path(sys.argv[1])).recover_host('h1')", str(path)], check=True)
+    assert h1.domains() == []
+    fabric.close()
+
+
+@pytest.mark.parametrize("failed,mode", [("h1", "daemon"), ("h2", "network"), ("h2", "power")])
+def test_a_migration_to_or_from_a_failed_host_is_refused_and_the_domain_stays(fabrics, failed, mode):
+    a, b = fabrics
+    h1, h2 = drivers(a, "h1", "h2")
+    h1.start(spec("d1"))
+    b.fail_host(failed, mode)
+    with pytest.raises(DriverError):
+        h1.migrate("d1", h2, MigrationParams())
+    assert a.hosts_of("d1") == ["h1"]
+    assert a.domains("h2") == []
+
+
+@pytest.mark.parametrize("dies,mode,left", [("h1", "power", []), ("h1", "daemon", ["h1"]), ("h1", "network", ["h1"]),
+                                            ("h2", "power", ["h1"]), ("h2", "network", ["h1"])])
+def test_an_end_failing_mid_copy_fails_the_migration_and_the_target_keeps_nothing(fabrics, dies, mode, left):
+    a, b = fabrics
+    h1, h2 = drivers(a, "h1", "h2")
+    h1.copy_rate_mib_s = 1024.0                  # 1 GiB: a one-second copy
+    h1.start(spec("d1"))
+    errors = []
+
+    def migrate():
+        try:
+            h1.migrate("d1", h2, MigrationParams())
+        except DriverError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=migrate)
+    t.start()
+    time.sleep(0.2)
+    b.fail_host(dies, mode)
+    t.join(5)
+    assert errors and "does not answer" in errors[0], errors
+    assert a.hosts_of("d1") == left
+    assert a.domains("h2") == [] or dies == "h2"
+
+
+def test_a_copy_going_on_without_the_client_dies_with_its_source_or_completes_through_a_partition(fabrics):
+    a, b = fabrics
+    a.faults = SimFaults(seed=3, lost_connection=1.0, copy_delay_s=(0.3, 0.3))
+    h1, h2 = drivers(a, "h1", "h2")
+    h1.start(spec("d1"))
+    h1.start(spec("d2"))
+    with pytest.raises(DriverError, match="lost mid-copy"):
+        h1.migrate("d1", h2, MigrationParams())
+    b.fail_host("h1", "power")                    # the source dies during the copy: the guest is lost
+    time.sleep(0.5)
+    assert a.hosts_of("d1") == [] and a.domains("h2") == [] and not h1._copies
+
+    a.recover_host("h1")
+    h1.start(spec("d1"))
+    with pytest.raises(DriverError, match="lost mid-copy"):
+        h1.migrate("d1", h2, MigrationParams())
+    b.fail_host("h1", "network")                  # the control plane loses the source: the hosts copy on
+    time.sleep(0.5)
+    assert a.hosts_of("d1") == ["h2"]
+
+
+def test_the_sim_agent_powers_a_host_off_and_reads_it_back_from_another_view(fabrics):
+    a, b = fabrics
+    (h1,) = drivers(a, "h1")
+    h1.start(spec("d1"))
+    agent, other = SimAgent(a), SimAgent(b)
+    assert agent.status("h1") == "on"
+    a.fail_host("h1", "daemon")                   # the daemon is dead: the BMC works all the same
+    assert other.status("h1") == "on"
+
+    fenced = agent.power_off("h1")
+    assert (fenced.agent, fenced.host) == ("sim", "h1") and "off" in fenced.detail and fenced.seconds < 1
+    assert other.status("h1") == "off" and b.domains("h1") == []
+    assert agent.power_off("h1").host == "h1"    # off already: confirmed again
+    b.recover_host("h1")
+    assert agent.status("h1") == "on"
+
+
+def test_broken_fencing_fails_and_changes_nothing(fabrics):
+    a, b = fabrics
+    (h1,) = drivers(a, "h1")
+    h1.start(spec("d1"))
+    a.fail_host("h1", "network")
+    b.set_fence_broken("h1", "BMC unreachable: no route to host")
+    agent = SimAgent(a)
+    with pytest.raises(FenceError, match="BMC unreachable") as e:
+        agent.power_off("h1", timeout_s=1)
+    assert e.value.agent == "sim" and e.value.host == "h1"
+    with pytest.raises(FenceError, match="BMC unreachable"):
+        agent.status("h1")
+    assert [d.name for d in b.domains("h1")] == ["d1"] and b.host_state("h1").power == "on"
+
+    b.set_fence_broken("h1", "the BMC ignores power-off", mode="ignores")
+    t0 = time.monotonic()
+    with pytest.raises(FenceError, match="still on after 0.2 s.*ignores"):
+        agent.power_off("h1", timeout_s=0.2)
+    assert 0.2 <= time.monotonic() - t0 < 1
+    assert agent.status("h1") == "on" and [d.name for d in b.domains("h1")] == ["d1"]
+
+    b.set_fence_broken("h1", None)
+    agent.power_off("h1")
+    assert b.domains("h1") == [] and a.host_state("h1").fence_broken is None
+
+
+def test_the_sim_liveness_signal_is_alive_unless_the_host_is_powered_off(fabrics):
+    a, b = fabrics
+    assert alive(sim_signal(b, "h1"))
+    for mode in ("daemon", "network"):
+        a.fail_host("h1", mode)
+        assert alive(sim_signal(b, "h1")), mode
+    a.fail_host("h1", "power")
+    assert not alive(sim_signal(b, "h1"))
+    a.recover_host("h1")
+    assert alive(sim_signal(b, "h1"))
+
+
+def test_host_faults_are_off_by_default_even_when_nasty():
+    f = SimFaults.nasty(1)
+    assert (f.host_flap, f.host_partition, f.host_reboot) == (0.0, 0.0, 0.0)
+    assert {"host_flap", "host_partition", "host_reboot", "host_call"} <= set(KINDS)
+
+
+def test_a_flap_is_a_short_blip_counted_seen_by_every_view_and_ends_by_itself(fabrics):
+    a, b = fabrics
+    (h1,) = drivers(a, "h1")
+    h1.start(spec("d1"))
+    faults = a.faults = SimFaults(seed=4, host_flap=1.0, flap_s=(0.3, 0.3))
+    with pytest.raises(DriverError, match="Connection reset"):
+        h1.domains()
+    faults.enabled = False                        # no new flap; the one under way still ends
+    assert faults.counts["host_flap"] == 1
+    assert not b.host_state("h1").reachable and not a.settled()
+    with pytest.raises(DriverError):
+        SimDriver("h1", INFO, b).domains()
+    with pytest.raises(DriverError):
+        h1.domains()
+    assert faults.counts["host_call"] == 2      # the two refused calls of this process's fault mode
+    deadline = time.monotonic() + 2
+    while not a.settled() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert a.settled() and b.host_state("h1").reachable
+    assert [d.name for d in h1.domains()] == ["d1"]     # its guests ran on
+
+
+def test_partitions_and_reboots_are_counted_and_end_by_themselves(fabrics):
+    a, b = fabrics
+    h1, h2 = drivers(a, "h1", "h2")
+    h1.start(spec("d1"))
+    h2.start(spec("d2"))
+    faults = a.faults = SimFaults(seed=5, host_partition=1.0, partition_s=(0.3, 0.3))
+    with pytest.raises(DriverError):
+        h1.domains()
+    faults.host_partition, faults.host_reboot, faults.reboot_s = 0.0, 1.0, (0.3, 0.3)
+    with pytest.raises(DriverError):
+        h2.domains()
+    assert (faults.counts["host_partition"], faults.counts["host_reboot"]) == (1, 1)
+    assert b.host_state("h1").mode == "network" and b.domains("h1") != []
+    assert b.host_state("h2").power == "off" and b.domains("h2") == []
+    assert set(b.failed_hosts()) == {"h1", "h2"}
+    faults.enabled = False
+    time.sleep(0.35)
+    assert b.failed_hosts() == {} and a.settled()
+    assert [d.name for d in h1.domains()] == ["d1"] and h2.domains() == []   # a rebooted host is back empty
+
+
+def test_flaps_at_a_rate_on_many_hosts_leave_every_guest_where_it_was():
+    fabric = SimFabric()
+    faults = fabric.faults = SimFaults(seed=6, host_flap=0.05, flap_s=(0.01, 0.05))
+    hosts = drivers(fabric, *(f"h{i}" for i in range(50)))
+    placed = 0
+    for i in range(200):
+        d = hosts[i % 50]
+        try:
+            d.start(spec(f"vm{i}"))
+            placed += 1
+        except DriverError:
+            pass
+    refused = 0
+    for _ in range(5):
+        for d in hosts:
+            try:
+                d.domains()
+            except DriverError:
+                refused += 1
+    assert faults.counts["host_flap"] > 5 and faults.counts["host_call"] >= refused > 0
+    assert sum(len(fabric.domains(d.host)) for d in hosts) == placed
