@@ -186,3 +186,31 @@ def test_the_control_plane_killed_mid_recovery_is_finished_by_the_next_one(live)
     assert run_json(live, "audit")["ok"]
     bring_back(live, "lv2")
     clean(live, ["k1", "k2"])
+
+
+def test_the_failover_reserve_refuses_the_start_that_breaks_it_and_every_ha_vm_restarts(live):
+    # 2 cores x 2 = 4 vCPUs per host; HA VMs of 2 vCPUs; keep room for one host failure (k=1)
+    run_json(live, "setting", "set", "cpu.overprovisioning.factor", "2", "--cluster", "cluster1")
+    run_json(live, "setting", "set", "vmplane.ha.host.failures.tolerated", "1", "--cluster", "cluster1")
+    run_json(live, "offering", "create", "ha2", "--kind", "fixed", "--vcpus", "2", "--memory", "384MiB")
+    names = ["r1", "r2", "r3", "r4"]
+    try:
+        for name in names:                  # spread: 2/2/2 vCPUs, then one host holds 4
+            run_json(live, "vm", "create", name, "--project", "p", "--offering", "ha2", "--template", "tiny-linux",
+                     "--pool", "shared", "--ha", "restart", "--start")
+        r = live.cli("vm", "create", "r5", "--project", "p", "--offering", "ha2", "--template", "tiny-linux",
+                     "--pool", "shared", "--ha", "restart", "--start")
+        assert r.returncode != 0 and "vmplane.ha.host.failures.tolerated=1" in r.stdout + r.stderr, r
+        shown = run_json(live, "cluster", "show", "cluster1")
+        assert shown["failover"]["survives"] is True, shown
+        hosts = {h: [n for n in names if vm(live, n)["host"] == h] for h in ("lv1", "lv2", "lv3")}
+        two = next(h for h, on in hosts.items() if len(on) == 2)
+        run_json(live, "host", "fail", two, "--mode", "power")
+        wait(running_elsewhere(live, hosts[two], two), 180, f"{hosts[two]} to run elsewhere", live)
+        once_and_answering(live, names)
+        assert run_json(live, "audit")["ok"]
+        bring_back(live, two)
+    finally:
+        run_json(live, "setting", "set", "vmplane.ha.host.failures.tolerated", "0", "--cluster", "cluster1")
+        run_json(live, "setting", "set", "cpu.overprovisioning.factor", "4", "--cluster", "cluster1")
+    clean(live, names)
