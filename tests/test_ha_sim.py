@@ -79,6 +79,13 @@ def fail(o, host: str, mode: str) -> None:
     assert o.host(host).state == "down"
 
 
+def partitioned_with_broken_fencing(o, host: str) -> None:
+    o.drivers[host].fabric.set_fence_broken(host, "BMC busy")
+    fail(o, host, "network")
+    o.ha.check()
+    wait_for(lambda: "fencing failed" in (o.host(host).state_reason or ""), 10, "a failed fencing attempt")
+
+
 def test_power_failure_restarts_ha_vms_by_priority_once_and_stops_the_others(ha):
     o = ha
     o.catalog.set_setting("vmplane.ha.max.parallel", "1")
@@ -137,10 +144,7 @@ def test_fencing_that_fails_restarts_nothing_until_an_operator_confirms_the_host
 def test_fencing_that_works_again_is_retried_and_then_restarts(ha):
     o = ha
     on_h1(o, [("a", "restart", 0)])
-    o.drivers["h1"].fabric.set_fence_broken("h1", "BMC busy")
-    fail(o, "h1", "network")
-    o.ha.check()
-    wait_for(lambda: "fencing failed" in (o.host("h1").state_reason or ""), 10, "a failed fencing attempt")
+    partitioned_with_broken_fencing(o, "h1")
     o.drivers["h1"].fabric.set_fence_broken("h1", None)
     wait_for(lambda: recovery(o, "h1").state == "succeeded", 30, "the recovery")
     assert o.host("h1").state == "fenced" and o.vm("a").state == "running"
@@ -151,10 +155,7 @@ def test_fencing_that_works_again_is_retried_and_then_restarts(ha):
 def test_a_host_that_answers_again_before_it_is_fenced_keeps_its_vms(ha):
     o = ha
     on_h1(o, [("a", "restart", 0)])
-    o.drivers["h1"].fabric.set_fence_broken("h1", "BMC busy")
-    fail(o, "h1", "network")
-    o.ha.check()
-    wait_for(lambda: "fencing failed" in (o.host("h1").state_reason or ""), 10, "a failed fencing attempt")
+    partitioned_with_broken_fencing(o, "h1")
     o.drivers["h1"].fabric.recover_host("h1")
     wait_for(lambda: recovery(o, "h1").state == "failed", 30, "the recovery to end")
     o.check_hosts()

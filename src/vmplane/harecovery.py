@@ -217,15 +217,23 @@ class HostRecovery:
         return [vm for vm, ok in zip(queue, done) if not ok], owned
 
     def _stop_unprotected(self, vm: str, host: str) -> None:
+        self._release(vm, host, f"its host {host} failed and was fenced; it has no HA policy: stopped, its charge "
+                                f"released")
+
+    def _release(self, vm: str, host: str, note: str, then=None) -> bool:
+        """Give back all `vm` holds, if it is still unknown on the fenced `host` (else False); `then(conn,
+        row)` runs in the same transaction."""
         with self.o._lock:
             with self.o.db.transaction() as conn:
                 row = L.vm_row(conn, name=vm, lock=True)
                 if row.state != VmState.unknown.value or row.host_name != host:
-                    return
+                    return False
                 L.lock_project(conn, row.project_id)
-                freed = L.release_vm(conn, row.id, note=f"its host {host} failed and was fenced; it has no HA "
-                                                        f"policy: stopped, its charge released")
+                freed = L.release_vm(conn, row.id, note=note)
+                if then is not None:
+                    then(conn, row)
             self.o._unindex(freed)
+        return True
 
     def _attempt(self, op_id: str, vm: str, max_restart: int) -> int | None:
         """Count one more attempt for `vm` in the operation's result; None once it has used them all."""
@@ -372,19 +380,15 @@ class HostRecovery:
         return presence != "gone"
 
     def _give_up(self, op_id: str, vm: str, host: str, why: str) -> None:
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
-                row = L.vm_row(conn, name=vm, lock=True)
-                if row.state != VmState.unknown.value or row.host_name != host:
-                    return
-                L.lock_project(conn, row.project_id)
-                last = ((L.operation_row(conn, op_id).result or {}).get("notes", {})).get(vm, "")
-                freed = L.release_vm(conn, row.id, note=f"its host {host} failed; {why}" + (f" (last: {last})"
-                                                                                             if last else ""))
-                L.set_vm(conn, row.id, note="HA gave up", state=VmState.error)
-                self._record(conn, op_id, "failed", vm, why + (f"; last: {last}" if last else ""))
-            self.o._unindex(freed)
-        log.error("vm %s: %s; it is in error", vm, why)
+        with self.o.db.read() as s:
+            last = ((L.operation_row(s.connection(), op_id).result or {}).get("notes", {})).get(vm, "")
+        why += f"; last: {last}" if last else ""
+
+        def in_error(conn, row) -> None:
+            L.set_vm(conn, row.id, note="HA gave up", state=VmState.error)
+            self._record(conn, op_id, "failed", vm, why)
+        if self._release(vm, host, f"its host {host} failed; {why}", in_error):
+            log.error("vm %s: %s; it is in error", vm, why)
 
     # -- bookkeeping -----------------------------------------------------------------------------
     @staticmethod

@@ -46,7 +46,6 @@ HEALTH_COMMAND = "cut -d' ' -f1 /proc/uptime; dmesg | grep -c -E 'Oops|BUG:|gene
 _ACTIVE = [s.value for s in rules.ACTIVE]
 
 
-
 class _PoweredOff:
     """A fenced host, as a migration's settle asks it: no domain, no migration job."""
 
@@ -58,6 +57,7 @@ class _PoweredOff:
 
     def domain(self, name: str):
         return None
+
 
 class Migrator:
     def __init__(self, orch: "Orchestrator"):
