@@ -37,10 +37,10 @@ command -v nsenter >/dev/null || packages+=(util-linux)
 if [ "$want_test" = 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   packages+=(postgresql)
 fi
-# the fence agents' real peers: OpenIPMI's BMC simulator and the IPMI client
+# the ipmi fence agent drives ipmitool; the tests fence against OpenIPMI's BMC simulator
+command -v ipmitool >/dev/null || packages+=(ipmitool)
 if [ "$want_test" = 1 ]; then
   command -v ipmi_sim >/dev/null || packages+=(openipmi)
-  command -v ipmitool >/dev/null || packages+=(ipmitool)
 fi
 if [ "${#packages[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -51,7 +51,7 @@ def test_network_failure_makes_calls_fail_in_bounded_time_and_recover_answers(gu
     assert h.driver.domains()                 # the connection is open before the partition
     localhosts.fail(h.host, "network")
     assert localhosts.failed(h.host) == "network"
-    # keepalive (3 s x 3) ends the call on the open connection; opening a new one is bounded too
+    # keepalive (5 s x 3) ends the call on the open connection; opening a new one is bounded too
     print(f"network mode: driver failed in {_fails_within(h.driver, 30):.1f} s, "
           f"reconnect failed in {_fails_within(h.driver, 15):.1f} s")
     assert alive(h.qemu) and liveness.local_signal(h.host.uri).alive is True

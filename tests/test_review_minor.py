@@ -63,6 +63,7 @@ def test_kill_orphaned_qemu_spares_a_reused_pid(tmp_path, monkeypatch):
     killed = []
     monkeypatch.setattr(localhosts, "Path", FakePath)
     monkeypatch.setattr(localhosts.os, "kill", lambda pid, sig: killed.append(pid))
+    monkeypatch.setattr(localhosts, "_zombie", lambda pid: False)      # the fake pids have no /proc/PID/stat
     host = type("H", (), {"dir": real_path(tmp_path / "h1")})()
     localhosts._kill_orphaned_qemu(host)
     assert killed == [4343]

@@ -15,9 +15,10 @@ And when every host of a cluster stops answering at once, the likely failure is 
 network: nothing is declared failed (as Kubernetes' node lifecycle controller stops evicting in a full
 disruption); an operator can still fence a host by hand.
 
-Hosts with neither VMs nor claims are left down: there is nothing to recover. A host that is only a
-migration's target is fenced too: until then that migration can not be settled (unknown is not absent),
-and its VM stays `migrating` on its source.
+Only a host that holds an HA VM (it runs there, or a migration's claim is there) is declared failed: a
+host with none is left down, its VMs `unknown`, until it answers (powering it off would only end VMs
+nobody asked to protect). A host that is only an HA VM's migration target is fenced too: until then that
+migration can not be settled (unknown is not absent), and its VM stays `migrating` on its source.
 """
 
 from __future__ import annotations
@@ -32,14 +33,13 @@ from .errors import Conflict, Invalid, NotFound
 from .events import acting_as
 from .harecovery import CAUSE, HostRecovery
 from .loops import every
-from .model import CHARGED_STATES, HostState, OperationState
+from .model import HostState, OperationState
 from .store import ledger as L
 from .store.schema import utcnow
 
 log = logging.getLogger("vmplane.ha")
 CHECK_INTERVAL_S = 1.0
 IN_FLIGHT = [OperationState.pending.value, OperationState.running.value]
-CHARGED = [s.value for s in CHARGED_STATES]
 
 
 class HaController:
@@ -66,10 +66,11 @@ class HaController:
             if not down:
                 return []
             names = [r.name for r in down]
-            with_vms = set(conn.execute(select(h.name).join(L.VMS, v.host_id == h.id)
-                                        .where(h.name.in_(names), v.state.in_(CHARGED)).group_by(h.name)).scalars())
-            with_vms |= set(conn.execute(select(h.name).join(L.CLAIMS, L.CLAIMS.c.host_id == h.id)    # a target
-                                         .where(h.name.in_(names)).group_by(h.name)).scalars())
+            # hosts holding an HA VM: running there, or a claim there (a migration's target)
+            with_vms = set(conn.execute(select(h.name).join(L.CLAIMS, L.CLAIMS.c.host_id == h.id)
+                                        .join(L.VMS, v.id == L.CLAIMS.c.vm_id)
+                                        .where(h.name.in_(names), v.ha_policy == "restart").group_by(h.name))
+                           .scalars())
         now, declared = utcnow(), []
         for name, since in down:
             meta = self.o._hosts.get(name)

@@ -180,6 +180,8 @@ class HostRecovery:
             left, owned = self._pass(op_id, host)
             if not left and not owned:
                 break
+            if owned:       # a migration into or out of the fenced host: settled now that it is off
+                self.o.migration_settle.run_once()
             self._wait(_backoff(RESTART_BACKOFF_S, rounds) if left else 0.5)
             rounds += 1
         result = self._op(op_id).result or {}

@@ -143,7 +143,7 @@ class LibvirtDriver(StorageMixin, Driver):
                     self._dead.append(self._conn)
                     self._conn = None
                 self._conn = self._open()
-                self._conn.setKeepAlive(3, 3)
+                self._conn.setKeepAlive(5, 3)
                 for callback in self._watchers:
                     self._register_watch(self._conn, callback)
             return self._conn
