@@ -26,21 +26,19 @@ from dataclasses import replace
 from sqlalchemy import select
 
 from . import failpoints, metrics
-from .drivers.base import DriverError
-from .errors import InsufficientCapacity, Interrupted, VmplaneError
+from .errors import Interrupted, VmplaneError
 from .fencing.base import FenceError, Fenced
 from .model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
 from .names import DOMAIN_PREFIX
-from .placement import choose
 from .reserves import placement_rules
 from .scope import Scope
+from .hostmonitor import probe
 from .store import ledger as L
 
 log = logging.getLogger("vmplane.ha")
 CAUSE = "ha"
 FENCE_BACKOFF_S = (1, 2, 5, 10, 30)
 RESTART_BACKOFF_S = (1, 3, 10, 30)
-PLACEMENT_RETRIES = 5
 # VMs an operation owns right now: their operation's end (or its failure path) settles them first
 OWNED = [VmState.starting.value, VmState.stopping.value, VmState.scaling.value, VmState.migrating.value]
 
@@ -87,11 +85,7 @@ class HostRecovery:
     # -- fencing ---------------------------------------------------------------------------------
     def _answers(self, host: str) -> bool:
         driver = self.o.drivers.get(host)
-        try:
-            driver.domains()
-            return True
-        except (DriverError, AttributeError):
-            return False
+        return driver is not None and probe(driver) is None
 
     def _fence(self, op_id: str, host: str) -> bool:
         """Until the host is confirmed off: True. False when the recovery ends without it (the host
@@ -283,7 +277,7 @@ class HostRecovery:
                                            storage_hosts=o.volumes.storage_hosts(conn, row.id),
                                            storage_reason="can not open the VM's disks (their pools are not on it)",
                                            **rules)
-                placement, host_id = self._take(conn, request)
+                placement, host_id = o.take_placement(conn, request)
                 restart_op = L.new_operation(conn, "restart", vm, row.id, row.project_id, step="claimed",
                                              message=f"attempt {attempt}: claimed {size.vcpus} vCPU(s) / "
                                                      f"{placement.memory_mib} MiB on {placement.host}",
@@ -297,20 +291,6 @@ class HostRecovery:
             o.index.add_usage(placement.host, size.vcpus, placement.memory_mib)
         failpoints.hit("ha.claimed")
         return restart_op
-
-    def _take(self, conn, request: PlacementRequest):
-        o = self.o
-        for _ in range(PLACEMENT_RETRIES):
-            placement = choose(o.index, request)
-            host_id = o._hosts[placement.host].id
-            cap_vcpus, cap_memory = o.index.capacity_of(placement.host)
-            if L.take_on_host(conn, host_id, request.size.vcpus, placement.memory_mib, cap_vcpus, cap_memory):
-                return placement, host_id
-            row = L.lock_host(conn, placement.host)
-            o.index.upsert(replace(o.index.host(row.name), state=HostState(row.state), used_vcpus=row.used_vcpus,
-                                   used_memory_mib=row.used_memory_mib))
-        raise InsufficientCapacity(f"no host could be claimed after {PLACEMENT_RETRIES} tries; hosts are changing "
-                                   f"fast", field="host")
 
     # -- one restart: its own operation ----------------------------------------------------------
     def run_restart(self, op_id: str) -> bool:

@@ -36,6 +36,15 @@ CAUSE = "monitor"
 PROBE_THREADS = 8
 
 
+def probe(driver) -> DriverError | None:
+    """Whether a host's hypervisor answers: None, or the error it gave (also the HA recovery's check)."""
+    try:
+        driver.domains()
+        return None
+    except DriverError as exc:
+        return exc
+
+
 class HostMonitor:
     def __init__(self, o):
         self.o = o
@@ -51,21 +60,13 @@ class HostMonitor:
         self._stop.set()
 
     # -- one pass ------------------------------------------------------------------------------
-    @staticmethod
-    def _probe(driver) -> DriverError | None:
-        try:
-            driver.domains()
-            return None
-        except DriverError as exc:
-            return exc
-
     def check(self) -> list[str]:
         """One pass over every host; returns what changed, in words."""
         hosts = [(name, d) for name, d in list(self.o.drivers.items()) if name in self.o.index]
         if not hosts:
             return []
         with ThreadPoolExecutor(min(PROBE_THREADS, len(hosts)), thread_name_prefix="vmplane-probe") as pool:
-            answers = list(pool.map(lambda h: self._probe(h[1]), hosts))
+            answers = list(pool.map(lambda h: probe(h[1]), hosts))
         changes = []
         with acting_as(CAUSE):
             for (name, _), error in zip(hosts, answers):

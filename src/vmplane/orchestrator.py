@@ -470,18 +470,22 @@ class Orchestrator:
 
     def _place(self, conn: Connection, size: Size, scope: Scope,
                reach: frozenset[str] | None = None, rules: dict | None = None) -> tuple[Placement, int]:
-        """Pick a host within the VM's zone (and cluster) from the index and take the capacity on its row
-        (compare-and-add); if the store shows the index was behind (another process claimed), learn the
-        store's numbers and pick again (so a final refusal carries the host's real numbers). Returns the
-        placement and the host's id."""
+        """Pick a host within the VM's zone (and cluster) and take its capacity (take_placement)."""
         request = PlacementRequest(size, zone=scope.zone, cluster=scope.cluster, storage_hosts=reach,
                                    storage_reason="can not open the VM's disks (their pools are not on it)",
                                    **(rules or {}))
+        return self.take_placement(conn, request)
+
+    def take_placement(self, conn: Connection, request: PlacementRequest) -> tuple[Placement, int]:
+        """Pick a host for `request` from the index and take the capacity on its row (compare-and-add);
+        if the store shows the index was behind (another process claimed), learn the store's numbers and
+        pick again (so a final refusal carries the host's real numbers). Returns the placement and the
+        host's id."""
         for _ in range(PLACEMENT_RETRIES):
             placement = choose(self.index, request)
             host_id = self._hosts[placement.host].id
             cap_vcpus, cap_memory = self.index.capacity_of(placement.host)
-            if L.take_on_host(conn, host_id, size.vcpus, placement.memory_mib, cap_vcpus, cap_memory):
+            if L.take_on_host(conn, host_id, request.size.vcpus, placement.memory_mib, cap_vcpus, cap_memory):
                 return placement, host_id
             host = L.lock_host(conn, placement.host)
             self.index.upsert(replace(self.index.host(host.name), state=HostState(host.state),
