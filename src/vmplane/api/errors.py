@@ -24,6 +24,24 @@ def _is_name_length(error: dict) -> bool:
         error.get("type") == "string_too_short" and ctx.get("min_length") == 1)
 
 
+def validation_body(errors: list) -> dict:
+    """pydantic's first complaint in the API's words: {"error": "invalid", "message", "field"} (the
+    console words a form's errors with it too)."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    field = _field_of(tuple(first.get("loc", ())))
+    if first.get("type") == "json_invalid":
+        message = "the request body is not valid JSON"
+    elif first.get("type") == "extra_forbidden":
+        message = f"{field}: unknown field"
+    elif first.get("type") == "missing":
+        message = f"{field}: field required"
+    elif _is_name_length(first):        # the house rule for names, as check_name words it
+        message = f"{field}: use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+    else:
+        message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+    return {"error": "invalid", "message": message, "field": field}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(VmplaneError)
     async def vmplane_error(_: Request, exc: VmplaneError):
@@ -31,20 +49,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        field = _field_of(tuple(first.get("loc", ())))
-        if first.get("type") == "json_invalid":
-            message = "the request body is not valid JSON"
-        elif first.get("type") == "extra_forbidden":
-            message = f"{field}: unknown field"
-        elif first.get("type") == "missing":
-            message = f"{field}: field required"
-        elif _is_name_length(first):        # the house rule for names, as check_name words it
-            message = f"{field}: use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit"
-        else:
-            message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
-        return JSONResponse({"error": "invalid", "message": message, "field": field}, status_code=422)
+        return JSONResponse(validation_body(exc.errors()), status_code=422)
 
     @app.exception_handler(IntegrityError)
     async def integrity_error(_: Request, exc: IntegrityError):

@@ -1,0 +1,177 @@
+"""What the console changes: each action calls the API's own route function with the session's caller,
+so that the rules (roles, recovery, quota, capacity) and the words of every refusal are the API's.
+Migrate, scale and maintenance show their dry-run plan first; the plan's form carries what was planned,
+and only its confirm button changes anything. Every POST carries the session's CSRF token."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from ..api.deps import admin
+from ..api.errors import validation_body
+from ..api.routers import hosts as api_hosts
+from ..api.routers import vms as api_vms
+from ..api.schemas import MaintenanceRequest, MigrateRequest, ScaleRequest, VmStop
+from ..errors import VmplaneError
+from .render import error_fragment, render
+from .session import Actor, Viewer
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+class FormInvalid(VmplaneError):
+    status = 422
+    code = "invalid"
+
+
+def _model(cls: type[BaseModel], **fields) -> BaseModel:
+    """A request body built from form fields, refused in the API's words when invalid."""
+    try:
+        return cls(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        body = validation_body(exc.errors())
+        raise FormInvalid(body["message"], field=body["field"]) from None
+
+
+def _int(value: str | None) -> int | str | None:
+    """A form's number: digits become an int; anything else is passed on for the API's own refusal."""
+    value = (value or "").strip()
+    if not value:
+        return None
+    return int(value) if value.isdigit() else value
+
+
+def _bool(value: str | None) -> bool | None:
+    return {"on": True, "true": True, "off": False, "false": False}.get((value or "").strip().lower())
+
+
+def _body(response) -> dict:
+    return json.loads(response.body) if isinstance(response, Response) else response
+
+
+async def _form(request: Request) -> dict:
+    return {k: str(v) for k, v in (await request.form()).items()}
+
+
+def _done(request: Request, message: str, operation: dict | None = None) -> HTMLResponse:
+    return render(request, "fragments/action_done.html", message=message, operation=operation)
+
+
+async def _attempt(request: Request, action) -> HTMLResponse:
+    """`action` (the API's work, blocking) in the thread pool; a refusal becomes the error fragment (the
+    API's status and words) in the action's slot."""
+    try:
+        return await run_in_threadpool(action)
+    except VmplaneError as exc:
+        return error_fragment(request, exc)
+
+
+# -- VMs -----------------------------------------------------------------------------------------
+@router.post("/vms/{name}/start")
+async def start(request: Request, name: str, who: Actor):
+    def act():
+        body = _body(api_vms.start_vm(name, request.app.state.orchestrator, who))
+        return _done(request, f"starting {name}", body.get("operation"))
+    return await _attempt(request, act)
+
+
+@router.post("/vms/{name}/stop")
+async def stop(request: Request, name: str, who: Actor):
+    form = await _form(request)
+
+    def act():
+        stop_body = _model(VmStop, force=_bool(form.get("force")))
+        body = _body(api_vms.stop_vm(name, request.app.state.orchestrator, who, stop_body))
+        return _done(request, f"stopping {name}", body.get("operation"))
+    return await _attempt(request, act)
+
+
+@router.post("/vms/{name}/delete")
+async def delete(request: Request, name: str, who: Actor):
+    def act():
+        api_vms.delete_vm(name, request.app.state.orchestrator, who)
+        return HTMLResponse(f"<p>{name} deleted</p>", headers={"HX-Redirect": "/ui/vms"})
+    return await _attempt(request, act)
+
+
+@router.post("/vms/{name}/migrate/plan")
+async def migrate_plan(request: Request, name: str, who: Actor):
+    to = (await _form(request)).get("to", "").strip() or None
+
+    def act():
+        plan = _body(api_vms.migrate_vm(name, _model(MigrateRequest, to=to, dry_run=True),
+                                        request.app.state.orchestrator, who))
+        return render(request, "fragments/migrate_plan.html", vm=name, plan=plan, to=to or "")
+    return await _attempt(request, act)
+
+
+@router.post("/vms/{name}/migrate")
+async def migrate(request: Request, name: str, who: Actor):
+    to = (await _form(request)).get("to", "").strip() or None
+
+    def act():
+        mig = _body(api_vms.migrate_vm(name, _model(MigrateRequest, to=to), request.app.state.orchestrator, who))
+        return render(request, "fragments/migrate_started.html", vm=name, migration=mig)
+    return await _attempt(request, act)
+
+
+def _scale_request(form: dict, dry_run: bool) -> ScaleRequest:
+    return _model(ScaleRequest, offering=form.get("offering", "").strip() or None, vcpus=_int(form.get("vcpus")),
+                  memory_mib=_int(form.get("memory_mib")), cpu_cap=_bool(form.get("cpu_cap")), dry_run=dry_run)
+
+
+@router.post("/vms/{name}/scale/plan")
+async def scale_plan(request: Request, name: str, who: Actor):
+    form = await _form(request)
+
+    def act():
+        plan = _body(api_vms.scale_vm(name, _scale_request(form, dry_run=True), request.app.state.orchestrator, who))
+        return render(request, "fragments/scale_plan.html", vm=name, plan=plan,
+                      asked={k: form.get(k, "") for k in ("offering", "vcpus", "memory_mib", "cpu_cap")})
+    return await _attempt(request, act)
+
+
+@router.post("/vms/{name}/scale")
+async def scale(request: Request, name: str, who: Actor):
+    form = await _form(request)
+
+    def act():
+        body = _body(api_vms.scale_vm(name, _scale_request(form, dry_run=False), request.app.state.orchestrator, who))
+        return _done(request, f"scaling {name}", body.get("operation"))
+    return await _attempt(request, act)
+
+
+# -- hosts ---------------------------------------------------------------------------------------
+def _host(request: Request, name: str):
+    return request.app.state.orchestrator.host(name)
+
+
+@router.get("/hosts/{name}/maintenance")
+def maintenance_controls(request: Request, name: str, who: Viewer):
+    admin(who)
+    return render(request, "fragments/maintenance.html", host=_host(request, name), plan=None)
+
+
+@router.post("/hosts/{name}/maintenance/{step}")
+async def maintenance(request: Request, name: str, step: str, who: Actor):
+    """plan (a dry run of enter), enter, exit; the controls are rendered again with the outcome."""
+    def act():
+        plan = error = None
+        status = 200
+        try:
+            admin(who)
+            if step not in ("plan", "enter", "exit"):
+                raise FormInvalid(f"step: {step!r} is not one of plan, enter, exit", field="step")
+            body = _model(MaintenanceRequest, action="exit" if step == "exit" else "enter", dry_run=step == "plan")
+            result = api_hosts.maintenance(name, body, request.app.state.orchestrator, who)
+            plan = result if step == "plan" else None
+        except VmplaneError as exc:
+            error, status = exc.as_dict(), exc.status
+        return render(request, "fragments/maintenance.html", status_code=status, host=_host(request, name),
+                      plan=plan, error=error)
+    return await _attempt(request, act)
