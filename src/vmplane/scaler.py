@@ -444,6 +444,7 @@ class Scaler:
             if shrink_vcpus or shrink_memory:
                 self.o.index.add_usage(vm.host_name, -shrink_vcpus, -shrink_memory)
         metrics.OPERATIONS.labels("scale", "succeeded").inc()
+        metrics.SCALES.labels("succeeded", a.path).inc()
 
     def _roll_back(self, op_id: str, vm_id: int, a: Admitted, applied: list[tuple[str, str]], exc: Exception,
                    claimed_here: bool) -> None:
@@ -492,6 +493,8 @@ class Scaler:
                                 result={"path": a.path, "recorded": [size.vcpus, size.memory_mib]})
             if give_vcpus or give_memory:
                 self.o.index.add_usage(vm.host_name, -give_vcpus, -give_memory)
+        metrics.OPERATIONS.labels("scale", "failed").inc()
+        metrics.SCALES.labels("failed", a.path).inc()
         log.warning("scale of vm %s failed: %s%s", vm_id, reason, f" ({found})" if found else "")
 
     def _undo(self, vm_id: int, a: Admitted) -> str:
