@@ -12,8 +12,9 @@ Steps, persisted so that a control plane killed anywhere resumes them (`resume`)
               `vmplane.ha.max.parallel` at once, each by a `restart` operation of its own: the VM's
               running claim moves from the dead host to the chosen one in one transaction, its project's
               charge unchanged (never refused for quota, never charged twice). A restart that fails is
-              tried again (`vmplane.ha.max.restart` attempts, with backoff); then the VM is in the
-              terminal `error` state, its charge released.
+              tried again (`vmplane.ha.max.restart` attempts, with backoff); when the last one fails
+              the VM is in the terminal `error` state at once, its charge released (no backoff is
+              waited for after it: nothing is tried any more).
   done
 """
 
@@ -23,7 +24,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from . import failpoints, metrics
 from .errors import Interrupted, VmplaneError
@@ -33,6 +34,7 @@ from .names import DOMAIN_PREFIX
 from .reserves import placement_rules
 from .scope import Scope
 from .hostmonitor import probe
+from .migration import SETTLING
 from .store import ledger as L
 
 log = logging.getLogger("vmplane.ha")
@@ -161,7 +163,7 @@ class HostRecovery:
 
     # -- restarting ------------------------------------------------------------------------------
     def _restart_all(self, op_id: str, host: str) -> None:
-        rounds = 0
+        rounds = 0          # passes that left an HA VM to restart: the backoff between attempts
         while True:
             if self.o.closing.is_set():
                 raise Interrupted()
@@ -176,8 +178,9 @@ class HostRecovery:
                 break
             if owned:       # a migration into or out of the fenced host: settled now that it is off
                 self.o.migration_settle.run_once()
+            # a pass that only waited for an owned VM does not lengthen the backoff of the next attempt
             self._wait(_backoff(RESTART_BACKOFF_S, rounds) if left else 0.5)
-            rounds += 1
+            rounds += bool(left)
         result = self._op(op_id).result or {}
         restarted, failed = result.get("restarted", {}), result.get("failed", {})
         words = ", ".join(f"{vm} on {h}" for vm, h in restarted.items()) or "none"
@@ -187,7 +190,9 @@ class HostRecovery:
 
     def _pass(self, op_id: str, host: str) -> tuple[list[str], int]:
         """One round: VMs without HA stopped, HA VMs restarted (in parallel, by priority). Returns the
-        HA VMs still to restart and how many of the host's VMs an operation still owns."""
+        HA VMs still to restart and how many of the host's VMs an operation still owns, migrations into
+        the host included (their VMs are recorded on their source, but only the fence lets them be
+        settled: the recovery settles them before it ends, as those out of it)."""
         v, h = L.VMS.c, L.HOSTS.c
         with self.o.db.transaction() as conn:   # put back to running on the fenced host by an operation's failure
             ids = conn.execute(select(v.id).join(L.HOSTS, h.id == v.host_id).where(   # path (a scale whose
@@ -198,7 +203,10 @@ class HostRecovery:
             conn = s.connection()
             rows = conn.execute(select(v.name, v.state, v.ha_policy, v.cluster_id).join(L.HOSTS, h.id == v.host_id)
                                 .where(h.name == host).order_by(v.ha_priority.desc(), v.name)).all()
-        owned = sum(1 for r in rows if r.state in OWNED)
+            m = L.MIGRATIONS.c
+            incoming = conn.execute(select(func.count()).select_from(L.MIGRATIONS).where(
+                m.target == host, m.state.in_([st.value for st in SETTLING]))).scalar() or 0
+        owned = sum(1 for r in rows if r.state in OWNED) + incoming
         unknown = [r for r in rows if r.state == VmState.unknown.value]
         for r in unknown:
             if r.ha_policy != "restart":
@@ -245,21 +253,30 @@ class HostRecovery:
             return n + 1
 
     def _restart(self, op_id: str, vm: str, host: str) -> bool:
-        """One attempt to run `vm` (unknown on the fenced `host`) elsewhere; True when it needs no more."""
+        """One attempt to run `vm` (unknown on the fenced `host`) elsewhere; True when it needs no more.
+        When the last allowed attempt fails, the VM is in error at once (no backoff to wait for first)."""
         meta = self.o._hosts[host]
         max_restart = int(self.o.catalog.effective("vmplane.ha.max.restart", meta.zone, meta.cluster))
         attempt = self._attempt(op_id, vm, max_restart)
-        if attempt is None:
+        if attempt is None:             # counted used up before (a recovery resumed after a restart)
             self._give_up(op_id, vm, host, f"not restarted after {max_restart} attempt(s)")
             return True
         try:
             restart_op = self._claim_elsewhere(op_id, vm, host, attempt)
         except VmplaneError as exc:
             self._note(op_id, vm, f"attempt {attempt}: {exc.message}")
-            return False
+            return self._last(op_id, vm, host, attempt, max_restart)
         if restart_op is None:
             return True                 # no longer unknown on the host: someone else settled it
-        return self.run_restart(restart_op)
+        return self.run_restart(restart_op) or self._last(op_id, vm, host, attempt, max_restart)
+
+    def _last(self, op_id: str, vm: str, host: str, attempt: int, max_restart: int) -> bool:
+        """After a failed attempt: False (tried again after the backoff), or, when it was the last one,
+        the VM given up (in error, its charge released) and True."""
+        if attempt < max_restart:
+            return False
+        self._give_up(op_id, vm, host, f"not restarted after {max_restart} attempt(s)")
+        return True
 
     def _claim_elsewhere(self, op_id: str, vm: str, host: str, attempt: int) -> str | None:
         o = self.o

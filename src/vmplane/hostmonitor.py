@@ -7,7 +7,10 @@ it, and each of its `running` VMs becomes `unknown` (charge and claim kept: it m
 never started elsewhere). VMs an operation owns are left to it; if that operation's failure path puts
 one back to `running` while the host is down, the next pass makes it `unknown` too. When the host
 answers again it gets its previous state back, and EVERY VM recorded on it is settled from what it
-runs (settle.settle_vm): running again, or stopped with charge and claim given back.
+runs (settle.settle_vm): running again, or stopped with charge and claim given back. A VM an operation
+owns at that moment is skipped; its operation settles it when it ends: a migration that finds the domain
+on neither host records it stopped (migrator), and an operation that fails leaving it `running` has it
+settled from its host at once (settle.after_failed_operation), not only by the next full sync.
 
 High availability (ha.py) takes over a host that stays down longer than `vmplane.ha.grace`: it is
 `fencing`, then `fenced`. This monitor leaves a `fencing` host to it (whether it answers again decides

@@ -57,8 +57,8 @@ TRANSITIONS: dict[tuple[MigrationState, str], tuple[MigrationState, tuple[Action
     (MigrationState.postcopy_failed, "resumed"): (MigrationState.checking, (Action.check_guest,)),
     (MigrationState.checking, "stayed"): (MigrationState.failed, (Action.release_target,)),
     (MigrationState.postcopy_failed, "stayed"): (MigrationState.failed, (Action.release_target,)),
-    # on neither host: the target claim goes; the VM stays recorded on its source, where the sync
-    # (settle.settle_vm) records it stopped once that host confirms it has no domain
+    # on neither host: the target claim goes; a migrating VM is recorded stopped in the same transaction
+    # (unknown on a fenced source, for its recovery: Migrator._settle_gone), a scaling one is left to its scale
     (MigrationState.copying, "gone"): (MigrationState.failed, (Action.release_target,)),
     (MigrationState.checking, "gone"): (MigrationState.failed, (Action.release_target,)),
     (MigrationState.postcopy_failed, "gone"): (MigrationState.failed, (Action.release_target,)),

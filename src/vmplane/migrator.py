@@ -493,6 +493,8 @@ class Migrator:
                   Outcome.moved: ""}[outcome]
         if outcome == Outcome.stayed and mid in self._cancelled:
             reason = "cancelled" + (f" ({why})" if why and why != "cancelled" else "")
+        if outcome == Outcome.gone and on_source is not None:       # a shut-off definition: removed as a stop
+            self._drop_definition(row, source)                      # does (the VM is recorded stopped next)
         state = self._finish(mid, lambda current: rules.settle_event(current, outcome, mid in self._cancelled),
                              reason=reason)
         if outcome == Outcome.postcopy_failed:
@@ -560,12 +562,12 @@ class Migrator:
                     return current
                 state, actions = rules.transition(current, name)
                 if Action.abort_copy not in actions:
-                    freed = self._apply(conn, row, state, actions, reason, stats)
+                    freed = self._apply(conn, row, state, actions, reason, stats, gone=name == "gone")
             self.o._unindex(freed)
         if Action.abort_copy in actions:
             self._abort_live(row)
         elif state not in rules.ACTIVE:
-            self._ended(row, state, actions, reason)
+            self._ended(row, state, actions, reason, stats)
         return state
 
     def _abort_live(self, row) -> None:
@@ -575,12 +577,13 @@ class Migrator:
         if calling:                     # else the copy thread sees the cancel before it calls the driver
             self._abort_source(row.id, self.o.drivers[row.source], self.o.domain_name(row.vm_name))
 
-    def _ended(self, row, state: MigrationState, actions, reason: str) -> None:
+    def _ended(self, row, state: MigrationState, actions, reason: str, stats: dict | None = None) -> None:
         with self._state_lock:
             self._cancelled.discard(row.id)
             self._timed_out.discard(row.id)
             self._resume_at.pop(row.id, None)
         metrics.MIGRATIONS.labels(state.value).inc()
+        _observe(row, state, stats if stats is not None else row.stats)
         if state == MigrationState.succeeded or Action.release_target in actions:
             self.o.disk_moves.cleanup(row.vm_id)    # the copy that is not the VM's (kept after an unhealthy check)
         if state == MigrationState.failed:
@@ -589,7 +592,7 @@ class Migrator:
             log.info("migration %s: %s now runs on %s", row.id, row.vm_name, row.target)
 
     @staticmethod
-    def _apply(conn, row, state: MigrationState, actions, reason: str, stats: dict | None) -> list:
+    def _apply(conn, row, state: MigrationState, actions, reason: str, stats: dict | None, gone: bool = False) -> list:
         if state in rules.ACTIVE:
             Migrator._apply_active(conn, row, state, reason, stats)
             return []
@@ -604,7 +607,11 @@ class Migrator:
         freed: list = []
         if Action.release_target in actions:
             freed = L.release_claim(conn, row.vm_id, row.id)
-            L.set_vm(conn, row.vm_id, note=f"migration {state.value}" + (f": {reason}" if reason else ""), **vm_state)
+            note = f"migration {state.value}" + (f": {reason}" if reason else "")
+            if gone and vm_state:       # both hosts were just asked: it runs nowhere, so it is not recorded running
+                freed += Migrator._settle_gone(conn, row, note)
+            else:
+                L.set_vm(conn, row.vm_id, note=note, **vm_state)
         if Action.move_claims in actions:
             freed = L.release_claim(conn, row.vm_id, None, kind=ClaimKind.running)
             L.promote_claim(conn, row.vm_id, row.id)
@@ -615,6 +622,32 @@ class Migrator:
             conn.execute(L.VMS.update().where(v.id == row.vm_id, v.cluster_id.is_not(None)).values(
                 cluster_id=select(h.cluster_id).where(h.id == row.target_host_id).scalar_subquery()))
         return freed
+
+    @staticmethod
+    def _settle_gone(conn, row, note: str) -> list:
+        """A migrating VM whose domain neither host holds (asked just now): on a source that answered, it
+        is stopped, its charge and claims given back (what the sync would record, without a window in
+        which the record says running); on a fenced source (known off, not asked), unknown there, for
+        its recovery (an HA VM is restarted elsewhere, another one stopped). A scaling VM is left to its
+        scale, which settles it."""
+        fenced = conn.execute(select(L.HOSTS.c.state).where(L.HOSTS.c.id == row.source_host_id)).scalar()
+        if fenced == HostState.fenced.value:
+            L.set_vm(conn, row.vm_id, note=f"{note}; its host {row.source} is fenced: it runs nowhere",
+                     state=VmState.unknown)
+            return []
+        L.lock_project(conn, row.project_id)
+        return L.release_vm(conn, row.vm_id, note=f"{note}: charge and claim given back")
+
+    def _drop_definition(self, row: dict, source: str) -> None:
+        """A shut-off definition of a VM whose migration found it on neither host (not on a fenced source:
+        nothing is asked of it). Best effort: a definition left behind runs nothing."""
+        driver = self._asked(source)
+        if isinstance(driver, _PoweredOff):
+            return
+        try:
+            driver.stop(self.o.domain_name(row["vm_name"]), timeout_s=0)
+        except DriverError as exc:
+            log.warning("migration %s: removing the shut-off definition on %s: %s", row["id"], source, exc)
 
     @staticmethod
     def _apply_active(conn, row, state: MigrationState, reason: str, stats: dict | None) -> None:
@@ -682,6 +715,17 @@ class Migrator:
                             wait_s=max(0.5, deadline - time.monotonic()))
             except Exception:          # this one is retried by the controller; the others go on
                 log.exception("migration %s: settling at start-up", mig["id"])
+
+
+def _observe(row, state: MigrationState, stats: dict | None) -> None:
+    """Duration (copy start to end), and downtime and bytes where the copy reported them (its stats)."""
+    if row.started_at is not None:
+        metrics.MIGRATION_SECONDS.labels(state.value).observe(max((utcnow() - row.started_at).total_seconds(), 0.0))
+    stats = stats or {}
+    if isinstance(stats.get("downtime_ms"), (int, float)):
+        metrics.MIGRATION_DOWNTIME_SECONDS.observe(stats["downtime_ms"] / 1000)
+    if isinstance(stats.get("bytes"), (int, float)):
+        metrics.MIGRATION_BYTES.observe(stats["bytes"])
 
 
 def _paused_on(row: dict, on_source, on_target) -> str:

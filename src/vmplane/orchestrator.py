@@ -67,6 +67,7 @@ from .listing import Page, by_prefix, order_by, run_page
 from .placement import CapacityIndex, Placement, choose
 from .quota import check_admission, running_charge
 from .reconcile import reconcile as reconcile_running
+from .settle import after_failed_operation as settle_after_failure
 from .groupstore import resolve_group
 from .reserves import placement_rules
 from .ha import HaController, check_ha, default_agents
@@ -631,9 +632,14 @@ class Orchestrator:
             body(op_id)
         except Interrupted:
             log.info("operation %s left at its step for the next start", op_id)
+            return
         except Exception as exc:  # an operation must end, whatever happened
             log.warning("operation %s failed: %s", op_id, exc)
             self._fail(op_id, exc)
+        try:            # a failure path that put the VM back to running is checked against its host
+            settle_after_failure(self, op_id)
+        except Exception:  # noqa: BLE001 - the sync settles it later
+            log.exception("operation %s: settling its VM after the failure", op_id)
 
     @staticmethod
     def _spec(vm: Row) -> DomainSpec:

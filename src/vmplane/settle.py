@@ -10,6 +10,8 @@ nobody changed it meanwhile (same state, host and `updated_at`, under the VM's r
 - an `unknown` VM whose domain runs is recorded `running` again; one whose domain is gone from its host
   but runs on another host of its zone (start-up reconcile found two candidates), or where another host
   of its zone can not be asked, stays `unknown`: `vm sync` or an operator decides.
+- an operation that failed and left its VM `running` has it settled at once (after_failed_operation):
+  its failure path may put the VM back as it was without asking the host.
 - VMs an operation owns (starting, stopping, migrating, scaling: that operation settles them), VMs
   recorded on another host (a migration's incoming domain, a domain left behind) and VMs still being
   recovered after a restart are left alone. A host that does not answer changes nothing.
@@ -19,10 +21,12 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy import select
+
 from .drivers.base import DriverError
 from .errors import NotFound
-from .events import acting_as
-from .model import VmState
+from .events import acting_as, current_cause
+from .model import OperationState, VmState
 from .store import ledger as L
 
 log = logging.getLogger("vmplane.settle")
@@ -33,14 +37,16 @@ OWNED_STATES = frozenset({VmState.starting.value, VmState.stopping.value, VmStat
 SETTLED_STATES = frozenset({VmState.running.value, VmState.unknown.value})
 
 
-def settle_vm(o, vm_name: str, host: str, cause: str, why: str) -> str | None:
-    """Settle `vm_name` on `host` (see the module's rule); returns the state written, or None."""
+def settle_vm(o, vm_name: str, host: str, cause: str, why: str, op_ended: bool = False) -> str | None:
+    """Settle `vm_name` on `host` (see the module's rule); returns the state written, or None.
+    `op_ended`: called by an operation that just ended, which start-up recovery may have resumed (the
+    VM counts as still being recovered until every resumed operation was submitted): not skipped then."""
     with o.db.read() as s:
         try:
             vm = L.vm_row(s.connection(), name=vm_name)
         except NotFound:
             return None
-    if vm.state not in SETTLED_STATES or vm.host_name != host or o.recovery.busy(vm_name):
+    if vm.state not in SETTLED_STATES or vm.host_name != host or (not op_ended and o.recovery.busy(vm_name)):
         return None
     driver = o.drivers.get(host)
     if driver is None:
@@ -80,6 +86,27 @@ def settle_vm(o, vm_name: str, host: str, cause: str, why: str) -> str | None:
     o._unindex(freed)
     log.warning("vm %s: %s -> %s (%s)", vm_name, vm.state, new, message)
     return new
+
+
+def after_failed_operation(o, op_id: str) -> str | None:
+    """An operation that ended failed and left its VM `running` on a host (a failure path that puts the
+    VM back as it was: a scale whose migration found the domain on neither host, or whose domain could
+    not be read back) has it settled from that host at once (settle_vm), not at the next full sync: a
+    host brought back while the operation owned the VM skipped it (hostmonitor), and the record must
+    not say running where nothing runs. Returns the state written, or None."""
+    with o.db.read() as s:
+        conn = s.connection()
+        op = conn.execute(select(L.OPERATIONS.c.state, L.OPERATIONS.c.kind, L.OPERATIONS.c.vm_id)
+                          .where(L.OPERATIONS.c.id == op_id)).first()
+        if op is None or op.state != OperationState.failed.value or op.vm_id is None:
+            return None
+        try:
+            vm = L.vm_row(conn, op.vm_id)
+        except NotFound:
+            return None
+    if vm.state != VmState.running.value or vm.host_name is None:
+        return None
+    return settle_vm(o, vm.name, vm.host_name, current_cause(), f"after its failed {op.kind}", op_ended=True)
 
 
 def _elsewhere(o, domain: str, host: str) -> str:
