@@ -41,6 +41,9 @@ fi
 command -v ipmitool >/dev/null || packages+=(ipmitool)
 if [ "$want_test" = 1 ]; then
   command -v ipmi_sim >/dev/null || packages+=(openipmi)
+  command -v promtool >/dev/null || packages+=(prometheus)       # checks /metrics and the sample alert rules
+  # the console's browser tests drive Debian's Chromium through Playwright (never a browser download)
+  command -v chromium >/dev/null || packages+=(chromium)
 fi
 if [ "${#packages[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

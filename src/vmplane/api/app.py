@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import __version__, events
 from ..errors import VmplaneError
+from ..metricscollect import StateCollector
 from ..orchestrator import Orchestrator
 from .deps import Caller, caller
 from .errors import install_error_handlers
@@ -18,6 +19,7 @@ from .paging import known_query_params
 from .routers import events as event_routes
 from .routers import groups, hosts, offerings, operations, projects, settings, storage, tokens, vms, zones
 from .schemas import ErrorBody
+from .timing import RequestTiming
 
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 409, 422, 500)}
 PLAIN_ERRORS = {code: {"model": ErrorBody} for code in (422, 500)}       # /healthz, /metrics: no token
@@ -69,6 +71,7 @@ def create_app(orch: Orchestrator) -> FastAPI:
     install_error_handlers(app)
 
     app.add_middleware(BearerAuth, catalog=orch.catalog)
+    app.add_middleware(RequestTiming)           # outermost: refused requests are timed too
     api = APIRouter(prefix="/api/v1", responses=ERRORS)
     for module in (zones, hosts, projects, offerings, settings, vms, storage, groups, operations, tokens,
                    event_routes):
@@ -90,14 +93,20 @@ def create_app(orch: Orchestrator) -> FastAPI:
             status["pending_vms"] = len(status["vms"])
         return status
     app.include_router(api)
+    from ..ui import install as install_console     # the web console at /ui (same process, same rules)
+    install_console(app)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict:
         return {"status": "ok", "version": __version__, "hosts": len(orch.index),
                 "recovery": orch.recovery.status(vms=False)}
 
+    state = app.state.metrics_state = StateCollector(orch)     # this app's: never on the process-wide registry
+
     @app.get("/metrics", tags=["health"], responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
     def metrics() -> PlainTextResponse:
-        return PlainTextResponse(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        """Prometheus metrics: events counted as they happen and the cluster's state read now (README,
+        "Metrics and alerts"). No token, as /healthz."""
+        return PlainTextResponse(generate_latest() + state.text().encode(), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -56,6 +56,7 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
     say(f"vmplane up: {why}; {len(names)} host(s): {', '.join(names) or '-'}")
     say(f"database: {plane.db.url}")
     say(f"API: {url}   (REST under {url}/api/v1, docs {url}/docs)")
+    say(f"web console: {url}/ui   (log in with the admin token)")
     if token:
         say("admin token: the one given with --token / VMPLANE_TOKEN")
         say(f"  export VMPLANE_API={url}")

@@ -936,7 +936,8 @@ class _CopyWatch:
         try:
             self.progress(self.percent,
                           (f"disks {(disk_total - disk_left) >> 20}/{disk_total >> 20} MiB, " if disk_total else "")
-                          + f"iteration {stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
+                          + f"copied {(total - remaining) >> 20} of {total >> 20} MiB, iteration "
+                            f"{stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
                           + (", post-copy" if self.switched and self.switched > 0 else ""))
         except Exception:       # only a report: the copy goes on, its outcome is asked of the hosts
             pass

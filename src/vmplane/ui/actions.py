@@ -159,19 +159,22 @@ def maintenance_controls(request: Request, name: str, who: Viewer):
 
 @router.post("/hosts/{name}/maintenance/{step}")
 async def maintenance(request: Request, name: str, step: str, who: Actor):
-    """plan (a dry run of enter), enter, exit; the controls are rendered again with the outcome."""
+    """plan (a dry run of enter), enter, exit; the controls are rendered again with the outcome. A member
+    (not an admin) or an unknown host gets the error alone: nothing of any host is shown."""
     def act():
+        admin(who)
+        if step not in ("plan", "enter", "exit"):
+            raise FormInvalid(f"step: {step!r} is not one of plan, enter, exit", field="step")
+        host = _host(request, name)
         plan = error = None
         status = 200
         try:
-            admin(who)
-            if step not in ("plan", "enter", "exit"):
-                raise FormInvalid(f"step: {step!r} is not one of plan, enter, exit", field="step")
             body = _model(MaintenanceRequest, action="exit" if step == "exit" else "enter", dry_run=step == "plan")
             result = api_hosts.maintenance(name, body, request.app.state.orchestrator, who)
             plan = result if step == "plan" else None
         except VmplaneError as exc:
             error, status = exc.as_dict(), exc.status
-        return render(request, "fragments/maintenance.html", status_code=status, host=_host(request, name),
-                      plan=plan, error=error)
+        if plan is None:        # entered, left or refused: the controls show the host's state now
+            host = _host(request, name)
+        return render(request, "fragments/maintenance.html", status_code=status, host=host, plan=plan, error=error)
     return await _attempt(request, act)

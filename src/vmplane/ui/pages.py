@@ -48,10 +48,9 @@ def overview_hosts(request: Request, who: Viewer, offset: Offset = 0):
 
 def _overview(request: Request, who, offset: int) -> dict:
     o = _orch(request)
-    projects = _project_rows(request, who)
-    context = dict(vm_counts=queries.vm_counts(o.db, _scope(who)), projects=projects)
+    context = dict(vm_counts=queries.vm_counts(o.db, _scope(who)), **_project_rows(request, who, 0, cards=False))
     if who.is_admin:
-        context.update(host_counts=queries.host_counts(o.index), **_host_bars(request, offset))
+        context.update(host_counts=queries.host_counts(o.db), **_host_bars(request, offset))
     return context
 
 
@@ -64,11 +63,13 @@ def _host_bars(request: Request, offset: int) -> dict:
     return dict(host_rows=rows, host_total=total, host_offset=offset)
 
 
-def _project_rows(request: Request, who) -> list[dict]:
+def _project_rows(request: Request, who, offset: int, cards: bool) -> dict:
+    """One page of projects' quota bars (as cards on the projects page, a grid on the overview)."""
     o = _orch(request)
-    projects = [p for p in o.catalog.projects() if who.is_admin or p.id == who.project_id]
+    projects, total = queries.project_page(o.db, _scope(who), PAGE_SIZE, offset)
     overhead = queries.overhead_by_project(o.db, [p.id for p in projects])
-    return [dict(project=p, overhead=overhead.get(p.id, 0)) for p in projects]
+    return dict(projects=[dict(project=p, overhead=overhead.get(p.id, 0)) for p in projects], project_total=total,
+                project_offset=offset, cards=cards, project_target="#project-list" if cards else "#overview-projects")
 
 
 # -- hosts ---------------------------------------------------------------------------------------
@@ -99,16 +100,18 @@ def _host_list(request: Request, state, cluster, sort, offset) -> dict:
 
 
 @router.get("/hosts/{name}")
-def host_page(request: Request, name: str, who: Viewer, offset: Offset = 0):
+def host_page(request: Request, name: str, who: Viewer):
     _admin(who)
     o = _orch(request)
     host = o.host(name)
     vms, vm_total = queries.vm_names_on_host(o.db, host.id, PAGE_SIZE)
+    claims, claim_total = queries.claims_on_host(o.db, host.id, PAGE_SIZE)
     migrations = o.migrator.list(host=name, active_only=True, limit=PAGE_SIZE)
     overhead = queries.overhead_by_host(o.db, [name]).get(name, 0)
     evs, _ = events.page(o.db, Page(limit=20), host=name)
     return render(request, "host.html", section="hosts", host=host, cap=o.host_capacity(name), overhead=overhead,
-                  vms=vms, vm_total=vm_total, migrations=migrations, events=evs)
+                  vms=vms, vm_total=vm_total, claims=claims, claim_total=claim_total, migrations=migrations,
+                  events=evs)
 
 
 # -- VMs -----------------------------------------------------------------------------------------
@@ -166,8 +169,13 @@ def _vm_detail(request: Request, who, name: str) -> dict:
 
 # -- projects ------------------------------------------------------------------------------------
 @router.get("/projects")
-def projects_page(request: Request, who: Viewer):
-    return render(request, "projects.html", section="projects", projects=_project_rows(request, who))
+def projects_page(request: Request, who: Viewer, offset: Offset = 0):
+    return render(request, "projects.html", section="projects", **_project_rows(request, who, offset, cards=True))
+
+
+@router.get("/f/projects")
+def projects_fragment(request: Request, who: Viewer, offset: Offset = 0, cards: bool = False):
+    return render(request, "fragments/project_grid.html", **_project_rows(request, who, offset, cards))
 
 
 @router.get("/projects/{name}")

@@ -22,11 +22,21 @@ def vm_counts(db, project_id: int | None) -> dict[str, int]:
         return {state: n for state, n in s.execute(stmt)}
 
 
-def host_counts(index) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for h in index.hosts():
-        counts[h.state.value] = counts.get(h.state.value, 0) + 1
-    return counts
+def host_counts(db) -> dict[str, int]:
+    """Hosts by state: one GROUP BY (not a copy of every host in the placement index)."""
+    from ..store.schema import Host
+    with db.read() as s:
+        return {state: n for state, n in s.execute(select(Host.state, func.count()).group_by(Host.state))}
+
+
+def project_page(db, project_id: int | None, limit: int, offset: int) -> tuple[list[Project], int]:
+    """One page of projects by name and their total (a member: its own project only)."""
+    stmt, count = select(Project), select(func.count()).select_from(Project)
+    if project_id is not None:
+        stmt, count = stmt.where(Project.id == project_id), count.where(Project.id == project_id)
+    with db.read() as s:
+        total = s.execute(count).scalar_one()
+        return list(s.scalars(stmt.order_by(Project.name, Project.id).limit(limit).offset(offset))), total
 
 
 def overhead_by_host(db, host_names: list[str]) -> dict[str, int]:
@@ -80,6 +90,17 @@ def vm_names_on_host(db, host_id: int, limit: int) -> tuple[list[dict], int]:
     with db.read() as s:
         total = s.execute(select(func.count()).select_from(Vm).where(Vm.host_id == host_id)).scalar_one()
         rows = [dict(r._mapping) for r in s.connection().execute(stmt.order_by(Vm.name).limit(limit))]
+    return rows, total
+
+
+def claims_on_host(db, host_id: int, limit: int) -> tuple[list[dict], int]:
+    """What is claimed on a host (a running VM's claim, a migration's target, a scale's growth), by VM."""
+    from ..store.schema import Claim
+    stmt = (select(Claim.kind, Claim.vcpus, Claim.memory_mib, Vm.name.label("vm"))
+            .join(Vm, Vm.id == Claim.vm_id).where(Claim.host_id == host_id))
+    with db.read() as s:
+        total = s.execute(select(func.count()).select_from(Claim).where(Claim.host_id == host_id)).scalar_one()
+        rows = [dict(r._mapping) for r in s.connection().execute(stmt.order_by(Vm.name, Claim.kind).limit(limit))]
     return rows, total
 
 
