@@ -482,6 +482,23 @@ def fail(host: LocalHost, mode: str) -> None:
         _wait_gone([pid])
     elif pid is not None:
         os.kill(pid, signal.SIGSTOP)
+        _wait_stopped(pid)      # SIGSTOP is delivered asynchronously: fail() returns once it took effect
+
+
+def _wait_stopped(pid: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _state(pid) not in ("T", "t", "", "Z") and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _let_go(pid: int | None) -> None:
+    """SIGCONT a daemon that is or may be about to be stopped (a SIGSTOP still on its way is not yet
+    seen as stopped; a SIGCONT to a running process does nothing)."""
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def failed(host: LocalHost) -> str | None:
@@ -495,9 +512,7 @@ def failed(host: LocalHost) -> str | None:
 def recover(host: LocalHost, timeout_s: float = 30.0) -> LocalHost:
     """Undo fail(): let a partitioned daemon run again (SIGCONT), start a dead one (start(), which adopts
     the guests, virtlockd and heartbeat still running; after a power cut the guests are gone)."""
-    pid = host.pid()
-    if _stopped(pid):
-        os.kill(pid, signal.SIGCONT)
+    _let_go(host.pid())
     saved = json.loads((host.dir / "host.json").read_text())
     started = start(host.dir.parent, host.name, saved["index"], saved["netns"], timeout_s)
     (host.dir / "failed").unlink(missing_ok=True)
@@ -525,8 +540,7 @@ def stop(host: LocalHost, remove_files: bool = False) -> None:
     """Destroy the host's domains, stop its daemons (libvirtd, virtlockd: by pid), remove its network
     namespace."""
     pid = host.pid()
-    if _stopped(pid):
-        os.kill(pid, signal.SIGCONT)      # a partitioned daemon (fail "network") answers again
+    _let_go(pid)                        # a partitioned daemon (fail "network") answers again
     if pid is not None:
         _destroy_domains(host)
         _terminate(pid)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from ..migration import ACTIVE as MIGRATION_ACTIVE
-from ..model import HostState, VmState
-from ..store.schema import Migration, Operation, Project, Vm
+from ..model import VmState
+from ..store.schema import Claim, Host, Migration, Operation, Project, Vm
 
 ACTIVE_MIGRATIONS = [s.value for s in MIGRATION_ACTIVE]
 IN_FLIGHT_OPERATIONS = ("pending", "running")
@@ -24,7 +24,6 @@ def vm_counts(db, project_id: int | None) -> dict[str, int]:
 
 def host_counts(db) -> dict[str, int]:
     """Hosts by state: one GROUP BY (not a copy of every host in the placement index)."""
-    from ..store.schema import Host
     with db.read() as s:
         return {state: n for state, n in s.execute(select(Host.state, func.count()).group_by(Host.state))}
 
@@ -43,7 +42,6 @@ def overhead_by_host(db, host_names: list[str]) -> dict[str, int]:
     """The memory overhead part of what is claimed on each of `host_names` (the VMs placed there)."""
     if not host_names:
         return {}
-    from ..store.schema import Host
     stmt = (select(Host.name, func.coalesce(func.sum(Vm.overhead_mib), 0)).join(Vm, Vm.host_id == Host.id)
             .where(Host.name.in_(host_names), Vm.state != VmState.stopped.value).group_by(Host.name))
     with db.read() as s:
@@ -95,13 +93,9 @@ def vm_names_on_host(db, host_id: int, limit: int) -> tuple[list[dict], int]:
 
 def claims_on_host(db, host_id: int, limit: int) -> tuple[list[dict], int]:
     """What is claimed on a host (a running VM's claim, a migration's target, a scale's growth), by VM."""
-    from ..store.schema import Claim
     stmt = (select(Claim.kind, Claim.vcpus, Claim.memory_mib, Vm.name.label("vm"))
             .join(Vm, Vm.id == Claim.vm_id).where(Claim.host_id == host_id))
     with db.read() as s:
         total = s.execute(select(func.count()).select_from(Claim).where(Claim.host_id == host_id)).scalar_one()
         rows = [dict(r._mapping) for r in s.connection().execute(stmt.order_by(Vm.name, Claim.kind).limit(limit))]
     return rows, total
-
-
-UNHEALTHY_HOSTS = {HostState.down.value, HostState.fencing.value, HostState.fenced.value}
