@@ -17,16 +17,11 @@ from ..api.errors import validation_body
 from ..api.routers import hosts as api_hosts
 from ..api.routers import vms as api_vms
 from ..api.schemas import MaintenanceRequest, MigrateRequest, ScaleRequest, VmStop
-from ..errors import VmplaneError
+from ..errors import Invalid, VmplaneError
 from .render import error_fragment, render
 from .session import Actor, Viewer
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
-
-
-class FormInvalid(VmplaneError):
-    status = 422
-    code = "invalid"
 
 
 def _model(cls: type[BaseModel], **fields) -> BaseModel:
@@ -35,7 +30,7 @@ def _model(cls: type[BaseModel], **fields) -> BaseModel:
         return cls(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
         body = validation_body(exc.errors())
-        raise FormInvalid(body["message"], field=body["field"]) from None
+        raise Invalid(body["message"], field=body["field"]) from None
 
 
 def _int(value: str | None) -> int | str | None:
@@ -164,7 +159,7 @@ async def maintenance(request: Request, name: str, step: str, who: Actor):
     def act():
         admin(who)
         if step not in ("plan", "enter", "exit"):
-            raise FormInvalid(f"step: {step!r} is not one of plan, enter, exit", field="step")
+            raise Invalid(f"step: {step!r} is not one of plan, enter, exit", field="step")
         host = _host(request, name)
         plan = error = None
         status = 200
