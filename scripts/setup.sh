@@ -42,14 +42,25 @@ command -v ipmitool >/dev/null || packages+=(ipmitool)
 if [ "$want_test" = 1 ]; then
   command -v ipmi_sim >/dev/null || packages+=(openipmi)
   command -v promtool >/dev/null || packages+=(prometheus)       # checks /metrics and the sample alert rules
+  command -v certtool >/dev/null || packages+=(gnutls-bin)       # certificates of the TLS host tests
   # the console's browser tests drive Debian's Chromium through Playwright (never a browser download)
   command -v chromium >/dev/null || packages+=(chromium)
+  # several control planes through PgBouncer (transaction pooling); a host reached by qemu+ssh:// runs an sshd
+  [ -x /usr/sbin/pgbouncer ] || packages+=(pgbouncer)
+  [ -x /usr/sbin/sshd ] || packages+=(openssh-server)
 fi
 if [ "${#packages[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing ${packages[*]} (apt-get, no recommends: libvirt without systemd)"
     apt-get update -q >/dev/null
+    # no service of these packages may start by itself (sshd on port 22, a system PostgreSQL or PgBouncer):
+    # the tests start their own, on private sockets and namespaces
+    policy_added=0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy_added=1
+    fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null
+    if [ "$policy_added" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
   else
     say "not root or no apt-get: missing ${packages[*]}; vmplane will use simulated hosts" >&2
   fi

@@ -1,4 +1,7 @@
-"""Shared fixtures: an orchestrator on a fresh SQLite file, an in-process API, a live `vmplane up`."""
+"""Shared fixtures: an orchestrator on a fresh store, an in-process API, a live `vmplane up`.
+
+`pytest --db postgresql` runs the tests on PostgreSQL: every store a fixture or helper makes (tests/stores.py,
+`store_url`) is then a fresh database on a PostgreSQL server of the pytest process (of each xdist worker)."""
 
 from __future__ import annotations
 
@@ -18,13 +21,81 @@ from vmplane.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 
+from . import stores
+from .stores import store_url  # noqa: F401  (tests import it from here)
+
 ADMIN_TOKEN = "test-admin-token"
 VMPLANE = str(Path(sys.executable).with_name("vmplane"))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--store-suite", action="store_true",
+                     help="with --db postgresql: only the files that exercise the store hardest (STORE_SUITE)")
+    parser.addoption("--no-guests", action="store_true",
+                     help="leave out the tests that boot real QEMU guests (tests/*_real.py, test_real_guests.py): "
+                          "with --db postgresql, every other test on PostgreSQL (their time is QEMU's; the store "
+                          "code they reach is what the other tests reach, and test_multiprocess_real.py runs "
+                          "real guests on PostgreSQL in the first pass)")
+    parser.addoption("--db", choices=stores.KINDS, default="sqlite",
+                     help="the store every test runs on: sqlite (a file per test, the default) or postgresql "
+                          "(a fresh database per store on a PostgreSQL server the session starts)")
+
+
+def pytest_configure(config):
+    stores.kind = config.getoption("--db")
+
+
+def pytest_unconfigure(config):
+    stores.stop()
+
+
+# What `--store-suite` keeps: the files that exercise the store hardest (admission races, the ledger and
+# storage state machines, lifecycle and tokens across processes, events, restarts and recovery, settling,
+# HA, listing, the API's errors and authorization, leases). The PostgreSQL pass of the README's test command
+# runs these, so that both passes fit CI's time; `--no-guests` runs every test without real guests, and
+# `pytest --db postgresql` alone runs everything.
+STORE_SUITE = {
+    "test_concurrency.py", "test_ledger.py", "test_storage_ledger.py", "test_lifecycle.py", "test_tokens.py",
+    "test_events.py", "test_restart.py", "test_reconcile.py", "test_migration_settle.py", "test_ha_sim.py",
+    "test_lists.py", "test_history.py", "test_api_errors.py", "test_authorization.py", "test_delete_asks_host.py",
+    "test_controllers.py", "test_admission_batch.py", "test_leases.py", "test_groups.py", "test_storage_sim.py",
+}
+
+
+def boots_guests(item) -> bool:
+    name = Path(str(item.fspath)).name
+    return name.endswith("_real.py") or name == "test_real_guests.py"
+
+
+def pytest_collection_modifyitems(config, items):
+    """With --db postgresql, a test parametrised over both stores (`db_url`) runs its PostgreSQL case only
+    (the default pass runs both); with --store-suite, only the files of STORE_SUITE run; with --no-guests,
+    none of the tests that boot real guests."""
+    suite, no_guests = config.getoption("--store-suite"), config.getoption("--no-guests")
+    if not stores.is_postgres() and not no_guests:
+        return
+    kept, dropped = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        outside = (suite and Path(str(item.fspath)).name not in STORE_SUITE) or (no_guests and boots_guests(item))
+        other_store = stores.is_postgres() and params.get("db_url") == "sqlite"
+        (dropped if other_store or outside else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture(autouse=True)
+def _drop_test_databases():
+    """On PostgreSQL, the databases a test made (not those of wider fixtures) are dropped after it."""
+    mark = stores.mark()
+    yield
+    stores.drop_since(mark)
+
+
 @pytest.fixture
 def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'vmplane.db'}")
+    database = Database(store_url(tmp_path, migrated=True))
     database.migrate()
     yield database
     database.dispose()
@@ -83,7 +154,7 @@ class LiveServer:
     """`vmplane up --driver sim` in its own process, stopped by its pid."""
 
     def __init__(self, tmp_path: Path, hosts: int = 3, db_url: str | None = None, driver: str = "sim"):
-        self.db_url = db_url or f"sqlite:///{tmp_path / 'live.db'}"
+        self.db_url = db_url or store_url(tmp_path, "live.db")
         self.hosts = hosts
         self.driver = driver
         self.home = tmp_path / "home"
@@ -92,6 +163,10 @@ class LiveServer:
         self.log = tmp_path / "server.log"
         self.proc: subprocess.Popen | None = None
         self.extra_env: dict[str, str] = {}        # for the server only (e.g. VMPLANE_FAILPOINTS)
+        if not self.db_url.startswith("sqlite"):
+            # on PostgreSQL the sim hosts are kept in the server's memory: a file instead, so that they
+            # survive a restart of the server (and the test process can read them, as beside a SQLite store)
+            self.extra_env["VMPLANE_SIM_HOSTS"] = os.environ.get("VMPLANE_SIM_HOSTS") or str(tmp_path / "live.db.sim-hosts")
 
     @property
     def env(self) -> dict:
@@ -133,6 +208,13 @@ class LiveServer:
             self.proc.kill()
             self.proc.wait(5)
 
+    def sim_fabric(self):
+        """The server's sim hosts, as this process sees them (on PostgreSQL: through its sim hosts file)."""
+        from vmplane.drivers.simfabric import SimFabric
+
+        with stores.env("VMPLANE_SIM_HOSTS", self.extra_env.get("VMPLANE_SIM_HOSTS")):
+            return SimFabric.for_store(self.db_url)
+
     def client(self, timeout: float = 30.0) -> httpx.Client:
         return httpx.Client(base_url=self.url + "/api/v1", timeout=timeout,
                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
@@ -150,23 +232,14 @@ def live(tmp_path):
 
 @pytest.fixture(scope="session")
 def postgres():
-    """A PostgreSQL server for the session, or a skip that says why there is none."""
-    from .pg import Postgres, unavailable_reason
-
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    server = Postgres().start()
-    yield server
-    server.stop()
-
-
-_pg_databases = iter(range(1, 10**6))
+    """The PostgreSQL server of this pytest process (tests/stores.py), or a skip that says why there is none."""
+    return stores.server()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request, tmp_path):
-    """The same test on SQLite and on PostgreSQL."""
+    """The same test on SQLite and on PostgreSQL (with --db postgresql: its PostgreSQL case only)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'vmplane.db'}"
-    return request.getfixturevalue("postgres").create_database(f"t{next(_pg_databases)}")
+    request.getfixturevalue("postgres")
+    return stores.postgres_url()

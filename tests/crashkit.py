@@ -59,6 +59,8 @@ from sqlalchemy import select
 
 from vmplane.store import Database
 
+from . import stores
+
 GIB = 1024
 PROJECTS = {"alpha": (12, 20 * GIB, 8), "beta": (8, 12 * GIB, 6), "gamma": (6, 10 * GIB, 5)}
 OFFERINGS = (("s1", 1, 512), ("s2", 2, 1024), ("m4", 4, 2048), ("l6", 4, 6144))
@@ -424,7 +426,8 @@ def _control_plane(url: str, seed: int, armed: dict[str, int], steps: int, ha: b
     logging.disable(logging.CRITICAL)
     failpoints.arm(armed)
     # a control plane still alive after 55 s (the harness kills it at 60: "hung") says where each thread is
-    stacks = open(Path(url.removeprefix("sqlite:///")).parent / f"hung-{os.getpid()}.txt", "w")   # noqa: SIM115
+    folder = Path(os.environ.get("VMPLANE_SIM_HOSTS") or url.removeprefix("sqlite:///")).parent   # (PostgreSQL: the sim hosts file's)
+    stacks = open(folder / f"hung-{os.getpid()}.txt", "w")   # noqa: SIM115
     faulthandler.dump_traceback_later(55, file=stacks)
     db = Database(url)
     o = Orchestrator(db, ThreadPoolExecutor(4))
@@ -530,7 +533,12 @@ def run(home: Path, rounds: int, seed: int, steps: int = 60, timed_share: float 
     the workload (power, daemon, network; repaired later), so that recoveries are killed too; a watch
     reads the fabric all along for a domain running on two hosts at once, and each check also asks:
     every HA restart came after its host was fenced, no VM left charged on a fenced host."""
-    url = f"sqlite:///{home / 'vmplane.db'}"
+    with stores.sim_hosts_env(home):        # (PostgreSQL: the forked control planes share their sim hosts)
+        return _run(home, rounds, seed, steps, timed_share, unchecked_share, log, stop_at_problem, ha)
+
+
+def _run(home, rounds, seed, steps, timed_share, unchecked_share, log, stop_at_problem, ha) -> Report:
+    url = stores.store_url(home)
     seed_cluster(url, ha_grace=0 if ha else None)
     simfabric.forget_shared()
     logging.getLogger("vmplane").setLevel(logging.CRITICAL)     # recoveries log what they undo; rounds say it

@@ -11,7 +11,7 @@ ADMIN_ONLY = {("POST", "/zones"), ("GET", "/zones"), ("POST", "/clusters"), ("GE
               ("POST", "/hosts"), ("GET", "/hosts"), ("GET", "/hosts/{name}"),
               ("POST", "/hosts/{name}/maintenance"), ("POST", "/projects"), ("PATCH", "/projects/{name}/quota"),
               ("POST", "/offerings"), ("POST", "/templates"), ("GET", "/settings"), ("GET", "/settings/{key}"),
-              ("PUT", "/settings/{key}"), ("GET", "/audit"), ("POST", "/tokens"),
+              ("PUT", "/settings/{key}"), ("GET", "/audit"), ("POST", "/tokens"), ("GET", "/controllers"),
               ("DELETE", "/settings/{key}"), ("DELETE", "/projects/{name}"), ("DELETE", "/offerings/{name}"),
               ("POST", "/offerings/{name}/retire"), ("DELETE", "/templates/{name}"), ("POST", "/templates/{name}/retire"),
               ("DELETE", "/zones/{name}"), ("DELETE", "/clusters/{name}"), ("DELETE", "/hosts/{name}"),
@@ -62,6 +62,16 @@ def test_every_api_route_is_classified(tenants):
     routes = {(method.upper(), path.removeprefix("/api/v1")) for path, ops in paths.items()
               if path.startswith("/api/v1") for method in ops}
     assert routes == ADMIN_ONLY | MEMBER_SCOPED and not ADMIN_ONLY & MEMBER_SCOPED
+
+
+def test_the_api_schema_says_every_route_needs_the_bearer_token_and_health_does_not(tenants):
+    api, _, _ = tenants
+    schema = api.get("/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            needs = path.startswith("/api/v1/")
+            assert (op.get("security") == [{"HTTPBearer": []}]) == needs, (method, path)
 
 
 @pytest.mark.parametrize("method,path", sorted(ADMIN_ONLY))

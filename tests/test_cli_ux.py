@@ -8,7 +8,6 @@ import threading
 import pytest
 
 from vmplane.drivers.base import DomainSpec
-from vmplane.drivers.simfabric import SimFabric
 
 from .conftest import LiveServer, free_port
 
@@ -75,7 +74,7 @@ def test_no_wait_says_the_operation_to_follow(cluster):
 
 def test_audit_exits_non_zero_when_it_finds_a_problem(cluster):
     assert cluster.cli("audit").returncode == 0
-    fabric = SimFabric.for_store(cluster.db_url)
+    fabric = cluster.sim_fabric()
     fabric.put("sim1", DomainSpec(name="vmplane-ghost", vcpus=1, max_vcpus=1, memory_mib=256, max_memory_mib=256,
                                   image="tiny-linux"))
     r = cluster.cli("audit")

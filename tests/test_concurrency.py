@@ -73,8 +73,8 @@ def test_eight_control_planes_racing_never_overrun_quota_or_hosts(db_url):
     for i in range(120):
         a.create_vm(f"v{i}", "p", "small", "tiny")
     others = []
-    for _ in range(7):
-        o = Orchestrator(Database(db_url), InlineExecutor())
+    for i in range(7):
+        o = Orchestrator(Database(db_url), InlineExecutor(), name=f"plane-{i}")     # a process of its own
         o.load()
         others.append(o)
     started, refused, errors = [], [], []

@@ -17,6 +17,7 @@ from vmplane.store import Database
 from vmplane.store.migrate import alembic_config
 
 from .conftest import add_sim_hosts, ledger_usage
+from .stores import store_url
 
 
 @pytest.fixture
@@ -197,7 +198,7 @@ def test_a_stop_that_fails_while_the_domain_runs_stays_running_and_charged(clust
 
 # -- the store revision ----------------------------------------------------------------------------------
 def test_revision_0006_keeps_the_last_host_of_placed_vms_adds_the_indexes_and_goes_back(tmp_path):
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+    url = store_url(tmp_path, "old.db")
     db = Database(url)
     cfg = alembic_config(url)
     command.upgrade(cfg, "0005")
@@ -208,16 +209,16 @@ def test_revision_0006_keeps_the_last_host_of_placed_vms_adds_the_indexes_and_go
                              "used_vcpus, used_memory_mib, created_at) VALUES (1, 'h', 1, 'sim', 1, 1, 1, "
                              "'enabled', 0, 0, '2026-01-01')")
         conn.exec_driver_sql("INSERT INTO projects (id, name, quota_vcpus, quota_memory_mib, quota_vms, "
-                             "count_overhead, used_vcpus, used_memory_mib, used_vms) VALUES (1, 'p', 1, 1, 1, 0, "
+                             "count_overhead, used_vcpus, used_memory_mib, used_vms) VALUES (1, 'p', 1, 1, 1, false, "
                              "0, 0, 0)")
         conn.exec_driver_sql("INSERT INTO offerings (id, name, kind, cpu_speed_mhz, cpu_cap, dynamic_scaling) "
-                             "VALUES (1, 'o', 'fixed', 1, 0, 0)")
-        conn.exec_driver_sql("INSERT INTO templates (id, name, image, dynamically_scalable) VALUES (1, 't', 'i', 0)")
+                             "VALUES (1, 'o', 'fixed', 1, false, false)")      # (false: booleans on PostgreSQL too)
+        conn.exec_driver_sql("INSERT INTO templates (id, name, image, dynamically_scalable) VALUES (1, 't', 'i', false)")
         for vm_id, host in ((1, "1"), (2, "NULL")):
             conn.exec_driver_sql(
                 f"INSERT INTO vms (id, name, project_id, offering_id, template_id, vcpus, memory_mib, "
                 f"dynamically_scalable, prepared, state, host_id, overhead_mib, charged_vcpus, charged_memory_mib, "
-                f"created_at, updated_at) VALUES ({vm_id}, 'v{vm_id}', 1, 1, 1, 1, 1, 0, 0, 'running', {host}, "
+                f"created_at, updated_at) VALUES ({vm_id}, 'v{vm_id}', 1, 1, 1, 1, 1, false, false, 'running', {host}, "
                 f"0, 0, 0, '2026-01-01', '2026-01-01')")
     db.migrate()
     with db.engine.begin() as conn:

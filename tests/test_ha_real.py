@@ -25,6 +25,22 @@ def live(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def tidy(live):
+    """After each test, whatever it left when it failed: a failed host recovered, hosts out of maintenance,
+    no VM left. One failure stays one (these tests share one cluster)."""
+    yield
+    for h in run_json(live, "host", "list"):
+        if h["state"] in ("down", "fencing", "fenced") or (live.home / "hosts" / h["name"] / "failed").exists():
+            live.cli("host", "recover", h["name"])
+        elif h["state"] == "maintenance":
+            live.cli("host", "maintenance", "exit", h["name"])
+    for v in run_json(live, "vm", "list", "--limit", "200"):
+        if v["state"] == "running":
+            live.cli("vm", "stop", v["name"], "--force")
+        live.cli("vm", "delete", v["name"])
+
+
 def wait(predicate, timeout: float, what: str, live=None):
     t0 = time.monotonic()
     while True:
@@ -132,7 +148,8 @@ def test_a_host_whose_guests_run_on_is_fenced_before_they_run_elsewhere(live, mo
             break
         time.sleep(0.3)
     else:
-        raise AssertionError(f"g1 did not run elsewhere: {vm(live, 'g1')} {host(live, 'lv2')}")
+        raise AssertionError(f"g1 did not run elsewhere: {vm(live, 'g1')} {host(live, 'lv2')}\n"
+                             f"{live.log.read_text()[-4000:]}")
     once_and_answering(live, ["g1"])
     assert run_json(live, "audit")["ok"]
     bring_back(live, "lv2")

@@ -20,6 +20,7 @@ from vmplane.model import HostState, Offering, OfferingKind
 from vmplane.store import ledger as L
 
 from .conftest import ADMIN_TOKEN, add_sim_hosts, ledger_usage
+from .stores import store_url
 
 
 @pytest.fixture
@@ -177,9 +178,40 @@ def test_a_stop_that_fails_because_its_host_went_down_leaves_the_vm_unknown_not_
     assert o.host(host).state == "down"
 
 
+def test_a_probe_that_never_returns_counts_as_no_answer_at_its_deadline_and_holds_no_other_host(cluster,
+                                                                                                monkeypatch):
+    from vmplane import hostmonitor
+
+    o = cluster
+    run(o, "x")
+    hung, other = o.vm("x").host.name, "h2" if o.vm("x").host.name == "h1" else "h1"
+    release, calls = threading.Event(), []
+
+    def never_returns():            # a call that libvirt's keepalive never ends
+        calls.append(1)
+        release.wait(30)
+        return []
+
+    monkeypatch.setattr(hostmonitor, "PROBE_DEADLINE_S", 0.5)
+    monkeypatch.setattr(o.drivers[hung], "domains", never_returns)
+    try:
+        changes = o.check_hosts()
+        assert o.host(hung).state == "down" and o.vm("x").state == "unknown", changes
+        assert "no answer within 0.5 s" in o.host(hung).state_reason
+        assert o.host(other).state == "enabled"
+        o.check_hosts()                 # the probe still waits: not asked again, still not answering
+        assert calls == [1] and o.host(hung).state == "down"
+    finally:
+        release.set()
+    wait_for(lambda: o.monitor._probing[hung].done(), 5, "the hung probe to end")
+    monkeypatch.undo()
+    o.check_hosts()
+    assert o.host(hung).state == "enabled" and o.vm("x").state == "running"
+
+
 # -- start-up recovery in the background -------------------------------------------------------------
 def test_up_answers_healthz_while_a_migration_recovery_still_waits_and_refuses_that_vm(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'vmplane.db'}"
+    url = store_url(tmp_path)
     plane = server.build(url)
     o = plane.orchestrator
     o.catalog.create_zone("z1")

@@ -19,6 +19,8 @@ from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.settings import KEYS as SETTING_KEYS
 from vmplane.store import Database
 
+from .stores import store_url
+
 TOKEN = "hostile-admin"
 
 
@@ -26,7 +28,7 @@ def _seeded_app():
     """An API on sim hosts with one of everything, so that generated paths hit real objects too."""
     folder = tempfile.mkdtemp(prefix="vmplane-hostile-")
     atexit.register(shutil.rmtree, folder, True)
-    db = Database(f"sqlite:///{folder}/h.db")
+    db = Database(store_url(folder, "h.db"))
     db.migrate()
     o = Orchestrator(db, InlineExecutor())
     o.load()

@@ -14,6 +14,7 @@ from vmplane.quota import overhead_mib
 from vmplane.store import Database
 
 from .conftest import add_basics, add_sim_hosts
+from .stores import store_url
 from .conftest import ledger_usage as usage
 
 
@@ -103,7 +104,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory()
-        self.db = Database(f"sqlite:///{self.tmp.name}/l.db")
+        self.db = Database(store_url(self.tmp.name, "l.db"))
         self.db.migrate()
         self.o = Orchestrator(self.db, InlineExecutor())
         self.o.load()
@@ -180,7 +181,7 @@ def test_two_control_planes_on_one_database_never_overfill_a_host(db, orch):
     add_sim_hosts(orch, 1, cores=4, memory_mib=65536)
     add_basics(orch)
     orch.catalog.create_project("p", 100, 10**6, 100)
-    other = Orchestrator(db, InlineExecutor())
+    other = Orchestrator(db, InlineExecutor(), name="other")
     other.load()
     for i in range(3):
         other.create_vm(f"b{i}", "p", "small", "tiny", start=True)

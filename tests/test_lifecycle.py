@@ -89,7 +89,7 @@ def test_retiring_in_another_process_is_seen_at_once(world, db):
     from vmplane.orchestrator import InlineExecutor, Orchestrator
     orch, api = world
     orch.create_vm("warm", "p", "small", "tiny")       # this process caches small and tiny
-    other = Orchestrator(db, InlineExecutor())
+    other = Orchestrator(db, InlineExecutor(), name="other")
     other.load()
     try:
         other.catalog.retire(type(other.catalog.offering("small")), "small")

@@ -24,6 +24,7 @@ from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
 
 from .conftest import add_sim_hosts
+from .stores import store_url
 
 MIB = 1024 * 1024
 RULES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
@@ -189,7 +190,8 @@ def test_operations_and_migrations_in_flight_and_the_age_of_the_oldest(cluster):
                          .values(created_at=utcnow() - dt.timedelta(minutes=minutes)))
         conn.execute(L.MIGRATIONS.insert().values(
             id="0" * 36, vm_id=vm.id, vm_name="a1", project_id=vm.project_id, source_host_id=vm.host_id,
-            target_host_id=vm.host_id, source="h1", target="h2", cluster="c1", state="copying", created_at=hour_ago))
+            target_host_id=vm.host_id, source="h1", target="h2", cluster="c1", state="copying", created_at=hour_ago,
+            owner=orch.controllers.epoch))      # owned by this live process: not taken over as an orphan meanwhile
     page = scrape(api)
     listed = int(api.get("/api/v1/operations", params={"state": "pending", "kind": "stop", "limit": 1})
                  .headers["X-Total-Count"])
@@ -246,7 +248,7 @@ def test_the_collector_and_the_fast_text_agree(cluster):
 
 def test_two_apps_in_one_process_each_serve_their_own_state(cluster, tmp_path):
     orch, api = cluster
-    other_db = Database(f"sqlite:///{tmp_path / 'other.db'}")
+    other_db = Database(store_url(tmp_path, "other.db"))
     other_db.migrate()
     other = Orchestrator(other_db, InlineExecutor())
     other.load()

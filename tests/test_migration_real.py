@@ -174,6 +174,10 @@ def test_a_postcopy_failure_on_the_default_tcg_policy_keeps_both_claims_until_th
     vm = run_json(live, "vm", "create", "pcf", "--project", "p", "--offering", _offering(live), "--template",
                   "tiny-linux", "--start")
     guest(live, "pcf", "echo here > /tmp/marker")
+    # a guest that dirties its memory: the copy can not end in pre-copy before the switch, and the post-copy
+    # phase (2 MiB/s) lasts long enough to be seen and cut (idle, it could finish in the 1 s before the switch)
+    guest(live, "pcf", "(while :; do dd if=/dev/urandom of=/dev/shm/x bs=1M count=50 2>/dev/null; done) "
+                       ">/dev/null 2>&1 &")
     source = vm["host"]
     target = "lv2" if source == "lv1" else "lv1"
     before, target_before = usage(live, "p"), _used_memory(live, target)

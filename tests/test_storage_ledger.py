@@ -21,6 +21,7 @@ from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 
 from .conftest import add_sim_hosts
+from .stores import store_url
 
 QUOTA = {"p": 1500, "q": 900}           # MiB of storage
 POOL_MIB = {"h1": 1200, "h2": 1200, SHARED: 1800}      # what each storage reports (the pools' capacity)
@@ -77,7 +78,7 @@ class StorageLedgerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory()
-        self.url = f"sqlite:///{self.tmp.name}/s.db"
+        self.url = store_url(self.tmp.name, "s.db")
         self.o = storage_cluster(self.url)
         self.n = 0
 
@@ -312,8 +313,8 @@ def _storm(url: str, planes: int = 4, threads_per_plane: int = 4, volumes: int =
     a = storage_cluster(url)
     a.catalog.create_project("race", 64, 1 << 20, 1000, storage_mib=quota)
     others = []
-    for _ in range(planes - 1):
-        o = Orchestrator(Database(url), InlineExecutor())
+    for i in range(planes - 1):
+        o = Orchestrator(Database(url), InlineExecutor(), name=f"plane-{i}")
         o.load()
         others.append(o)
     made, refused, errors = [], [], []
@@ -365,7 +366,7 @@ def test_concurrent_volume_creates_never_overrun_the_storage_quota(db_url):
 
 # -- found by the tests above ------------------------------------------------------------------------
 def _cluster(tmp_path) -> Orchestrator:
-    return storage_cluster(f"sqlite:///{tmp_path / 's.db'}")
+    return storage_cluster(store_url(tmp_path, "s.db"))
 
 
 def test_a_root_disk_on_a_shared_pool_starts_on_a_host_that_never_had_its_image(tmp_path):

@@ -59,7 +59,7 @@ def test_the_last_admin_token_is_kept(api):
 
 def test_a_revoked_token_is_refused_at_once_by_another_process(orch, api, db):
     secrets = setup_tokens(api)
-    other = Orchestrator(db, InlineExecutor())       # a second control plane on the same SQLite file
+    other = Orchestrator(db, InlineExecutor(), name="other")   # a second control plane on the same SQLite file
     other.load()
     try:
         with TestClient(create_app(other)) as second:

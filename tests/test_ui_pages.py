@@ -16,13 +16,14 @@ from vmplane.ui.render import PAGE_SIZE, mib
 from vmplane.ui.session import COOKIE
 
 from .conftest import add_sim_hosts
+from .stores import store_url
 from .ui_serverkit import ADMIN, ALPHA, BETA, bars, block, build, csrf, error, pager, row, rows, text
 
 
 def _console(tmp_path_factory, name):
     from vmplane.store import Database
 
-    db = Database(f"sqlite:///{tmp_path_factory.mktemp(name) / 'vmplane.db'}")
+    db = Database(store_url(tmp_path_factory.mktemp(name)))
     db.migrate()
     return build(db)
 

@@ -54,7 +54,7 @@ from vmplane.errors import VmplaneError
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
 
-from . import crashkit
+from . import crashkit, stores
 
 QUIET_S = 30.0
 HA_QUIET_S = 90.0       # a restart that finds no room is tried again after 1, 3, 10, 30, 30 s (harecovery)
@@ -387,7 +387,14 @@ def run(home: Path, rounds: int, seed: int, steps: int = 60, migration_faults: b
     `faults` overrides rates of SimFaults.nasty (x `fault_scale`); `storage`: pools, disks and volumes
     (crashkit.seed_cluster); `ha`: HA mode (HaMode: HA VMs, hosts failing, the HA checks);
     `stop_at_problem`: stop after the first round with a problem (or, a callable, with problems it accepts)."""
-    url = f"sqlite:///{home / 'vmplane.db'}"
+    with stores.sim_hosts_env(home):        # (PostgreSQL: sim hosts in a file, as beside a SQLite store)
+        return _run(home, rounds, seed, steps, migration_faults, mutant, fault_scale, faults, log, stop_at_problem,
+                    storage, ha)
+
+
+def _run(home, rounds, seed, steps, migration_faults, mutant, fault_scale, faults, log, stop_at_problem, storage,
+         ha) -> Report:
+    url = stores.store_url(home)
     crashkit.seed_cluster(url, storage=storage)
     simfabric.forget_shared()
     logging.getLogger("vmplane").setLevel(logging.CRITICAL)

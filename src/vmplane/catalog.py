@@ -34,6 +34,7 @@ from .names import NAME_RE, check_name
 from .offerings import validate_offering
 from .quota import check_quota_change, recompute_usage, running_charge, storage_usage
 from .store import Database
+from .store.prepared import prepared
 from .store.schema import (
     Cluster,
     Host,
@@ -52,7 +53,7 @@ from .store.schema import (
 def get_by_name(s: Session, model, name: str, field: str | None = None, for_update: bool = False):
     stmt = select(model).where(model.name == name)
     if for_update:
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update(of=model)      # (PostgreSQL: not the outer-joined eager loads)
     row = s.execute(stmt).unique().scalar_one_or_none()
     if row is None:
         noun = model.__tablename__.rstrip("s")
@@ -257,13 +258,12 @@ class Catalog:
         """The offering and template of a new VM: both must exist and not be retired. Read from the
         store (one small query), not from this process's cache, which another process may have outdated."""
         o, t = self.offering(offering), self.template(template)
-        with self.db.engine.connect() as conn:
-            row = conn.execute(_RETIRED, {"o": o.id, "t": t.id}).first()
-        if row is None or row.offering_retired is None or row.template_retired is None:
+        row = prepared(self.db.engine, _RETIRED).first(o=o.id, t=t.id)     # (a third of a Connection's cost)
+        if row is None or row["offering_retired"] is None or row["template_retired"] is None:
             self.forget(offering, template)
             return self.for_new_vm(offering, template)      # deleted meanwhile: NotFound, or the new one
-        for noun, name, retired in (("offering", offering, row.offering_retired),
-                                    ("template", template, row.template_retired)):
+        for noun, name, retired in (("offering", offering, row["offering_retired"]),
+                                    ("template", template, row["template_retired"])):
             if retired:
                 raise Conflict(f"{noun} {name} is retired: it takes no new VMs (VMs using it keep it)", field=noun)
         return o, t
@@ -379,9 +379,13 @@ class Catalog:
         self._settings_changed()
         return self.get_setting(key, scope, scope_name)
 
-    def _settings_changed(self) -> None:
+    def forget_settings(self) -> None:
+        """Read settings from the store again at their next use (another process may have changed them)."""
         with self._cache_lock:
             self._settings_cache = None
+
+    def _settings_changed(self) -> None:
+        self.forget_settings()
         self._on_settings_changed()
 
     def _all_settings(self) -> dict[str, dict[tuple[str, str | None], str]]:
@@ -462,12 +466,12 @@ class Catalog:
 
     def authenticate(self, token: str) -> tuple[str, str, int | None]:
         """(name, role, project id) of a valid token, read from the store at every request (one
-        prebuilt indexed lookup), so that a token revoked by any process is refused at once."""
-        with self.db.engine.connect() as conn:
-            row = conn.execute(_TOKEN_BY_HASH, {"digest": hash_token(token)}).first()
+        prebuilt indexed lookup on a pooled connection: store/prepared.py), so that a token revoked by
+        any process is refused at once."""
+        row = prepared(self.db.engine, _TOKEN_BY_HASH).first(digest=hash_token(token))
         if row is None:
             raise Unauthorized("the bearer token is not valid")
-        return row.name, row.role, row.project_id
+        return row["name"], row["role"], row["project_id"]
 
     def tokens(self, project_id: int | None = None) -> list[dict]:
         """Every token (or a project's), without its hash."""

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from sqlalchemy import bindparam, delete, func, insert, select
 from sqlalchemy.engine import Connection
 
+from .store import prepared
 from .store.schema import Event, utcnow
 
 EVENTS = Event.__table__
@@ -54,9 +55,9 @@ def record(conn: Connection, kind: str, subject: str, *, old_state: str | None =
     """Write one event inside the caller's transaction (`conn` is the transaction's connection).
     Every PRUNE_EVERY events this process writes, the oldest beyond `vmplane.event.history` go."""
     global _written
-    conn.execute(_INSERT, {"at": utcnow(), "kind": kind, "subject": subject[:63], "project_id": project_id,
-                           "vm": vm, "host": host, "old_state": old_state, "new_state": new_state,
-                           "cause": (cause or current_cause())[:128], "message": message})
+    prepared.write(conn, _INSERT, {"at": utcnow(), "kind": kind, "subject": subject[:63], "project_id": project_id,
+                                   "vm": vm, "host": host, "old_state": old_state, "new_state": new_state,
+                                   "cause": (cause or current_cause())[:128], "message": message})
     if old_state is None and kind in ("operation", "migration"):    # created: its work runs later
         _remember(subject, (cause or current_cause())[:128])
     _written += 1

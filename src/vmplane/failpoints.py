@@ -4,7 +4,9 @@ Each multi-step operation passes a named point between persisting a step and act
 between acting and persisting the result). A crash test arms one point, `VMPLANE_FAILPOINTS=name=N`
 in the environment or `arm({name: N})` in a forked child, and the process kills itself with SIGKILL
 the N-th time it passes there: no `finally`, no flush, exactly what a power cut or an OOM kill does
-to the control plane. Unarmed, a point costs one dictionary lookup.
+to the control plane. `VMPLANE_FAILPOINT_SIGNAL=STOP` makes it stop itself (SIGSTOP) there instead:
+every thread frozen at once, as a process paused past its lease (the test resumes it with SIGCONT).
+Unarmed, a point costs one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -75,7 +77,10 @@ def hit(name: str) -> None:
         _armed[name] = left - 1
         if left > 1:
             return
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), _SIGNAL)
+
+
+_SIGNAL = signal.SIGSTOP if os.environ.get("VMPLANE_FAILPOINT_SIGNAL", "").upper() == "STOP" else signal.SIGKILL
 
 
 arm(parse(os.environ.get("VMPLANE_FAILPOINTS", "")))

@@ -49,7 +49,8 @@ class HaController:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        every(lambda: CHECK_INTERVAL_S, self.check, self._stop, "ha", log)
+        every(lambda: CHECK_INTERVAL_S, self.check, self._stop, "ha", log, when=self.o.controllers.coordinates,
+              owner=lambda: self.o.controllers.epoch)
 
     def stop(self) -> None:
         self._stop.set()

@@ -25,6 +25,7 @@ from sqlalchemy import select
 
 from .events import acting_as, record
 from .model import VmState
+from .ownership import owned
 from .settle import settle_vm
 from .store import ledger as L
 
@@ -56,7 +57,9 @@ class HostEvents:
 
     def _attach(self) -> None:
         """Watch every driver that can be watched (hosts added later included)."""
-        for driver in list(self.o.drivers.values()):
+        for host, driver in list(self.o.drivers.items()):
+            if not self.o.controllers.owns_host(host):
+                continue            # another control-plane process listens to it
             watch = getattr(driver, "watch", None)
             if watch is not None and id(driver) not in self._watched:
                 watch(self.on_event)
@@ -76,8 +79,10 @@ class HostEvents:
                 item = self._queue.get(timeout=ATTACH_EVERY_S)
             except queue.Empty:
                 continue
+            if not self.o.controllers.owns_host(item[0]):
+                continue            # no longer this process's host: its new listener reads it at attach
             try:
-                with acting_as(CAUSE):
+                with acting_as(CAUSE), owned(self.o.controllers.epoch):
                     self.handle(*item)
             except Exception:       # one bad event must not end the loop
                 log.exception("libvirt event %s", item)

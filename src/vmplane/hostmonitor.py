@@ -14,14 +14,15 @@ settled from its host at once (settle.after_failed_operation), not only by the n
 
 High availability (ha.py) takes over a host that stays down longer than `vmplane.ha.grace`: it is
 `fencing`, then `fenced`. This monitor leaves a `fencing` host to it (whether it answers again decides
-there), and brings a `fenced` host back like a down one once it answers (an operator repaired it).
+there), and brings a `fenced` host back like a down one once it answers (an operator repaired it),
+but not while HA's recovery of it is still in flight: its VMs are that operation's until it ends.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 
 from sqlalchemy import select
@@ -29,7 +30,7 @@ from sqlalchemy import select
 from .drivers.base import DriverError
 from .events import acting_as
 from .loops import every
-from .model import UNREACHABLE_HOST_STATES, HostState, VmState
+from .model import IN_FLIGHT_OPERATION_VALUES as IN_FLIGHT, UNREACHABLE_HOST_STATES, HostState, VmState
 from .settle import settle_vm
 from .store import ledger as L
 from .store.schema import utcnow
@@ -37,6 +38,7 @@ from .store.schema import utcnow
 log = logging.getLogger("vmplane.hostmonitor")
 CAUSE = "monitor"
 PROBE_THREADS = 8
+PROBE_DEADLINE_S = 30.0     # libvirt's keepalive (5 s x 3) ends a call to a silent daemon well before
 
 
 def probe(driver) -> DriverError | None:
@@ -52,12 +54,13 @@ class HostMonitor:
     def __init__(self, o):
         self.o = o
         self._stop = threading.Event()
+        self._probing: dict[str, Future] = {}      # each host's last probe (one still running is not asked again)
 
     def start(self) -> None:
         """Check the hosts every `vmplane.host.check.interval` seconds until stop()."""
 
         every(lambda: float(self.o.catalog.effective("vmplane.host.check.interval")), self.check, self._stop,
-              "host-monitor", log)
+              "host-monitor", log, owner=lambda: self.o.controllers.epoch)
 
     def stop(self) -> None:
         self._stop.set()
@@ -65,11 +68,11 @@ class HostMonitor:
     # -- one pass ------------------------------------------------------------------------------
     def check(self) -> list[str]:
         """One pass over every host; returns what changed, in words."""
-        hosts = [(name, d) for name, d in list(self.o.drivers.items()) if name in self.o.index]
+        hosts = [(name, d) for name, d in list(self.o.drivers.items())
+                 if name in self.o.index and self.o.controllers.owns_host(name)]    # the hosts this process listens to
         if not hosts:
             return []
-        with ThreadPoolExecutor(min(PROBE_THREADS, len(hosts)), thread_name_prefix="vmplane-probe") as pool:
-            answers = list(pool.map(lambda h: probe(h[1]), hosts))
+        answers = self._probe(hosts)
         changes = []
         with acting_as(CAUSE):
             for (name, _), error in zip(hosts, answers):
@@ -79,9 +82,33 @@ class HostMonitor:
                 down = state in UNREACHABLE_HOST_STATES
                 if error is not None:
                     changes += self._mark_down(name, error) if not down else self._keep_unknown(name)
-                elif state in (HostState.down, HostState.fenced):
+                elif state == HostState.down or (state == HostState.fenced and not self._recovering(name)):
                     changes += self._bring_back(name)
         return changes
+
+    def _probe(self, hosts: list[tuple[str, object]]) -> list[DriverError | None]:
+        """Each host's answer, in parallel. A probe not answered within PROBE_DEADLINE_S is "does not answer",
+        whatever libvirt's keepalive does (a call it never ends would hold every later verdict); it is
+        left running, and its host counts as not answering until it ends."""
+        pool = ThreadPoolExecutor(min(PROBE_THREADS, len(hosts)), thread_name_prefix="vmplane-probe")
+        try:
+            for name, driver in hosts:
+                if name not in self._probing or self._probing[name].done():
+                    self._probing[name] = pool.submit(probe, driver)
+            futures = [self._probing[name] for name, _ in hosts]
+            wait(futures, timeout=PROBE_DEADLINE_S)
+        finally:
+            pool.shutdown(wait=False)
+        return [f.result() if f.done() else DriverError(name, f"no answer within {PROBE_DEADLINE_S:g} s")
+                for (name, _), f in zip(hosts, futures)]
+
+    def _recovering(self, host: str) -> bool:
+        """Whether HA's recovery of this fenced host is still in flight: its VMs are that operation's until
+        it ends (a restart of the control plane may have started the host's daemon again meanwhile)."""
+        op = L.OPERATIONS.c
+        with self.o.db.read() as s:
+            return s.connection().execute(select(op.id).where(
+                op.kind == "recover", op.target == host, op.state.in_(IN_FLIGHT)).limit(1)).first() is not None
 
     # -- down --------------------------------------------------------------------------------
     def _mark_down(self, name: str, error: DriverError) -> list[str]:

@@ -1,9 +1,10 @@
 """Local libvirtd "hosts" on this machine, for `vmplane up` and the tests.
 
 Each host is a libvirtd in its own mount namespace with its own /etc, /run, /var/lib, /var/cache and
-/var/log libvirt folders (kept under BASE/NAME) and its own host_uuid, so several of them run side by
-side and can live-migrate to each other. With `netns=True` each also gets its own network namespace
-on a private bridge (10.88.0.0/24), so migration streams cross a veth as between real hosts.
+/var/log libvirt folders (kept under BASE/NAME; its /run on a tmpfs, run_dir()) and its own host_uuid,
+so several of them run side by side and can live-migrate to each other. With `netns=True` each also gets
+its own network namespace on a private bridge (10.88.0.0/24), so migration streams cross a veth as between
+real hosts.
 
 Storage: each host's namespace sees three folders at the same paths as every other host (the paths
 libvirt's pools and the domains' disks use), kept here on the control-plane side:
@@ -32,10 +33,30 @@ Each host also runs a heartbeat writer (`vmplane.heartbeat`, in its namespaces) 
 folder, SHARED_PATH/.heartbeat/NAME, as a remote host heartbeats onto shared storage: the second
 liveness signal of high availability (liveness.py). `fail(host, mode)` is the nemesis that breaks a
 host as a power cut, a crashed daemon or a lost network would, and `recover(host)` undoes it.
+
+TLS (`tls=True`, network namespaces only): the daemon also listens with TLS on its namespace address
+(libvirtd `--listen`, `listen_tls = 1`, port 16514, client certificates verified against its CA), with
+certificates made by `tlscerts` (GnuTLS certtool): a CA in BASE/tls/ca, a client certificate in
+BASE/tls/client (cacert.pem, clientcert.pem, clientkey.pem) and the host's server certificate (its
+address in the SAN) in BASE/NAME/etc/pki. Its `uri` is then `qemu+tls://ADDRESS/system?pkipath=
+BASE/tls/client`, as a remote host is added; the unix socket stays for this module's own calls
+(`local_uri`). The control plane reaches the namespace addresses through an uplink, a veth from this
+machine's network namespace onto the bridge (UPLINK_ADDRESS). Peer-to-peer migration passes the
+target's URI to the source daemon, which reads the same pkipath in its own mount namespace (BASE must
+not lie under /run or /var/lib, /var/cache, /var/log, which the namespaces cover with their own).
+
+ssh (`ssh=True`, network namespaces only): an OpenSSH server runs in the host's namespaces on its
+address (port 22, root by key only), so its `uri` is `qemu+ssh://root@ADDRESS/system?keyfile=
+BASE/ssh/id_ed25519&command=BASE/ssh/ssh&no_tty=1`: libvirt runs `virt-ssh-helper` over ssh, which
+reaches the daemon's socket in that namespace. BASE/ssh/ssh is `ssh` with this cluster's own
+known_hosts (the hosts' keys, checked strictly), so nothing is written to root's ~/.ssh. sshd wants its
+privilege-separation user `sshd`: it sees a copy of /etc/passwd with one (bind-mounted in a mount
+namespace of its own), this machine's is not changed. The server is SSHD, or VMPLANE_SSHD.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -53,6 +74,10 @@ SHARED_PATH = "/var/lib/vmplane/shared"
 IMAGES_PATH = "/var/lib/vmplane/images"
 BRIDGE = "vmpbr0"
 SUBNET = "10.88.0"
+UPLINK_ADDRESS = f"{SUBNET}.254"      # this machine's address on the bridge of TLS hosts
+TLS_PORT = 16514
+SSHD = os.environ.get("VMPLANE_SSHD") or shutil.which("sshd") or "/usr/sbin/sshd"
+_NS_COVERED = ("/run", "/var/lib", "/var/cache", "/var/log")    # tmpfs of their own in each namespace
 
 
 def _tag(base: Path) -> str:
@@ -89,15 +114,42 @@ class LocalHost:
     dir: Path
     netns: str | None
     address: str           # where QEMU listens for incoming migrations
+    tls: bool = False      # the daemon also listens with TLS on `address`; `uri` is then qemu+tls://
+    ssh: bool = False      # an sshd runs on `address`; `uri` is then qemu+ssh:// (unless tls)
 
     @property
     def socket(self) -> Path:
         return self.dir / "run" / "libvirt-sock"
 
     @property
-    def uri(self) -> str:
+    def local_uri(self) -> str:
         # "+unix" matters: a plain qemu:///system?socket= destination is refused as "the same host"
         return f"qemu+unix:///system?socket={self.socket}"
+
+    @property
+    def uri(self) -> str:
+        """How the control plane adds this host: the unix socket, or over TLS as a remote host."""
+        if self.tls:
+            return f"qemu+tls://{self.address}/system?pkipath={client_pki(self.dir.parent)}"
+        if self.ssh:
+            return self.ssh_uri
+        return self.local_uri
+
+    @property
+    def ssh_uri(self) -> str:
+        keys = ssh_dir(self.dir.parent)
+        return f"qemu+ssh://root@{self.address}/system?keyfile={keys / 'id_ed25519'}&command={keys / 'ssh'}&no_tty=1"
+
+    def sshd_pid(self) -> int | None:
+        """The pid of this host's sshd, if it runs (checked against its command line)."""
+        try:
+            pid = int((self.dir / "ssh" / "sshd.pid").read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
+        if str(self.dir / "ssh" / "sshd_config").encode() not in cmdline or _zombie(pid):
+            return None
+        return pid
 
     @property
     def pid_file(self) -> Path:
@@ -160,21 +212,115 @@ def _stopped(pid: int | None) -> bool:
 
 
 def from_uri(uri: str | None) -> LocalHost | None:
-    """The local host behind a libvirt URI (its socket lies in BASE/NAME/run, beside host.json), or None
-    when the URI is not one of these hosts: the fence agent and the liveness signal find it this way."""
+    """The local host behind a libvirt URI (its socket lies in BASE/NAME/run, beside host.json; a TLS
+    host's pkipath is BASE/tls/client and its address is its namespace's), or None when the URI is not
+    one of these hosts: the fence agent and the liveness signal find it this way."""
     from urllib.parse import parse_qs, urlparse
 
     if not uri:
         return None
-    socket = parse_qs(urlparse(uri).query).get("socket", [None])[0]
-    if not socket:
-        return None
-    folder = Path(socket).parent.parent
+    parsed = urlparse(uri)
+    query = parse_qs(parsed.query)
+    socket = query.get("socket", [None])[0]
+    if socket:
+        return _saved(Path(socket).parent.parent)
+    pki = query.get("pkipath", [None])[0]
+    key = query.get("keyfile", [None])[0]
+    base = None
+    if parsed.scheme == "qemu+tls" and pki and Path(pki).name == "client" and Path(pki).parent.name == "tls":
+        base = Path(pki).parent.parent
+    elif parsed.scheme == "qemu+ssh" and key and Path(key).parent.name == "ssh":
+        base = Path(key).parent.parent
+    if base is not None:
+        for folder in sorted(base.iterdir()) if base.is_dir() else []:
+            host = _saved(folder)
+            if host is not None and (host.tls or host.ssh) and host.address == parsed.hostname:
+                return host
+    return None
+
+
+def _saved(folder: Path) -> LocalHost | None:
     try:
         saved = json.loads((folder / "host.json").read_text())
-        return describe(folder.parent, folder.name, saved["index"], saved["netns"])
+        return describe(folder.parent, folder.name, saved["index"], saved["netns"], saved.get("tls", False),
+                        saved.get("ssh", False))
     except (OSError, ValueError, KeyError):
         return None
+
+
+def tls_dir(base: Path) -> Path:
+    """BASE/tls: the CA (ca/) and the client certificate (client/) of a hosts folder's TLS hosts."""
+    return base / "tls"
+
+
+def ssh_dir(base: Path) -> Path:
+    """BASE/ssh: the control plane's key (id_ed25519), the hosts' keys (known_hosts) and `ssh`, the
+    command a qemu+ssh URI names (ssh with that known_hosts)."""
+    return base / "ssh"
+
+
+def _ensure_ssh(host: LocalHost, base: Path) -> None:
+    """Keys and configuration of the host's sshd, and the cluster's client key and known_hosts."""
+    keys = ssh_dir(base)
+    keys.mkdir(parents=True, exist_ok=True)
+    if not (keys / "id_ed25519").exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vmplane-control-plane",
+                        "-f", str(keys / "id_ed25519")], check=True, capture_output=True)
+    (keys / "ssh").write_text(f'#!/bin/sh\nexec ssh -o UserKnownHostsFile={keys / "known_hosts"} '
+                              f'-o StrictHostKeyChecking=yes -o BatchMode=yes "$@"\n')
+    os.chmod(keys / "ssh", 0o755)
+    own = host.dir / "ssh"
+    own.mkdir(parents=True, exist_ok=True)
+    if not (own / "ssh_host_ed25519_key").exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(own / "ssh_host_ed25519_key")],
+                       check=True, capture_output=True)
+    public = (own / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    known = keys / "known_hosts"
+    lines = [line for line in (known.read_text().splitlines() if known.exists() else [])
+             if line.split(" ", 1)[0] != host.address]
+    known.write_text("\n".join(lines + [f"{host.address} {' '.join(public)}"]) + "\n")
+    shutil.copyfile(keys / "id_ed25519.pub", own / "authorized_keys")
+    os.chmod(own / "authorized_keys", 0o600)
+    passwd = Path("/etc/passwd").read_text()
+    if not any(line.startswith("sshd:") for line in passwd.splitlines()):
+        passwd = passwd.rstrip("\n") + "\nsshd:x:65534:65534:sshd privilege separation:/run/sshd:/usr/sbin/nologin\n"
+    (own / "passwd").write_text(passwd)
+    (own / "sshd_config").write_text(
+        f"ListenAddress {host.address}\nHostKey {own / 'ssh_host_ed25519_key'}\nPidFile none\n"
+        f"AuthorizedKeysFile {own / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+        "LogLevel VERBOSE\n")
+
+
+def _ensure_sshd(host: LocalHost) -> None:
+    """Start the host's sshd in its namespaces unless it runs (in a mount namespace of its own, where
+    /etc/passwd has the `sshd` user)."""
+    pid = host.pid()
+    if not host.ssh or pid is None or host.sshd_pid() is not None:
+        return
+    own = host.dir / "ssh"
+    script = (f"mount --make-rprivate /; mount --bind {own / 'passwd'} /etc/passwd; mkdir -p /run/sshd; "
+              f"chmod 755 /run/sshd; exec {SSHD} -D -f {own / 'sshd_config'} -E {own / 'sshd.log'}")
+    cmd = ["nsenter", f"--target={pid}", "--mount", "--net", "unshare", "-m", "bash", "-c", script]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    (own / "sshd.pid").write_text(str(proc.pid))     # nsenter, unshare and bash exec: the same pid
+    import socket
+
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host.address, 22), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    log = (own / "sshd.log").read_text(errors="replace")[-1000:] if (own / "sshd.log").exists() else ""
+    raise RuntimeError(f"sshd of host {host.name} did not come up: {log}")
+
+
+def client_pki(base: Path) -> Path:
+    """The folder a TLS host's URI names as pkipath: cacert.pem, clientcert.pem, clientkey.pem."""
+    return tls_dir(base) / "client"
 
 
 def heartbeat_path(base: Path, name: str) -> Path:
@@ -191,9 +337,71 @@ def _host_uuid(name: str, base: Path) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"vmplane-local-host:{base}:{name}"))
 
 
+def _ensure_certs(host: LocalHost, base: Path, ca: Path | None) -> None:
+    """The cluster's CA and client certificate (made once per hosts folder), and the host's server
+    certificate (for its address), signed by CA (default: the cluster's own, BASE/tls/ca)."""
+    from . import tlscerts
+
+    own_ca = tlscerts.make_ca(tls_dir(base) / "ca", f"vmplane local hosts CA ({base.name})")
+    if not (client_pki(base) / "clientcert.pem").exists():
+        tlscerts.make_client_cert(own_ca, client_pki(base), "vmplane-control-plane")
+    pki = host.dir / "etc" / "pki"
+    signer = Path(ca) if ca is not None else own_ca
+    if (pki / "servercert.pem").exists() and (pki / "signer").exists() and (pki / "signer").read_text() == str(signer):
+        return
+    tlscerts.make_server_cert(signer, pki, [host.address, host.name])
+    # QEMU's names for the same certificate (it serves incoming and, with tls_www_client, makes outgoing
+    # migration streams) when a migration asks for VIR_MIGRATE_TLS
+    (pki / "qemu").mkdir(exist_ok=True)
+    for ours, qemus in (("cacert.pem", "ca-cert.pem"), ("servercert.pem", "server-cert.pem"),
+                        ("serverkey.pem", "server-key.pem"), ("servercert.pem", "client-cert.pem"),
+                        ("serverkey.pem", "client-key.pem")):
+        shutil.copyfile(pki / ours, pki / "qemu" / qemus)
+        os.chmod(pki / "qemu" / qemus, 0o600 if "key" in qemus else 0o644)
+    (pki / "signer").write_text(str(signer))
+
+
+def _tls_config(host: LocalHost) -> str:
+    """libvirtd.conf lines of a daemon that listens with TLS on its address (started with --listen)."""
+    if not host.tls:
+        return ""
+    pki = "/etc/libvirt/pki"         # BASE/NAME/etc/pki, as the daemon's mount namespace shows it
+    return (f'listen_tls = 1\nlisten_tcp = 0\nlisten_addr = "{host.address}"\ntls_port = "{TLS_PORT}"\n'
+            f'auth_tls = "none"\ntls_no_verify_certificate = 0\n'
+            f'ca_file = "{pki}/cacert.pem"\ncert_file = "{pki}/servercert.pem"\nkey_file = "{pki}/serverkey.pem"\n')
+
+
+def run_dir(host: LocalHost) -> Path:
+    """Where a host's /run/libvirt really is: on /dev/shm (a tmpfs), as /run is on a real host; BASE/NAME/run
+    is a link to it. libvirtd fsyncs a domain's status file there while it handles the events of a
+    migration's switch-over, with the guest paused: on this machine's disk, under I/O from other work, a
+    fsync took 0.8-2.1 s and the guest's downtime grew from ~10 ms to 2.3 s (97 s once in CI)."""
+    return Path("/dev/shm") / f"vmplane-{_tag(host.dir.parent)}" / host.name / "run"
+
+
+def _link_run_dir(host: LocalHost) -> None:
+    run, target = host.dir / "run", run_dir(host)
+    target.mkdir(parents=True, exist_ok=True)
+    os.chmod(target.parent.parent, 0o700)
+    if run.is_symlink() and run.resolve() == target:
+        return
+    if run.is_symlink() or run.is_file():
+        run.unlink()
+    elif run.is_dir():
+        shutil.rmtree(run)          # a stopped host's, from before the link: nothing of it runs
+    run.symlink_to(target)
+
+
+def _remove_run_dir(host: LocalHost) -> None:
+    shutil.rmtree(run_dir(host).parent, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run_dir(host).parent.parent.rmdir()     # the cluster's folder, once its last host is gone
+
+
 def _write_config(host: LocalHost, base: Path) -> None:
-    for sub in ("etc/qemu", "run", "lib", "cache", "log"):
+    for sub in ("etc/qemu", "lib", "cache", "log"):
         (host.dir / sub).mkdir(parents=True, exist_ok=True)
+    _link_run_dir(host)
     mounts = storage_dirs(base, host.name)
     for folder in mounts.values():
         folder.mkdir(parents=True, exist_ok=True)
@@ -202,14 +410,16 @@ def _write_config(host: LocalHost, base: Path) -> None:
         f'host_uuid = "{_host_uuid(host.name, base)}"\n'
         'unix_sock_rw_perms = "0700"\nunix_sock_ro_perms = "0700"\n'
         'auth_unix_rw = "none"\nauth_unix_ro = "none"\n'
-        'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n')
+        'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n' + _tls_config(host))
     (host.dir / "etc" / "qemu.conf").write_text(
         'user = "root"\ngroup = "root"\ndynamic_ownership = 0\nremember_owner = 0\nsecurity_driver = "none"\n'
         'stdio_handler = "file"\nnamespaces = [ ]\nlock_manager = "lockd"\n'
         # libvirt refuses loopback addresses here: a host in its own network namespace listens on its
         # own address; a host sharing this machine's network listens on all (the URI picks 127.0.0.1)
         + (f'migration_address = "{host.address}"\nmigration_host = "{host.address}"\n' if host.netns
-           else 'migration_address = "0.0.0.0"\n'))
+           else 'migration_address = "0.0.0.0"\n')
+        # a migration asked with VIR_MIGRATE_TLS encrypts its data stream too (QEMU's own TLS, these files)
+        + ('migrate_tls_x509_cert_dir = "/etc/libvirt/pki/qemu"\nmigrate_tls_x509_verify = 1\n' if host.tls else ''))
     # leases on every disk, taken on the disk files themselves (see the module's docstring); domains
     # without disks need none
     (host.dir / "etc" / "qemu-lockd.conf").write_text("auto_disk_leases = 1\nrequire_lease_for_disks = 0\n")
@@ -228,7 +438,7 @@ mount --bind {host.dir}/log /var/log/libvirt
 {binds}
 {_LOCKD_START}
 echo $$ > {host.pid_file}
-exec {LIBVIRTD} -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid
+exec {LIBVIRTD} -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid{" --listen" if host.tls else ""}
 """)
 
 
@@ -287,31 +497,92 @@ def _ensure_netns(base: Path, host: LocalHost, index: int) -> None:
     _ip("-n", host.netns, "link", "set", "lo", "up")
 
 
+def _ensure_uplink(base: Path) -> None:
+    """A veth from this machine's network namespace onto the bridge, UPLINK_ADDRESS/24 on this side: the
+    control plane reaches TLS hosts at their namespace addresses as it would reach remote hosts."""
+    sw = _ensure_switch(base)
+    tag = _tag(base)
+    here, there = f"v{tag}up", f"v{tag}us"
+    if os.path.exists(f"/sys/class/net/{here}"):
+        return
+    route = _ip("route", "show", f"{SUBNET}.0/24", check=False).stdout.strip()
+    if route:
+        raise RuntimeError(f"{SUBNET}.0/24 is already routed on this machine ({route}): another cluster of "
+                           f"TLS hosts runs; stop it first")
+    _ip("link", "add", here, "type", "veth", "peer", "name", there)
+    _ip("link", "set", there, "netns", sw)
+    _ip("-n", sw, "link", "set", there, "master", BRIDGE)
+    _ip("-n", sw, "link", "set", there, "up")
+    _ip("addr", "add", f"{UPLINK_ADDRESS}/24", "dev", here)
+    _ip("link", "set", here, "up")
+
+
+def _tls_answers(host: LocalHost) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host.address, TLS_PORT), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def netns_available() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None
 
 
-def describe(base: Path, name: str, index: int, netns: bool) -> LocalHost:
+def describe(base: Path, name: str, index: int, netns: bool, tls: bool = False, ssh: bool = False) -> LocalHost:
     return LocalHost(name, base / name, f"vmp{_tag(base)}-{name}" if netns else None,
-                     f"{SUBNET}.{index + 1}" if netns else "127.0.0.1")
+                     f"{SUBNET}.{index + 1}" if netns else "127.0.0.1", tls, ssh)
 
 
-def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s: float = 30.0) -> LocalHost:
-    """Start (or adopt, if it already runs) the libvirtd host NAME under BASE."""
+def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s: float = 30.0,
+          tls: bool = False, tls_ca: Path | None = None, ssh: bool = False) -> LocalHost:
+    """Start (or adopt, if it already runs) the libvirtd host NAME under BASE. With `tls` (needs `netns`)
+    it also listens with TLS on its address, its server certificate signed by `tls_ca` (a folder with
+    cacert.pem and cakey.pem; default the hosts folder's own CA, BASE/tls/ca: another CA makes a host
+    the control plane must refuse). With `ssh` (needs `netns`) an sshd runs on its address and its URI is
+    qemu+ssh:// (see the module's docstring)."""
     reason = available()
     if reason:
         raise RuntimeError(f"cannot start local libvirt host {name}: {reason}")
-    host = describe(base, name, index, netns)
+    if tls:
+        from . import tlscerts
+
+        if not netns:
+            raise RuntimeError(f"cannot start local libvirt host {name} with TLS: it needs a network namespace "
+                               f"(its own address to listen on)")
+        if tlscerts.available():
+            raise RuntimeError(f"cannot start local libvirt host {name} with TLS: {tlscerts.available()}")
+    if tls or ssh:           # the URI's pkipath / keyfile are read by the daemons in their namespaces too
+        resolved = str(Path(base).resolve())
+        if any(resolved == d or resolved.startswith(d + "/") for d in _NS_COVERED):
+            raise RuntimeError(f"cannot start local libvirt host {name} with TLS or ssh: its folder {resolved} is "
+                               f"hidden in the hosts' namespaces (under {', '.join(_NS_COVERED)})")
+    if ssh and (not netns or not os.access(SSHD, os.X_OK) or shutil.which("ssh") is None):
+        raise RuntimeError(f"cannot start local libvirt host {name} with ssh: it needs a network namespace, "
+                           f"the ssh client and sshd ({SSHD}; set VMPLANE_SSHD)")
+    host = describe(base, name, index, netns, tls, ssh)
     if _stopped(host.pid()):
         return host          # partitioned by fail(host, "network"): it runs, unreachable, until recover()
     if host.running():
         _ensure_lockd(host)
         _ensure_heartbeat(host)
+        if tls or ssh:
+            _ensure_uplink(base)
+        _ensure_sshd(host)
         return host
     if netns:
         _ensure_netns(base, host, index)
+    if tls or ssh:
+        _ensure_uplink(base)
+        host.dir.mkdir(parents=True, exist_ok=True)
+    if tls:
+        _ensure_certs(host, base, tls_ca)
+    if ssh:
+        _ensure_ssh(host, base)
     _write_config(host, base)
-    (host.dir / "host.json").write_text(json.dumps({"index": index, "netns": netns}))
+    (host.dir / "host.json").write_text(json.dumps({"index": index, "netns": netns, "tls": tls, "ssh": ssh}))
     host.socket.unlink(missing_ok=True)
     cmd = ["unshare", "-m", "bash", str(host.dir / "start.sh")]
     if host.netns:
@@ -322,8 +593,9 @@ def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s:
         subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if host.socket.exists() and host.pid() is not None and _answers(host):
+        if host.socket.exists() and host.pid() is not None and _answers(host) and (not tls or _tls_answers(host)):
             _ensure_heartbeat(host)
+            _ensure_sshd(host)
             (host.dir / "failed").unlink(missing_ok=True)      # a new daemon: whatever failed is over
             return host
         time.sleep(0.05)
@@ -335,7 +607,7 @@ def _answers(host: LocalHost) -> bool:
     import libvirt
 
     try:
-        conn = libvirt.open(host.uri)
+        conn = libvirt.open(host.local_uri)
     except libvirt.libvirtError:
         return False
     try:
@@ -355,7 +627,7 @@ def _destroy_domains(host: LocalHost) -> None:
     except ImportError:
         return
     try:
-        conn = libvirt.open(host.uri)
+        conn = libvirt.open(host.local_uri)
     except libvirt.libvirtError:
         return
     try:
@@ -421,6 +693,8 @@ def processes(host: LocalHost) -> dict[str, list[int]]:
     A stopped (SIGSTOP) process is alive; a zombie is not."""
     found = {"libvirtd": [host.pid()], "qemu": qemu_pids(host), "virtlockd": [host.lockd_pid()],
              "heartbeat": [host.heartbeat_pid()]}
+    if host.ssh:
+        found["sshd"] = [host.sshd_pid()]
     return {role: [p for p in pids if p is not None and not _zombie(p)] for role, pids in found.items()}
 
 
@@ -514,7 +788,8 @@ def recover(host: LocalHost, timeout_s: float = 30.0) -> LocalHost:
     the guests, virtlockd and heartbeat still running; after a power cut the guests are gone)."""
     _let_go(host.pid())
     saved = json.loads((host.dir / "host.json").read_text())
-    started = start(host.dir.parent, host.name, saved["index"], saved["netns"], timeout_s)
+    started = start(host.dir.parent, host.name, saved["index"], saved["netns"], timeout_s, saved.get("tls", False),
+                    ssh=saved.get("ssh", False))
     (host.dir / "failed").unlink(missing_ok=True)
     return started
 
@@ -548,17 +823,24 @@ def stop(host: LocalHost, remove_files: bool = False) -> None:
     heartbeat = host.heartbeat_pid()
     if heartbeat is not None:
         _terminate(heartbeat)
+    sshd = host.sshd_pid()
+    if sshd is not None:
+        _terminate(sshd)
     lockd = host.lockd_pid()             # after QEMU: the leases go with the processes holding them
     if lockd is not None:
         _terminate(lockd)
     if host.netns and _netns_exists(host.netns):
         _ip("netns", "del", host.netns, check=False)
+    _remove_run_dir(host)               # its daemons are gone: nothing there is needed again
     if remove_files:
         shutil.rmtree(host.dir, ignore_errors=True)
 
 
 def stop_switch(base: Path) -> None:
-    """Remove the bridge namespace of a hosts folder (once its hosts are stopped)."""
+    """Remove the bridge namespace of a hosts folder (once its hosts are stopped) and its uplink."""
+    uplink = f"v{_tag(base)}up"
+    if os.path.exists(f"/sys/class/net/{uplink}"):
+        _ip("link", "del", uplink, check=False)       # both ends, now: not when the namespace is freed
     if _netns_exists(switch_ns(base)):
         _ip("netns", "del", switch_ns(base), check=False)
 
@@ -568,8 +850,9 @@ def stop_all(base: Path) -> list[str]:
     stopped = []
     for name in sorted(p.name for p in base.iterdir() if (p / "host.json").exists()) if base.exists() else []:
         saved = json.loads((base / name / "host.json").read_text())
-        host = describe(base, name, saved["index"], saved["netns"])
+        host = describe(base, name, saved["index"], saved["netns"], saved.get("tls", False), saved.get("ssh", False))
         if (host.pid() is not None or host.lockd_pid() is not None or host.heartbeat_pid() is not None
+                or host.sshd_pid() is not None
                 or (host.netns and _netns_exists(host.netns))):
             stop(host)
             stopped.append(name)

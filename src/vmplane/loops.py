@@ -7,15 +7,23 @@ import logging
 import threading
 from typing import Callable
 
+from .ownership import owned
+
 
 def every(interval_s: Callable[[], float], body: Callable[[], object], stop: threading.Event, name: str,
-          log: logging.Logger) -> None:
+          log: logging.Logger, when: Callable[[], bool] | None = None,
+          owner: Callable[[], int | None] | None = None) -> None:
     """Start the thread `vmplane-NAME`: wait `interval_s()` (read again each time: a setting may
-    change), then run `body()`, until `stop` is set."""
+    change), then run `body()`, until `stop` is set. With `when`, a pass runs only while it says so
+    (this process holds the lease for the work); with `owner`, under that controller's fencing token, so
+    that nothing it writes lands once the lease has lapsed."""
     def loop():
         while not stop.wait(interval_s()):
+            if when is not None and not when():
+                continue
             try:
-                body()
+                with owned(owner() if owner is not None else None):
+                    body()
             except Exception:       # the next pass tries again
                 log.exception(name)
 

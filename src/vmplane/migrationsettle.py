@@ -29,7 +29,8 @@ class MigrationSettle:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        every(lambda: self.interval_s, self.run_once, self._stop, "migration-settle", log)
+        every(lambda: self.interval_s, self.run_once, self._stop, "migration-settle", log,
+              when=self.o.controllers.coordinates, owner=lambda: self.o.controllers.epoch)
 
     def stop(self) -> None:
         self._stop.set()
@@ -42,7 +43,7 @@ class MigrationSettle:
             for mig in migrator.list(active_only=True):
                 if self._stop.is_set() or self.o.closing.is_set():
                     break
-                if not migrator.orphaned(mig):
+                if not migrator.take_orphan(mig):
                     continue
                 try:
                     done[mig["id"]] = migrator.settle(mig["id"], why=self._why(mig))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from . import events, failpoints, metrics
+from . import events, failpoints, metrics, ownership
 from . import migration as rules
 from .drivers.base import DriverError, MigrationParams
 from .errors import Conflict, Invalid, NotFound
@@ -249,9 +249,14 @@ class Migrator:
         """The copy, in an executor thread, under the cause of the request that asked for the migration."""
         with self.o.db.read() as s:
             conn = s.connection()
-            vm = conn.execute(select(L.MIGRATIONS.c.vm_name).where(L.MIGRATIONS.c.id == migration_id)).scalar()
+            vm, owner = conn.execute(select(L.MIGRATIONS.c.vm_name, L.MIGRATIONS.c.owner)
+                                     .where(L.MIGRATIONS.c.id == migration_id)).one()
             cause = events.cause_of(conn, "migration", migration_id, vm=vm)
-        with events.acting_as(cause or events.current_cause()):
+        if owner is not None and owner != self.o.controllers.epoch:
+            log.warning("migration %s is owned by controller %s now, not by this one: not copied here", migration_id, owner)
+            return
+        # its writes land only while the process that started it holds its lease (ownership.py)
+        with events.acting_as(cause or events.current_cause()), ownership.owned(owner):
             self._run_copy(migration_id)
 
     def _run_copy(self, migration_id: str) -> None:
@@ -396,10 +401,17 @@ class Migrator:
         thread is far past its deadline (a hung driver): the settle controller and cancel settle it."""
         if MigrationState(mig["state"]) not in rules.SETTLING:
             return False
+        owner, controllers = mig.get("owner"), self.o.controllers
+        if owner is not None and owner != controllers.epoch:
+            return not controllers.is_live(owner)     # another live process copies it; a lapsed one does not
         with self._state_lock:
             if mig["id"] not in self._live:
                 return True
         return self._elapsed_s(mig) > self._timeout_s(mig) + HUNG_GRACE_S
+
+    def take_orphan(self, mig: dict) -> bool:
+        """An orphaned migration (orphaned()), now owned by this process, which may settle it."""
+        return self.orphaned(mig) and self.o.controllers.claim_migration(mig["id"])
 
     @staticmethod
     def _elapsed_s(mig: dict) -> float:
@@ -708,8 +720,8 @@ class Migrator:
         controller (migrationsettle), which asks again. Queued ones wait for the pump."""
         deadline = time.monotonic() + RECOVERY_WAIT_S       # for all of them: never 600 s per migration
         for mig in self.list(active_only=True):
-            if mig["state"] == MigrationState.queued.value:
-                continue
+            if mig["state"] == MigrationState.queued.value or not self.take_orphan(mig):
+                continue            # another live control-plane process carries it
             try:
                 self.settle(mig["id"], why="interrupted by a control-plane restart",
                             wait_s=max(0.5, deadline - time.monotonic()))

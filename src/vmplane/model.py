@@ -59,6 +59,7 @@ class OperationState(str, enum.Enum):
 
 
 IN_FLIGHT_OPERATION_STATES = frozenset({OperationState.pending, OperationState.running})
+IN_FLIGHT_OPERATION_VALUES = tuple(sorted(st.value for st in IN_FLIGHT_OPERATION_STATES))   # for SQL
 
 
 class ClaimKind(str, enum.Enum):

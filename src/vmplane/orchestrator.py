@@ -15,12 +15,12 @@ import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
 from . import audit as audit_rules
-from . import events, failpoints, metrics
+from . import admission, events, failpoints, metrics
 from .catalog import (
     Catalog,
     ensure_new,
@@ -74,13 +74,15 @@ from .ha import HaController, check_ha, default_agents
 from .recovery import Recovery
 from .scaler import Scaler
 from .scaling import ScalingFlags, cap_for_share, cap_share, ceiling
-from .scope import Scope, vm_scope
+from .scope import Scope
 from .diskmoves import DiskMoves
 from .pools import Pools
 from .storageaudit import storage_problems
 from .storagesettle import StorageSettle
 from .volumes import Volumes
 from .store import Database
+from .controllers import DEFAULT_LEASE_S, Controllers
+from . import ownership
 from .store import ledger as L
 from .store import storageledger as SL
 from .store.schema import Cluster, Host, Operation, Project, Vm, Zone
@@ -103,6 +105,10 @@ def libvirt_driver(host: str, uri: str | None) -> Driver:
         raise Invalid("libvirt hosts need the libvirt-python package (scripts/setup.sh installs it)",
                       field="driver") from None
     return LibvirtDriver(host, uri or "")
+
+
+_OP = L.OPERATIONS.c
+_OPERATION_TO_RUN = select(_OP.kind, _OP.target, _OP.vm_id, _OP.owner).where(_OP.id == bindparam("id"))
 
 
 class InlineExecutor(Executor):
@@ -155,13 +161,16 @@ class Claimed:
 
 
 class Orchestrator:
-    def __init__(self, db: Database, executor: Executor | None = None):
+    def __init__(self, db: Database, executor: Executor | None = None, name: str | None = None,
+                 lease_s: float = DEFAULT_LEASE_S, api_url: str | None = None):
         self.db = db
         self.catalog = Catalog(db, on_settings_changed=self.rebuild_index)
         self.drivers: dict[str, Driver] = {}
         self.index = CapacityIndex()
         self._hosts: dict[str, HostMeta] = {}
+        self._cluster_zones: dict[str, str] | None = None
         self._lock = threading.RLock()      # admissions in this process, and the index
+        self.admissions = admission.Batcher(db, self._lock, on_abort=self.rebuild_index)   # group commit
         self.executor = executor or ThreadPoolExecutor(16, thread_name_prefix="vmplane-op")
         self.closing = threading.Event()    # set by close(): long waits inside operations end early
         self.migrator = Migrator(self)
@@ -175,6 +184,8 @@ class Orchestrator:
         self.disk_moves = DiskMoves(self)                         # what a migration does with the disks
         self.storage_settle = StorageSettle(self)                 # volumes between two steps, stale copies
         self.ha = HaController(self)                              # failed hosts: fencing, HA restarts
+        # this process among the control planes of the store: its lease, what it owns (registered by load())
+        self.controllers = Controllers(self, name, lease_s, api_url)
 
     # -- start-up ------------------------------------------------------------------------------
     def load(self, background: bool = False, recover: bool = True) -> None:
@@ -188,6 +199,7 @@ class Orchestrator:
             for host in s.scalars(select(Host)).unique():
                 self.drivers[host.name] = self._make_driver(host)
         self.rebuild_index()
+        self.controllers.register()
         if recover:
             self.recovery.run(background)
 
@@ -238,11 +250,32 @@ class Orchestrator:
             strategy=str(eff("vmplane.placement.strategy", zone, cluster)),
             used_vcpus=host.used_vcpus, used_memory_mib=host.used_memory_mib, zone=zone)
 
+    def refresh_hosts(self) -> None:
+        """Learn hosts other control-plane processes added or removed, and the index from the store."""
+        with self.db.read() as s:
+            hosts = {h.name: h for h in s.scalars(select(Host)).unique()}
+        with self._lock:
+            gone = [self.drivers.pop(name) for name in set(self.drivers) - set(hosts)]
+            for name in set(hosts) - set(self.drivers):
+                self.drivers[name] = self._make_driver(hosts[name])
+        for driver in gone:         # outside the lock: closing asks the daemon, which may not answer
+            driver.close()
+        self.rebuild_index()
+
+    def cluster_zones(self) -> dict[str, str]:
+        """Each cluster with hosts and its zone, from the host list (kept until that changes: admissions
+        ask for it, and going over thousands of hosts each time cost a fifth of an admission)."""
+        zones = self._cluster_zones
+        if zones is None:
+            zones = self._cluster_zones = {m.cluster: m.zone for m in list(self._hosts.values())}
+        return zones
+
     def rebuild_index(self) -> None:
         with self._lock:
             with self.db.read() as s:
                 hosts = list(s.scalars(select(Host).order_by(Host.id)).unique())
             self._hosts = {h.name: self._meta(h) for h in hosts}
+            self._cluster_zones = None
             self.index = CapacityIndex([self._capacity(h) for h in hosts])
 
     # -- hosts ---------------------------------------------------------------------------------
@@ -280,7 +313,10 @@ class Orchestrator:
             host = self.host(name)
             self.drivers[name] = self._make_driver(host)
             self._hosts[name] = self._meta(host)
+            self._cluster_zones = None
             self.index.upsert(self._capacity(host))
+        if self.controllers.epoch is not None:
+            self.controllers.balance()      # its listener: this process or another, from now on
         return host
 
     def remove_host(self, name: str) -> None:
@@ -290,6 +326,7 @@ class Orchestrator:
             delete_host_row(self.catalog, name)
             driver = self.drivers.pop(name, None)
             self._hosts.pop(name, None)
+            self._cluster_zones = None
             if name in self.index:
                 self.index.remove(name)
         if driver is not None:
@@ -326,43 +363,49 @@ class Orchestrator:
         disk_mib = self.volumes.root_size(t, o, root_disk_mib) if t.disk_image else None
         if disk_mib is None and (root_disk_mib is not None or pool is not None):
             raise Invalid(f"template {template} has no disk image: its VMs have no root disk", field="root_disk_mib")
-        scope, zone_id, cluster_id = self._new_scope(zone, cluster)
-        with self._lock:
-            with self.db.transaction() as conn:
-                p = L.lock_project(conn, name=project)
-                base = Usage(vms=1, storage_mib=disk_mib or 0)
-                reach = self.volumes.reach_for_new(conn, disk_mib, pool, scope.cluster) if disk_mib else None
-                group_id = resolve_group(conn, group, p.id) if group else None
-                rules = placement_rules(self, conn, scope, action=f"starting {name} on {{host}}", group_id=group_id,
-                                        ha=ha_policy == "restart") if start else None
-                placement, delta = self._admit(conn, p, size, base, start, scope, reach, rules)
-                L.add_to_ledger(conn, p.id, delta)
-                facts = StartFacts(o.dynamic_scaling, t.dynamically_scalable, dynamically_scalable, o.cpu_cap,
-                                   o.cpu_speed_mhz)
-                fields = dict(name=name, project_id=p.id, offering_id=o.id, template_id=t.id, vcpus=size.vcpus,
-                              memory_mib=size.memory_mib, dynamically_scalable=dynamically_scalable,
-                              zone_id=zone_id, cluster_id=cluster_id, ha_policy=ha_policy, ha_priority=ha_priority,
-                              group_id=group_id,
-                              **self._started_fields(size, placement, delta, facts))
-                try:
-                    vm_id = L.insert_vm(conn, **fields)
-                except IntegrityError:
-                    raise AlreadyExists(f"vm {name!r} already exists", field="name") from None
-                host = placement[0].host if placement else None
-                if disk_mib:
-                    meta = self._hosts.get(host) if host else None
-                    chosen = self.volumes.root_pool(conn, disk_mib, pool, host,
-                                                    meta.cluster if meta else scope.cluster)
-                    if ha_policy == "restart" and chosen.kind != "shared":
-                        raise Invalid(f"--ha restart needs its root disk on a shared pool: {chosen.name} is a "
-                                      f"{chosen.kind} pool, and the disk would be lost with its host; use "
-                                      f"--pool with a shared pool", field="ha_policy")
-                    self.volumes.add_root(conn, vm_id, name, p.id, t.id, disk_mib, chosen)
-                claimed = self._claim(conn, vm_id, name, p.id, size, placement) if placement else None
+        def admit(conn: Connection) -> tuple[int, str | None, Claimed | None]:
+            scope, zone_id, cluster_id = admission.scope_of(conn, zone, cluster)
+            p = L.lock_project(conn, name=project)
+            base = Usage(vms=1, storage_mib=disk_mib or 0)
+            reach = self.volumes.reach_for_new(conn, disk_mib, pool, scope.cluster) if disk_mib else None
+            group_id = resolve_group(conn, group, p.id) if group else None
+            rules = placement_rules(self, conn, scope, action=f"starting {name} on {{host}}", group_id=group_id,
+                                    ha=ha_policy == "restart") if start else None
+            placement, delta = self._admit(conn, p, size, base, start, scope, reach, rules)
+            L.add_to_ledger(conn, p.id, delta)
+            facts = StartFacts(o.dynamic_scaling, t.dynamically_scalable, dynamically_scalable, o.cpu_cap,
+                               o.cpu_speed_mhz)
+            fields = dict(name=name, project_id=p.id, offering_id=o.id, template_id=t.id, vcpus=size.vcpus,
+                          memory_mib=size.memory_mib, dynamically_scalable=dynamically_scalable,
+                          zone_id=zone_id, cluster_id=cluster_id, ha_policy=ha_policy, ha_priority=ha_priority,
+                          group_id=group_id,
+                          **self._started_fields(size, placement, delta, facts))
+            host = placement[0].host if placement else None
+            try:
+                vm_id = L.insert_vm(conn, host_name=host, **fields)
+            except IntegrityError:
+                raise AlreadyExists(f"vm {name!r} already exists", field="name") from None
+            if disk_mib:
+                meta = self._hosts.get(host) if host else None
+                chosen = self.volumes.root_pool(conn, disk_mib, pool, host,
+                                                meta.cluster if meta else scope.cluster)
+                if ha_policy == "restart" and chosen.kind != "shared":
+                    raise Invalid(f"--ha restart needs its root disk on a shared pool: {chosen.name} is a "
+                                  f"{chosen.kind} pool, and the disk would be lost with its host; use "
+                                  f"--pool with a shared pool", field="ha_policy")
+                self.volumes.add_root(conn, vm_id, name, p.id, t.id, disk_mib, chosen)
+            claimed = self._claim(conn, vm_id, name, p.id, size, placement) if placement else None
+            return vm_id, host, self._mirror(claimed)
+
+        vm_id, host, claimed = self.admissions.run(admit)
         if disk_mib:
-            self._make_root_or_undo(name, vm_id, host, claimed)
-        with self._lock:
-            return self._launch(name, claimed)
+            try:
+                self._make_root_or_undo(name, vm_id, host, claimed)
+            except VmplaneError:        # undone: the index gives back what admit() mirrored
+                if claimed:
+                    self._unindex([(claimed.host, claimed.vcpus, claimed.memory_mib)])
+                raise
+        return self._launch(name, claimed)
 
     def _make_root_or_undo(self, name: str, vm_id: int, host: str | None, claimed: Claimed | None) -> None:
         """Make the new VM's root disk; if its pool refuses, undo the create: the start's claim and charge
@@ -384,44 +427,28 @@ class Orchestrator:
             raise
 
     def start_vm(self, name: str) -> Admitted:
-        with self._lock:
-            with self.db.transaction() as conn:
-                vm = L.vm_row(conn, name=name, lock=True)
-                if vm.state not in (VmState.stopped.value, VmState.error.value):      # neither holds anything
-                    raise Conflict(f"vm {name} is {vm.state}; only a stopped VM can be started", field="state")
-                p = L.lock_project(conn, vm.project_id)
-                size = Size(vm.vcpus, vm.memory_mib)
-                self.volumes.check_ready(conn, vm.id, name)
-                reach = self.volumes.storage_hosts(conn, vm.id)
-                scope = Scope(vm.zone_name, vm.cluster_name)
-                rules = placement_rules(self, conn, scope, action=f"starting {name} on {{host}}", vm_id=vm.id,
-                                        ha=vm.ha_policy == "restart")
-                placement, delta = self._admit(conn, p, size, Usage(), True, scope, reach, rules)
-                L.add_to_ledger(conn, p.id, delta)
-                facts = StartFacts(vm.offering_dynamic, vm.template_dynamic, vm.dynamically_scalable,
-                                   vm.offering_cpu_cap, vm.offering_cpu_mhz)
-                fields = self._started_fields(size, placement, delta, facts)
-                if vm.zone_id is None:          # placed before zones mattered: it joins its host's zone
-                    fields["zone_id"] = self._hosts[placement[0].host].zone_id
-                L.set_vm(conn, vm.id, **fields)
-                claimed = self._claim(conn, vm.id, name, p.id, size, placement)
-            return self._launch(name, claimed)
+        def admit(conn: Connection) -> Claimed:
+            vm = L.vm_row(conn, name=name, lock=True)
+            if vm.state not in (VmState.stopped.value, VmState.error.value):      # neither holds anything
+                raise Conflict(f"vm {name} is {vm.state}; only a stopped VM can be started", field="state")
+            p = L.lock_project(conn, vm.project_id)
+            size = Size(vm.vcpus, vm.memory_mib)
+            self.volumes.check_ready(conn, vm.id, name)
+            reach = self.volumes.storage_hosts(conn, vm.id)
+            scope = Scope(vm.zone_name, vm.cluster_name)
+            rules = placement_rules(self, conn, scope, action=f"starting {name} on {{host}}", vm_id=vm.id,
+                                    ha=vm.ha_policy == "restart")
+            placement, delta = self._admit(conn, p, size, Usage(), True, scope, reach, rules)
+            L.add_to_ledger(conn, p.id, delta)
+            facts = StartFacts(vm.offering_dynamic, vm.template_dynamic, vm.dynamically_scalable,
+                               vm.offering_cpu_cap, vm.offering_cpu_mhz)
+            fields = self._started_fields(size, placement, delta, facts)
+            if vm.zone_id is None:          # placed before zones mattered: it joins its host's zone
+                fields["zone_id"] = self._hosts[placement[0].host].zone_id
+            L.set_vm(conn, vm.id, **fields)
+            return self._mirror(self._claim(conn, vm.id, name, p.id, size, placement))
 
-    def _new_scope(self, zone: str | None, cluster: str | None) -> tuple[Scope, int | None, int | None]:
-        """A new VM's zone and cluster (scope.vm_scope), with their ids."""
-        with self.db.read() as s:
-            rows = s.execute(select(Zone.id, Zone.name, Cluster.id, Cluster.name)
-                             .outerjoin(Cluster, Cluster.zone_id == Zone.id)).all()
-        zones: dict[str, list[str]] = {}
-        ids: dict[tuple[str, str], int] = {}
-        for zone_id, zone_name, cluster_id, cluster_name in rows:
-            zones.setdefault(zone_name, [])
-            ids["zone", zone_name] = zone_id
-            if cluster_name is not None:
-                zones[zone_name].append(cluster_name)
-                ids["cluster", cluster_name] = cluster_id
-        scope = vm_scope(zones, zone, cluster)
-        return scope, ids.get(("zone", scope.zone)), ids.get(("cluster", scope.cluster))
+        return self._launch(name, self.admissions.run(admit))
 
     def _admit(self, conn: Connection, p: Row, size: Size, base: Usage, start: bool,
                scope: Scope = Scope(None, None),
@@ -504,11 +531,17 @@ class Orchestrator:
         L.record_claim(conn, host_id, vm_id, op_id, ClaimKind.running, size.vcpus, chosen.memory_mib)
         return Claimed(op_id, chosen.host, size.vcpus, chosen.memory_mib)
 
+    def _mirror(self, claimed: Claimed | None) -> Claimed | None:
+        """In the admission transaction, its last step: mirror the claim in the index, so that the next
+        admission of the batch places against it (the batcher rebuilds the index if the commit fails)."""
+        if claimed is not None:
+            self.index.add_usage(claimed.host, claimed.vcpus, claimed.memory_mib)
+        return claimed
+
     def _launch(self, name: str, claimed: Claimed | None) -> Admitted:
-        """After commit, under self._lock: mirror the claim in the index, then hand the work to an operation."""
+        """After commit: hand the admitted start to an operation (the index already has its claim)."""
         if claimed is None:
             return Admitted(name, None)
-        self.index.add_usage(claimed.host, claimed.vcpus, claimed.memory_mib)
         failpoints.hit("start.admitted")
         self.executor.submit(self._run, claimed.operation_id, self._run_start)
         return Admitted(name, claimed.operation_id)
@@ -612,19 +645,22 @@ class Orchestrator:
     def _run(self, op_id: str, body, cause: str | None = None) -> None:
         """Run an operation's body (in an executor thread, or later) under `cause`, by default the cause of
         the request that created it: its events name that user, not whoever's thread happens to run it."""
-        if cause is not None:
-            with events.acting_as(cause):
-                return self._run_body(op_id, body)
-        cause = events.remembered(op_id)          # this process created it: no need to ask the store
-        if cause is None:
-            with self.db.read() as s:
-                conn = s.connection()
-                op = conn.execute(select(L.OPERATIONS.c.kind, L.OPERATIONS.c.target, L.OPERATIONS.c.vm_id)
-                                  .where(L.OPERATIONS.c.id == op_id)).first()
+        with self.db.read() as s:
+            conn = s.connection()
+            op = conn.execute(_OPERATION_TO_RUN, {"id": op_id}).first()
+            if cause is None:
+                cause = events.remembered(op_id)          # this process created it: no need to ask the store
+            if cause is None:
                 cause = op and events.cause_of(conn, "operation", op_id,
                                                vm=op.target if op.vm_id is not None else None,
                                                host=op.target if op.kind == "drain" else None)
-        with events.acting_as(cause or events.current_cause()):
+        owner = op.owner if op is not None else None
+        if owner is not None and owner != self.controllers.epoch:
+            log.warning("operation %s is owned by controller %s now, not by this one (%s): not run here",
+                        op_id, owner, self.controllers.epoch)
+            return
+        # its writes land only while its owner's lease holds (ownership.py): a lapsed owner changes nothing
+        with ownership.owned(owner), events.acting_as(cause or events.current_cause()):
             self._run_body(op_id, body)
 
     def _run_body(self, op_id: str, body) -> None:
@@ -838,9 +874,7 @@ class Orchestrator:
         """Operations interrupted by a restart are driven to their end from their persisted step:
         start and stop are idempotent, a scale redoes its (absolute) driver steps or rolls back, a
         drain admits migrations for the VMs it had not reached."""
-        with self.db.read() as s:
-            pending = s.connection().execute(select(L.OPERATIONS.c.id, L.OPERATIONS.c.kind).where(
-                L.OPERATIONS.c.state.in_(IN_FLIGHT)).order_by(L.OPERATIONS.c.created_at)).all()
+        pending = self.controllers.claim_operations()      # those whose owner is not live, now this one's
         bodies = {"start": self._run_start, "stop": self._run_stop, "scale": self.scaler.resume,
                   "drain": self.maintenance.resume_drain, "recover": self.ha.recovery.resume,
                   "restart": self.ha.recovery.run_restart}
@@ -989,6 +1023,7 @@ class Orchestrator:
 
     def close(self) -> None:
         self.closing.set()
+        self.controllers.stop()
         for loop in (self.monitor, self.sync, self.host_events, self.migration_settle, self.storage_settle, self.ha):
             loop.stop()
         if isinstance(self.executor, ThreadPoolExecutor):

@@ -17,6 +17,8 @@ from sqlalchemy import select
 
 from .errors import Conflict
 from .events import acting_as
+from .ownership import owned
+from .storagesettle import MIN_AGE_S
 from .migration import MigrationState
 from .model import IN_FLIGHT_OPERATION_STATES, VmState
 from .store import ledger as L
@@ -38,6 +40,7 @@ class Recovery:
         self._done.set()
         self.phase = "done"
         self.error: str | None = None
+        self.started = False            # take_over() waits for the first run()
 
     # -- what is recovered ---------------------------------------------------------------------
     def _plan(self) -> dict[str, tuple[str, str]]:
@@ -61,6 +64,7 @@ class Recovery:
     def run(self, background: bool) -> None:
         """Recover now (in this thread) or in a background thread; `wait()` waits for the end."""
         with self._lock:
+            self.started = True
             self._pending = self._plan()
             self.phase, self.error = "reconcile", None
             self._done.clear()
@@ -69,16 +73,33 @@ class Recovery:
         else:
             self._run()
 
-    def _run(self) -> None:
+    def take_over(self) -> bool:
+        """The coordinator's part when another control-plane process lapsed (controllers.py): its
+        migrations are settled and its operations resumed or rolled back here, as after a restart,
+        without the reconcile pass (the hosts' own listeners keep running VMs true). False if a
+        recovery runs already (it takes them too)."""
+        with self._lock:
+            if not self._done.is_set() or not self.started:
+                return False        # recovering already (it takes them too), or not yet started (`vmplane up`)
+            self.phase, self.error = "migrations", None
+            self._done.clear()
+        log.info("taking over the work of lapsed control-plane processes")
+        threading.Thread(target=self._run, args=(False,), name="vmplane-takeover", daemon=True).start()
+        return True
+
+    def _run(self, reconcile: bool = True) -> None:
         o = self.o
         try:
-            with acting_as("recovery"):
-                o.reconcile()
+            with acting_as("recovery"), owned(o.controllers.epoch):
+                if reconcile:
+                    o.reconcile()
                 self._finish_phase("reconcile", "migrations")
                 o.migrator.recover()
                 self._finish_phase("migrations", "operations")
                 o._resume_operations()
-                o.storage_settle.run_once(min_age_s=0)     # volumes left between two steps, stale copies
+                # volumes left between two steps, stale copies; at once only when no other process
+                # may be between two steps right now
+                o.storage_settle.run_once(min_age_s=0 if o.controllers.alone() else MIN_AGE_S)
                 self._finish_phase("operations", "migration queue")
                 o.migrator.pump()
         except Exception as exc:        # what is left is retried by the loops and the next start

@@ -38,7 +38,7 @@ def ha_load(conn: Connection, hosts: Iterable[str] | None = None) -> dict[str, L
 
 def tolerated(orch: "Orchestrator", cluster: str) -> int:
     """k of a cluster (vmplane.ha.host.failures.tolerated, at its scope)."""
-    zone = next((m.zone for m in orch._hosts.values() if m.cluster == cluster), None)
+    zone = orch.cluster_zones().get(cluster)
     if zone is None:        # a cluster without hosts
         with orch.db.read() as s:
             zone = get_by_name(s, Cluster, cluster, field="cluster").zone.name
@@ -48,7 +48,7 @@ def tolerated(orch: "Orchestrator", cluster: str) -> int:
 def _clusters_in(orch: "Orchestrator", zone: str | None, cluster: str | None) -> list[str]:
     if cluster is not None:
         return [cluster]
-    return sorted({m.cluster for m in orch._hosts.values() if zone is None or m.zone == zone})
+    return sorted(c for c, z in orch.cluster_zones().items() if zone is None or z == zone)
 
 
 def reserve_for(orch: "Orchestrator", conn: Connection, zone: str | None, cluster: str | None, is_ha: bool,

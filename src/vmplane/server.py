@@ -16,6 +16,7 @@ from . import localhosts
 from .api.app import create_app
 from .errors import Invalid, NotFound
 from .guest import build as guest
+from .controllers import DEFAULT_LEASE_S
 from .orchestrator import Orchestrator
 from .store import Database
 
@@ -41,13 +42,16 @@ class ControlPlane:
         self.db.dispose()
 
 
-def build(db_url: str | None = None, recover: bool = True) -> ControlPlane:
+def build(db_url: str | None = None, recover: bool = True, name: str | None = None,
+          lease_s: float = DEFAULT_LEASE_S, api_url: str | None = None) -> ControlPlane:
     """The control plane of a store; its start-up recovery runs in the background (the API answers at
     once; /healthz shows what is still recovered), or, with `recover=False`, when the caller says
-    (`orchestrator.recovery.run(background=True)`: `vmplane up` once its local hosts run)."""
+    (`orchestrator.recovery.run(background=True)`: `vmplane up` once its local hosts run). `name`: this
+    process among the control planes of the store (controllers.py; a restart under the same name takes
+    over its previous incarnation's work at once)."""
     db = Database(db_url or default_db_url())
     db.migrate()
-    orch = Orchestrator(db)
+    orch = Orchestrator(db, name=name, lease_s=lease_s, api_url=api_url)
     orch.load(background=True, recover=recover)
     orch.start_monitor()
     return ControlPlane(db, orch, create_app(orch))

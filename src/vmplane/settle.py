@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from .drivers.base import DriverError
 from .errors import NotFound
@@ -88,6 +88,10 @@ def settle_vm(o, vm_name: str, host: str, cause: str, why: str, op_ended: bool =
     return new
 
 
+_OP = L.OPERATIONS.c
+_OPERATION_END = select(_OP.state, _OP.kind, _OP.vm_id).where(_OP.id == bindparam("id"))    # (built once)
+
+
 def after_failed_operation(o, op_id: str) -> str | None:
     """An operation that ended failed and left its VM `running` on a host (a failure path that puts the
     VM back as it was: a scale whose migration found the domain on neither host, or whose domain could
@@ -96,8 +100,7 @@ def after_failed_operation(o, op_id: str) -> str | None:
     not say running where nothing runs. Returns the state written, or None."""
     with o.db.read() as s:
         conn = s.connection()
-        op = conn.execute(select(L.OPERATIONS.c.state, L.OPERATIONS.c.kind, L.OPERATIONS.c.vm_id)
-                          .where(L.OPERATIONS.c.id == op_id)).first()
+        op = conn.execute(_OPERATION_END, {"id": op_id}).first()
         if op is None or op.state != OperationState.failed.value or op.vm_id is None:
             return None
         try:

@@ -25,7 +25,8 @@ class StorageSettle:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        every(lambda: self.interval_s, self.run_once, self._stop, "storage-settle", log)
+        every(lambda: self.interval_s, self.run_once, self._stop, "storage-settle", log,
+              when=self.o.controllers.coordinates, owner=lambda: self.o.controllers.epoch)
 
     def stop(self) -> None:
         self._stop.set()

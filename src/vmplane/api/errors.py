@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import VmplaneError
@@ -56,6 +56,16 @@ def install_error_handlers(app: FastAPI) -> None:
         # Two concurrent creates of one name on a database without a write lock (PostgreSQL).
         return JSONResponse({"error": "already_exists", "message": "a record with this name already exists",
                              "field": "name"}, status_code=409)
+
+    @app.exception_handler(OperationalError)
+    async def busy_error(_: Request, exc: OperationalError):
+        # PostgreSQL chose this transaction as a deadlock's victim, or could not serialise it: it was
+        # rolled back whole, so nothing changed and the request may be sent again
+        if getattr(exc.orig, "sqlstate", None) in ("40P01", "40001"):
+            return JSONResponse({"error": "conflict", "message": "the store was busy with a conflicting request and "
+                                 "rolled this one back; nothing changed, retry", "field": None}, status_code=409)
+        return JSONResponse({"error": "internal", "message": f"internal error: {type(exc).__name__}",
+                             "field": None}, status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

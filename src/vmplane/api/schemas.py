@@ -22,6 +22,11 @@ def _utc(value: dt.datetime) -> dt.datetime:
     return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
 
 
+def utc_iso(value: dt.datetime) -> str:
+    """A stored time as every response gives it (UtcDatetime's JSON form)."""
+    return _utc(value).isoformat()
+
+
 UtcDatetime = Annotated[dt.datetime, AfterValidator(_utc),
                         PlainSerializer(dt.datetime.isoformat, return_type=str, when_used="json")]
 

@@ -17,11 +17,35 @@ from .common import (
     HOST_COLUMNS,
     Size,
     api_command,
+    app,
     follow_migrations,
     groups,
     maintenance_app,
     mib,
 )
+
+
+# -- the control-plane processes ----------------------------------------------------------------
+def _hosts_cell(row: dict) -> str:
+    hosts = row["hosts"]
+    return ", ".join(hosts) if len(hosts) <= 4 else f"{', '.join(hosts[:3])} and {len(hosts) - 3} more"
+
+
+CONTROLLER_COLUMNS = [Col("EPOCH", "epoch"), Col("NAME", lambda r: r["name"] + (" *" if r["this"] else "")),
+                      Col("STATE", "state"),
+                      Col("LEASE", lambda r: "-" if r["expires_in_s"] is None else f"{r['expires_in_s']:g} s left"),
+                      Col("COORDINATOR", lambda r: "yes" if r["coordinator"] else ""),
+                      Col("HOSTS", _hosts_cell), Col("OPS", "operations"), Col("MIGRATIONS", "migrations")]
+
+
+@api_command(app, "controllers", lists=True)
+def controllers(client: Client):
+    """The control-plane processes of this store: each one's epoch (its fencing token), lease, whether it
+    coordinates (recovery, settling, HA, the migration queue), the hosts whose events it listens to, and
+    the operations and migrations it runs. `*` marks the process that answered."""
+    return (client.get("/controllers"), CONTROLLER_COLUMNS, "control-plane processes",
+            "a live process renews its lease every third of it; one whose lease lapses changes nothing more, "
+            "and its work is taken over")
 
 
 # -- zones, clusters, hosts --------------------------------------------------------------------

@@ -21,7 +21,11 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
        port: int = typer.Option(8470, help="port to listen on"),
        token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN",
                                            help="admin token to use (default: a new one, printed once)"),
-       keep_hosts: bool = typer.Option(False, help="leave libvirt hosts and their VMs running on exit")):
+       keep_hosts: bool = typer.Option(False, help="leave libvirt hosts and their VMs running on exit"),
+       lease: float = typer.Option(15.0, min=1.0, max=300.0,
+                                   help="seconds this process's lease lasts unrenewed (see `vmplane serve`)"),
+       name: Optional[str] = typer.Option(None, help="this process among the control planes of the store "
+                                                     "(default HOSTNAME:PORT)")):
     """Run a local cluster: the API and HOSTS hosts on this machine (libvirtd daemons, or simulated)."""
     from .. import server
     from ..errors import VmplaneError
@@ -36,7 +40,9 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
     except VmplaneError as exc:
         console.print(f"[red]error[/red] {exc.message}")
         raise typer.Exit(1)
-    plane = server.build(db, recover=False)
+    from ..controllers import default_name
+
+    plane = server.build(db, recover=False, name=name or default_name(port), lease_s=lease, api_url=f"http://{bind}:{port}")
     try:
         names = server.prepare_local_cluster(plane.orchestrator, hosts, kind)
         # the hosts run now: recover in the background (what it finds is logged and in the event log)
@@ -91,12 +97,19 @@ def serve(db: Optional[str] = typer.Option(None, help="SQLAlchemy URL"),
           bind: str = typer.Option("127.0.0.1", help="address to listen on"),
           port: int = typer.Option(8470, help="port to listen on"),
           token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN",
-                                              help="make this the admin token (for a fresh database)")):
-    """Run the API alone, on an existing database."""
+                                              help="make this the admin token (for a fresh database)"),
+          name: Optional[str] = typer.Option(None, help="this process among the control planes of the store "
+                                                        "(default HOSTNAME:PORT); a restart under the same name "
+                                                        "takes over what the previous one left at once"),
+          lease: float = typer.Option(15.0, min=1.0, max=300.0,
+                                      help="seconds this process's lease lasts unrenewed (renewed every third); "
+                                           "its work is taken over by another process when it lapses")):
+    """Run the API alone, on an existing database (several of them may share one PostgreSQL database)."""
     from .. import server
+    from ..controllers import default_name
     from ..errors import VmplaneError
 
-    plane = server.build(db)
+    plane = server.build(db, name=name or default_name(port), lease_s=lease, api_url=f"http://{bind}:{port}")
     if token:
         try:
             plane.orchestrator.catalog.ensure_admin_token(server.UP_TOKEN_NAME, token)

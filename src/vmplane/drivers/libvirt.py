@@ -10,6 +10,7 @@ console (virDomainOpenConsole), which works for local and remote (qemu+tls) host
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -77,7 +78,29 @@ libvirt.registerErrorHandler(_quiet, None)
 
 
 OPEN_TIMEOUT_S = 10.0
+
+
+def probe_words(stderr: str) -> str:
+    """What `virsh -c URI uri` said when it could not connect: its error lines (not the generic "failed to
+    connect to the hypervisor"), with the reason libvirt logged for a refused TLS certificate, e.g.
+    "authentication failed: Failed to verify peer's certificate (The certificate hasn't got a known
+    issuer.): the host's certificate is not trusted"."""
+    lines = stderr.strip().splitlines()
+    errors = [line.removeprefix("error: ") for line in lines
+              if line.startswith("error: ") and "failed to connect to the hypervisor" not in line]
+    words = "; ".join(errors) or (lines[-1] if lines else "virsh failed")
+    causes = [line.rsplit("Certificate failed validation: ", 1)[-1] for line in lines
+              if "Certificate failed validation: " in line]
+    if causes:
+        words += f" ({causes[0]})"
+    if "certificate" in words.lower() and ("verify" in words.lower() or causes):
+        words += ": the host's certificate is not trusted"
+    return words
+
+
 STUCK_S = 3.0
+# how long a completed copy waits for libvirt's JOB_COMPLETED event (its statistics) after the call returned
+JOB_COMPLETED_WAIT_S = 3.0
 
 
 class _EventLoop:
@@ -163,8 +186,7 @@ class LibvirtDriver(StorageMixin, Driver):
         except OSError:
             probe = None            # no virsh here: open without the probe
         if probe is not None and probe.returncode != 0:
-            words = (probe.stderr.strip().splitlines() or ["virsh failed"])[0].removeprefix("error: ")
-            raise DriverError(self.host, f"cannot connect to {self.uri}: {words}")
+            raise DriverError(self.host, f"cannot connect to {self.uri}: {probe_words(probe.stderr)}")
         try:
             return libvirt.open(self.uri)
         except libvirt.libvirtError as exc:
@@ -670,8 +692,13 @@ class LibvirtDriver(StorageMixin, Driver):
     def _copy(self, dom, name: str, target: "LibvirtDriver", params: MigrationParams, flags: int, mparams: dict,
               progress: ProgressCallback | None) -> MigrationStats:
         completed: dict = {}
-        callback = self.conn.domainEventRegisterAny(
-            dom, libvirt.VIR_DOMAIN_EVENT_ID_JOB_COMPLETED, lambda c, d, stats, _: completed.update(stats), None)
+        arrived = threading.Event()
+
+        def on_completed(_conn, _dom, stats, _opaque):
+            completed.update(stats)
+            arrived.set()
+
+        callback = self.conn.domainEventRegisterAny(dom, libvirt.VIR_DOMAIN_EVENT_ID_JOB_COMPLETED, on_completed, None)
         outcome: dict = {}
 
         def copy():
@@ -695,6 +722,13 @@ class LibvirtDriver(StorageMixin, Driver):
                     worker.join(0.1)
             finally:
                 worker.join()
+                watch.close()
+            call_ms = int((time.monotonic() - t0) * 1000)
+            if "ok" in outcome:
+                # JOB_COMPLETED (the statistics, downtime included) is dispatched by the event loop thread,
+                # possibly after the call returned: keep the callback until it came (deregistered, a
+                # queued event is dropped and the copy would report 0 ms downtime and 0 bytes)
+                arrived.wait(JOB_COMPLETED_WAIT_S)
         finally:
             try:
                 self.conn.domainEventDeregisterAny(callback)
@@ -703,11 +737,10 @@ class LibvirtDriver(StorageMixin, Driver):
         if "error" in outcome:
             raise DriverError(self.host, f"migration of {name} to {target.host} failed{watch.why()}: "
                                          f"{outcome['error']}")
-        time.sleep(0.1)                       # JOB_COMPLETED is dispatched by the event loop thread
-        return MigrationStats(total_ms=int(completed.get("time_elapsed") or (time.monotonic() - t0) * 1000),
+        return MigrationStats(total_ms=int(completed.get("time_elapsed") or call_ms),
                               downtime_ms=int(completed.get("downtime") or 0),
                               bytes_sent=int(completed.get("data_processed") or completed.get("memory_processed") or 0),
-                              extra={"call_ms": int((time.monotonic() - t0) * 1000),
+                              extra={"call_ms": call_ms,
                                      "postcopy_switch_s": round(watch.switched, 2) if watch.switched else None,
                                      "first_pass_s": round(watch.first_pass_at - t0, 2) if watch.first_pass_at else None,
                                      "iterations": completed.get("memory_iteration"),
@@ -769,13 +802,16 @@ class LibvirtDriver(StorageMixin, Driver):
 
     def p2p_uri(self) -> str:
         """The URI the source daemon uses to reach this one: `+unix` is required between daemons on one
-        machine (a plain socket URI is taken for "the same host")."""
+        machine (a plain socket URI is taken for "the same host"). A remote URI is passed as added, so a
+        host added as qemu+tls:// (or qemu+ssh://) is migrated to over TLS (ssh): the source daemon is the
+        client then, with its own certificates (root: /etc/pki/libvirt/clientcert.pem, or the URI's
+        pkipath, read on the source host) or ssh keys."""
         return self.uri if "+" in self.uri.split(":", 1)[0] else self.uri.replace("qemu://", "qemu+unix://", 1)
 
     def incoming_address(self) -> str:
         if self.migration_address:
             return self.migration_address
-        host = re.match(r"^[a-z0-9+]+://([^/:?]*)", self.uri)
+        host = re.match(r"^[a-z0-9+]+://(?:[^@/?]*@)?([^/:?]*)", self.uri)     # without qemu+ssh's user@
         return host.group(1) if host and host.group(1) else "127.0.0.1"
 
     # -- the guest's view ----------------------------------------------------------------------
@@ -871,7 +907,9 @@ class LibvirtDriver(StorageMixin, Driver):
 
 class _CopyWatch:
     """One poll of a running copy (LibvirtDriver.migrate): progress, a cancel kept until the job
-    exists, the early switch to post-copy, the deadline."""
+    exists, the early switch to post-copy, the deadline. The progress is written by a thread of its own
+    (the newest report only): a store write that waits must never hold back the next poll, whose switch
+    to post-copy is due at a set time into the first pass (late, the copy ends as pre-copy)."""
 
     def __init__(self, driver: LibvirtDriver, dom, name: str, params: MigrationParams,
                  progress: ProgressCallback | None, t0: float):
@@ -883,6 +921,10 @@ class _CopyWatch:
         self.percent = 0                         # reported so far (never goes back)
         self.disk_bytes = 0                      # disk bytes copied so far (jobStats disk_processed)
         self.memory_estimate = 0                 # the domain's memory, until the memory copy reports its total
+        self._report_lock = threading.Condition()
+        self._newest: tuple[int, str] | None = None     # the report not yet written
+        self._closed = False
+        self._writer: threading.Thread | None = None
         if params.copy_disks:
             try:
                 self.memory_estimate = dom.info()[2] * 1024
@@ -933,14 +975,39 @@ class _CopyWatch:
             return
         remaining = mem_left + disk_left
         self.percent = max(self.percent, min(99, int(100 * (total - remaining) / total)))
-        try:
-            self.progress(self.percent,
-                          (f"disks {(disk_total - disk_left) >> 20}/{disk_total >> 20} MiB, " if disk_total else "")
-                          + f"copied {(total - remaining) >> 20} of {total >> 20} MiB, iteration "
-                            f"{stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
-                          + (", post-copy" if self.switched and self.switched > 0 else ""))
-        except Exception:       # only a report: the copy goes on, its outcome is asked of the hosts
-            pass
+        words = ((f"disks {(disk_total - disk_left) >> 20}/{disk_total >> 20} MiB, " if disk_total else "")
+                 + f"copied {(total - remaining) >> 20} of {total >> 20} MiB, iteration "
+                   f"{stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
+                 + (", post-copy" if self.switched and self.switched > 0 else ""))
+        with self._report_lock:
+            self._newest = (self.percent, words)
+            self._report_lock.notify()
+            if self._writer is None:        # in the copy's context: its owner fences the writes, its cause names them
+                self._writer = threading.Thread(target=contextvars.copy_context().run, args=(self._write_reports,),
+                                                name=f"migrate-{self.name}-progress", daemon=True)
+                self._writer.start()
+
+    def _write_reports(self) -> None:
+        while True:
+            with self._report_lock:
+                while self._newest is None and not self._closed:
+                    self._report_lock.wait()
+                report, self._newest = self._newest, None
+                if report is None:
+                    return              # closed, nothing left to write
+            try:
+                self.progress(*report)
+            except Exception:       # noqa: BLE001 - only a report: the copy goes on, its outcome is asked of the hosts
+                pass
+
+    def close(self) -> None:
+        """After the copy: the last report written (or dropped), the writer gone (before the outcome is recorded)."""
+        with self._report_lock:
+            self._closed = True
+            self._newest = None         # the outcome follows; a report now would only be overwritten
+            self._report_lock.notify()
+        if self._writer is not None:
+            self._writer.join()
 
     def _switch(self) -> None:
         try:

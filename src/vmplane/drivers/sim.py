@@ -26,6 +26,7 @@ hot-plug with detaches completed late or never, and migrations that copy disks a
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -73,7 +74,8 @@ class SimDriver(SimStorageDriver, Driver):
         self.fabric = fabric or SimFabric()
         self.faults = faults        # None: the fabric's (fabric.faults), which is None unless switched on
         # None: a migration is instant; else memory is copied at this rate (for limit and drain timelines)
-        self.copy_rate_mib_s: float | None = None
+        # (harnesses of several processes set it for all: $VMPLANE_SIM_COPY_RATE_MIB_S)
+        self.copy_rate_mib_s: float | None = float(os.environ.get("VMPLANE_SIM_COPY_RATE_MIB_S") or 0) or None
         # disks are copied at this rate (MiB/s); None: the fabric's (fabric.disk_copy_rate_mib_s)
         self.disk_copy_rate_mib_s: float | None = None
         self._aborts: set[str] = set()

@@ -23,6 +23,7 @@ daemon is dead, and no event comes from a host the control plane does not reach.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -86,11 +87,16 @@ class SimFabric(HostFabric, StorageFabric):
 
     @classmethod
     def for_store(cls, url: str) -> "SimFabric":
-        """The fabric of a store: a file beside a SQLite store, else this process's memory (per URL)."""
+        """The fabric of a store: the file `$VMPLANE_SIM_HOSTS` when set (several control-plane processes
+        on one PostgreSQL store share their sim hosts through it), else a file beside a SQLite store,
+        else this process's memory (per URL)."""
         from ..store.db import _sqlite_file
 
-        db_file = _sqlite_file(url)
-        key = str(db_file.with_name(db_file.name + ".sim-hosts")) if db_file else url
+        shared = os.environ.get("VMPLANE_SIM_HOSTS")
+        db_file = Path(shared) if shared else _sqlite_file(url)
+        if db_file is not None and not shared:
+            db_file = db_file.with_name(db_file.name + ".sim-hosts")
+        key = str(db_file) if db_file else url
         with _shared_lock:
             fabric = _shared.get(key)
             if fabric is None:

@@ -10,6 +10,8 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from .. import ownership
+
 DEFAULT_DB_URL = "sqlite:///var/vmplane.db"
 
 
@@ -37,9 +39,18 @@ class Database:
         else:
             kwargs["pool_size"] = 20
             kwargs["max_overflow"] = 20
+            # no server-side prepared statements: they are session state, which PgBouncer in transaction
+            # pooling mode does not keep (each transaction may run on another server connection)
+            kwargs["connect_args"] = {"prepare_threshold": None}
         self.engine: Engine = create_engine(url, **kwargs)
+        # the lease's renewal (controllers.py) on a pool of its own: never behind requests waiting for a connection
+        in_memory = self.is_sqlite and path is None
+        self._lease_engine: Engine = self.engine if in_memory else create_engine(
+            url, **{**kwargs, "pool_size": 1, "max_overflow": 1})
         if self.is_sqlite:
             self._configure_sqlite(self.engine)
+            if self._lease_engine is not self.engine:
+                self._configure_sqlite(self._lease_engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @staticmethod
@@ -68,11 +79,13 @@ class Database:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Session]:
-        """A transaction that commits on success and rolls back on any exception."""
+        """A transaction that commits on success and rolls back on any exception. Under `ownership.owned`
+        its first statement checks the owner's lease (ownership.Fenced if it lapsed)."""
         session = self._sessions()
         if self.is_sqlite:
             session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
         try:
+            ownership.check(session.connection())
             yield session
             session.commit()
         except BaseException:
@@ -81,13 +94,22 @@ class Database:
         finally:
             session.close()
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[Connection]:
+    def transaction(self) -> contextlib.AbstractContextManager[Connection]:
         """Like write(), for Core statements on a plain connection (the admission hot path)."""
-        with self.engine.connect() as conn:
+        return self._transaction(self.engine, fenced=True)
+
+    def lease_transaction(self) -> contextlib.AbstractContextManager[Connection]:
+        """A short write transaction on the lease's own connection, unfenced (the renewal of a lease)."""
+        return self._transaction(self._lease_engine, fenced=False)
+
+    @contextlib.contextmanager
+    def _transaction(self, engine: Engine, fenced: bool) -> Iterator[Connection]:
+        with engine.connect() as conn:
             if self.is_sqlite:
                 conn = conn.execution_options(sqlite_begin="IMMEDIATE")
             with conn.begin():
+                if fenced:
+                    ownership.check(conn)
                 yield conn
 
     def migrate(self) -> None:
@@ -97,3 +119,5 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._lease_engine is not self.engine:
+            self._lease_engine.dispose()

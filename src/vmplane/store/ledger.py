@@ -18,7 +18,9 @@ from sqlalchemy.engine import Connection, Row
 
 from .. import events
 from ..errors import NotFound
+from ..ownership import owner_of
 from ..model import ClaimKind, OperationState, Quota, Usage, VmState
+from . import prepared
 from .schema import (
     Claim,
     Cluster,
@@ -65,6 +67,7 @@ _CLAIMS_OF_VM = (select(_C.host_id, _C.vcpus, _C.memory_mib, _H.name)
 _DELETE_CLAIMS_OF_VM = delete(CLAIMS).where(_C.vm_id == bindparam("vm_id"))
 _VM_CHARGE = select(_V.project_id, _V.charged_vcpus, _V.charged_memory_mib).where(_V.id == bindparam("id"))
 _INSERT_OPERATION = insert(OPERATIONS)
+_INSERT_VM = insert(VMS)
 _OPERATION = select(OPERATIONS).where(_O.id == bindparam("id"))
 _VM_ID_BY_NAME = select(_V.id).where(_V.name == bindparam("name"))
 _F = Offering.__table__.c
@@ -120,8 +123,8 @@ def ledger_row(p: Row) -> Usage:
 
 
 def add_to_ledger(conn: Connection, project_id: int, delta: Usage) -> None:
-    conn.execute(_ADD_TO_LEDGER, {"_id": project_id, "dv": delta.vcpus, "dm": delta.memory_mib, "dn": delta.vms,
-                                  "ds": delta.storage_mib})
+    prepared.write(conn, _ADD_TO_LEDGER, {"_id": project_id, "dv": delta.vcpus, "dm": delta.memory_mib,
+                                          "dn": delta.vms, "ds": delta.storage_mib})
 
 
 def lock_host(conn: Connection, name: str) -> Row:
@@ -134,8 +137,8 @@ def lock_host(conn: Connection, name: str) -> Row:
 def take_on_host(conn: Connection, host_id: int, vcpus: int, memory_mib: int, cap_vcpus: int,
                  cap_memory_mib: int) -> bool:
     """Add to a host's usage if it stays within the given capacity and the host is enabled; False if not."""
-    return conn.execute(_TAKE_ON_HOST, {"_id": host_id, "dv": vcpus, "dm": memory_mib, "cap_vcpus": cap_vcpus,
-                                        "cap_memory": cap_memory_mib}).rowcount == 1
+    return prepared.write(conn, _TAKE_ON_HOST, {"_id": host_id, "dv": vcpus, "dm": memory_mib,
+                                                "cap_vcpus": cap_vcpus, "cap_memory": cap_memory_mib}) == 1
 
 
 def grow_running_claim(conn: Connection, vm_id: int, vcpus: int, memory_mib: int) -> None:
@@ -152,8 +155,8 @@ def shrink_running_claim(conn: Connection, vm_id: int, host_id: int, vcpus: int,
 def record_claim(conn: Connection, host_id: int, vm_id: int, operation_id: str | None, kind: ClaimKind,
                  vcpus: int, memory_mib: int) -> None:
     """The claim row for usage already taken on the host with take_on_host()."""
-    conn.execute(_INSERT_CLAIM, {"host_id": host_id, "vm_id": vm_id, "operation_id": operation_id,
-                                 "kind": kind.value, "vcpus": vcpus, "memory_mib": memory_mib})
+    prepared.write(conn, _INSERT_CLAIM, {"host_id": host_id, "vm_id": vm_id, "operation_id": operation_id,
+                                         "kind": kind.value, "vcpus": vcpus, "memory_mib": memory_mib})
 
 
 def release_vm(conn: Connection, vm_id: int, note: str = "") -> list[tuple[str, int, int]]:
@@ -211,10 +214,11 @@ def new_operation(conn: Connection, kind: str, target: str, vm_id: int | None, p
                   step: str, message: str = "", result: dict | None = None, progress: int = 10) -> str:
     op_id = str(uuid.uuid4())
     now = utcnow()
-    conn.execute(_INSERT_OPERATION, {"id": op_id, "kind": kind, "target": target, "vm_id": vm_id,
-                                     "project_id": project_id, "state": OperationState.pending.value, "step": step,
-                                     "progress": progress, "message": message, "result": result,
-                                     "created_at": now, "updated_at": now})
+    prepared.write(conn, _INSERT_OPERATION, {"id": op_id, "kind": kind, "target": target, "vm_id": vm_id,
+                                             "project_id": project_id, "state": OperationState.pending.value,
+                                             "step": step, "progress": progress, "message": message,
+                                             "result": result, "created_at": now, "updated_at": now,
+                                             "owner": owner_of(conn)})
     _operation_event(conn, op_id, kind, target, vm_id, project_id, None, OperationState.pending.value, message)
     return op_id
 
@@ -284,7 +288,8 @@ def start_queued_migration(conn: Connection, migration_id: str, state, started_a
     """Move a migration from queued to `state` (copying); False if it is no longer queued."""
     m = MIGRATIONS.c
     started = conn.execute(update(MIGRATIONS).where(m.id == migration_id, m.state == "queued")
-                           .values(state=state.value, started_at=started_at, waiting_for="")).rowcount == 1
+                           .values(state=state.value, started_at=started_at, waiting_for="",
+                                   owner=owner_of(conn))).rowcount == 1     # the process that copies it
     if started:         # by the pump, in any thread: the event names whoever asked for the migration
         row = conn.execute(_MIGRATION_FOR_EVENT, {"id": migration_id}).one()
         with events.acting_as(events.cause_of(conn, "migration", migration_id, vm=row.vm_name)
@@ -329,13 +334,16 @@ def _vm_event(conn: Connection, before: Row, fields: dict, note: str) -> None:
                   vm=before.name, host=host, project_id=before.project_id)
 
 
-def insert_vm(conn: Connection, note: str = "", **fields) -> int:
-    """A new VM's row, and its `created` event (old state none, new state the row's)."""
+def insert_vm(conn: Connection, note: str = "", host_name: str | None = None, **fields) -> int:
+    """A new VM's row, and its `created` event (old state none, new state the row's). `host_name`: the
+    name of `host_id` when the caller knows it (else it is read)."""
     now = utcnow()
     if fields.get("host_id") is not None:
         fields = {**fields, "last_host_id": fields["host_id"]}
-    vm_id = conn.execute(insert(VMS), {**fields, "created_at": now, "updated_at": now}).inserted_primary_key[0]
-    host = conn.execute(_HOST_NAME, {"id": fields["host_id"]}).scalar() if fields.get("host_id") else None
+    vm_id = conn.execute(_INSERT_VM, {**fields, "created_at": now, "updated_at": now}).inserted_primary_key[0]
+    host = None
+    if fields.get("host_id"):
+        host = host_name or conn.execute(_HOST_NAME, {"id": fields["host_id"]}).scalar()
     state = _enum_values({"state": fields.get("state", VmState.stopped.value)})["state"]
     words = [f"created with {fields['vcpus']} vCPU{'s' if fields['vcpus'] != 1 else ''} / {fields['memory_mib']} MiB"]
     events.record(conn, "vm", fields["name"], old_state=None, new_state=state,

@@ -265,6 +265,7 @@ class Operation(Base):
     result: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+    owner: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)   # the controller running it
 
 
 class Migration(Base):
@@ -287,6 +288,7 @@ class Migration(Base):
     operation_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    owner: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)   # the controller copying it
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
 
@@ -316,3 +318,32 @@ class Event(Base):
     new_state: Mapped[str | None] = mapped_column(String(24), nullable=True)
     cause: Mapped[str] = mapped_column(String(128))
     message: Mapped[str] = mapped_column(Text, default="")
+
+
+class Controller(Base):
+    """One control-plane process, from its start to its end or its lease's lapse. `epoch` (monotonic) is its
+    fencing token: its background writes check in the same transaction that it is still `live` and
+    unexpired (ownership.py). Times are the database's clock, in seconds since 1970."""
+
+    __tablename__ = "controllers"
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128))
+    hostname: Mapped[str] = mapped_column(String(128))
+    pid: Mapped[int] = mapped_column(Integer)
+    api_url: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)      # live, lapsed, stopped
+    lease_s: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float] = mapped_column(Float)
+    renewed_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class Lease(Base):
+    """Work only one process may do: `coordinator` (recovery, settling, HA, the queue) and `host:NAME` (that
+    host's monitor, sync and events). Held while its holder controller is live; `epoch` counts its hand-overs."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(80), primary_key=True)
+    holder: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    acquired_at: Mapped[float] = mapped_column(Float)

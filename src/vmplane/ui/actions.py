@@ -12,7 +12,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from ..api.deps import admin
+from ..api.paging import StrictQueryRoute
+from ..api.deps import require_admin
 from ..api.errors import validation_body
 from ..api.routers import hosts as api_hosts
 from ..api.routers import vms as api_vms
@@ -21,7 +22,7 @@ from ..errors import Invalid, VmplaneError
 from .render import error_fragment, render
 from .session import Actor, Viewer
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 
 
 def _model(cls: type[BaseModel], **fields) -> BaseModel:
@@ -148,7 +149,7 @@ def _host(request: Request, name: str):
 
 @router.get("/hosts/{name}/maintenance")
 def maintenance_controls(request: Request, name: str, who: Viewer):
-    admin(who)
+    require_admin(who)
     return render(request, "fragments/maintenance.html", host=_host(request, name), plan=None)
 
 
@@ -157,7 +158,7 @@ async def maintenance(request: Request, name: str, step: str, who: Actor):
     """plan (a dry run of enter), enter, exit; the controls are rendered again with the outcome. A member
     (not an admin) or an unknown host gets the error alone: nothing of any host is shown."""
     def act():
-        admin(who)
+        require_admin(who)
         if step not in ("plan", "enter", "exit"):
             raise Invalid(f"step: {step!r} is not one of plan, enter, exit", field="step")
         host = _host(request, name)

@@ -8,11 +8,12 @@ from fastapi import APIRouter, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse
 
+from ..api.paging import StrictQueryRoute
 from ..errors import VmplaneError
 from .render import render
 from .session import COOKIE, Actor
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 SESSION_MAX_AGE_S = 12 * 3600       # the browser forgets the session after this; the token lives on
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
+from ..api.paging import StrictQueryRoute
 from .. import events
 from ..errors import Forbidden, Invalid, VmplaneError
 from ..listing import Page
@@ -16,7 +17,7 @@ from . import queries
 from .render import PAGE_SIZE, error_fragment, render
 from .session import Viewer
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
 Text = Annotated[str | None, Query(max_length=63)]
 

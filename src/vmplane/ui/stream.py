@@ -13,11 +13,12 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
+from ..api.paging import StrictQueryRoute
 from .pages import events_context, tasks_context
 from .render import templates
 from .session import Viewer
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 INTERVAL_S = 1.0
 KEEPALIVE_S = 15.0
 

@@ -10,10 +10,10 @@ from fastapi import APIRouter, Query, Response
 from ... import events
 from ...errors import Invalid
 from ..deps import AnyCaller, Orch
-from ..paging import Paging, paged
+from ..paging import Paging, StrictQueryRoute, paged
 from ..schemas import EventOut
 
-router = APIRouter(tags=["events"])
+router = APIRouter(tags=["events"], route_class=StrictQueryRoute)
 
 
 def parse_since(since: str | None) -> int | dt.datetime | None:

@@ -7,11 +7,12 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import Field, StrictBool
 
+from ..paging import StrictQueryRoute
 from ... import groupstore
 from ..deps import AnyCaller, Orch
 from ..schemas import Name, Request, Response, UtcDatetime
 
-router = APIRouter(tags=["placement groups"])
+router = APIRouter(tags=["placement groups"], route_class=StrictQueryRoute)
 
 
 class GroupCreate(Request):

@@ -5,10 +5,10 @@ from fastapi import APIRouter, Response
 from ..deps import Admin, Caller, Orch
 from ..schemas import FenceAgents, FenceRequest, HostCreate, HostFailure, HostOut, MaintenanceRequest
 from ...model import HostState
-from ..paging import Paging, paged
+from ..paging import Paging, StrictQueryRoute, paged
 from ..views import host_out
 
-router = APIRouter(tags=["hosts"])
+router = APIRouter(tags=["hosts"], route_class=StrictQueryRoute)
 
 
 @router.post("/hosts", status_code=201, response_model=HostOut)

@@ -2,6 +2,7 @@
 
 from fastapi import APIRouter
 
+from ..paging import StrictQueryRoute
 from ... import lifecycle
 from ...model import Offering, OfferingKind
 from ...store.schema import Offering as OfferingRow
@@ -9,7 +10,7 @@ from ...store.schema import Template as TemplateRow
 from ..deps import Admin, AnyCaller, Orch
 from ..schemas import OfferingCreate, OfferingOut, TemplateCreate, TemplateOut
 
-router = APIRouter(tags=["offerings and templates"])
+router = APIRouter(tags=["offerings and templates"], route_class=StrictQueryRoute)
 
 
 @router.post("/offerings", status_code=201, response_model=OfferingOut)

@@ -6,10 +6,10 @@ from fastapi import APIRouter, Query, Response
 
 from ..deps import Admin, AnyCaller, Orch
 from ..schemas import AuditOut, OperationOut
-from ..paging import Paging, paged
+from ..paging import Paging, StrictQueryRoute, paged
 from ..views import operation_out
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=StrictQueryRoute)
 
 
 @router.get("/operations", response_model=list[OperationOut])

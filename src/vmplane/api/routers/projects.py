@@ -2,13 +2,14 @@
 
 from fastapi import APIRouter
 
+from ..paging import StrictQueryRoute
 from ... import lifecycle
 from ...quota import describe_usage
 from ..deps import Admin, AnyCaller, Orch
 from ..schemas import ProjectCreate, ProjectOut, QuotaUpdate, UsageOut
 from ..views import project_out
 
-router = APIRouter(tags=["projects"])
+router = APIRouter(tags=["projects"], route_class=StrictQueryRoute)
 
 
 @router.post("/projects", status_code=201, response_model=ProjectOut)

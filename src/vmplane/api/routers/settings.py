@@ -4,11 +4,12 @@ from typing import Literal
 
 from fastapi import APIRouter
 
+from ..paging import StrictQueryRoute
 from ...orchestrator import Orchestrator
 from ..deps import Admin, Orch
 from ..schemas import SettingOut, SettingSet
 
-router = APIRouter(tags=["settings"])
+router = APIRouter(tags=["settings"], route_class=StrictQueryRoute)
 Scope = Literal["global", "zone", "cluster"]
 # keys whose change can leave hosts holding more than their capacity
 CAPACITY_KEYS = ("cpu.overprovisioning.factor", "mem.overprovisioning.factor")

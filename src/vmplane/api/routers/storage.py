@@ -2,11 +2,12 @@
 
 from fastapi import APIRouter
 
+from ..paging import StrictQueryRoute
 from ..deps import Admin, AnyCaller, Orch
 from ..schemas import PoolCreate, PoolOut, VolumeAttach, VolumeCreate, VolumeOut, VolumeResize
 from ..views import pool_out, volume_out
 
-router = APIRouter(tags=["storage"])
+router = APIRouter(tags=["storage"], route_class=StrictQueryRoute)
 
 
 @router.post("/pools", status_code=201, response_model=PoolOut)

@@ -2,10 +2,11 @@
 
 from fastapi import APIRouter
 
+from ..paging import StrictQueryRoute
 from ..deps import Admin, AnyCaller, Orch
 from ..schemas import TokenCreate, TokenInfo, TokenOut
 
-router = APIRouter(tags=["tokens"])
+router = APIRouter(tags=["tokens"], route_class=StrictQueryRoute)
 
 
 @router.post("/tokens", status_code=201, response_model=TokenOut)

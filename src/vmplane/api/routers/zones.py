@@ -2,13 +2,14 @@
 
 from fastapi import APIRouter
 
+from ..paging import StrictQueryRoute
 from ... import lifecycle, reserves
 from ...errors import NotFound
 from ..deps import Admin, Orch
 from .groups import ClusterDetail
 from ..schemas import ClusterCreate, ClusterOut, ZoneCreate, ZoneOut
 
-router = APIRouter(tags=["zones and clusters"])
+router = APIRouter(tags=["zones and clusters"], route_class=StrictQueryRoute)
 
 
 @router.post("/zones", status_code=201, response_model=ZoneOut)

@@ -1,0 +1,222 @@
+"""Group commit for admissions: requests that arrive while an admission transaction runs are admitted
+together in the next one.
+
+Each request is a function of the transaction's connection (the whole read-check-write of one create
+or start). A batch runs its requests in arrival order in one write transaction, each inside its own
+SAVEPOINT: a request sees what the requests before it in the batch wrote (as it would had they committed
+before it), and a request that fails (quota, capacity, a duplicate name) rolls back to its savepoint, so
+it changes nothing and gets exactly the error it would get alone. One commit then makes the batch's
+admissions durable together, and each caller gets its own result or error. A batch of one runs
+without a savepoint, as a plain transaction. Each request is fenced by its own owner (ownership.check
+in its own context, in the batch's transaction), never by whichever thread leads the batch.
+
+No thread of its own: the first caller to find no batch running leads (runs the queued requests
+as one batch); when it is done it hands the lead to the first request that queued meanwhile.
+
+What the caller mirrors in memory before the commit (the capacity index, so the next request of the
+batch places against it) is undone by `on_abort` if the transaction as a whole fails. A request that
+the database itself refuses inside a batch (a deadlock or serialisation failure between processes on
+PostgreSQL, which it would not necessarily meet alone) is run again alone after the batch.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sqlalchemy import select, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from . import ownership
+from .scope import Scope, vm_scope
+from .store.schema import Cluster, Zone
+
+MAX_BATCH = 64          # requests admitted in one transaction at most
+RETRIES = 5             # a request alone, chosen as a deadlock's victim, is run again this many times
+_RETRYABLE = {"40P01", "40001"}     # PostgreSQL: deadlock detected, serialization failure
+
+
+# PostgreSQL: every admission transaction takes this transaction-scoped advisory lock first (released at
+# its commit or rollback, so no session state: fine behind PgBouncer in transaction mode). A batch holds
+# several projects' and hosts' rows at once; without one order between admissions of different processes,
+# two of them would deadlock (each holding a row the other wants, PostgreSQL breaking it after
+# deadlock_timeout). SQLite's BEGIN IMMEDIATE already serialises them.
+ADMISSION_LOCK = 0x766D_6164       # "vmad"
+_LOCK_ADMISSIONS = text("SELECT pg_advisory_xact_lock(:key)")
+
+
+def _run_as(ctx: contextvars.Context, fn: Callable[[Connection], Any], conn: Connection) -> Any:
+    """fn(conn) as its caller: in its context (cause, owner), with its owner's lease checked first in this
+    transaction (ownership.check), whoever's thread opened it: each request of a batch is fenced by its own."""
+    ctx.run(ownership.check, conn)
+    return ctx.run(fn, conn)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in _RETRYABLE
+
+
+@dataclass(eq=False)
+class _Request:
+    fn: Callable[[Connection], Any]
+    ctx: contextvars.Context
+    wake: threading.Event = field(default_factory=threading.Event)
+    lead: bool = False
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    alone: bool = False         # refused by the database inside a batch: run again by itself
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class Batcher:
+    """Runs admission functions in shared write transactions (see the module's docstring).
+
+    `lock`: held while a batch runs (the orchestrator's lock over its admissions and capacity index);
+    a caller that already holds it runs alone, at once (it could not wait for a leader that needs it).
+    `on_abort`: called (under `lock`) when a transaction in which requests had succeeded fails as a
+    whole, to undo what they mirrored in memory."""
+
+    def __init__(self, db, lock, on_abort: Callable[[], None] = lambda: None, max_batch: int = MAX_BATCH):
+        self.db = db
+        self.lock = lock
+        self.on_abort = on_abort
+        self.max_batch = max_batch
+        self._mutex = threading.Lock()
+        self._queue: list[_Request] = []
+        self._busy = False
+        self.batches = 0            # transactions run, and requests admitted through them (for benchmarks)
+        self.requests = 0
+
+    def run(self, fn: Callable[[Connection], Any]) -> Any:
+        """fn(conn) inside a write transaction, alone or in a batch; its result, or its exception."""
+        owned = getattr(self.lock, "_is_owned", None)
+        if owned is not None and owned():
+            return self._alone(fn, contextvars.copy_context())
+        req = _Request(fn, contextvars.copy_context())
+        with self._mutex:
+            self._queue.append(req)
+            if not self._busy:
+                self._busy = True
+                req.lead = True
+        while True:
+            if req.lead:
+                req.lead = False
+                self._lead()
+            if req.done:
+                return req.outcome()
+            req.wake.wait()
+            req.wake.clear()
+
+    def _lead(self) -> None:
+        with self._mutex:
+            batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+        try:
+            self._execute(batch)
+            for r in batch:
+                if r.alone:
+                    r.error, r.result = None, None
+                    try:
+                        r.result = self._alone(r.fn, r.ctx)
+                    except BaseException as exc:  # noqa: BLE001 - handed to its caller
+                        r.error = exc
+        finally:
+            with self._mutex:
+                if self._queue:
+                    nxt = self._queue[0]
+                    nxt.lead = True
+                    nxt.wake.set()
+                else:
+                    self._busy = False
+            for r in batch:
+                r.done = True
+                r.wake.set()
+
+    def _alone(self, fn, ctx: contextvars.Context) -> Any:
+        """fn in a transaction of its own; run again (up to RETRIES times) if the database chose it as a
+        deadlock's victim or refused it for serialisation (PostgreSQL, between processes): it was rolled
+        back whole, so running it again is running it for the first time."""
+        for attempt in range(RETRIES + 1):
+            with self.lock:
+                ran = False
+                try:
+                    with ownership.owned(None), self.db.transaction() as conn:
+                        self._serialise(conn)
+                        result = _run_as(ctx, fn, conn)
+                        ran = True
+                except BaseException as exc:
+                    if ran:             # it had mirrored its effect; the commit failed
+                        self.on_abort()
+                    if attempt < RETRIES and _retryable(exc):
+                        continue
+                    raise
+                self.batches += 1
+                self.requests += 1
+                return result
+        raise AssertionError("unreachable")
+
+    def _serialise(self, conn: Connection) -> None:
+        if not self.db.is_sqlite:
+            conn.execute(_LOCK_ADMISSIONS, {"key": ADMISSION_LOCK})
+
+    def _execute(self, batch: list[_Request]) -> None:
+        if len(batch) == 1:
+            r = batch[0]
+            try:
+                r.result = self._alone(r.fn, r.ctx)
+            except BaseException as exc:  # noqa: BLE001 - handed to its caller
+                r.error = exc
+            return
+        with self.lock:
+            admitted = 0
+            try:
+                with ownership.owned(None), self.db.transaction() as conn:
+                    self._serialise(conn)
+                    for r in batch:
+                        savepoint = conn.begin_nested()
+                        try:
+                            r.result = _run_as(r.ctx, r.fn, conn)
+                        except BaseException as exc:  # noqa: BLE001 - this request only
+                            savepoint.rollback()
+                            if isinstance(exc, DBAPIError) and not isinstance(exc, IntegrityError):
+                                r.alone = True
+                            else:
+                                r.error = exc
+                            continue
+                        savepoint.commit()
+                        admitted += 1
+            except BaseException:  # noqa: BLE001 - the commit failed: nobody was admitted
+                if admitted:
+                    self.on_abort()
+                for r in batch:         # each tried again alone, in order: each gets its own outcome
+                    r.alone, r.error, r.result = True, None, None
+                return
+            self.batches += 1
+            self.requests += sum(1 for r in batch if not r.alone)
+
+
+_Z, _CL = Zone.__table__.c, Cluster.__table__.c
+_ZONES_AND_CLUSTERS = (select(_Z.id, _Z.name, _CL.id, _CL.name)
+                       .select_from(Zone.__table__.outerjoin(Cluster.__table__, _CL.zone_id == _Z.id)))
+
+
+def scope_of(conn: Connection, zone: str | None, cluster: str | None) -> tuple[Scope, int | None, int | None]:
+    """A new VM's zone and cluster (scope.vm_scope) with their ids, read in the admission's transaction
+    (one statement built once: building it per request cost a quarter of an admission)."""
+    zones: dict[str, list[str]] = {}
+    ids: dict[tuple[str, str], int] = {}
+    for zone_id, zone_name, cluster_id, cluster_name in conn.execute(_ZONES_AND_CLUSTERS).all():
+        zones.setdefault(zone_name, [])
+        ids["zone", zone_name] = zone_id
+        if cluster_name is not None:
+            zones[zone_name].append(cluster_name)
+            ids["cluster", cluster_name] = cluster_id
+    scope = vm_scope(zones, zone, cluster)
+    return scope, ids.get(("zone", scope.zone)), ids.get(("cluster", scope.cluster))

@@ -1,0 +1,54 @@
+"""Who does which background work, as pure rules over plain data (controllers.py applies them).
+
+Work only one process may do is held through a lease: `coordinator` (start-up recovery and takeovers,
+the settle loops, HA, the migration queue) and `host:NAME` (that host's monitor, full sync and libvirt
+events: each host's events have exactly one listener). A lease is valid while its holder controller is
+live; hosts are shared out among the live controllers by rendezvous hashing of (controller name, host
+name), so a controller that joins or leaves moves only its share of the hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable, Mapping
+
+COORDINATOR = "coordinator"
+HOST_PREFIX = "host:"
+
+
+def host_lease(host: str) -> str:
+    return HOST_PREFIX + host
+
+
+def host_of(lease: str) -> str | None:
+    return lease[len(HOST_PREFIX):] if lease.startswith(HOST_PREFIX) else None
+
+
+def _weight(controller: str, host: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{controller}\0{host}".encode(), digest_size=8).digest(), "big")
+
+
+def assign(hosts: Iterable[str], controllers: Iterable[str]) -> dict[str, str]:
+    """Each host to exactly one of `controllers` (names): the one with the highest weight for it. Stable:
+    the same sets give the same answer in every process; a controller added or removed moves only the
+    hosts it gains or had."""
+    names = sorted(set(controllers))
+    if not names:
+        return {}
+    return {host: max(names, key=lambda c: (_weight(c, host), c)) for host in hosts}
+
+
+def expired(expires_at: float, now: float) -> bool:
+    return expires_at <= now
+
+
+def to_release(held: Iterable[str], assignment: Mapping[str, str], me: str) -> list[str]:
+    """Host leases this controller holds that the assignment gives to another (or whose host is gone)."""
+    return sorted(lease for lease in held
+                  if (host := host_of(lease)) is not None and assignment.get(host) != me)
+
+
+def to_acquire(held: Iterable[str], assignment: Mapping[str, str], me: str) -> list[str]:
+    """Host leases the assignment gives this controller that it does not hold yet."""
+    have = set(held)
+    return sorted(host_lease(h) for h, owner in assignment.items() if owner == me and host_lease(h) not in have)

@@ -1,0 +1,80 @@
+"""Fencing tokens: a background write lands only while the process that makes it still holds its lease.
+
+Each control-plane process registers a row in `controllers` (controllers.py); its `epoch` (monotonic,
+given by the database) is its fencing token. Work a process owns (an operation or migration it runs, a
+loop it runs because it holds a lease) runs under `owned(epoch)`. Every write transaction opened under
+it (Database.write / transaction) first checks, in the same transaction, that this epoch's row is still
+`live` and unexpired by the database's clock, and raises `Fenced` if not: a paused or partitioned ex-owner
+changes nothing once its lease has passed, whatever its threads were in the middle of.
+
+The check takes a KEY SHARE lock on the row (PostgreSQL; SQLite's writers are serial anyway), and a
+takeover starts by marking the lapsed row `lapsed` after locking it FOR UPDATE (controllers.mark_lapsed),
+which waits for those: a write that passed its check commits before the takeover sees anything. The
+renewal, an UPDATE of no key column, does not conflict with KEY SHARE: a process's own writes waiting on
+other locks never hold its lease back. No session state: no advisory locks, nothing that a
+connection pool (or PgBouncer in transaction mode) could lose between two transactions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator
+
+from sqlalchemy import TextClause, text
+from sqlalchemy.engine import Connection
+
+from .errors import Interrupted
+
+_OWNER: contextvars.ContextVar[int | None] = contextvars.ContextVar("vmplane_owner", default=None)
+_LIVE: dict[str, TextClause] = {}          # check()'s statement, by dialect
+
+
+class Fenced(Interrupted):
+    """This process's lease lapsed: the write did not land, and the work is someone else's now. An
+    operation that meets it stays at its persisted step for the process that took it over."""
+
+
+@contextlib.contextmanager
+def owned(epoch: int | None) -> Iterator[None]:
+    """Run the block as the owner `epoch`: its writes are fenced by it (None: not fenced)."""
+    token = _OWNER.set(epoch)
+    try:
+        yield
+    finally:
+        _OWNER.reset(token)
+
+
+def current() -> int | None:
+    return _OWNER.get()
+
+
+def now_sql(conn: Connection) -> str:
+    """The database's clock, in seconds since 1970, as SQL (every process compares leases with one clock)."""
+    if conn.dialect.name == "sqlite":
+        return "((julianday('now') - 2440587.5) * 86400.0)"
+    return "extract(epoch from clock_timestamp())"
+
+
+def db_now(conn: Connection) -> float:
+    return float(conn.execute(text(f"SELECT {now_sql(conn)}")).scalar_one())
+
+
+def check(conn: Connection) -> None:
+    """Inside a write transaction: raise Fenced unless the current owner's lease is live (no owner: no check)."""
+    epoch = _OWNER.get()
+    if epoch is None:
+        return
+    stmt = _LIVE.get(conn.dialect.name)
+    if stmt is None:        # built once per dialect: a text() built per call cost a cache key each write
+        lock = "" if conn.dialect.name == "sqlite" else " FOR KEY SHARE"
+        stmt = _LIVE[conn.dialect.name] = text(f"SELECT 1 FROM controllers WHERE epoch = :e AND state = 'live' "
+                                               f"AND expires_at > {now_sql(conn)}{lock}")
+    if conn.execute(stmt, {"e": epoch}).first() is None:
+        raise Fenced(f"controller {epoch}'s lease has lapsed: this write did not land")
+
+
+def owner_of(conn: Connection) -> int | None:
+    """The controller new operations and migrations are owned by: the one running the block, else this
+    store's process (set on the engine by controllers.Controllers)."""
+    return _OWNER.get() or getattr(conn.engine, "vmplane_controller", None)
