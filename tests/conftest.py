@@ -220,7 +220,11 @@ class LiveServer:
                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
 
     def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        return subprocess.run([VMPLANE, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run([VMPLANE, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0 and '"unreachable"' in r.stdout and self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"`vmplane {' '.join(args)}`: the server exited ({self.proc.returncode}); the end "
+                                 f"of its log:\n{self.log.read_text(errors='replace')[-6000:]}")
+        return r
 
 
 @pytest.fixture

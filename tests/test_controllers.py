@@ -7,7 +7,7 @@ import time
 from concurrent.futures import Executor
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from vmplane import ownership
 from vmplane.controllers import CONTROLLERS, mark_lapsed
@@ -117,6 +117,23 @@ def test_a_paused_owner_is_fenced_and_its_operation_finished_by_the_other_within
     a.controllers._stop.clear()
     a.controllers.renew()                       # its next renewal finds its lease lapsed: a new incarnation
     assert a.controllers.epoch > b.controllers.epoch > old_epoch
+
+
+def test_a_wall_clock_that_steps_forward_lapses_nobody(two):
+    """NTP stepping the clock, or a virtual machine resumed, makes every lease look expired by the clock at
+    once. Only renewals that stop lapse a lease, timed by the other processes' own monotonic clocks."""
+    a, b, _ = two
+    epochs = (a.controllers.epoch, b.controllers.epoch)
+    with a.db.transaction() as conn:        # every lease as the clock sees it after a step of an hour
+        conn.execute(update(CONTROLLERS).values(expires_at=CONTROLLERS.c.expires_at - 3600,
+                                                renewed_at=CONTROLLERS.c.renewed_at - 3600))
+    for o in (b, a, b):
+        o.controllers.balance()
+    for o in (a, b):                        # the writes of both still land
+        with ownership.owned(o.controllers.epoch), o.db.write() as s:
+            s.execute(select(1))
+    assert (a.controllers.epoch, b.controllers.epoch) == epochs
+    assert all(r["state"] != "lapsed" for r in b.controllers.rows() if r["epoch"] in epochs)
 
 
 def test_a_stopped_control_plane_hands_its_leases_over_at_once(two):

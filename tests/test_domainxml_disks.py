@@ -120,18 +120,17 @@ def test_progress_counts_disk_bytes_and_never_goes_back():
         def info(self):
             return [1, 262144, 262144, 1, 0]        # 256 MiB
 
-    reports = []
     source, _ = _drivers()
-    watch = _CopyWatch(source, Dom(), "vm1", MigrationParams(copy_disks=("vda",)),
-                       lambda p, m: reports.append((p, m)), 0.0)
+    watch = _CopyWatch(source, Dom(), "vm1", MigrationParams(copy_disks=("vda",)), lambda p, m: None, 0.0)
     mib = 1 << 20
-    watch._report({"disk_total": 256 * mib, "disk_processed": 0, "disk_remaining": 256 * mib})
-    watch._report({"disk_total": 256 * mib, "disk_processed": 256 * mib, "disk_remaining": 0})
-    # memory starts: its real total (a little above the estimate) must not pull the percentage back
-    watch._report({"disk_total": 256 * mib, "disk_processed": 256 * mib, "disk_remaining": 0,
-                   "memory_total": 300 * mib, "memory_remaining": 300 * mib, "memory_iteration": 1})
-    watch._report({"disk_total": 256 * mib, "disk_processed": 256 * mib, "disk_remaining": 0,
-                   "memory_total": 300 * mib, "memory_remaining": 0, "memory_iteration": 2})
+    reports = [watch.describe(stats) for stats in (
+        {"disk_total": 256 * mib, "disk_processed": 0, "disk_remaining": 256 * mib},
+        {"disk_total": 256 * mib, "disk_processed": 256 * mib, "disk_remaining": 0},
+        # memory starts: its real total (a little above the estimate) must not pull the percentage back
+        {"disk_total": 256 * mib, "disk_processed": 256 * mib, "disk_remaining": 0,
+         "memory_total": 300 * mib, "memory_remaining": 300 * mib, "memory_iteration": 1},
+        {"disk_total": 256 * mib, "disk_processed": 256 * mib, "disk_remaining": 0,
+         "memory_total": 300 * mib, "memory_remaining": 0, "memory_iteration": 2})]
     percents = [p for p, _ in reports]
     assert percents == [0, 50, 50, 99]
     assert reports[1][1].startswith("disks 256/256 MiB")

@@ -50,3 +50,30 @@ def test_what_a_controller_releases_and_acquires_makes_it_hold_exactly_its_share
 
 def test_lease_timing_rules():
     assert leases.expired(10.0, 10.0) and not leases.expired(10.5, 10.0)
+
+
+def test_a_controller_lapses_only_when_its_renewal_stops_for_its_lease_by_the_observers_clock():
+    seen, lapsed = leases.observe({}, [(1, 100.0, 15.0), (2, 100.0, 15.0)], me=1, now=0.0)
+    assert lapsed == [] and set(seen) == {2}                  # never judges itself
+    seen, lapsed = leases.observe(seen, [(1, 100.0, 15.0), (2, 100.0, 15.0)], me=1, now=14.9)
+    assert lapsed == []                                       # a first sighting needs a whole lease period
+    assert leases.observe(seen, [(2, 100.0, 15.0)], me=1, now=15.0)[1] == [2]
+    # renewed meanwhile: watched afresh, whatever its wall-clock value says (here, a step back of an hour)
+    seen, lapsed = leases.observe(seen, [(2, 100.0 - 3600, 15.0)], me=1, now=15.0)
+    assert lapsed == [] and seen[2] == leases.Sighting(100.0 - 3600, 15.0)
+    assert leases.observe(seen, [], me=1, now=99.0) == ({}, [])      # gone from the live rows: forgotten
+
+
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=30),
+       st.lists(st.floats(0.01, 5.0), min_size=30, max_size=30))
+def test_renewals_that_keep_coming_never_lapse_whatever_their_wall_clock_values(values, gaps):
+    """A renewal every < lease period of the observer's clock, its wall-clock values stepping anywhere."""
+    seen, now, previous = {}, 0.0, None
+    for value, gap in zip(values, gaps):
+        if value == previous:
+            value += 1.0
+        now += gap
+        seen, lapsed = leases.observe(seen, [(7, value, 5.0 + 1e-6)], me=1, now=now)
+        assert lapsed == []
+        previous = value
+

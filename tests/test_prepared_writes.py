@@ -83,3 +83,18 @@ def test_a_prepared_write_rolls_back_with_its_transaction(db):
             raise RuntimeError("the caller fails after the write")
     with db.transaction() as conn:
         assert conn.execute(select(PROJECTS.c.id).where(PROJECTS.c.name == "q")).first() is None
+
+
+def test_a_prepared_write_that_the_database_refuses_raises_as_sqlalchemy_would(db):
+    """Callers catch SQLAlchemy's errors (a duplicate as IntegrityError; a deadlock's sqlstate, read from
+    OperationalError, is retried by admissions and answered 409 by the API): a prepared write raises the same."""
+    from sqlalchemy.exc import IntegrityError
+
+    at = dt.datetime(2026, 12, 1, 9, 30)
+    row = {"id": "op-1", "kind": "start", "target": "v", "vm_id": None, "project_id": None, "state": "pending",
+           "step": "claimed", "progress": 10, "message": "m", "result": None, "created_at": at, "updated_at": at,
+           "owner": None}
+    with pytest.raises(IntegrityError) as refused, db.transaction() as conn:
+        prepared.write(conn, insert(OPERATIONS), row)
+        prepared.write(conn, insert(OPERATIONS), row)
+    assert type(refused.value.orig).__name__ in ("IntegrityError", "UniqueViolation")     # the driver's own, kept

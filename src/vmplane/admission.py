@@ -148,7 +148,7 @@ class Batcher:
                 ran = False
                 try:
                     with ownership.owned(None), self.db.transaction() as conn:
-                        self._serialise(conn)
+                        self.serialise(conn)
                         result = _run_as(ctx, fn, conn)
                         ran = True
                 except BaseException as exc:
@@ -162,7 +162,9 @@ class Batcher:
                 return result
         raise AssertionError("unreachable")
 
-    def _serialise(self, conn: Connection) -> None:
+    def serialise(self, conn: Connection) -> None:
+        """First in every transaction that takes quota or host capacity (here, and a scale's or a migration's
+        admission): one order between them across processes, so none waits for another in a cycle."""
         if not self.db.is_sqlite:
             conn.execute(_LOCK_ADMISSIONS, {"key": ADMISSION_LOCK})
 
@@ -178,7 +180,7 @@ class Batcher:
             admitted = 0
             try:
                 with ownership.owned(None), self.db.transaction() as conn:
-                    self._serialise(conn)
+                    self.serialise(conn)
                     for r in batch:
                         savepoint = conn.begin_nested()
                         try:

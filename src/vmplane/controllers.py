@@ -2,11 +2,12 @@
 it holds, and the work of lapsed processes it takes over.
 
 Each process registers a row in `controllers` with a fresh `epoch` (its fencing token, ownership.py) and
-renews it every third of its lease period in a short transaction of its own. A row not renewed in time
-has lapsed: whichever process sees it first marks it `lapsed` (which waits for any write that passed its
-fencing check to commit), and from then on that incarnation changes nothing; its leases, operations and
-migrations are free to take. A process that finds its own lease lapsed (it was paused, or cut off from
-the database) registers again under a new epoch; its old threads stay fenced.
+renews it every third of its lease period in a short transaction of its own. A row whose renewal has not
+changed for its lease period, timed by another process's own monotonic clock (leases.observe: a wall
+clock that steps lapses nobody), has lapsed: that process marks it `lapsed` (which waits for any write
+that passed its fencing check to commit), and from then on that incarnation changes nothing; its leases,
+operations and migrations are free to take. A process that finds its own row marked lapsed (it was
+paused, or cut off from the database) registers again under a new epoch; its old threads stay fenced.
 
 Leases (leases.py): the coordinator lease goes to whichever live process asks first; host leases follow
 `leases.assign` over the live controllers' names, a holder releasing what it no longer should hold and
@@ -23,9 +24,10 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 
-from sqlalchemy import insert, literal_column, or_, select, text, update
+from sqlalchemy import and_, insert, literal_column, or_, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from . import leases as rules
@@ -79,6 +81,7 @@ class Controllers:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._seen: dict[int, rules.Sighting] = {}     # the others' renewals, as this process saw them
 
     # -- what the others ask -------------------------------------------------------------------
     def owns_host(self, host: str) -> bool:
@@ -140,7 +143,7 @@ class Controllers:
         return thread
 
     def renew(self) -> bool:
-        """Extend this incarnation's lease; register again if it lapsed (False then). One UPDATE of its own
+        """Extend this incarnation's lease; register again if it was marked lapsed (False then). One UPDATE of its own
         row on a connection of its own (Database.lease_transaction), under no lock of this process: neither
         a pool taken by requests nor an admission or balance that waits can hold it back."""
         epoch = self.epoch
@@ -149,9 +152,8 @@ class Controllers:
         c = CONTROLLERS.c
         with self.o.db.lease_transaction() as conn:
             now = literal_column(now_sql(conn))
-            renewed = conn.execute(update(CONTROLLERS).where(
-                c.epoch == epoch, c.state == "live", c.expires_at > now)
-                .values(renewed_at=now, expires_at=now + self.lease_s)).rowcount == 1
+            renewed = conn.execute(update(CONTROLLERS).where(c.epoch == epoch, c.state == "live")
+                                   .values(renewed_at=now, expires_at=now + self.lease_s)).rowcount == 1
         if renewed:
             return True
         with self._lock:
@@ -178,13 +180,16 @@ class Controllers:
 
     # -- leases ---------------------------------------------------------------------------------
     def balance(self) -> None:
-        """Mark lapsed rows, then take what is free and mine by the assignment, give back what is not mine;
-        the coordinator takes over the work of lapsed owners."""
+        """Mark lapsed rows (leases.observe), then take what is free and mine by the assignment, give back what
+        is not mine; the coordinator takes over the work of lapsed owners."""
         c, ls = CONTROLLERS.c, LEASES.c
         try:
             with self._lock, self.o.db.transaction() as conn:
                 now = literal_column(now_sql(conn))
-                mark_lapsed(conn, c.expires_at <= now)
+                renewals = conn.execute(select(c.epoch, c.renewed_at, c.lease_s).where(c.state == "live")).all()
+                self._seen, stale = rules.observe(self._seen, renewals, self.epoch, time.monotonic())
+                for epoch in stale:         # unless renewed since it was read
+                    mark_lapsed(conn, and_(c.epoch == epoch, c.renewed_at == self._seen[epoch].renewed_at))
                 live = [Member(r.epoch, r.name) for r in conn.execute(
                     select(c.epoch, c.name).where(c.state == "live").order_by(c.epoch))]
                 hosts = list(conn.execute(select(L.HOSTS.c.name)).scalars())

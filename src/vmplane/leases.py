@@ -10,6 +10,7 @@ name), so a controller that joins or leaves moves only its share of the hosts.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 COORDINATOR = "coordinator"
@@ -40,6 +41,35 @@ def assign(hosts: Iterable[str], controllers: Iterable[str]) -> dict[str, str]:
 
 def expired(expires_at: float, now: float) -> bool:
     return expires_at <= now
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """A controller's renewal as one observer saw it: the row's `renewed_at` and when (the observer's
+    monotonic clock) that value was first seen."""
+
+    renewed_at: float
+    since: float
+
+
+def observe(seen: Mapping[int, Sighting], live: Iterable[tuple[int, float, float]], me: int | None,
+            now: float) -> tuple[dict[int, Sighting], list[int]]:
+    """Which live controllers (epoch, renewed_at, lease_s) have lapsed, as this observer judges: one whose
+    renewal has not changed for its lease period of the observer's own monotonic clock (`now`). A wall
+    clock that steps (NTP, a resumed virtual machine) lapses nobody: only the absence of renewals does, as
+    in Kubernetes' leader election. The observer never judges itself, and needs a whole lease period of
+    watching before it judges another. Returns the sightings to keep and the lapsed epochs."""
+    kept: dict[int, Sighting] = {}
+    lapsed = []
+    for epoch, renewed_at, lease_s in live:
+        if epoch == me:
+            continue
+        before = seen.get(epoch)
+        sighting = before if before is not None and before.renewed_at == renewed_at else Sighting(renewed_at, now)
+        kept[epoch] = sighting
+        if now - sighting.since >= lease_s:
+            lapsed.append(epoch)
+    return kept, sorted(lapsed)
 
 
 def to_release(held: Iterable[str], assignment: Mapping[str, str], me: str) -> list[str]:

@@ -164,6 +164,7 @@ class Migrator:
         other operation can be admitted on it meanwhile."""
         with self.o._lock:
             with self.o.db.transaction() as conn:
+                self.o.admissions.serialise(conn)          # before any row, as every admission
                 vm = L.vm_row(conn, name=vm_name, lock=True)
                 if not for_scale:
                     self._check_migratable(vm)

@@ -4,8 +4,9 @@ Each control-plane process registers a row in `controllers` (controllers.py); it
 given by the database) is its fencing token. Work a process owns (an operation or migration it runs, a
 loop it runs because it holds a lease) runs under `owned(epoch)`. Every write transaction opened under
 it (Database.write / transaction) first checks, in the same transaction, that this epoch's row is still
-`live` and unexpired by the database's clock, and raises `Fenced` if not: a paused or partitioned ex-owner
-changes nothing once its lease has passed, whatever its threads were in the middle of.
+`live`, and raises `Fenced` if not: a paused or partitioned ex-owner changes nothing once another process
+has found its lease lapsed (controllers.py), whatever its threads were in the middle of. Nothing is taken
+from an owner before that, so no clock decides this check (a wall clock that steps lapses nobody).
 
 The check takes a KEY SHARE lock on the row (PostgreSQL; SQLite's writers are serial anyway), and a
 takeover starts by marking the lapsed row `lapsed` after locking it FOR UPDATE (controllers.mark_lapsed),
@@ -68,8 +69,7 @@ def check(conn: Connection) -> None:
     stmt = _LIVE.get(conn.dialect.name)
     if stmt is None:        # built once per dialect: a text() built per call cost a cache key each write
         lock = "" if conn.dialect.name == "sqlite" else " FOR KEY SHARE"
-        stmt = _LIVE[conn.dialect.name] = text(f"SELECT 1 FROM controllers WHERE epoch = :e AND state = 'live' "
-                                               f"AND expires_at > {now_sql(conn)}{lock}")
+        stmt = _LIVE[conn.dialect.name] = text(f"SELECT 1 FROM controllers WHERE epoch = :e AND state = 'live'{lock}")
     if conn.execute(stmt, {"e": epoch}).first() is None:
         raise Fenced(f"controller {epoch}'s lease has lapsed: this write did not land")
 

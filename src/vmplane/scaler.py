@@ -212,6 +212,7 @@ class Scaler:
         """Admit a live scale; returns the plan (dry run) or the VM name and its operation."""
         with self.o._lock:
             with self.o.db.transaction() as conn:
+                self.o.admissions.serialise(conn)          # before any row: batches lock projects and hosts too
                 vm = L.vm_row(conn, name=name, lock=True)
                 if vm.state == VmState.stopped.value:      # offline resize: charged when it next starts
                     return resize_stopped(self.o, conn, vm, offering, vcpus, memory_mib, cpu_cap, dry_run)

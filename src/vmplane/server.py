@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import secrets
@@ -157,6 +158,7 @@ def serve(app: FastAPI, host: str, port: int) -> None:
     raises the signal again: SIGTERM's handler then exits through the callers' `finally` blocks, so
     `vmplane up` stops what it started."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    faulthandler.enable()       # a crash in C (libvirt's client, a driver) leaves every thread's stack in the log
     exit_on_sigterm()
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 

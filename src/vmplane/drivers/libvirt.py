@@ -962,7 +962,20 @@ class _CopyWatch:
             self._deadline()
 
     def _report(self, stats: dict) -> None:
-        """Memory and disk bytes together: libvirt mirrors the disks first (disk_* in jobStats), then
+        report = self.describe(stats)
+        if report is None:
+            return
+        with self._report_lock:
+            self._newest = report
+            self._report_lock.notify()
+            if self._writer is None:        # in the copy's context: its owner fences the writes, its cause names them
+                self._writer = threading.Thread(target=contextvars.copy_context().run, args=(self._write_reports,),
+                                                name=f"migrate-{self.name}-progress", daemon=True)
+                self._writer.start()
+
+    def describe(self, stats: dict) -> tuple[int, str] | None:
+        """The progress one jobStats answer shows (percent, words), or None when there is none to show.
+        Memory and disk bytes together: libvirt mirrors the disks first (disk_* in jobStats), then
         copies memory while the mirror keeps the copies in step; until memory_total shows, the domain's
         memory stands in for it so that the percentage never goes back."""
         mem_total, mem_left = stats.get("memory_total") or 0, stats.get("memory_remaining") or 0
@@ -972,20 +985,14 @@ class _CopyWatch:
             mem_total = mem_left = self.memory_estimate
         total = mem_total + disk_total
         if not (self.progress and total):
-            return
+            return None
         remaining = mem_left + disk_left
         self.percent = max(self.percent, min(99, int(100 * (total - remaining) / total)))
         words = ((f"disks {(disk_total - disk_left) >> 20}/{disk_total >> 20} MiB, " if disk_total else "")
                  + f"copied {(total - remaining) >> 20} of {total >> 20} MiB, iteration "
                    f"{stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
                  + (", post-copy" if self.switched and self.switched > 0 else ""))
-        with self._report_lock:
-            self._newest = (self.percent, words)
-            self._report_lock.notify()
-            if self._writer is None:        # in the copy's context: its owner fences the writes, its cause names them
-                self._writer = threading.Thread(target=contextvars.copy_context().run, args=(self._write_reports,),
-                                                name=f"migrate-{self.name}-progress", daemon=True)
-                self._writer.start()
+        return self.percent, words
 
     def _write_reports(self) -> None:
         while True:

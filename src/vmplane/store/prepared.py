@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import Insert, Select
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import UpdateBase
 
 _cache: "weakref.WeakKeyDictionary[Engine, dict[Select, PreparedRead]]" = weakref.WeakKeyDictionary()
@@ -99,6 +100,11 @@ class PreparedWrite:
         try:
             cursor.execute(self.sql, args)
             return cursor.rowcount
+        except conn.dialect.loaded_dbapi.Error as exc:
+            # as SQLAlchemy raises it (IntegrityError, OperationalError...): callers catch those, and a
+            # deadlock's or serialization failure's sqlstate is read from them (admission retries, API 409)
+            raise DBAPIError.instance(self.sql, args, exc, conn.dialect.loaded_dbapi.Error,
+                                      dialect=conn.dialect) from exc
         finally:
             cursor.close()
 
