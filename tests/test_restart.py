@@ -1,5 +1,7 @@
 """The control plane keeps everything across a restart of its process (SQLite file)."""
 
+import time
+
 import pytest
 
 
@@ -18,6 +20,9 @@ def test_stop_and_start_the_api_process_keeps_all_state(live, how):
             c.post("/vms", json={"name": f"run{i}", "project": "p", "offering": "one", "template": "t",
                                  "start": True}).raise_for_status()
         c.post("/vms", json={"name": "idle", "project": "p", "offering": "one", "template": "t"}).raise_for_status()
+        deadline = time.monotonic() + 60          # the starts run after their 202
+        while sum(v["state"] == "running" for v in c.get("/vms").json()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
         before = _state(c)
     assert sum(v["state"] == "running" for v in before["vms"]) == 3
 
