@@ -33,6 +33,29 @@ def test_a_bad_mode_is_refused(guest_host):
     assert localhosts.failed(guest_host.host) is None
 
 
+def test_a_stale_pid_file_naming_another_process_is_no_daemon_and_is_never_signalled(guest_host):
+    """A pid file left by a daemon that died may name a process that took its pid since: it is not the
+    daemon, and the nemesis must not stop or kill it (it could be the control plane itself)."""
+    import os
+    import subprocess
+
+    h = guest_host
+    real = h.host.pid_file.read_text()
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        h.host.pid_file.write_text(str(bystander.pid))
+        assert h.host.pid() is None and localhosts.processes(h.host)["libvirtd"] == []
+        localhosts.fail(h.host, "network")
+        assert localhosts._state(bystander.pid) not in ("T", "t") and bystander.poll() is None
+    finally:
+        h.host.pid_file.write_text(real)
+        localhosts.recover(h.host)
+        bystander.kill()
+        bystander.wait()
+    assert h.host.pid() == int(real) and os.path.exists(f"/proc/{real.strip()}")
+    assert [(d.name, d.running) for d in h.driver.domains()] == [("g1", True)]
+
+
 def test_daemon_failure_leaves_the_guest_running_and_recover_finds_it(guest_host):
     h = guest_host
     localhosts.fail(h.host, "daemon")

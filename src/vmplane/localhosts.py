@@ -166,6 +166,8 @@ class LocalHost:
             return None
         if stat[stat.rfind(")") + 2] == "Z":      # killed but not yet reaped: a zombie is not a daemon
             return None
+        if stat[stat.find("(") + 1:stat.rfind(")")] != "libvirtd":
+            return None             # a stale pid that is now another process (or start.sh before its exec)
         return pid
 
     def lockd_pid(self) -> int | None:
@@ -565,6 +567,13 @@ def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s:
     host = describe(base, name, index, netns, tls, ssh)
     if _stopped(host.pid()):
         return host          # partitioned by fail(host, "network"): it runs, unreachable, until recover()
+    if host.pid() is not None and not host.running():     # alive (just resumed, or busy) but not answering yet
+        deadline = time.monotonic() + timeout_s
+        while host.pid() is not None and not host.running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if host.pid() is not None and not host.running():
+            raise RuntimeError(f"libvirtd host {name} runs (pid {host.pid()}) but does not answer within "
+                               f"{timeout_s:.0f} s; not started twice")
     if host.running():
         _ensure_lockd(host)
         _ensure_heartbeat(host)
@@ -603,20 +612,15 @@ def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s:
     raise RuntimeError(f"libvirtd host {name} did not come up in {timeout_s:.0f} s: {log}")
 
 
-def _answers(host: LocalHost) -> bool:
-    import libvirt
-
+def _answers(host: LocalHost, timeout_s: float = 5.0) -> bool:
+    """Whether the daemon answers, asked by `virsh` in a process of its own, killed at `timeout_s`: never by
+    libvirt's client in this process (the control plane's), where an open or a free racing the event
+    loop on a daemon that is stopped or dies is what crashed libvirt 9.0's client (drivers/libvirt.py)."""
     try:
-        conn = libvirt.open(host.local_uri)
-    except libvirt.libvirtError:
+        return subprocess.run(["virsh", "-c", host.local_uri, "hostname"], capture_output=True,
+                              timeout=timeout_s).returncode == 0
+    except (subprocess.TimeoutExpired, OSError):
         return False
-    try:
-        conn.getHostname()
-        return True
-    except libvirt.libvirtError:
-        return False
-    finally:
-        conn.close()
 
 
 def _destroy_domains(host: LocalHost) -> None:

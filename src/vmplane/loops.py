@@ -17,14 +17,24 @@ def every(interval_s: Callable[[], float], body: Callable[[], object], stop: thr
     change), then run `body()`, until `stop` is set. With `when`, a pass runs only while it says so
     (this process holds the lease for the work); with `owner`, under that controller's fencing token, so
     that nothing it writes lands once the lease has lapsed."""
+    def wait() -> bool:
+        nonlocal last
+        try:
+            last = interval_s()
+        except Exception:       # a setting that can not be read now (the database busy): the last one
+            log.exception("%s: reading its interval", name)
+        return stop.wait(last)
+
     def loop():
-        while not stop.wait(interval_s()):
-            if when is not None and not when():
-                continue
+        while not wait():
             try:
+                if when is not None and not when():
+                    continue
                 with owned(owner() if owner is not None else None):
                     body()
             except Exception:       # the next pass tries again
                 log.exception(name)
+
+    last = 1.0
 
     threading.Thread(target=loop, name=f"vmplane-{name}", daemon=True).start()

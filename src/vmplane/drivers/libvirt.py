@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -77,6 +78,7 @@ def _quiet(ctx, err):   # libvirt prints every error to stderr by default; we ra
 libvirt.registerErrorHandler(_quiet, None)
 
 
+log = logging.getLogger("vmplane.libvirt")
 OPEN_TIMEOUT_S = 10.0
 
 
@@ -121,8 +123,12 @@ class _EventLoop:
 
     @staticmethod
     def _run() -> None:
-        while True:
-            libvirt.virEventRunDefaultImpl()
+        while True:         # never ends: without it, keepalive stops for every connection and calls wait forever
+            try:
+                libvirt.virEventRunDefaultImpl()
+            except Exception:       # noqa: BLE001
+                log.exception("libvirt event loop")
+                time.sleep(0.1)
 
 
 def resolve_image(image: str) -> guest.GuestImage:
@@ -145,8 +151,7 @@ class LibvirtDriver(StorageMixin, Driver):
         self._conn: libvirt.virConnect | None = None
         self._conn_lock = threading.Lock()
         self._dead: list[libvirt.virConnect] = []     # connections that died, kept (see conn)
-        self._quick_lock = threading.Lock()
-        self._quick_calls: dict[object, float] = {}      # domain reads in flight, by start time
+        self._quick_lock = threading.Lock()      # the domain read in flight (_quick_call)
         self._console_locks: dict[str, threading.Lock] = {}
         self._watchers: list = []          # lifecycle callbacks, registered on every connection opened
         # migrations: a cancel asked before libvirt's job exists is kept until the copy sees a job
@@ -340,22 +345,17 @@ class LibvirtDriver(StorageMixin, Driver):
 
     @contextlib.contextmanager
     def _quick_call(self, what: str):
-        """Reading domains takes milliseconds. When such a call has waited STUCK_S for a daemon that does
-        not answer (frozen, or packets lost), a new one fails at once instead of joining it: several
-        calls waiting on one connection when keepalive closes it and the daemon then dies crash
-        libvirt 9.0's client (tests/test_ha_real.py reproduced it); one waiter gets its keepalive error."""
-        now = time.monotonic()
-        with self._quick_lock:
-            oldest = min(self._quick_calls.values(), default=now)
-            if now - oldest > STUCK_S:
-                raise DriverError(self.host, f"{what}: the daemon has not answered a call for {now - oldest:.0f} s")
-            token = object()
-            self._quick_calls[token] = now
+        """Reading domains takes milliseconds: one such read at a time per host. A read waits up to STUCK_S
+        for the one in flight, then fails instead of joining it on the connection: two calls waiting on one
+        connection when keepalive closes it and the daemon then dies crash libvirt 9.0's client (SIGSEGV
+        in the second waiter: tests/test_ha_real.py caught it with faulthandler, the full sync's read
+        joining the monitor's probe of a frozen daemon that HA then fenced)."""
+        if not self._quick_lock.acquire(timeout=STUCK_S):
+            raise DriverError(self.host, f"{what}: the daemon has not answered a read for {STUCK_S:g} s")
         try:
             yield
         finally:
-            with self._quick_lock:
-                self._quick_calls.pop(token, None)
+            self._quick_lock.release()
 
     def _info_if_present(self, dom: libvirt.virDomain) -> DomainInfo | None:
         """A domain can go between two calls (a migration completes, a guest is destroyed)."""
