@@ -190,3 +190,31 @@ class Planes:
     def stop(self) -> None:
         for p in reversed(self.processes):
             p.stop()
+
+
+def storm_projects(c: httpx.Client, quotas: dict[str, tuple[int, int, int]], stopped_per_project: int = 30) -> None:
+    """The storm's projects (quotas: vCPUs, MiB, VMs; q2 counts overhead), each with stopped VMs
+    `NAME-s0..` of offering `one` to start or scale."""
+    for name, (vcpus, memory, vms) in quotas.items():
+        c.post("/projects", json={"name": name, "vcpus": vcpus, "memory_mib": memory, "vms": vms,
+                                  "count_overhead": name == "q2"}).raise_for_status()
+        for i in range(stopped_per_project):
+            c.post("/vms", json={"name": f"{name}-s{i}", "project": name, "offering": "one", "template": "t"})
+
+
+def storm_requests(count: int = 1000) -> list[tuple[str, str, dict | None]]:
+    """The storm's mix over projects q1..q3: a quarter creates with start, a quarter starts of the stopped
+    VMs, half live scale-ups to offering `two`."""
+    requests: list[tuple[str, str, dict | None]] = []
+    for i in range(count):
+        project = ("q1", "q2", "q3")[i % 3]
+        kind = i % 4
+        if kind == 0:
+            requests.append(("POST", "/vms", {"name": f"{project}-c{i}", "project": project, "offering": "one",
+                                              "template": "t", "start": True}))
+        elif kind == 1:
+            requests.append(("POST", f"/vms/{project}-s{i % 30}/start", None))
+        else:
+            requests.append(("POST", f"/vms/{project}-s{(i * 7) % 30}/scale", {"offering": "two"}))
+    return requests
+

@@ -11,6 +11,7 @@ from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 
 from .conftest import LiveServer, add_basics, add_sim_hosts
+from .multikit import storm_projects, storm_requests
 
 
 def test_200_concurrent_starts_against_a_quota_for_50_start_exactly_50(tmp_path, db_url):
@@ -125,23 +126,9 @@ def test_1000_concurrent_creates_starts_and_scales_never_overrun_tight_quotas(tm
             c.post("/templates", json={"name": "t", "image": "tiny-linux", "dynamic_scaling": True}
                    ).raise_for_status()
             quotas = {"q1": (20, 8192, 60), "q2": (35, 6000, 80), "q3": (50, 1 << 20, 40)}
-            for name, (vcpus, memory, vms) in quotas.items():
-                c.post("/projects", json={"name": name, "vcpus": vcpus, "memory_mib": memory, "vms": vms,
-                                          "count_overhead": name == "q2"}).raise_for_status()
-                for i in range(30):          # stopped VMs to start or scale
-                    c.post("/vms", json={"name": f"{name}-s{i}", "project": name, "offering": "one", "template": "t"})
+            storm_projects(c, quotas)           # with stopped VMs to start or scale
 
-        requests = []
-        for i in range(1000):
-            project = ("q1", "q2", "q3")[i % 3]
-            kind = i % 4
-            if kind == 0:
-                requests.append(("POST", "/vms", {"name": f"{project}-c{i}", "project": project, "offering": "one",
-                                                  "template": "t", "start": True}))
-            elif kind == 1:
-                requests.append(("POST", f"/vms/{project}-s{i % 30}/start", None))
-            else:
-                requests.append(("POST", f"/vms/{project}-s{(i * 7) % 30}/scale", {"offering": "two"}))
+        requests = storm_requests()
 
         def send(req):
             method, path, body = req

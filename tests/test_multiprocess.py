@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from .conftest import ADMIN_TOKEN
-from .multikit import Planes, PgBouncer
+from .multikit import Planes, PgBouncer, storm_projects, storm_requests
 
 LEASE_S = 3.0
 STORM_LEASE_S = 15.0
@@ -45,11 +45,7 @@ def seed(planes: Planes, quotas: dict[str, tuple[int, int, int]], stopped_per_pr
         c.post("/offerings", json={"name": "two", "kind": "fixed", "vcpus": 2, "memory_mib": 2048,
                                    "dynamic_scaling": True}).raise_for_status()
         c.post("/templates", json={"name": "t", "image": "tiny-linux", "dynamic_scaling": True}).raise_for_status()
-        for name, (vcpus, memory, vms) in quotas.items():
-            c.post("/projects", json={"name": name, "vcpus": vcpus, "memory_mib": memory, "vms": vms,
-                                      "count_overhead": name == "q2"}).raise_for_status()
-            for i in range(stopped_per_project):
-                c.post("/vms", json={"name": f"{name}-s{i}", "project": name, "offering": "one", "template": "t"})
+        storm_projects(c, quotas, stopped_per_project)
     time.sleep(planes.lease_s / 3 + 0.5)       # the other processes read settings again at their next beat
 
 
@@ -87,17 +83,7 @@ def domains(tmp_path, vm: str) -> list[tuple[str, int, str]]:
 
 
 def storm(planes: Planes, quotas: dict) -> list[httpx.Response]:
-    requests = []
-    for i in range(1000):
-        project = ("q1", "q2", "q3")[i % 3]
-        kind = i % 4
-        if kind == 0:
-            requests.append(("POST", "/vms", {"name": f"{project}-c{i}", "project": project, "offering": "one",
-                                              "template": "t", "start": True}))
-        elif kind == 1:
-            requests.append(("POST", f"/vms/{project}-s{i % 30}/start", None))
-        else:
-            requests.append(("POST", f"/vms/{project}-s{(i * 7) % 30}/scale", {"offering": "two"}))
+    requests = storm_requests()
     urls = [p.url + "/api/v1" for p in planes.processes]
 
     def send(numbered):
