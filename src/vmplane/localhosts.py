@@ -567,13 +567,12 @@ def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s:
     host = describe(base, name, index, netns, tls, ssh)
     if _stopped(host.pid()):
         return host          # partitioned by fail(host, "network"): it runs, unreachable, until recover()
-    if host.pid() is not None and not host.running():     # alive (just resumed, or busy) but not answering yet
-        deadline = time.monotonic() + timeout_s
-        while host.pid() is not None and not host.running() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if host.pid() is not None and not host.running():
+    deadline = time.monotonic() + timeout_s
+    while host.pid() is not None and not host.running():     # alive (just resumed, or busy): waited for
+        if time.monotonic() >= deadline:
             raise RuntimeError(f"libvirtd host {name} runs (pid {host.pid()}) but does not answer within "
                                f"{timeout_s:.0f} s; not started twice")
+        time.sleep(0.2)
     if host.running():
         _ensure_lockd(host)
         _ensure_heartbeat(host)

@@ -17,6 +17,8 @@ def every(interval_s: Callable[[], float], body: Callable[[], object], stop: thr
     change), then run `body()`, until `stop` is set. With `when`, a pass runs only while it says so
     (this process holds the lease for the work); with `owner`, under that controller's fencing token, so
     that nothing it writes lands once the lease has lapsed."""
+    last = 1.0          # the interval, as last read
+
     def wait() -> bool:
         nonlocal last
         try:
@@ -34,7 +36,5 @@ def every(interval_s: Callable[[], float], body: Callable[[], object], stop: thr
                     body()
             except Exception:       # the next pass tries again
                 log.exception(name)
-
-    last = 1.0
 
     threading.Thread(target=loop, name=f"vmplane-{name}", daemon=True).start()
