@@ -469,10 +469,11 @@ def check(o: Orchestrator) -> list[str]:
         o.migration_settle.run_once()
         o.storage_settle.run_once(min_age_s=0)
     problems = [f"still in flight after {SETTLE_S:.0f} s: {x}" for x in settle(o, SETTLE_S)]
-    # a migration's second disk copy whose deletion a kill interrupted (after its success, before its
-    # cleanup) is deleted by the storage-settle loop every few seconds; start-up recovery skips the VMs
-    # still migrating then. Run that cleanup as the loop would; a copy it can not delete stays a finding.
-    o.disk_moves.cleanup()
+    # the storage-settle loop's pass (every 10 s), run as it would: it settles a volume the start-up
+    # recovery could not (its VM's host did not answer then, was fenced since and its VM restarted
+    # elsewhere) and deletes a migration's second disk copy whose deletion a kill interrupted (recovery
+    # skips the VMs still migrating then). What it can not settle or delete stays a finding.
+    o.storage_settle.run_once(min_age_s=0)
     problems += [f"vm {v.name} left {v.state}" for v in o.vms()
                  if v.state in ("starting", "stopping", "migrating", "scaling")]
     return problems + storage_problems(o, waiting_for=out_of_service(o)) + o.audit()

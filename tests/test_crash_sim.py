@@ -179,3 +179,49 @@ def test_a_migration_into_a_fenced_host_is_settled_by_its_recovery_before_it_end
         for h in ("h1", "h2"):
             o.drivers[h].fabric.recover_host(h)
         o.close()
+
+
+def test_a_hot_plug_cut_short_on_a_host_that_then_fails_is_settled_from_the_vms_new_host(orch, monkeypatch):
+    """Round 101 of seed 20261129 (CI, stop 23): the control plane died between recording a hot-plug
+    (`attaching`) and asking the host; the host failed, so the next start's recovery could not ask it and
+    left the volume attaching (unknown is not absent); HA then fenced the host and restarted the VM
+    elsewhere. The storage-settle pass after that (its loop runs every 10 s) reads the new host back."""
+    import time
+
+    from .test_storage_sim import setup
+
+    class Killed(BaseException):
+        """The process dying at the crash point (nothing after it runs)."""
+
+    setup(orch, shared=True)
+    orch.catalog.set_setting("vmplane.ha.grace", "0")
+    orch.create_vm("a", "p", "small", "disk", start=True, ha_policy="restart")
+    orch.volumes.create("data", "p", 512)
+    host = orch.vm("a").host.name
+    fabric = orch.drivers[host].fabric
+
+    def dies_before_asking(name):
+        if name == "volume.before-attach":
+            raise Killed(name)
+
+    monkeypatch.setattr(failpoints, "hit", dies_before_asking)
+    with pytest.raises(Killed):
+        orch.volumes.attach("data", "a")
+    monkeypatch.undo()
+    try:
+        fabric.fail_host(host, "network")
+        assert orch.storage_settle.run_once(min_age_s=0) == []
+        assert orch.volumes.row("data").state == "attaching"        # its host does not answer: not guessed
+        orch.check_hosts()
+        assert orch.ha.check()
+        deadline = time.monotonic() + 10
+        while (vm := orch.vm("a")).state != "running" or vm.host.name == host:
+            assert time.monotonic() < deadline, vm.state
+            time.sleep(0.05)
+        assert orch.storage_settle.run_once(min_age_s=0) == ["data"]
+        v = orch.volumes.row("data")
+        assert (v.state, v.vm_name) == ("attached", "a")
+        assert any(p.endswith("vmp-data.qcow2") for p in orch.drivers[vm.host.name].domain_disks("vmplane-a").values())
+        assert orch.audit() == []
+    finally:
+        fabric.recover_host(host)
