@@ -36,6 +36,9 @@ def pytest_addoption(parser):
                           "with --db postgresql, every other test on PostgreSQL (their time is QEMU's; the store "
                           "code they reach is what the other tests reach, and test_multiprocess_real.py runs "
                           "real guests on PostgreSQL in the first pass)")
+    parser.addoption("--only-guests", action="store_true",
+                     help="only the tests that boot real QEMU guests (the others: --no-guests), so that the two "
+                          "parts can run apart: the guests' one at a time, the rest spread over the cores (-n)")
     parser.addoption("--db", choices=stores.KINDS, default="sqlite",
                      help="the store every test runs on: sqlite (a file per test, the default) or postgresql "
                           "(a fresh database per store on a PostgreSQL server the session starts)")
@@ -70,14 +73,17 @@ def boots_guests(item) -> bool:
 def pytest_collection_modifyitems(config, items):
     """With --db postgresql, a test parametrised over both stores (`db_url`) runs its PostgreSQL case only
     (the default pass runs both); with --store-suite, only the files of STORE_SUITE run; with --no-guests,
-    none of the tests that boot real guests."""
-    suite, no_guests = config.getoption("--store-suite"), config.getoption("--no-guests")
-    if not stores.is_postgres() and not no_guests:
+    none of the tests that boot real guests; with --only-guests, only those."""
+    suite, no_guests, only_guests = (config.getoption(o) for o in ("--store-suite", "--no-guests", "--only-guests"))
+    if no_guests and only_guests:
+        raise pytest.UsageError("--no-guests and --only-guests exclude each other")
+    if not stores.is_postgres() and not no_guests and not only_guests:
         return
     kept, dropped = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        outside = (suite and Path(str(item.fspath)).name not in STORE_SUITE) or (no_guests and boots_guests(item))
+        outside = (suite and Path(str(item.fspath)).name not in STORE_SUITE) or (no_guests and boots_guests(item)) \
+            or (only_guests and not boots_guests(item))
         other_store = stores.is_postgres() and params.get("db_url") == "sqlite"
         (dropped if other_store or outside else kept).append(item)
     if dropped:

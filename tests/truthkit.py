@@ -90,8 +90,10 @@ def _create_small(o, rng, n):
 
 
 # crashkit's actions, with more stops and deletes (the cluster keeps churning instead of filling its
-# quotas), more volume attaches and detaches (hot-plugs that the guest completes late or never), CPU-cap changes, scale-downs that unplug DIMMs, and small VMs (which can give back growth)
-_WEIGHTS = {crashkit._delete: 2, crashkit._migrate: 4, crashkit._attach: 3, crashkit._detach: 3}
+# quotas), more volume attaches and more detaches still (unplugs that the guest completes late or never:
+# a detach the guest never completes keeps its volume attached, so a run needs many to see them often),
+# CPU-cap changes, scale-downs that unplug DIMMs, and small VMs (which can give back growth)
+_WEIGHTS = {crashkit._delete: 2, crashkit._migrate: 4, crashkit._attach: 4, crashkit._detach: 8}
 ACTIONS = (*((a, _WEIGHTS.get(a, w)) for a, w in crashkit.ACTIONS), (_scale_cap, 2), (_scale_down, 5), (_create_small, 3))
 
 
@@ -187,10 +189,15 @@ class Nemesis:
 
 
 def _ha_unsettled(o: Orchestrator) -> list[str]:
-    """What HA still has to do: operations in flight, hosts fencing, down hosts with charged VMs."""
-    charged = {v.host.name for v in o.vms() if v.host and v.state not in ("stopped", "error")}
+    """What HA still has to do: operations in flight, hosts fencing, down hosts holding an HA VM (charged
+    there, or a migration's target). A down host holding only other VMs is not HA's to fence: its VMs stay
+    unknown until it answers (it is repaired after this check)."""
+    vms = o.vms()
+    ha = {v.name for v in vms if v.ha_policy == "restart"}
+    held = {v.host.name for v in vms if v.name in ha and v.host and v.state not in ("stopped", "error")}
+    held |= {m["target"] for m in o.migrator.list(active_only=True) if m["vm_name"] in ha}
     return crashkit.in_flight(o) + [f"host {h.name} is {h.state}" for h in o.hosts()
-                                    if h.state == "fencing" or (h.state == "down" and h.name in charged)]
+                                    if h.state == "fencing" or (h.state == "down" and h.name in held)]
 
 
 def ha_quiet(o: Orchestrator, fabric: SimFabric, faults: SimFaults, nemesis: Nemesis, order: "crashkit.FenceOrder",

@@ -90,6 +90,9 @@ class HostMonitor:
         """Each host's answer, in parallel. A probe not answered within PROBE_DEADLINE_S is "does not answer",
         whatever libvirt's keepalive does (a call it never ends would hold every later verdict); it is
         left running, and its host counts as not answering until it ends."""
+        asked = {name for name, _ in hosts}
+        for name in [n for n, f in list(self._probing.items()) if n not in asked and f.done()]:
+            self._probing.pop(name, None)       # a host removed or handed to another process
         pool = ThreadPoolExecutor(min(PROBE_THREADS, len(hosts)), thread_name_prefix="vmplane-probe")
         try:
             for name, driver in hosts:
