@@ -35,7 +35,7 @@ def pytest_addoption(parser):
                      help="leave out the tests that boot real QEMU guests (tests/*_real.py, test_real_guests.py): "
                           "with --db postgresql, every other test on PostgreSQL (their time is QEMU's; the store "
                           "code they reach is what the other tests reach, and test_multiprocess_real.py runs "
-                          "real guests on PostgreSQL in the first pass)")
+                          "real guests on PostgreSQL in the --only-guests pass)")
     parser.addoption("--only-guests", action="store_true",
                      help="only the tests that boot real QEMU guests (the others: --no-guests), so that the two "
                           "parts can run apart: the guests' one at a time, the rest spread over the cores (-n)")
@@ -54,9 +54,9 @@ def pytest_unconfigure(config):
 
 # What `--store-suite` keeps: the files that exercise the store hardest (admission races, the ledger and
 # storage state machines, lifecycle and tokens across processes, events, restarts and recovery, settling,
-# HA, listing, the API's errors and authorization, leases). The PostgreSQL pass of the README's test command
-# runs these, so that both passes fit CI's time; `--no-guests` runs every test without real guests, and
-# `pytest --db postgresql` alone runs everything.
+# HA, listing, the API's errors and authorization, leases): a quick check on PostgreSQL. The README's test
+# command runs `--no-guests` there (every test without real guests); `pytest --db postgresql` alone runs
+# everything.
 STORE_SUITE = {
     "test_concurrency.py", "test_ledger.py", "test_storage_ledger.py", "test_lifecycle.py", "test_tokens.py",
     "test_events.py", "test_restart.py", "test_reconcile.py", "test_migration_settle.py", "test_ha_sim.py",
