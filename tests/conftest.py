@@ -35,7 +35,7 @@ def pytest_addoption(parser):
                      help="leave out the tests that boot real QEMU guests (tests/*_real.py, test_real_guests.py): "
                           "with --db postgresql, every other test on PostgreSQL (their time is QEMU's; the store "
                           "code they reach is what the other tests reach, and test_multiprocess_real.py runs "
-                          "real guests on PostgreSQL in the --only-guests pass)")
+                          "real guests on PostgreSQL in the SQLite pass)")
     parser.addoption("--only-guests", action="store_true",
                      help="only the tests that boot real QEMU guests (the others: --no-guests), so that the two "
                           "parts can run apart: the guests' one at a time, the rest spread over the cores (-n)")

@@ -15,7 +15,8 @@ REQUIRED = ("transient", "partial", "event_late", "event_twice", "event_lost")
 
 
 def test_the_record_is_what_the_hosts_run_after_more_than_100_faults(tmp_path):
-    report = truthkit.run(tmp_path, rounds=12, seed=20261130, log=print, migration_faults=True)
+    report = truthkit.run(tmp_path, rounds=12, seed=20261130, log=print, migration_faults=True,
+                          weights=truthkit.MORE_DETACHES)
     print(report.counts)
     assert report.problems() == []
     assert report.faults >= 100
