@@ -192,7 +192,11 @@ class Planes:
             p.stop()
 
 
-def storm_projects(c: httpx.Client, quotas: dict[str, tuple[int, int, int]], stopped_per_project: int = 30) -> None:
+STORM_STOPPED = 30          # stopped VMs per storm project, NAME-s0.., which the storm starts and scales
+
+
+def storm_projects(c: httpx.Client, quotas: dict[str, tuple[int, int, int]],
+                   stopped_per_project: int = STORM_STOPPED) -> None:
     """The storm's projects (quotas: vCPUs, MiB, VMs; q2 counts overhead), each with stopped VMs
     `NAME-s0..` of offering `one` to start or scale."""
     for name, (vcpus, memory, vms) in quotas.items():
@@ -202,7 +206,7 @@ def storm_projects(c: httpx.Client, quotas: dict[str, tuple[int, int, int]], sto
             c.post("/vms", json={"name": f"{name}-s{i}", "project": name, "offering": "one", "template": "t"})
 
 
-def storm_requests(count: int = 1000) -> list[tuple[str, str, dict | None]]:
+def storm_requests(count: int = 1000, stopped: int = STORM_STOPPED) -> list[tuple[str, str, dict | None]]:
     """The storm's mix over projects q1..q3: a quarter creates with start, a quarter starts of the stopped
     VMs, half live scale-ups to offering `two`."""
     requests: list[tuple[str, str, dict | None]] = []
@@ -213,8 +217,7 @@ def storm_requests(count: int = 1000) -> list[tuple[str, str, dict | None]]:
             requests.append(("POST", "/vms", {"name": f"{project}-c{i}", "project": project, "offering": "one",
                                               "template": "t", "start": True}))
         elif kind == 1:
-            requests.append(("POST", f"/vms/{project}-s{i % 30}/start", None))
+            requests.append(("POST", f"/vms/{project}-s{i % stopped}/start", None))
         else:
-            requests.append(("POST", f"/vms/{project}-s{(i * 7) % 30}/scale", {"offering": "two"}))
+            requests.append(("POST", f"/vms/{project}-s{(i * 7) % stopped}/scale", {"offering": "two"}))
     return requests
-

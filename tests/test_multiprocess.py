@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from .conftest import ADMIN_TOKEN
-from .multikit import Planes, PgBouncer, storm_projects, storm_requests
+from .multikit import STORM_STOPPED, Planes, PgBouncer, storm_projects, storm_requests
 
 LEASE_S = 3.0
 STORM_LEASE_S = 15.0
@@ -36,7 +36,7 @@ def new_database(pg) -> tuple[str, str]:
     return name, pg.create_database(name)
 
 
-def seed(planes: Planes, quotas: dict[str, tuple[int, int, int]], stopped_per_project: int = 30) -> None:
+def seed(planes: Planes, quotas: dict[str, tuple[int, int, int]], stopped_per_project: int = STORM_STOPPED) -> None:
     with planes[0].client() as c:
         c.put("/settings/cpu.overprovisioning.factor", json={"value": "8"}).raise_for_status()
         c.put("/settings/enable.dynamic.scale.vm", json={"value": "true"}).raise_for_status()
