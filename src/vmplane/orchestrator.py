@@ -664,8 +664,11 @@ class Orchestrator:
             self._run_body(op_id, body)
 
     def _run_body(self, op_id: str, body) -> None:
+        """`body(op_id)`; one that returns OperationState.succeeded ended its operation so itself, and has
+        no failure to settle (not read back)."""
         try:
-            body(op_id)
+            if body(op_id) is OperationState.succeeded:
+                return
         except Interrupted:
             log.info("operation %s left at its step for the next start", op_id)
             return
@@ -687,18 +690,23 @@ class Orchestrator:
     def _begin_step(self, op_id: str, step: str) -> Row | None:
         """Persist that an in-flight operation enters `step`; returns its VM, or None if it already ended."""
         with self.db.transaction() as conn:
-            op = L.operation_row(conn, op_id, lock=True)
-            if op.state not in IN_FLIGHT:
-                return None
-            L.set_operation(conn, op_id, state=OperationState.running, step=step, progress=30)
-            return L.vm_row(conn, op.vm_id)
+            return self._enter_step(conn, op_id, step)
 
-    def _run_start(self, op_id: str) -> None:
-        vm = self._begin_step(op_id, "starting-domain")
+    @staticmethod
+    def _enter_step(conn: Connection, op_id: str, step: str) -> Row | None:
+        op = L.operation_row(conn, op_id, lock=True)
+        if op.state not in IN_FLIGHT:
+            return None
+        L.set_operation(conn, op_id, before=op, state=OperationState.running, step=step, progress=30)
+        return L.vm_row(conn, op.vm_id)
+
+    def _run_start(self, op_id: str) -> OperationState | None:
+        with self.db.transaction() as conn:         # the step, and the VM's disks read in the same transaction
+            vm = self._enter_step(conn, op_id, "starting-domain")
+            disks = SL.vm_volumes(conn, vm.id) if vm is not None else []
         if vm is None:
-            return
-        self.volumes.make_pending(vm.id, vm.host_name)
-        spec, driver = replace(self._spec(vm), disks=self.volumes.disks_of(vm.id)), self.drivers[vm.host_name]
+            return None
+        spec, driver = replace(self._spec(vm), disks=self.volumes.for_start(vm, disks)), self.drivers[vm.host_name]
         failpoints.hit("start.before-domain")
         current = driver.domain(spec.name)
         if current is None or not current.active:       # a paused domain is there: not started twice
@@ -709,6 +717,7 @@ class Orchestrator:
             L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100,
                             message=f"running on {vm.host_name}")
         metrics.OPERATIONS.labels("start", "succeeded").inc()
+        return OperationState.succeeded
 
     def _run_stop(self, op_id: str) -> None:
         vm = self._begin_step(op_id, "stopping-domain")

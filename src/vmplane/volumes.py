@@ -67,6 +67,18 @@ class Volumes:
         with self.o.db.engine.connect() as conn:       # a read: no write lock, no lease check
             disks = SL.vm_volumes(conn, vm_id)
             host = L.vm_row(conn, vm_id=vm_id).host_name
+        return self._specs(disks, host)
+
+    def for_start(self, vm: Row, disks: list[Row]) -> tuple[DiskSpec, ...]:
+        """disks_of for a VM whose start has just read its volumes (`disks`, in the step's transaction):
+        any still `creating` (a crash between the create's commit and the file) is made first, on or
+        for its host, and then they are read again."""
+        pending = [v.name for v in disks if v.state == "creating"]
+        for name in pending:
+            self._make(name, prefer_host=vm.host_name)
+        return self.disks_of(vm.id) if pending else self._specs(disks, vm.host_name)
+
+    def _specs(self, disks: list[Row], host: str | None) -> tuple[DiskSpec, ...]:
         driver = self.o.drivers.get(host) if host else None
         for template in sorted({v.template for v in disks if v.template is not None} if driver else ()):
             t = self.o.catalog.template(template)
@@ -413,14 +425,6 @@ class Volumes:
                 self._unmake(name)
             except Conflict as exc:
                 log.warning("%s", exc)
-
-    def make_pending(self, vm_id: int, host: str) -> None:
-        """Before a VM's domain starts: make any of its disks still `creating` (a crash between the
-        create's commit and the file)."""
-        with self.o.db.engine.connect() as conn:       # a read: no write lock, no lease check
-            pending = [v.name for v in SL.vm_volumes(conn, vm_id) if v.state == "creating"]
-        for name in pending:
-            self._make(name, prefer_host=host)
 
     # -- recovery --------------------------------------------------------------------------------
     def resolve(self, min_age_s: float = 0.0) -> list[str]:

@@ -223,12 +223,14 @@ def new_operation(conn: Connection, kind: str, target: str, vm_id: int | None, p
     return op_id
 
 
-def set_operation(conn: Connection, op_id: str, **fields) -> None:
-    """Update an operation; a change of its state is recorded in the event log in the same transaction."""
+def set_operation(conn: Connection, op_id: str, before: Row | None = None, **fields) -> None:
+    """Update an operation; a change of its state is recorded in the event log in the same transaction.
+    `before`: its row as the caller read (and locked) it in this transaction, else it is read here."""
     fields = _enum_values({**fields, "updated_at": utcnow()})
     if fields.get("host_id") is not None:
         fields["last_host_id"] = fields["host_id"]       # kept when it stops: where a leftover domain can be
-    before = conn.execute(_OPERATION_FOR_EVENT, {"id": op_id}).first() if "state" in fields else None
+    if before is None and "state" in fields:
+        before = conn.execute(_OPERATION_FOR_EVENT, {"id": op_id}).first()
     conn.execute(_update_by_id("operations", tuple(sorted(fields))), {"_id": op_id, **fields})
     if before is not None and before.state != fields["state"]:
         _operation_event(conn, op_id, before.kind, before.target, before.vm_id, before.project_id, before.state,
