@@ -177,3 +177,28 @@ def test_cli_lifecycle_commands(world, cli):  # noqa: F811
     assert cli("cluster", "delete", "c1").exit_code == 1
     r = cli("setting", "set", "cpu.overprovisioning.factor", "inf")
     assert r.exit_code == 1 and "finite" in r.output
+
+
+def test_an_offering_another_process_retired_or_made_again_is_read_from_the_store(world):
+    """This process's cache of offerings is not the truth: another control-plane process (here a second
+    catalog on the same store) may retire an offering, or delete it and make a new one under its name;
+    a new VM is checked against the store in its own admission."""
+    from vmplane import lifecycle
+    from vmplane.catalog import Catalog
+
+    orch, api = world
+    other = Catalog(orch.db)
+    orch.create_vm("a", "p", "small", "tiny")           # this process caches small (1 vCPU)
+    orch.delete_vm("a")
+    other.retire(type(orch.catalog.offering("small")), "small")
+    r = api.post(f"{V}/vms", json={"name": "b", "project": "p", "offering": "small", "template": "tiny"})
+    refused(r, "offering small is retired")
+    lifecycle.delete_offering(other, "small")
+    other.create_offering(Offering("small", OfferingKind.fixed, vcpus=2, memory_mib=2048))
+    assert orch.create_vm("b", "p", "small", "tiny", start=True).operation_id
+    assert api.get(f"{V}/vms/b").json()["vcpus"] == 2
+    orch.catalog.offering("large")                      # cached here, deleted there
+    lifecycle.delete_offering(other, "large")
+    r = api.post(f"{V}/vms", json={"name": "c", "project": "p", "offering": "large", "template": "tiny"})
+    assert r.status_code == 404 and r.json()["field"] == "offering", r.text
+    assert orch.audit() == []

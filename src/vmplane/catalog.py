@@ -14,6 +14,7 @@ import threading
 from typing import Callable
 
 from sqlalchemy import bindparam, delete, func, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from . import images
@@ -118,6 +119,10 @@ _RETIRED = select(select(_O_T.retired).where(_O_T.id == bindparam("o")).scalar_s
                   select(_T_T.retired).where(_T_T.id == bindparam("t")).scalar_subquery().label("template_retired"))
 
 
+class Outdated(Exception):
+    """What this process knew of an offering or template is outdated (check_new_vm): read it again."""
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -129,7 +134,7 @@ class Catalog:
         self._settings_cache: dict[str, dict[tuple[str, str | None], str]] | None = None
         self._cache_lock = threading.Lock()
         # Offerings and templates never change once created, but for `retired` (read from the store by
-        # for_new_vm) and deletion (forget): admissions read them from here.
+        # check_new_vm) and deletion (forget): admissions read them from here.
         self._offerings: dict[str, Offering] = {}
         self._templates: dict[str, Template] = {}
 
@@ -255,18 +260,23 @@ class Catalog:
             return list(s.scalars(select(Offering).order_by(Offering.name)))
 
     def for_new_vm(self, offering: str, template: str) -> tuple[Offering, Template]:
-        """The offering and template of a new VM: both must exist and not be retired. Read from the
-        store (one small query), not from this process's cache, which another process may have outdated."""
-        o, t = self.offering(offering), self.template(template)
-        row = prepared(self.db.engine, _RETIRED).first(o=o.id, t=t.id)     # (a third of a Connection's cost)
+        """The offering and template of a new VM, as this process knows them (NotFound if neither it nor
+        the store does). Another process may have retired or deleted them since: the admission checks
+        them in its own transaction (check_new_vm)."""
+        return self.offering(offering), self.template(template)
+
+    def check_new_vm(self, conn: Connection, o: Offering, t: Template) -> None:
+        """In a new VM's admission transaction: both must still exist and not be retired (read from the store
+        in one small query). Outdated (and both forgotten) if either was deleted meanwhile: the caller reads
+        them again (NotFound, or the one made since under that name)."""
+        row = prepared(self.db.engine, _RETIRED).first_in(conn, o=o.id, t=t.id)
         if row is None or row["offering_retired"] is None or row["template_retired"] is None:
-            self.forget(offering, template)
-            return self.for_new_vm(offering, template)      # deleted meanwhile: NotFound, or the new one
-        for noun, name, retired in (("offering", offering, row["offering_retired"]),
-                                    ("template", template, row["template_retired"])):
+            self.forget(o.name, t.name)
+            raise Outdated(f"offering {o.name} or template {t.name} changed while a VM was admitted")
+        for noun, name, retired in (("offering", o.name, row["offering_retired"]),
+                                    ("template", t.name, row["template_retired"])):
             if retired:
                 raise Conflict(f"{noun} {name} is retired: it takes no new VMs (VMs using it keep it)", field=noun)
-        return o, t
 
     def forget(self, offering: str | None = None, template: str | None = None) -> None:
         """Drop cached offerings and templates that were retired or deleted."""

@@ -23,6 +23,7 @@ from . import audit as audit_rules
 from . import admission, events, failpoints, metrics
 from .catalog import (
     Catalog,
+    Outdated,
     ensure_new,
     get_by_name,
     ledger_of,
@@ -358,26 +359,27 @@ class Orchestrator:
         is its placement group (of its project)."""
         check_name(name)
         o, t = self.catalog.for_new_vm(offering, template)
-        ha_policy = check_ha(ha_policy or o.ha_policy, ha_priority)
+        ha_chosen = check_ha(ha_policy or o.ha_policy, ha_priority)
         size = size_for(offering_data(o), vcpus, memory_mib)
         disk_mib = self.volumes.root_size(t, o, root_disk_mib) if t.disk_image else None
         if disk_mib is None and (root_disk_mib is not None or pool is not None):
             raise Invalid(f"template {template} has no disk image: its VMs have no root disk", field="root_disk_mib")
         def admit(conn: Connection) -> tuple[int, str | None, Claimed | None]:
+            self.catalog.check_new_vm(conn, o, t)
             scope, zone_id, cluster_id = admission.scope_of(conn, zone, cluster)
             p = L.lock_project(conn, name=project)
             base = Usage(vms=1, storage_mib=disk_mib or 0)
             reach = self.volumes.reach_for_new(conn, disk_mib, pool, scope.cluster) if disk_mib else None
             group_id = resolve_group(conn, group, p.id) if group else None
             rules = placement_rules(self, conn, scope, action=f"starting {name} on {{host}}", group_id=group_id,
-                                    ha=ha_policy == "restart") if start else None
+                                    ha=ha_chosen == "restart") if start else None
             placement, delta = self._admit(conn, p, size, base, start, scope, reach, rules)
             L.add_to_ledger(conn, p.id, delta)
             facts = StartFacts(o.dynamic_scaling, t.dynamically_scalable, dynamically_scalable, o.cpu_cap,
                                o.cpu_speed_mhz)
             fields = dict(name=name, project_id=p.id, offering_id=o.id, template_id=t.id, vcpus=size.vcpus,
                           memory_mib=size.memory_mib, dynamically_scalable=dynamically_scalable,
-                          zone_id=zone_id, cluster_id=cluster_id, ha_policy=ha_policy, ha_priority=ha_priority,
+                          zone_id=zone_id, cluster_id=cluster_id, ha_policy=ha_chosen, ha_priority=ha_priority,
                           group_id=group_id,
                           **self._started_fields(size, placement, delta, facts))
             host = placement[0].host if placement else None
@@ -389,7 +391,7 @@ class Orchestrator:
                 meta = self._hosts.get(host) if host else None
                 chosen = self.volumes.root_pool(conn, disk_mib, pool, host,
                                                 meta.cluster if meta else scope.cluster)
-                if ha_policy == "restart" and chosen.kind != "shared":
+                if ha_chosen == "restart" and chosen.kind != "shared":
                     raise Invalid(f"--ha restart needs its root disk on a shared pool: {chosen.name} is a "
                                   f"{chosen.kind} pool, and the disk would be lost with its host; use "
                                   f"--pool with a shared pool", field="ha_policy")
@@ -397,7 +399,11 @@ class Orchestrator:
             claimed = self._claim(conn, vm_id, name, p.id, size, placement) if placement else None
             return vm_id, host, self._mirror(claimed)
 
-        vm_id, host, claimed = self.admissions.run(admit)
+        try:
+            vm_id, host, claimed = self.admissions.run(admit)
+        except Outdated:        # the offering or template was deleted (or made again) meanwhile: read again
+            return self.create_vm(name, project, offering, template, vcpus, memory_mib, dynamically_scalable,
+                                  start, zone, cluster, root_disk_mib, pool, ha_policy, ha_priority, group)
         if disk_mib:
             try:
                 self._make_root_or_undo(name, vm_id, host, claimed)

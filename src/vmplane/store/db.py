@@ -33,12 +33,12 @@ class Database:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         self.is_sqlite = url.startswith("sqlite")
-        kwargs: dict = {}
+        # connections kept for the API's request threads and the operations' workers: past the pool's size each
+        # checkout opens a new connection (on SQLite its pragmas too) and closes it at checkin
+        kwargs: dict = {"pool_size": 20, "max_overflow": 20} if path is not None or not self.is_sqlite else {}
         if self.is_sqlite:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
-            kwargs["pool_size"] = 20
-            kwargs["max_overflow"] = 20
             # no server-side prepared statements: they are session state, which PgBouncer in transaction
             # pooling mode does not keep (each transaction may run on another server connection)
             kwargs["connect_args"] = {"prepare_threshold": None}

@@ -44,17 +44,24 @@ class PreparedRead:
 
     def first(self, **params) -> dict | None:
         """The first row as {column: value}, or None."""
-        args = tuple(params[name] for name in self.positions) if self.positions is not None else params
         conn = self.engine.raw_connection()
         try:
-            cursor = conn.cursor()
-            try:
-                cursor.execute(self.sql, args)
-                row = cursor.fetchone()
-            finally:
-                cursor.close()
+            return self._first(conn, params)
         finally:
             conn.close()            # back to the pool (which resets it)
+
+    def first_in(self, conn: Connection, **params) -> dict | None:
+        """first(), inside `conn`'s transaction (on its DBAPI connection: no checkout of its own)."""
+        return self._first(conn.connection, params)
+
+    def _first(self, dbapi_conn, params: dict) -> dict | None:
+        args = tuple(params[name] for name in self.positions) if self.positions is not None else params
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute(self.sql, args)
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
         if row is None:
             return None
         return {key: value if proc is None or value is None else proc(value)
