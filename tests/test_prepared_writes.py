@@ -71,8 +71,28 @@ def test_a_write_that_would_lose_a_default_is_refused_when_prepared(db):
     with db.transaction() as conn:
         with pytest.raises(ValueError, match="must set at, message"):
             prepared.write(conn, insert(EVENTS), {"kind": "vm", "subject": "s", "cause": "c"})
-        with pytest.raises(ValueError, match="sets on update"):
+        with pytest.raises(ValueError, match="must set updated_at"):
             prepared.write(conn, update(Vm.__table__).values(state="running"), {})
+
+
+def test_an_operations_update_binds_by_the_columns_types(db):
+    """ledger.set_operation writes through a prepared update: its JSON result and its time are bound as
+    SQLAlchemy binds them (read back equal through SQLAlchemy), and its state change is an event."""
+    from vmplane.store import ledger as L
+
+    at = dt.datetime(2026, 12, 1, 9, 30, 15, 250000)
+    with db.transaction() as conn:
+        prepared.write(conn, insert(OPERATIONS), {
+            "id": "op-u", "kind": "start", "target": "v", "vm_id": None, "project_id": None, "state": "pending",
+            "step": "claimed", "progress": 10, "message": "m", "result": None, "created_at": at, "updated_at": at,
+            "owner": None})
+        L.set_operation(conn, "op-u", state="running", result={"host": "h1", "sizes": [1, 2]}, progress=30)
+    with db.transaction() as conn:
+        row = L.operation_row(conn, "op-u")
+        kinds = conn.execute(select(EVENTS.c.old_state, EVENTS.c.new_state).where(EVENTS.c.subject == "op-u")).all()
+    assert (row.state, row.progress, row.result) == ("running", 30, {"host": "h1", "sizes": [1, 2]})
+    assert isinstance(row.updated_at, dt.datetime) and row.updated_at > at
+    assert [tuple(k) for k in kinds] == [("pending", "running")]
 
 
 def test_a_prepared_write_rolls_back_with_its_transaction(db):

@@ -231,7 +231,7 @@ def set_operation(conn: Connection, op_id: str, before: Row | None = None, **fie
         fields["last_host_id"] = fields["host_id"]       # kept when it stops: where a leftover domain can be
     if before is None and "state" in fields:
         before = conn.execute(_OPERATION_FOR_EVENT, {"id": op_id}).first()
-    conn.execute(_update_by_id("operations", tuple(sorted(fields))), {"_id": op_id, **fields})
+    prepared.write(conn, _update_by_id("operations", tuple(sorted(fields))), {"_id": op_id, **fields})
     if before is not None and before.state != fields["state"]:
         _operation_event(conn, op_id, before.kind, before.target, before.vm_id, before.project_id, before.state,
                          fields["state"], fields.get("message", ""))
@@ -273,7 +273,7 @@ def set_migration(conn: Connection, migration_id: str, **fields) -> None:
     if "state" in fields and not isinstance(fields["state"], str):
         fields["state"] = fields["state"].value
     before = conn.execute(_MIGRATION_FOR_EVENT, {"id": migration_id}).first() if "state" in fields else None
-    conn.execute(_update_by_id("migrations", tuple(sorted(fields))), {"_id": migration_id, **fields})
+    prepared.write(conn, _update_by_id("migrations", tuple(sorted(fields))), {"_id": migration_id, **fields})
     if before is not None and before.state != fields["state"]:
         migration_event(conn, before, before.state, fields["state"], fields.get("reason", ""))
 
@@ -314,7 +314,7 @@ def set_vm(conn: Connection, vm_id: int, note: str = "", **fields) -> None:
         fields["last_host_id"] = fields["host_id"]       # kept when it stops: where a leftover domain can be
     before = (conn.execute(_VM_FOR_EVENT, {"id": vm_id}).first()
               if "state" in fields or "host_id" in fields else None)
-    conn.execute(_update_by_id("vms", tuple(sorted(fields))), {"_id": vm_id, **fields})
+    prepared.write(conn, _update_by_id("vms", tuple(sorted(fields))), {"_id": vm_id, **fields})
     if before is not None:
         _vm_event(conn, before, fields, note)
 

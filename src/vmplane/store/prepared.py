@@ -5,7 +5,7 @@ admission writes its ledger, host, operation, claim and two events; every state 
 on the DBAPI connection under `conn`, inside its transaction: through the SQLAlchemy Connection each
 cost ~4-5x the statement itself (~65 us against ~15 us on SQLite, measured). The column types' bind
 processors still run (SQLite's datetimes, JSON). An insert must name every column that has a Python-side
-default, and an update's table must have no `onupdate` column (those are SQLAlchemy's to fill, not the
+default, and an update every column that has an `onupdate` (those are SQLAlchemy's to fill, not the
 database's): refused when it is prepared.
 
 Reads (PreparedRead):
@@ -86,8 +86,11 @@ class PreparedWrite:
             if missing:
                 raise ValueError(f"a prepared insert into {stmt.table.name} must set {', '.join(missing)} "
                                  f"(their defaults are filled by SQLAlchemy, not the database)")
-        elif any(c.onupdate is not None for c in stmt.table.columns):
-            raise ValueError(f"{stmt.table.name} has columns SQLAlchemy sets on update: not a prepared write")
+        else:
+            missing = sorted(c.name for c in stmt.table.columns if c.onupdate is not None and c.name not in keys)
+            if missing:
+                raise ValueError(f"a prepared update of {stmt.table.name} must set {', '.join(missing)} (set on "
+                                 f"update by SQLAlchemy, not the database)")
         compiled = stmt.compile(dialect=dialect, column_keys=sorted(keys) if isinstance(stmt, Insert) else None)
         self.sql = str(compiled)
         self.positions = tuple(compiled.positiontup) if compiled.positional else None
