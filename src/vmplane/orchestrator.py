@@ -86,6 +86,7 @@ from .controllers import DEFAULT_LEASE_S, Controllers
 from . import ownership
 from .store import ledger as L
 from .store import storageledger as SL
+from .store.prepared import prepared
 from .store.schema import Cluster, Host, Operation, Project, Vm, Zone
 
 log = logging.getLogger("vmplane.orchestrator")
@@ -651,16 +652,15 @@ class Orchestrator:
     def _run(self, op_id: str, body, cause: str | None = None) -> None:
         """Run an operation's body (in an executor thread, or later) under `cause`, by default the cause of
         the request that created it: its events name that user, not whoever's thread happens to run it."""
-        with self.db.read() as s:
-            conn = s.connection()
-            op = conn.execute(_OPERATION_TO_RUN, {"id": op_id}).first()
-            if cause is None:
-                cause = events.remembered(op_id)          # this process created it: no need to ask the store
-            if cause is None:
-                cause = op and events.cause_of(conn, "operation", op_id,
-                                               vm=op.target if op.vm_id is not None else None,
-                                               host=op.target if op.kind == "drain" else None)
-        owner = op.owner if op is not None else None
+        op = prepared(self.db.engine, _OPERATION_TO_RUN).first(id=op_id)      # one read, no transaction
+        if cause is None:
+            cause = events.remembered(op_id)          # this process created it: no need to ask the store
+        if cause is None and op is not None:
+            with self.db.read() as s:
+                cause = events.cause_of(s.connection(), "operation", op_id,
+                                        vm=op["target"] if op["vm_id"] is not None else None,
+                                        host=op["target"] if op["kind"] == "drain" else None)
+        owner = op["owner"] if op is not None else None
         if owner is not None and owner != self.controllers.epoch:
             log.warning("operation %s is owned by controller %s now, not by this one (%s): not run here",
                         op_id, owner, self.controllers.epoch)

@@ -28,6 +28,12 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import UpdateBase
 
+def as_sqlalchemy_error(dialect, sql: str, args, exc: Exception) -> DBAPIError:
+    """The driver's error `exc` as SQLAlchemy raises it (IntegrityError, OperationalError...): callers catch
+    those, and a deadlock's or serialization failure's sqlstate is read from them (admission retries, API 409)."""
+    return DBAPIError.instance(sql, args, exc, dialect.loaded_dbapi.Error, dialect=dialect)
+
+
 _cache: "weakref.WeakKeyDictionary[Engine, dict[Select, PreparedRead]]" = weakref.WeakKeyDictionary()
 
 
@@ -60,6 +66,8 @@ class PreparedRead:
         try:
             cursor.execute(self.sql, args)
             row = cursor.fetchone()
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            raise as_sqlalchemy_error(self.engine.dialect, self.sql, args, exc) from exc
         finally:
             cursor.close()
         if row is None:
@@ -111,10 +119,7 @@ class PreparedWrite:
             cursor.execute(self.sql, args)
             return cursor.rowcount
         except conn.dialect.loaded_dbapi.Error as exc:
-            # as SQLAlchemy raises it (IntegrityError, OperationalError...): callers catch those, and a
-            # deadlock's or serialization failure's sqlstate is read from them (admission retries, API 409)
-            raise DBAPIError.instance(self.sql, args, exc, conn.dialect.loaded_dbapi.Error,
-                                      dialect=conn.dialect) from exc
+            raise as_sqlalchemy_error(conn.dialect, self.sql, args, exc) from exc
         finally:
             cursor.close()
 
