@@ -32,6 +32,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from . import ownership
 from .scope import Scope, vm_scope
+from .store.prepared import prepared
 from .store.schema import Cluster, Zone
 
 MAX_BATCH = 64          # requests admitted in one transaction at most
@@ -227,7 +228,7 @@ def scope_of(conn: Connection, zone: str | None, cluster: str | None) -> tuple[S
     (one statement built once: building it per request cost a quarter of an admission)."""
     zones: dict[str, list[str]] = {}
     ids: dict[tuple[str, str], int] = {}
-    for zone_id, zone_name, cluster_id, cluster_name in conn.execute(_ZONES_AND_CLUSTERS).all():
+    for zone_id, zone_name, cluster_id, cluster_name in prepared(conn.engine, _ZONES_AND_CLUSTERS).all_in(conn):
         zones.setdefault(zone_name, [])
         ids["zone", zone_name] = zone_id
         if cluster_name is not None:

@@ -68,6 +68,7 @@ _DELETE_CLAIMS_OF_VM = delete(CLAIMS).where(_C.vm_id == bindparam("vm_id"))
 _VM_CHARGE = select(_V.project_id, _V.charged_vcpus, _V.charged_memory_mib).where(_V.id == bindparam("id"))
 _INSERT_OPERATION = insert(OPERATIONS)
 _INSERT_VM = insert(VMS)
+_VM_DEFAULTS = {c.name: c.default.arg for c in VMS.columns if c.default is not None and c.default.is_scalar}
 _OPERATION = select(OPERATIONS).where(_O.id == bindparam("id"))
 _VM_ID_BY_NAME = select(_V.id).where(_V.name == bindparam("name"))
 _F = Offering.__table__.c
@@ -107,8 +108,11 @@ def _enum_values(fields: dict) -> dict:
 
 
 def lock_project(conn: Connection, project_id: int | None = None, name: str | None = None) -> Row:
-    row = (conn.execute(_PROJECT_BY_ID, {"id": project_id}) if project_id is not None
-           else conn.execute(_PROJECT_BY_NAME, {"name": name})).first()
+    """The project's row, locked (every admission reads it: a raw read, its columns as attributes)."""
+    if project_id is not None:
+        row = prepared.prepared(conn.engine, _PROJECT_BY_ID).row_in(conn, id=project_id)
+    else:
+        row = prepared.prepared(conn.engine, _PROJECT_BY_NAME).row_in(conn, name=name)
     if row is None:
         raise NotFound(f"project {name or project_id!r} does not exist", field="project")
     return row
@@ -342,7 +346,8 @@ def insert_vm(conn: Connection, note: str = "", host_name: str | None = None, **
     now = utcnow()
     if fields.get("host_id") is not None:
         fields = {**fields, "last_host_id": fields["host_id"]}
-    vm_id = conn.execute(_INSERT_VM, {**fields, "created_at": now, "updated_at": now}).inserted_primary_key[0]
+    row = {**_VM_DEFAULTS, **_enum_values(fields), "created_at": now, "updated_at": now}
+    vm_id = prepared.insert_for_id(conn, _INSERT_VM, row)
     host = None
     if fields.get("host_id"):
         host = host_name or conn.execute(_HOST_NAME, {"id": fields["host_id"]}).scalar()

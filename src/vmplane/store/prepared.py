@@ -20,6 +20,7 @@ Parameters are passed as they are (no bind processors): strings and integers onl
 
 from __future__ import annotations
 
+import collections
 import weakref
 from typing import Any
 
@@ -47,6 +48,7 @@ class PreparedRead:
         self.keys = tuple(stmt.selected_columns.keys())
         self.processors = tuple(col.type.dialect_impl(dialect).result_processor(dialect, None)
                                 for col in stmt.selected_columns)
+        self.tuple_type = collections.namedtuple("Row", self.keys, rename=True)   # (row_in)
 
     def first(self, **params) -> dict | None:
         """The first row as {column: value}, or None."""
@@ -60,20 +62,31 @@ class PreparedRead:
         """first(), inside `conn`'s transaction (on its DBAPI connection: no checkout of its own)."""
         return self._first(conn.connection, params)
 
+    def row_in(self, conn: Connection, **params) -> tuple | None:
+        """first_in(), as a named tuple (its columns as attributes, as SQLAlchemy's rows have them)."""
+        rows = self._fetch(conn.connection, params, one=True)
+        return self.tuple_type(*rows[0]) if rows else None
+
+    def all_in(self, conn: Connection, **params) -> list[tuple]:
+        """Every row, as plain tuples, inside `conn`'s transaction."""
+        return self._fetch(conn.connection, params, one=False)
+
     def _first(self, dbapi_conn, params: dict) -> dict | None:
+        rows = self._fetch(dbapi_conn, params, one=True)
+        return dict(zip(self.keys, rows[0])) if rows else None
+
+    def _fetch(self, dbapi_conn, params: dict, one: bool) -> list[tuple]:
         args = tuple(params[name] for name in self.positions) if self.positions is not None else params
         cursor = dbapi_conn.cursor()
         try:
             cursor.execute(self.sql, args)
-            row = cursor.fetchone()
+            rows = ([row] if (row := cursor.fetchone()) is not None else []) if one else cursor.fetchall()
         except self.engine.dialect.loaded_dbapi.Error as exc:
             raise as_sqlalchemy_error(self.engine.dialect, self.sql, args, exc) from exc
         finally:
             cursor.close()
-        if row is None:
-            return None
-        return {key: value if proc is None or value is None else proc(value)
-                for key, proc, value in zip(self.keys, self.processors, row)}
+        return [tuple(value if proc is None or value is None else proc(value)
+                      for proc, value in zip(self.processors, row)) for row in rows]
 
 
 def prepared(engine: Engine, stmt: Select) -> PreparedRead:
@@ -107,8 +120,9 @@ class PreparedWrite:
         self.processors = {name: processor for name, b in binds.items()
                            if (processor := b.type.dialect_impl(dialect).bind_processor(dialect)) is not None}
 
-    def run(self, conn: Connection, params: dict[str, Any]) -> int:
-        """Execute inside `conn`'s transaction; the number of rows it changed."""
+    def run(self, conn: Connection, params: dict[str, Any], new_id: bool = False) -> int:
+        """Execute inside `conn`'s transaction; the number of rows it changed, or with `new_id` (an insert
+        prepared with its primary key returned, see insert_for_id) the new row's id."""
         values = {**self.fixed, **params}
         for name, processor in self.processors.items():
             if name in values:              # None too, as SQLAlchemy does (JSON writes it as 'null')
@@ -117,20 +131,32 @@ class PreparedWrite:
         cursor = conn.connection.cursor()
         try:
             cursor.execute(self.sql, args)
-            return cursor.rowcount
+            if not new_id:
+                return cursor.rowcount
+            return cursor.lastrowid if conn.dialect.name == "sqlite" else cursor.fetchone()[0]
         except conn.dialect.loaded_dbapi.Error as exc:
             raise as_sqlalchemy_error(conn.dialect, self.sql, args, exc) from exc
         finally:
             cursor.close()
 
 
-_writes: dict[tuple[str, UpdateBase, frozenset[str]], PreparedWrite] = {}
+_writes: dict[tuple[str, UpdateBase, frozenset[str], bool], PreparedWrite] = {}
+
+
+def insert_for_id(conn: Connection, stmt: Insert, params: dict[str, Any]) -> int:
+    """write() of a one-row insert; the new row's primary key (SQLite's lastrowid, else RETURNING)."""
+    key = (conn.dialect.name, stmt, frozenset(params), True)
+    prepared_write = _writes.get(key)
+    if prepared_write is None:
+        returning = stmt if conn.dialect.name == "sqlite" else stmt.returning(*stmt.table.primary_key.columns)
+        prepared_write = _writes[key] = PreparedWrite(conn.dialect, returning, key[2])
+    return prepared_write.run(conn, params, new_id=True)
 
 
 def write(conn: Connection, stmt: UpdateBase, params: dict[str, Any]) -> int:
     """`stmt` with `params` in `conn`'s transaction, prepared once per dialect and set of parameters; the
     number of rows it changed (the rowcount)."""
-    key = (conn.dialect.name, stmt, frozenset(params))
+    key = (conn.dialect.name, stmt, frozenset(params), False)
     prepared_write = _writes.get(key)
     if prepared_write is None:
         prepared_write = _writes[key] = PreparedWrite(conn.dialect, stmt, key[2])
