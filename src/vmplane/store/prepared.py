@@ -46,8 +46,8 @@ class PreparedRead:
         self.sql = str(compiled)
         self.positions = tuple(compiled.positiontup) if compiled.positional else None
         self.keys = tuple(stmt.selected_columns.keys())
-        self.processors = tuple(col.type.dialect_impl(dialect).result_processor(dialect, None)
-                                for col in stmt.selected_columns)
+        self._types = tuple(col.type.dialect_impl(dialect) for col in stmt.selected_columns)
+        self.processors: tuple | None = None     # by the driver's type codes, at the first execution
         self.tuple_type = collections.namedtuple("Row", self.keys, rename=True)   # (row_in)
 
     def first(self, **params) -> dict | None:
@@ -80,6 +80,10 @@ class PreparedRead:
         cursor = dbapi_conn.cursor()
         try:
             cursor.execute(self.sql, args)
+            if self.processors is None:     # (as SQLAlchemy does: PostgreSQL's numerics depend on the type code)
+                dialect = self.engine.dialect
+                self.processors = tuple(t.result_processor(dialect, d[1])
+                                        for t, d in zip(self._types, cursor.description))
             rows = ([row] if (row := cursor.fetchone()) is not None else []) if one else cursor.fetchall()
         except self.engine.dialect.loaded_dbapi.Error as exc:
             raise as_sqlalchemy_error(self.engine.dialect, self.sql, args, exc) from exc
