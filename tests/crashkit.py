@@ -404,11 +404,14 @@ def ha_problems(o: Orchestrator) -> list[str]:
 def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "", ha: bool = False) -> None:
     """Random actions; with a crash point armed (`focus`), the actions that reach it are made likelier;
     `ha`: HA VMs are created and hosts fail (HA_ACTIONS)."""
-    boost = {"scale.migrating": _scale_where_full, "scale.after-migration": _scale_where_full,
-             "drain.mid": _drain, "volume.before-create": _create_volume, "volume.after-create": _create_volume,
-             "volume.before-attach": _attach, "volume.before-detach": _detach,
-             "volume.before-delete": _delete_volume}.get(focus)
-    boost = (_create_ha, _fail_host) if focus.startswith("ha.") else (boost,)
+    # a volume step needs a volume in the state before it: what makes one is made likelier too (a run missed
+    # volume.before-detach in all 8 rounds armed for it, no data volume attached at the right time)
+    boost = {"scale.migrating": (_scale_where_full,), "scale.after-migration": (_scale_where_full,),
+             "drain.mid": (_drain,), "volume.before-create": (_create_volume,),
+             "volume.after-create": (_create_volume,), "volume.before-attach": (_create_volume, _attach),
+             "volume.before-detach": (_attach, _detach),
+             "volume.before-delete": (_detach, _delete_volume)}.get(focus, ())
+    boost = (_create_ha, _fail_host) if focus.startswith("ha.") else boost
     actions, weights = zip(*((a, w * 3 if a in boost else w) for a, w in ACTIONS + (HA_ACTIONS if ha else ())))
     for n in range(steps):
         try:

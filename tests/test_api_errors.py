@@ -149,3 +149,12 @@ def test_metrics_count_admissions_and_refusals(setup):
     assert 'vmplane_admissions_total{result="admitted"}' in text
     assert 'vmplane_admissions_total{result="quota_exceeded"}' in text
     assert 'vmplane_operations_total{kind="start",state="succeeded"}' in text
+
+
+def test_a_nul_character_in_a_query_or_path_is_422_on_every_store(setup):
+    """PostgreSQL refuses NUL in text (a 500 once, found by the hostile-input test on `?cluster=%00`):
+    refused at the edge, naming the parameter, on SQLite too."""
+    assert_error(setup.get("/api/v1/hosts?cluster=%00"), 422, "cluster", ["NUL"])
+    assert_error(setup.get("/api/v1/vms?project=p%00q"), 422, "project", ["NUL"])
+    r = setup.get("/api/v1/vms/a%00b")
+    assert r.status_code == 422 and "NUL" in r.json()["message"], r.text

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import VmplaneError
@@ -56,6 +56,14 @@ def install_error_handlers(app: FastAPI) -> None:
         # Two concurrent creates of one name on a database without a write lock (PostgreSQL).
         return JSONResponse({"error": "already_exists", "message": "a record with this name already exists",
                              "field": "name"}, status_code=409)
+
+    @app.exception_handler(DataError)
+    async def data_error(_: Request, exc: DataError):
+        # a value the database refuses as data (PostgreSQL: a NUL character in text, a number out of its
+        # column's range); its transaction rolled back whole: nothing changed
+        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+        return JSONResponse({"error": "invalid", "message": f"a value was refused by the store: {reason}",
+                             "field": None}, status_code=422)
 
     @app.exception_handler(OperationalError)
     async def busy_error(_: Request, exc: OperationalError):

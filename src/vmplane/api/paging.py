@@ -36,10 +36,14 @@ class StrictQueryRoute(APIRoute):
 
         async def strict(request: Request):
             if request.scope.get("query_string"):
-                for name in request.query_params.keys():
+                for name, value in request.query_params.multi_items():
                     if name not in known:
                         choices = f"known: {', '.join(sorted(known))}" if known else "this route takes none"
                         raise Invalid(f"{name}: unknown query parameter; {choices}", field=name)
+                    if "\x00" in value:     # no store keeps it (PostgreSQL refuses it in text): no name has it
+                        raise Invalid(f"{name}: must not contain a NUL character", field=name)
+            if "\x00" in request.scope["path"]:
+                raise Invalid("the path must not contain a NUL character", field=None)
             return await handler(request)
         return strict
 

@@ -68,8 +68,8 @@ class PreparedRead:
         return self.tuple_type(*rows[0]) if rows else None
 
     def all_in(self, conn: Connection, **params) -> list[tuple]:
-        """Every row, as plain tuples, inside `conn`'s transaction."""
-        return self._fetch(conn.connection, params, one=False)
+        """Every row, as named tuples (as row_in), inside `conn`'s transaction."""
+        return [self.tuple_type(*row) for row in self._fetch(conn.connection, params, one=False)]
 
     def _first(self, dbapi_conn, params: dict) -> dict | None:
         rows = self._fetch(dbapi_conn, params, one=True)

@@ -12,6 +12,7 @@ from .. import events
 from ..errors import NotFound
 from ..model import Usage
 from . import ledger as L
+from .prepared import prepared
 from .schema import Cluster, Host, Pool, Project, Template, Vm, Volume, utcnow
 
 POOLS, VOLUMES = Pool.__table__, Volume.__table__
@@ -66,7 +67,7 @@ def volume_row(conn: Connection, name: str, lock: bool = False) -> Row:
 
 def vm_volumes(conn: Connection, vm_id: int) -> list[Row]:
     """A VM's disks, root first (vda), then by device."""
-    rows = conn.execute(_VOLUMES_OF_VM, {"vm_id": vm_id}).all()
+    rows = prepared(conn.engine, _VOLUMES_OF_VM).all_in(conn, vm_id=vm_id)      # (every start reads them)
     return sorted(rows, key=lambda r: (r.role != "root", r.device or ""))
 
 
