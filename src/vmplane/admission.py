@@ -121,12 +121,15 @@ class Batcher:
         while True:
             if req.lead:
                 req.lead = False
-                self._lead()
+                self._lead(req)
             if req.done:
                 return req.outcome()
             req.wake.acquire()
 
-    def _lead(self) -> None:
+    def _lead(self, leader: _Request) -> None:
+        """Run the queued requests (`leader` first among them) as one batch, then hand the lead on. Each
+        request's wake lock is released once: to lead, or when done by another's batch; never the leader's
+        own (a request made leader before it waited would find its lock released twice)."""
         with self._mutex:
             batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
         try:
@@ -148,7 +151,8 @@ class Batcher:
                     self._busy = False
             for r in batch:
                 r.done = True
-                r.wake.release()
+                if r is not leader:
+                    r.wake.release()
 
     def _alone(self, fn, ctx: contextvars.Context) -> Any:
         """fn in a transaction of its own; run again (up to RETRIES times) if the database chose it as a

@@ -64,7 +64,7 @@ class Volumes:
         """The disks the VM's domain opens; the template images they are overlays on are put in its
         host's image pool first (a root disk on a shared pool may start on a host that never had its
         image: the start failed with "Cannot access backing file")."""
-        with self.o.db.engine.connect() as conn:       # a read: no write lock, no lease check
+        with self.o.db.engine.connect() as conn, conn.begin():      # one read: no write lock, no lease check
             disks = SL.vm_volumes(conn, vm_id)
             host = L.vm_row(conn, vm_id=vm_id).host_name
         return self._specs(disks, host)

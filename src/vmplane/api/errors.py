@@ -61,7 +61,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def data_error(_: Request, exc: DataError):
         # a value the database refuses as data (PostgreSQL: a NUL character in text, a number out of its
         # column's range); its transaction rolled back whole: nothing changed
-        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+        reason = (str(exc.orig).splitlines() or [type(exc.orig).__name__])[0]
         return JSONResponse({"error": "invalid", "message": f"a value was refused by the store: {reason}",
                              "field": None}, status_code=422)
 
