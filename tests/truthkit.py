@@ -50,6 +50,8 @@ from vmplane.drivers import base, simfabric
 from vmplane.drivers.sim import SimDriver
 from vmplane.drivers.simfabric import SimFabric
 from vmplane.drivers.simfaults import KINDS, SimFaults
+from sqlalchemy.exc import DBAPIError
+
 from vmplane.errors import VmplaneError
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
@@ -110,6 +112,9 @@ def workload(o: Orchestrator, rng: random.Random, steps: int, nemesis: "Nemesis 
             rng.choices(actions, odds)[0](o, rng, n)
         except VmplaneError:
             pass                       # refused (quota, capacity, state): as a user would be
+        except DBAPIError as exc:      # PostgreSQL's deadlock victim, rolled back whole: the API's 409 "retry"
+            if getattr(exc.orig, "sqlstate", None) not in ("40P01", "40001"):
+                raise
         if nemesis:
             nemesis.step(o)
         time.sleep(rng.uniform(0, nemesis.mode.step_s if nemesis else 0.02))
