@@ -50,9 +50,8 @@ from vmplane.drivers import base, simfabric
 from vmplane.drivers.sim import SimDriver
 from vmplane.drivers.simfabric import SimFabric
 from vmplane.drivers.simfaults import KINDS, SimFaults
-from sqlalchemy.exc import DBAPIError
-
 from vmplane.errors import VmplaneError
+from sqlalchemy.exc import DBAPIError
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
 
