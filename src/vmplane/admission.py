@@ -197,21 +197,23 @@ class Batcher:
                 with ownership.owned(None), self.db.transaction() as conn:
                     self.serialise(conn)
                     cursor = conn.connection.cursor()
-                    for r in batch:
-                        cursor.execute(_SAVEPOINT)
-                        try:
-                            r.result = _run_as(r.ctx, r.fn, conn)
-                        except BaseException as exc:  # noqa: BLE001 - this request only
-                            cursor.execute(_ROLLBACK_TO)
+                    try:
+                        for r in batch:
+                            cursor.execute(_SAVEPOINT)
+                            try:
+                                r.result = _run_as(r.ctx, r.fn, conn)
+                            except BaseException as exc:  # noqa: BLE001 - this request only
+                                cursor.execute(_ROLLBACK_TO)
+                                cursor.execute(_RELEASE)
+                                if isinstance(exc, DBAPIError) and not isinstance(exc, IntegrityError):
+                                    r.alone = True
+                                else:
+                                    r.error = exc
+                                continue
                             cursor.execute(_RELEASE)
-                            if isinstance(exc, DBAPIError) and not isinstance(exc, IntegrityError):
-                                r.alone = True
-                            else:
-                                r.error = exc
-                            continue
-                        cursor.execute(_RELEASE)
-                        admitted += 1
-                    cursor.close()
+                            admitted += 1
+                    finally:
+                        cursor.close()
             except BaseException:  # noqa: BLE001 - the commit failed: nobody was admitted
                 if admitted:
                     self.on_abort()

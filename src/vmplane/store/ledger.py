@@ -115,8 +115,10 @@ def _enum_values(fields: dict) -> dict:
 
 def lock_project(conn: Connection, project_id: int | None = None, name: str | None = None) -> Row:
     """The project's row, locked (every admission reads it: a raw read, its columns as attributes)."""
-    row = _row(conn, _PROJECT_BY_ID, id=project_id) if project_id is not None else _row(conn, _PROJECT_BY_NAME,
-                                                                                          name=name)
+    if project_id is not None:
+        row = _row(conn, _PROJECT_BY_ID, id=project_id)
+    else:
+        row = _row(conn, _PROJECT_BY_NAME, name=name)
     if row is None:
         raise NotFound(f"project {name or project_id!r} does not exist", field="project")
     return row
