@@ -233,8 +233,9 @@ def sqlite_main(args) -> None:
 PG_QUOTA_VMS, PG_QUOTA_VCPUS, PG_ASKED = 100, 180, 120      # per project: 120 asked, some refused by quota
 
 
-def _pg_worker(url: str, requests: list, threads: int, barrier, out) -> None:
-    o = Orchestrator(Database(url), DeferredExecutor())
+def _pg_worker(url: str, k: int, requests: list, threads: int, barrier, out) -> None:
+    # a name of its own: a process registering under a live one's name takes its place (a restart)
+    o = Orchestrator(Database(url), DeferredExecutor(), name=f"bench-{k}")
     o.load(recover=False)
     barrier.wait()
     t0 = time.time()
@@ -254,7 +255,7 @@ def pg_run(url: str, hosts: int, vms: int, procs: int, threads: int) -> dict:
     o.db.dispose()
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=_pg_worker, args=(url, requests[k::procs], threads, barrier, out))
+    workers = [ctx.Process(target=_pg_worker, args=(url, k, requests[k::procs], threads, barrier, out))
                for k in range(procs)]
     for w in workers:
         w.start()

@@ -201,4 +201,13 @@ def test_an_offering_another_process_retired_or_made_again_is_read_from_the_stor
     lifecycle.delete_offering(other, "large")
     r = api.post(f"{V}/vms", json={"name": "c", "project": "p", "offering": "large", "template": "tiny"})
     assert r.status_code == 404 and r.json()["field"] == "offering", r.text
+    # made again under its name with the same id (SQLite reuses the highest rowid after a delete): the
+    # cached one is another offering; the new VM gets the store's
+    other.create_offering(Offering("newest", OfferingKind.fixed, vcpus=1, memory_mib=1024))
+    cached = orch.catalog.offering("newest")
+    lifecycle.delete_offering(other, "newest")
+    remade = other.create_offering(Offering("newest", OfferingKind.fixed, vcpus=3, memory_mib=3072))
+    assert orch.catalog.offering("newest") is cached and (remade.id == cached.id or not orch.db.is_sqlite)
+    orch.create_vm("d", "p", "newest", "tiny")
+    assert api.get(f"{V}/vms/d").json()["vcpus"] == 3
     assert orch.audit() == []

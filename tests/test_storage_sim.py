@@ -7,7 +7,7 @@ import pytest
 
 from vmplane.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded
 from vmplane.model import HostState, Offering, OfferingKind
-from vmplane.orchestrator import Orchestrator
+from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store.schema import Pool
 
 from .conftest import add_sim_hosts
@@ -110,6 +110,46 @@ def test_volumes_attach_live_detach_confirmed_and_outlive_the_vm(orch):
     orch.volumes.delete("data")
     assert usage(orch, "p").storage_mib == 256
     assert orch.audit() == []
+
+
+def test_a_detach_locks_its_vm_before_its_volume_as_a_vm_delete_does(postgres):
+    """Lock order (PostgreSQL, row locks): a detach that waits for its VM's row holds no lock on the
+    volume yet, so a writer that holds the VM and then wants the volume (a VM's delete) never deadlocks
+    with it. Before, the detach locked the volume first; a run of the truth harness met that deadlock."""
+    from sqlalchemy import create_engine, text
+
+    from vmplane.store import Database
+
+    from . import stores
+
+    url = stores.postgres_url(migrated=True)
+    o = Orchestrator(Database(url), InlineExecutor())
+    o.load()
+    o.catalog.create_zone("z1")
+    o.catalog.create_cluster("c1", "z1")
+    setup(o, shared=True)
+    o.create_vm("a", "p", "small", "disk", start=True)
+    o.volumes.create("data", "p", 512)
+    o.volumes.attach("data", "a")
+    other = create_engine(url)
+    with ThreadPoolExecutor(1) as pool, other.connect() as holder, other.connect() as probe:
+        holder.begin()
+        holder.execute(text("SELECT id FROM vms WHERE name = 'a' FOR UPDATE"))        # a VM's writer, midway
+        detached = pool.submit(o.volumes.detach, "data")
+        deadline = time.monotonic() + 20
+        while not probe.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                     "AND datname = current_database()")).scalar():
+            probe.rollback()        # (the activity view is read once per transaction)
+            assert time.monotonic() < deadline, "the detach never waited for the VM's row"
+            time.sleep(0.05)
+        with other.begin() as writer:   # the VM's writer can take the volume next: the detach does not hold it
+            writer.execute(text("SELECT id FROM volumes WHERE name = 'data' FOR UPDATE NOWAIT"))
+        holder.rollback()
+        assert (detached.result(timeout=30).state, vol(o, "data").vm_name) == ("available", None)
+    other.dispose()
+    assert o.audit() == []
+    o.close()
+    o.db.dispose()
 
 
 def test_a_root_disk_can_not_be_detached_nor_another_projects_volume_attached(orch):

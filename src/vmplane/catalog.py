@@ -114,9 +114,13 @@ _TOKEN_BY_HASH = select(Token.__table__.c.name, Token.__table__.c.role, Token.__
     .where(Token.__table__.c.token_hash == bindparam("digest"))
 
 
-_O_T, _T_T = Offering.__table__.c, Template.__table__.c
-_RETIRED = select(select(_O_T.retired).where(_O_T.id == bindparam("o")).scalar_subquery().label("offering_retired"),
-                  select(_T_T.retired).where(_T_T.id == bindparam("t")).scalar_subquery().label("template_retired"))
+# a new VM's offering and template as the store has them now (check_new_vm): every column, to compare with
+# what this process cached (an id alone could be another's: SQLite reuses the highest rowid after a delete)
+_O_T, _T_T = Offering.__table__, Template.__table__
+_DEFINED = {t.name: tuple(c.name for c in t.columns if c.name != "retired") for t in (_O_T, _T_T)}
+_NOW_DEFINED = (select(*(c.label(f"o_{c.name}") for c in _O_T.columns),
+                       *(c.label(f"t_{c.name}") for c in _T_T.columns))
+                .where(_O_T.c.id == bindparam("o"), _T_T.c.id == bindparam("t")))
 
 
 class Outdated(Exception):
@@ -269,12 +273,12 @@ class Catalog:
         """In a new VM's admission transaction: both must still exist and not be retired (read from the store
         in one small query). Outdated (and both forgotten) if either was deleted meanwhile: the caller reads
         them again (NotFound, or the one made since under that name)."""
-        row = prepared(self.db.engine, _RETIRED).first_in(conn, o=o.id, t=t.id)
-        if row is None or row["offering_retired"] is None or row["template_retired"] is None:
+        row = prepared(self.db.engine, _NOW_DEFINED).first_in(conn, o=o.id, t=t.id)
+        if row is None or any(getattr(cached, c) != row[f"{prefix}_{c}"] for prefix, cached in (("o", o), ("t", t))
+                              for c in _DEFINED[cached.__tablename__]):
             self.forget(o.name, t.name)
             raise Outdated(f"offering {o.name} or template {t.name} changed while a VM was admitted")
-        for noun, name, retired in (("offering", o.name, row["offering_retired"]),
-                                    ("template", t.name, row["template_retired"])):
+        for noun, name, retired in (("offering", o.name, row["o_retired"]), ("template", t.name, row["t_retired"])):
             if retired:
                 raise Conflict(f"{noun} {name} is retired: it takes no new VMs (VMs using it keep it)", field=noun)
 

@@ -171,8 +171,8 @@ class Volumes:
 
     def attach(self, name: str, vm: str, project_id: int | None = None) -> Row:
         with self.o.db.transaction() as conn:
+            row = L.vm_row(conn, name=vm, lock=True)       # the VM first (_locked)
             v = SL.volume_row(conn, name, lock=True)
-            row = L.vm_row(conn, name=vm, lock=True)
             self._owned(v, project_id)
             if row.project_id != v.project_id:
                 raise Conflict(f"volume {name} is in project {v.project}; vm {vm} is not", field="vm")
@@ -233,15 +233,25 @@ class Volumes:
             raise Conflict(f"volume {name} is still attached to {vm}: {error}", field="volume")
         return self.row(name)
 
+    def _locked(self, conn: Connection, name: str) -> tuple[Row, Row | None]:
+        """The volume and its VM's row, both locked: the VM first, as a VM's own transactions lock them
+        (a delete locks the VM, then its volumes), so that two writers never wait on each other in opposite
+        orders (a deadlock on PostgreSQL). A volume moved to another VM between the two reads is a 409."""
+        seen = SL.volume_row(conn, name)
+        vm = L.vm_row(conn, vm_id=seen.vm_id, lock=True) if seen.vm_id is not None else None
+        v = SL.volume_row(conn, name, lock=True)
+        if v.vm_id != seen.vm_id:
+            raise Conflict(f"volume {name} changed while it was locked ({v.state}); ask again", field="volume")
+        return v, vm
+
     def detach(self, name: str, project_id: int | None = None) -> Row:
         with self.o.db.transaction() as conn:
-            v = SL.volume_row(conn, name, lock=True)
+            v, row = self._locked(conn, name)
             self._owned(v, project_id)
             if v.role == "root":
                 raise Conflict(f"volume {name} is vm {v.vm_name}'s root disk; it can not be detached", field="volume")
-            if v.state != "attached":
+            if v.state != "attached" or row is None:
                 raise Conflict(f"volume {name} is {v.state}; only an attached volume can be detached", field="volume")
-            row = L.vm_row(conn, vm_id=v.vm_id, lock=True)
             if row.state not in (VmState.running.value, VmState.stopped.value):
                 raise Conflict(f"vm {row.name} is {row.state}; detach once it is running or stopped", field="vm")
             live = row.state == VmState.running.value
@@ -298,7 +308,7 @@ class Volumes:
         file (offline). Read back: the record takes the size the pool reports; a host that refused gives
         the increase back. Shrinking is refused (a file system does not survive it)."""
         with self.o.db.transaction() as conn:
-            v = SL.volume_row(conn, name, lock=True)
+            v, vm = self._locked(conn, name)
             self._owned(v, project_id)
             if size_mib <= v.size_mib:
                 raise Invalid(f"volume {name} is {v.size_mib} MiB; it can only grow (asked {size_mib} MiB)",
@@ -306,7 +316,6 @@ class Volumes:
             if v.state not in ("attached", "available") or v.copy_pool_id is not None:
                 raise Conflict(f"volume {name} is {v.state}" + (" and being copied" if v.copy_pool_id else "")
                                + "; resize it once it is attached or available", field="volume")
-            vm = L.vm_row(conn, vm_id=v.vm_id, lock=True) if v.vm_id else None
             if vm is not None and vm.state not in (VmState.running.value, VmState.stopped.value):
                 raise Conflict(f"vm {vm.name} is {vm.state}; resize its disks once it is running or stopped",
                                field="vm")
@@ -480,15 +489,17 @@ class Volumes:
         gone = gone & missing() if gone else gone
         done = []
         for name, vm, host in sorted(gone):
-            with self.o.db.transaction() as conn:
-                now = SL.volume_row(conn, name, lock=True)
-                if now.state != "attached" or now.vm_name != vm:
-                    continue
-                row = L.vm_row(conn, vm_id=now.vm_id, lock=True)
-                if row.state != VmState.running.value or row.host_name != host:
-                    continue
-                SL.set_volume(conn, now, state="available", vm_id=None, device=None,
-                              note=f"the domain of {vm} on {host} no longer has it (unplugged late; read back)")
+            try:
+                with self.o.db.transaction() as conn:
+                    now, row = self._locked(conn, name)
+                    if now.state != "attached" or now.vm_name != vm or row is None:
+                        continue
+                    if row.state != VmState.running.value or row.host_name != host:
+                        continue
+                    SL.set_volume(conn, now, state="available", vm_id=None, device=None,
+                                  note=f"the domain of {vm} on {host} no longer has it (unplugged late; read back)")
+            except Conflict:
+                continue                # it moved meanwhile: the next pass reads it again
             done.append(name)
         return done
 
@@ -497,10 +508,9 @@ class Volumes:
         on a stopped VM (attaching: attached, its domain gets it at the next start; detaching: available).
         Left as it is (False) while the VM is in another state than stopped."""
         with self.o.db.transaction() as conn:
-            now = SL.volume_row(conn, name, lock=True)
-            if now.state not in ("attaching", "detaching") or now.vm_id is None:
+            now, vm = self._locked(conn, name)
+            if now.state not in ("attaching", "detaching") or vm is None:
                 return True
-            vm = L.vm_row(conn, vm_id=now.vm_id, lock=True)
             if vm.state not in (VmState.stopped.value, VmState.error.value):      # neither has a domain
                 return False
             if now.state == "attaching":
