@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import threading
+from operator import attrgetter
 from typing import Callable
 
 from sqlalchemy import bindparam, delete, func, select
@@ -117,10 +118,11 @@ _TOKEN_BY_HASH = select(Token.__table__.c.name, Token.__table__.c.role, Token.__
 # a new VM's offering and template as the store has them now (check_new_vm): every column, to compare with
 # what this process cached (an id alone could be another's: SQLite reuses the highest rowid after a delete)
 _O_T, _T_T = Offering.__table__, Template.__table__
-_DEFINED = {t.name: tuple(c.name for c in t.columns if c.name != "retired") for t in (_O_T, _T_T)}
-_NOW_DEFINED = (select(*(c.label(f"o_{c.name}") for c in _O_T.columns),
-                       *(c.label(f"t_{c.name}") for c in _T_T.columns))
+_O_COLS, _T_COLS = ([c.name for c in t.columns if c.name != "retired"] for t in (_O_T, _T_T))
+_NOW_DEFINED = (select(*(_O_T.c[n].label(f"o_{n}") for n in _O_COLS), *(_T_T.c[n].label(f"t_{n}") for n in _T_COLS),
+                       _O_T.c.retired.label("o_retired"), _T_T.c.retired.label("t_retired"))
                 .where(_O_T.c.id == bindparam("o"), _T_T.c.id == bindparam("t")))
+_DEFINED = (attrgetter(*_O_COLS), attrgetter(*_T_COLS))
 
 
 class Outdated(Exception):
@@ -271,14 +273,14 @@ class Catalog:
 
     def check_new_vm(self, conn: Connection, o: Offering, t: Template) -> None:
         """In a new VM's admission transaction: both must still exist and not be retired (read from the store
-        in one small query). Outdated (and both forgotten) if either was deleted meanwhile: the caller reads
-        them again (NotFound, or the one made since under that name)."""
-        row = prepared(self.db.engine, _NOW_DEFINED).first_in(conn, o=o.id, t=t.id)
-        if row is None or any(getattr(cached, c) != row[f"{prefix}_{c}"] for prefix, cached in (("o", o), ("t", t))
-                              for c in _DEFINED[cached.__tablename__]):
+        in one small query). Outdated (and both forgotten) if either was deleted meanwhile, or differs from
+        what this process cached (deleted and made again): the caller reads them again (NotFound, or the one
+        made since under that name)."""
+        row = prepared(self.db.engine, _NOW_DEFINED).row_in(conn, o=o.id, t=t.id)
+        if row is None or row[:-2] != _DEFINED[0](o) + _DEFINED[1](t):
             self.forget(o.name, t.name)
             raise Outdated(f"offering {o.name} or template {t.name} changed while a VM was admitted")
-        for noun, name, retired in (("offering", o.name, row["o_retired"]), ("template", t.name, row["t_retired"])):
+        for noun, name, retired in (("offering", o.name, row.o_retired), ("template", t.name, row.t_retired)):
             if retired:
                 raise Conflict(f"{noun} {name} is retired: it takes no new VMs (VMs using it keep it)", field=noun)
 
