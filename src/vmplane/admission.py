@@ -32,7 +32,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from . import ownership
 from .scope import Scope, vm_scope
-from .store.prepared import prepared
+from .store.prepared import once_per_transaction, prepared
 from .store.schema import Cluster, Zone
 
 MAX_BATCH = 64          # requests admitted in one transaction at most
@@ -231,7 +231,14 @@ _ZONES_AND_CLUSTERS = (select(_Z.id, _Z.name, _CL.id, _CL.name)
 
 def scope_of(conn: Connection, zone: str | None, cluster: str | None) -> tuple[Scope, int | None, int | None]:
     """A new VM's zone and cluster (scope.vm_scope) with their ids, read in the admission's transaction
-    (one statement built once: building it per request cost a quarter of an admission)."""
+    (one statement built once: building it per request cost a quarter of an admission; and read once
+    per batch)."""
+    zones, ids = once_per_transaction(conn, _ZONES_AND_CLUSTERS, lambda: _zones_and_clusters(conn))
+    scope = vm_scope(zones, zone, cluster)
+    return scope, ids.get(("zone", scope.zone)), ids.get(("cluster", scope.cluster))
+
+
+def _zones_and_clusters(conn: Connection) -> tuple[dict[str, list[str]], dict[tuple[str, str], int]]:
     zones: dict[str, list[str]] = {}
     ids: dict[tuple[str, str], int] = {}
     for zone_id, zone_name, cluster_id, cluster_name in prepared(conn.engine, _ZONES_AND_CLUSTERS).all_in(conn):
@@ -240,5 +247,4 @@ def scope_of(conn: Connection, zone: str | None, cluster: str | None) -> tuple[S
         if cluster_name is not None:
             zones[zone_name].append(cluster_name)
             ids["cluster", cluster_name] = cluster_id
-    scope = vm_scope(zones, zone, cluster)
-    return scope, ids.get(("zone", scope.zone)), ids.get(("cluster", scope.cluster))
+    return zones, ids

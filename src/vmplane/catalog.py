@@ -36,7 +36,7 @@ from .names import NAME_RE, check_name
 from .offerings import validate_offering
 from .quota import check_quota_change, recompute_usage, running_charge, storage_usage
 from .store import Database
-from .store.prepared import prepared
+from .store.prepared import once_per_transaction, prepared
 from .store.schema import (
     Cluster,
     Host,
@@ -142,6 +142,7 @@ class Catalog:
         # Offerings and templates never change once created, but for `retired` (read from the store by
         # check_new_vm) and deletion (forget): admissions read them from here.
         self._offerings: dict[str, Offering] = {}
+        self._definitions: dict[tuple[Offering, Template], tuple] = {}     # (check_new_vm)
         self._templates: dict[str, Template] = {}
 
     # -- zones and clusters -------------------------------------------------------------------
@@ -276,8 +277,12 @@ class Catalog:
         in one small query). Outdated (and both forgotten) if either was deleted meanwhile, or differs from
         what this process cached (deleted and made again): the caller reads them again (NotFound, or the one
         made since under that name)."""
-        row = prepared(self.db.engine, _NOW_DEFINED).row_in(conn, o=o.id, t=t.id)
-        if row is None or row[:-2] != _DEFINED[0](o) + _DEFINED[1](t):
+        row = once_per_transaction(conn, (_NOW_DEFINED, o.id, t.id),         # (once per admission batch)
+                                   lambda: prepared(self.db.engine, _NOW_DEFINED).row_in(conn, o=o.id, t=t.id))
+        defined = self._definitions.get((o, t))
+        if defined is None:
+            defined = self._definitions[o, t] = _DEFINED[0](o) + _DEFINED[1](t)
+        if row is None or row[:-2] != defined:
             self.forget(o.name, t.name)
             raise Outdated(f"offering {o.name} or template {t.name} changed while a VM was admitted")
         for noun, name, retired in (("offering", o.name, row.o_retired), ("template", t.name, row.t_retired)):
@@ -288,6 +293,8 @@ class Catalog:
         """Drop cached offerings and templates that were retired or deleted."""
         self._offerings.pop(offering or "", None)
         self._templates.pop(template or "", None)
+        self._definitions = {k: v for k, v in self._definitions.items()
+                             if k[0].name != offering and k[1].name != template}
 
     def retire(self, model, name: str) -> Offering | Template:
         """Retire an offering or a template: no new VMs; VMs using it keep it. Retiring twice is a 409."""

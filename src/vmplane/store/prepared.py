@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import Insert, Select
 from sqlalchemy.engine import Connection, Engine
@@ -165,3 +165,20 @@ def write(conn: Connection, stmt: UpdateBase, params: dict[str, Any]) -> int:
     if prepared_write is None:
         prepared_write = _writes[key] = PreparedWrite(conn.dialect, stmt, key[2])
     return prepared_write.run(conn, params)
+
+
+_MEMO = "vmplane_transaction_memo"
+
+
+def once_per_transaction(conn: Connection, key: Any, read: Callable[[], Any]) -> Any:
+    """read() the first time `key` is asked in `conn`'s transaction, its result after that: for the reads an
+    admission batch repeats for each of its requests (zones and clusters, an offering's row), whose answer
+    can not change inside the transaction that already read it but by its own writes. Kept on the DBAPI
+    connection's info, tagged with the transaction (a later transaction starts afresh)."""
+    transaction = conn.get_transaction()
+    memo = conn.info.get(_MEMO)
+    if memo is None or memo[0] is not transaction:
+        memo = conn.info[_MEMO] = (transaction, {})
+    if key not in memo[1]:
+        memo[1][key] = read()
+    return memo[1][key]
