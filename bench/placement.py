@@ -252,6 +252,7 @@ def pg_run(url: str, hosts: int, vms: int, procs: int, threads: int) -> dict:
         o.catalog.create_project(f"p{p}", PG_QUOTA_VCPUS, 10**9, PG_QUOTA_VMS, count_overhead=p % 2 == 0)
     plan = rng.choices(SIZES, WEIGHTS, k=vms)
     requests = [(f"v{i}", f"p{i % projects}", offering) for i, (offering, _, _) in enumerate(plan)]
+    o.close()               # its lease released: the workers are the only live processes
     o.db.dispose()
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(procs), ctx.Queue()

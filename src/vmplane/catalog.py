@@ -293,8 +293,8 @@ class Catalog:
         """Drop cached offerings and templates that were retired or deleted."""
         self._offerings.pop(offering or "", None)
         self._templates.pop(template or "", None)
-        self._definitions = {k: v for k, v in self._definitions.items()
-                             if k[0].name != offering and k[1].name != template}
+        for key in [k for k in list(self._definitions) if k[0].name == offering or k[1].name == template]:
+            self._definitions.pop(key, None)        # (list(): one step, safe beside an admission adding one)
 
     def retire(self, model, name: str) -> Offering | Template:
         """Retire an offering or a template: no new VMs; VMs using it keep it. Retiring twice is a 409."""

@@ -616,7 +616,9 @@ class Migrator:
             fields["stats"] = stats
         L.set_migration(conn, row.id, **fields)
         # a migrating VM runs again; a scaling one stays scaling: its scale is not over
-        vm_state = {"state": VmState.running} if L.vm_row(conn, row.vm_id).state == VmState.migrating.value else {}
+        # its VM locked before the claims and the copied volumes (DiskMoves.swap): a VM's row, then its volumes
+        vm = L.vm_row(conn, row.vm_id, lock=True)
+        vm_state = {"state": VmState.running} if vm.state == VmState.migrating.value else {}
         freed: list = []
         if Action.release_target in actions:
             freed = L.release_claim(conn, row.vm_id, row.id)

@@ -162,7 +162,7 @@ class Volumes:
         except (DriverError, Conflict):
             return                                  # can not tell: left `creating`, charged; resolve() asks again
         with self.o.db.transaction() as conn:
-            now = SL.volume_row(conn, v.name, lock=True)
+            now, _vm = self._locked(conn, v.name)       # (a new VM's root disk: its VM first)
             if there:
                 SL.set_volume(conn, now, state="attached" if now.vm_id else "available", note="created (read back)")
             else:
@@ -233,21 +233,26 @@ class Volumes:
             raise Conflict(f"volume {name} is still attached to {vm}: {error}", field="volume")
         return self.row(name)
 
-    def _locked(self, conn: Connection, name: str) -> tuple[Row, Row | None]:
-        """The volume and its VM's row, both locked: the VM first, as a VM's own transactions lock them
-        (a delete locks the VM, then its volumes), so that two writers never wait on each other in opposite
-        orders (a deadlock on PostgreSQL). A volume moved to another VM between the two reads is a 409."""
+    def _locked(self, conn: Connection, name: str, project_id: int | None = None) -> tuple[Row, Row | None]:
+        """The volume (of project `project_id` when given: else 404, before any lock) and its VM's row, both
+        locked: the VM first, as a VM's own transactions lock them (a delete locks the VM, then its
+        volumes; a migration's end its VM, then the copied volumes), so that two writers never wait on each
+        other in opposite orders (a deadlock on PostgreSQL). A volume moved to another VM (or whose VM was
+        deleted) between the two reads is a 409."""
         seen = SL.volume_row(conn, name)
-        vm = L.vm_row(conn, vm_id=seen.vm_id, lock=True) if seen.vm_id is not None else None
+        self._owned(seen, project_id)
+        try:
+            vm = L.vm_row(conn, vm_id=seen.vm_id, lock=True) if seen.vm_id is not None else None
+        except NotFound:            # deleted while this waited for it: the volume's row says what it is now
+            vm = None
         v = SL.volume_row(conn, name, lock=True)
-        if v.vm_id != seen.vm_id:
+        if v.vm_id != seen.vm_id or (v.vm_id is not None and vm is None):
             raise Conflict(f"volume {name} changed while it was locked ({v.state}); ask again", field="volume")
         return v, vm
 
     def detach(self, name: str, project_id: int | None = None) -> Row:
         with self.o.db.transaction() as conn:
-            v, row = self._locked(conn, name)
-            self._owned(v, project_id)
+            v, row = self._locked(conn, name, project_id)
             if v.role == "root":
                 raise Conflict(f"volume {name} is vm {v.vm_name}'s root disk; it can not be detached", field="volume")
             if v.state != "attached" or row is None:
@@ -308,8 +313,7 @@ class Volumes:
         file (offline). Read back: the record takes the size the pool reports; a host that refused gives
         the increase back. Shrinking is refused (a file system does not survive it)."""
         with self.o.db.transaction() as conn:
-            v, vm = self._locked(conn, name)
-            self._owned(v, project_id)
+            v, vm = self._locked(conn, name, project_id)
             if size_mib <= v.size_mib:
                 raise Invalid(f"volume {name} is {v.size_mib} MiB; it can only grow (asked {size_mib} MiB)",
                               field="size")
@@ -351,7 +355,7 @@ class Volumes:
         if info is None:
             raise Conflict(f"volume {name}: pool {pool.name} does not list it; it stays resizing", field="size")
         with self.o.db.transaction() as conn:
-            now = SL.volume_row(conn, name, lock=True)
+            now, _vm = self._locked(conn, name)         # its VM, then it, then its project (as a VM's delete)
             back = asked_mib - max(info.capacity_mib, old_mib) if info.capacity_mib < asked_mib else 0
             if back:
                 L.lock_project(conn, now.project_id)
