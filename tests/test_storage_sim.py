@@ -116,11 +116,10 @@ def test_a_detach_locks_its_vm_before_its_volume_as_a_vm_delete_does(postgres):
     """Lock order (PostgreSQL, row locks): a detach that waits for its VM's row holds no lock on the
     volume yet, so a writer that holds the VM and then wants the volume (a VM's delete) never deadlocks
     with it. Before, the detach locked the volume first; a run of the truth harness met that deadlock."""
-    from sqlalchemy import create_engine, text
-
     from vmplane.store import Database
 
     from . import stores
+    from .rowlocks import row_held
 
     url = stores.postgres_url(migrated=True)
     o = Orchestrator(Database(url), InlineExecutor())
@@ -131,22 +130,11 @@ def test_a_detach_locks_its_vm_before_its_volume_as_a_vm_delete_does(postgres):
     o.create_vm("a", "p", "small", "disk", start=True)
     o.volumes.create("data", "p", 512)
     o.volumes.attach("data", "a")
-    other = create_engine(url)
-    with ThreadPoolExecutor(1) as pool, other.connect() as holder, other.connect() as probe:
-        holder.begin()
-        holder.execute(text("SELECT id FROM vms WHERE name = 'a' FOR UPDATE"))        # a VM's writer, midway
-        detached = pool.submit(o.volumes.detach, "data")
-        deadline = time.monotonic() + 20
-        while not probe.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                     "AND datname = current_database()")).scalar():
-            probe.rollback()        # (the activity view is read once per transaction)
-            assert time.monotonic() < deadline, "the detach never waited for the VM's row"
-            time.sleep(0.05)
-        with other.begin() as writer:   # the VM's writer can take the volume next: the detach does not hold it
-            writer.execute(text("SELECT id FROM volumes WHERE name = 'data' FOR UPDATE NOWAIT"))
-        holder.rollback()
-        assert (detached.result(timeout=30).state, vol(o, "data").vm_name) == ("available", None)
-    other.dispose()
+    with ThreadPoolExecutor(1) as pool, row_held(url, "SELECT id FROM vms WHERE name = 'a' FOR UPDATE") as probe:
+        detached = pool.submit(o.volumes.detach, "data")        # waits behind a VM's writer, midway
+        probe.wait_for_a_waiter()
+        probe.lock_now("SELECT id FROM volumes WHERE name = 'data' FOR UPDATE")  # the VM's writer can go on
+    assert (detached.result(timeout=30).state, vol(o, "data").vm_name) == ("available", None)
     assert o.audit() == []
     o.close()
     o.db.dispose()

@@ -207,6 +207,11 @@ class Catalog:
         if max_concurrent_migrations is not None and max_concurrent_migrations < 0:
             raise Invalid("max_concurrent_migrations must be 0 (unlimited) or more", field="max_concurrent_migrations")
         with self.db.write() as s:
+            if count_overhead is not None:
+                # a re-charge writes the project's VMs: their rows first, then the project's, the order every
+                # VM's own transaction takes them in (start, stop, scale, delete); else a deadlock on PostgreSQL
+                s.execute(select(Vm.id).join(Project, Project.id == Vm.project_id).where(Project.name == name)
+                          .order_by(Vm.id).with_for_update(of=Vm))
             p = get_by_name(s, Project, name, field="project", for_update=True)
             new = Quota(vcpus if vcpus is not None else p.quota_vcpus,
                         memory_mib if memory_mib is not None else p.quota_memory_mib,
