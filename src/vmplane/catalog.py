@@ -122,7 +122,7 @@ _O_COLS, _T_COLS = ([c.name for c in t.columns if c.name != "retired"] for t in 
 _NOW_DEFINED = (select(*(_O_T.c[n].label(f"o_{n}") for n in _O_COLS), *(_T_T.c[n].label(f"t_{n}") for n in _T_COLS),
                        _O_T.c.retired.label("o_retired"), _T_T.c.retired.label("t_retired"))
                 .where(_O_T.c.id == bindparam("o"), _T_T.c.id == bindparam("t")))
-_DEFINED = (attrgetter(*_O_COLS), attrgetter(*_T_COLS))
+_DEFINED = {Offering: attrgetter(*_O_COLS), Template: attrgetter(*_T_COLS)}
 
 
 class Outdated(Exception):
@@ -142,8 +142,8 @@ class Catalog:
         # Offerings and templates never change once created, but for `retired` (read from the store by
         # check_new_vm) and deletion (forget): admissions read them from here.
         self._offerings: dict[str, Offering] = {}
-        self._definitions: dict[tuple[Offering, Template], tuple] = {}     # (check_new_vm)
         self._templates: dict[str, Template] = {}
+        self._definitions: dict[Offering | Template, tuple] = {}      # each cached one's columns (check_new_vm)
 
     # -- zones and clusters -------------------------------------------------------------------
     def create_zone(self, name: str) -> Zone:
@@ -284,10 +284,7 @@ class Catalog:
         made since under that name)."""
         row = once_per_transaction(conn, (_NOW_DEFINED, o.id, t.id),         # (once per admission batch)
                                    lambda: prepared(self.db.engine, _NOW_DEFINED).row_in(conn, o=o.id, t=t.id))
-        defined = self._definitions.get((o, t))
-        if defined is None:
-            defined = self._definitions[o, t] = _DEFINED[0](o) + _DEFINED[1](t)
-        if row is None or row[:-2] != defined:
+        if row is None or row[:-2] != self._defined(o) + self._defined(t):
             self.forget(o.name, t.name)
             raise Outdated(f"offering {o.name} or template {t.name} changed while a VM was admitted")
         for noun, name, retired in (("offering", o.name, row.o_retired), ("template", t.name, row.t_retired)):
@@ -296,10 +293,15 @@ class Catalog:
 
     def forget(self, offering: str | None = None, template: str | None = None) -> None:
         """Drop cached offerings and templates that were retired or deleted."""
-        self._offerings.pop(offering or "", None)
-        self._templates.pop(template or "", None)
-        for key in [k for k in list(self._definitions) if k[0].name == offering or k[1].name == template]:
-            self._definitions.pop(key, None)        # (list(): one step, safe beside an admission adding one)
+        for cached in (self._offerings.pop(offering or "", None), self._templates.pop(template or "", None)):
+            self._definitions.pop(cached, None)
+
+    def _defined(self, cached: Offering | Template) -> tuple:
+        """A cached offering's or template's columns (but `retired`), as _NOW_DEFINED reads them."""
+        found = self._definitions.get(cached)
+        if found is None:
+            found = self._definitions[cached] = _DEFINED[type(cached)](cached)
+        return found
 
     def retire(self, model, name: str) -> Offering | Template:
         """Retire an offering or a template: no new VMs; VMs using it keep it. Retiring twice is a 409."""
