@@ -109,6 +109,19 @@ def db(tmp_path):
 
 @pytest.fixture
 def orch(db):
+    yield from _orchestrator(db)
+
+
+@pytest.fixture
+def pg_orch(postgres):
+    """`orch` on PostgreSQL whatever the pass's store (for row-lock checks: SQLite has none); its URL is
+    `pg_orch.db.url`."""
+    database = Database(stores.postgres_url(migrated=True))
+    yield from _orchestrator(database)
+    database.dispose()
+
+
+def _orchestrator(db):
     o = Orchestrator(db, InlineExecutor())
     o.load()
     o.catalog.create_zone("z1")

@@ -82,31 +82,24 @@ def test_changing_count_overhead_recharges_and_is_refused_when_it_no_longer_fits
     assert usage(cluster, "p").memory_mib == 3 * (1024 + overhead_mib(Size(1, 1024)))
 
 
-def test_a_recharge_locks_the_projects_vms_before_the_project_as_a_start_does(postgres):
+def test_a_recharge_locks_the_projects_vms_before_the_project_as_a_start_does(pg_orch):
     """Lock order (PostgreSQL): changing count_overhead re-charges the project's VMs. Waiting for a VM's row
     (a start or a delete holds it, then wants the project), it must not hold the project's row yet."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from . import stores
     from .rowlocks import row_held
 
-    url = stores.postgres_url(migrated=True)
-    o = Orchestrator(Database(url), InlineExecutor())
-    o.load()
-    o.catalog.create_zone("z1")
-    o.catalog.create_cluster("c1", "z1")
+    o = pg_orch
     add_basics(o)
     add_sim_hosts(o, 2)
     o.catalog.create_project("p", 8, 8192, 10, count_overhead=False)
     o.create_vm("v0", "p", "small", "tiny", start=True)
-    with ThreadPoolExecutor(1) as pool, row_held(url, "SELECT id FROM vms WHERE name = 'v0' FOR UPDATE") as probe:
+    with ThreadPoolExecutor(1) as pool, row_held(o.db.url, "SELECT id FROM vms WHERE name = 'v0' FOR UPDATE") as probe:
         changed = pool.submit(o.catalog.set_quota, "p", count_overhead=True)
         probe.wait_for_a_waiter()
         probe.lock_now("SELECT id FROM projects WHERE name = 'p' FOR UPDATE")      # the start can go on
     assert changed.result(timeout=30).count_overhead
     assert usage(o, "p").memory_mib == 1024 + overhead_mib(Size(1, 1024)) and o.audit() == []
-    o.close()
-    o.db.dispose()
 
 
 def test_a_failed_start_gives_back_quota_and_claim(cluster):

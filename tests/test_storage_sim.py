@@ -7,7 +7,7 @@ import pytest
 
 from vmplane.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded
 from vmplane.model import HostState, Offering, OfferingKind
-from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.orchestrator import Orchestrator
 from vmplane.store.schema import Pool
 
 from .conftest import add_sim_hosts
@@ -112,32 +112,23 @@ def test_volumes_attach_live_detach_confirmed_and_outlive_the_vm(orch):
     assert orch.audit() == []
 
 
-def test_a_detach_locks_its_vm_before_its_volume_as_a_vm_delete_does(postgres):
+def test_a_detach_locks_its_vm_before_its_volume_as_a_vm_delete_does(pg_orch):
     """Lock order (PostgreSQL, row locks): a detach that waits for its VM's row holds no lock on the
     volume yet, so a writer that holds the VM and then wants the volume (a VM's delete) never deadlocks
     with it. Before, the detach locked the volume first; a run of the truth harness met that deadlock."""
-    from vmplane.store import Database
-
-    from . import stores
     from .rowlocks import row_held
 
-    url = stores.postgres_url(migrated=True)
-    o = Orchestrator(Database(url), InlineExecutor())
-    o.load()
-    o.catalog.create_zone("z1")
-    o.catalog.create_cluster("c1", "z1")
+    o = pg_orch
     setup(o, shared=True)
     o.create_vm("a", "p", "small", "disk", start=True)
     o.volumes.create("data", "p", 512)
     o.volumes.attach("data", "a")
-    with ThreadPoolExecutor(1) as pool, row_held(url, "SELECT id FROM vms WHERE name = 'a' FOR UPDATE") as probe:
+    with ThreadPoolExecutor(1) as pool, row_held(o.db.url, "SELECT id FROM vms WHERE name = 'a' FOR UPDATE") as probe:
         detached = pool.submit(o.volumes.detach, "data")        # waits behind a VM's writer, midway
         probe.wait_for_a_waiter()
         probe.lock_now("SELECT id FROM volumes WHERE name = 'data' FOR UPDATE")  # the VM's writer can go on
     assert (detached.result(timeout=30).state, vol(o, "data").vm_name) == ("available", None)
     assert o.audit() == []
-    o.close()
-    o.db.dispose()
 
 
 def test_a_root_disk_can_not_be_detached_nor_another_projects_volume_attached(orch):
