@@ -154,8 +154,8 @@ def test_ten_migrations_at_once_never_copy_more_than_two_from_one_host(threaded)
         o.set_host_state(h, HostState.enabled)
     for d in o.drivers.values():
         d.copy_rate_mib_s = 2 * GIB                   # 0.5 s per 1 GiB VM: the ten are asked before one ends
-    ids = [o.migrator.migrate(n)["id"] for n in names]
-    queued = [o.migrator.get(i) for i in ids]
+    queued = [o.migrator.migrate(n) for n in names]        # each as the ask answered it: no race with the copies
+    ids = [r["id"] for r in queued]
     assert sum(r["state"] == "queued" for r in queued) >= 8          # queued, not refused
     assert any("leaving h1 (limit 2, vmplane.migration.max.outbound.per.host in cluster c1)" in r["waiting_for"]
                for r in queued)
