@@ -182,6 +182,123 @@ def test_a_migration_into_a_fenced_host_is_settled_by_its_recovery_before_it_end
         o.close()
 
 
+def _until(predicate, what, timeout_s: float = 10.0) -> None:
+    import time
+
+    t0 = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - t0 < timeout_s, what()
+        time.sleep(0.02)
+
+
+def _recoveries_over(o) -> bool:
+    # pending first: an operation that moves from pending to running between the two reads is seen in one
+    return not (o.operations(state="pending") + o.operations(state="running"))
+
+
+def test_a_queued_migration_into_a_host_fenced_and_powered_on_again_is_not_copied_there(db, monkeypatch):
+    """Round 48 of seed 20261129 (stop 26's first run): an HA VM ran on two hosts. Likely path: its
+    migration into a host F waited in the queue while F failed, was fenced and was powered on again (empty)
+    with the store still saying fenced; the pump then copied the VM into F, where F's recovery takes
+    everything for off. Now a migration into or out of a host recorded down, fencing or fenced is never
+    copied: it ends failed, its target claim given back."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vmplane.model import HostState
+
+    from .conftest import add_sim_hosts
+
+    o = _sim_cluster(db, ThreadPoolExecutor(4))
+    try:
+        add_sim_hosts(o, 1, cores=8, memory_mib=8 * GIB, prefix="x")
+        o.catalog.set_setting("vmplane.ha.grace", "0")
+        o.catalog.set_setting("vmplane.migration.max.per.cluster", "1", "cluster", "c1")
+        for h in ("h2", "x1"):
+            o.set_host_state(h, HostState.disabled)
+        o.create_vm("a", "p", "one", "t", start=True, ha_policy="restart")
+        o.create_vm("b", "p", "one", "t", start=True)
+        _until(lambda: {o.vm("a").state, o.vm("b").state} == {"running"}, lambda: o.vms())
+        for h in ("h2", "x1"):
+            o.set_host_state(h, HostState.enabled)
+        source, release = o.drivers["h1"], threading.Event()
+        real = source.migrate
+
+        def held(name, to, params, progress=None):       # b's copy holds the cluster's only slot
+            if name.endswith("-b"):
+                release.wait(10)
+            return real(name, to, params, progress)
+
+        monkeypatch.setattr(source, "migrate", held)
+        o.migrator.migrate("b", to="x1")
+        queued = o.migrator.migrate("a", to="h2")
+        assert queued["state"] == "queued"
+        fabric = source.fabric
+        fabric.fail_host("h2", "power")
+        o.check_hosts()
+        assert o.ha.check()             # h2 holds an HA VM's target claim: declared, fenced
+        _until(lambda: o.host("h2").state == "fenced", lambda: o.host("h2"))
+        fabric.recover_host("h2")       # powered on again, empty; the store still says fenced
+        release.set()
+        _until(lambda: not o.migrator.list(active_only=True), lambda: o.migrator.list())
+        row = o.migrator.get(queued["id"])
+        assert row["state"] == "failed" and "its target h2 is fenced" in row["reason"], row
+        assert fabric.hosts_of("vmplane-a") == ["h1"]
+        _until(lambda: _recoveries_over(o), lambda: o.operations(state="running"))
+        o.check_hosts()                 # h2 answers, its recovery is over: back
+        vm = o.vm("a")
+        assert (vm.state, vm.host.name, o.host("h2").state) == ("running", "h1", "enabled")
+        assert fabric.hosts_of("vmplane-a") == ["h1"] and o.audit() == []
+    finally:
+        for h in ("h1", "h2", "x1"):
+            o.drivers[h].fabric.recover_host(h)
+        o.close()
+
+
+def test_a_recovery_asks_its_fenced_host_that_answers_again_and_restarts_only_what_does_not_run_there(db, monkeypatch):
+    """The recovery took everything on its fenced host for off, without asking. A host powered on again
+    while its recovery runs answers: what it runs then (started there after its fence) is recorded
+    running and not restarted elsewhere, so it never runs twice; what it does not run is restarted."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    o = _sim_cluster(db, ThreadPoolExecutor(4))
+    try:
+        o.catalog.set_setting("vmplane.ha.grace", "0")
+        for name in ("a", "b"):
+            o.create_vm(name, "p", "one", "t", start=True, ha_policy="restart")
+        _until(lambda: {o.vm("a").state, o.vm("b").state} == {"running"}, lambda: o.vms())
+        host = o.vm("a").host.name
+        fabric = o.drivers[host].fabric
+        if o.vm("b").host.name != host:
+            o.migrator.migrate("b", to=host)
+            _until(lambda: o.vm("b").host.name == host and o.vm("b").state == "running", lambda: o.vm("b"))
+        spec = fabric.spec(host, "vmplane-a")
+        recovery = o.ha.recovery
+        fenced = recovery._fenced
+
+        def fenced_then_powered_on(op_id, h, how):
+            done = fenced(op_id, h, how)
+            fabric.recover_host(h)          # powered on again, empty, before the recovery restarts anything
+            assert fabric.put(h, spec)      # and `a` runs there again (as a copy landing there would)
+            return done
+
+        monkeypatch.setattr(recovery, "_fenced", fenced_then_powered_on)
+        fabric.fail_host(host, "power")
+        o.check_hosts()
+        assert o.ha.check()
+        _until(lambda: _recoveries_over(o), lambda: o.operations(state="running"))
+        other = next(h for h in o.drivers if h != host)
+        assert fabric.hosts_of("vmplane-a") == [host] and fabric.hosts_of("vmplane-b") == [other]
+        assert (o.vm("a").state, o.vm("a").host.name) == ("running", host)
+        assert (o.vm("b").state, o.vm("b").host.name) == ("running", other)
+        o.check_hosts()
+        assert o.host(host).state == "enabled" and o.audit() == []
+    finally:
+        for h in ("h1", "h2"):
+            o.drivers[h].fabric.recover_host(h)
+        o.close()
+
+
 def test_a_hot_plug_cut_short_on_a_host_that_then_fails_is_settled_from_the_vms_new_host(orch, monkeypatch):
     """Round 101 of seed 20261129 (CI, stop 23): the control plane died between recording a hot-plug
     (`attaching`) and asking the host; the host failed, so the next start's recovery could not ask it and

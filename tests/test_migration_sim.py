@@ -11,6 +11,7 @@ from vmplane.migration import (
     MigrationSlot,
     MigrationState,
     blocking_limit,
+    host_lost,
     startable,
     transition,
 )
@@ -187,6 +188,14 @@ def test_a_queued_migration_can_be_cancelled_and_gives_back_its_target_claim(thr
     rows = wait_migrations(o, [first["id"]])
     assert rows[0]["state"] == "cancelled" and o.vm("a").host.name == first["source"]
     assert o.audit() == []
+
+
+def test_host_lost_rules():
+    failed = {"f": "fenced", "d": "down"}
+    assert host_lost("a", "b", failed) is None and host_lost("a", "b", {}) is None
+    assert host_lost("a", "f", failed).startswith("not copied: its target f is fenced")
+    assert host_lost("d", "b", failed).startswith("not copied: its source d is down")
+    assert host_lost("d", "f", failed).startswith("not copied: its target f")      # the target is named first
 
 
 def test_limits_rules():

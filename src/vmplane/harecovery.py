@@ -27,6 +27,7 @@ from dataclasses import replace
 from sqlalchemy import func, select
 
 from . import failpoints, metrics
+from .drivers.base import DriverError
 from .errors import Interrupted, VmplaneError
 from .fencing.base import FenceError, Fenced
 from .model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
@@ -43,6 +44,7 @@ FENCE_BACKOFF_S = (1, 2, 5, 10, 30)
 RESTART_BACKOFF_S = (1, 3, 10, 30)
 # VMs an operation owns right now: their operation's end (or its failure path) settles them first
 OWNED = [VmState.starting.value, VmState.stopping.value, VmState.scaling.value, VmState.migrating.value]
+_SETTLED = [VmState.running.value, VmState.unknown.value]
 
 
 def _backoff(table: tuple[int, ...], attempt: int) -> float:
@@ -194,11 +196,17 @@ class HostRecovery:
         the host included (their VMs are recorded on their source, but only the fence lets them be
         settled: the recovery settles them before it ends, as those out of it)."""
         v, h = L.VMS.c, L.HOSTS.c
-        with self.o.db.transaction() as conn:   # put back to running on the fenced host by an operation's failure
-            ids = conn.execute(select(v.id).join(L.HOSTS, h.id == v.host_id).where(   # path (a scale whose
-                h.name == host, v.state == VmState.running.value).with_for_update()).scalars().all()   # migration
-            for vm_id in ids:                                                              # failed): unknown
-                L.set_vm(conn, vm_id, f"its host {host} is fenced: it runs nowhere", state=VmState.unknown)
+        runs = self._runs_there(host)
+        with self.o.db.transaction() as conn:
+            recorded = conn.execute(select(v.id, v.name, v.state).join(L.HOSTS, h.id == v.host_id).where(
+                h.name == host, v.state.in_(_SETTLED)).with_for_update()).all()
+            for r in recorded:
+                if r.name in runs and r.state == VmState.unknown.value:
+                    L.set_vm(conn, r.id, f"its fenced host {host} answers again and runs it: not restarted",
+                             state=VmState.running)
+                elif r.name not in runs and r.state == VmState.running.value:   # put back to running there by an
+                    L.set_vm(conn, r.id, f"its host {host} is fenced: it runs nowhere",   # operation's failure path
+                             state=VmState.unknown)                                    # (a scale whose migration failed)
         with self.o.db.read() as s:
             conn = s.connection()
             rows = conn.execute(select(v.name, v.state, v.ha_policy, v.cluster_id).join(L.HOSTS, h.id == v.host_id)
@@ -219,6 +227,17 @@ class HostRecovery:
         with ThreadPoolExecutor(min(parallel, len(queue)), thread_name_prefix="vmplane-ha") as pool:
             done = list(pool.map(lambda vm: self._restart(op_id, vm, host), queue))    # submitted in order
         return [vm for vm, ok in zip(queue, done) if not ok], owned
+
+    def _runs_there(self, host: str) -> set[str]:
+        """The VMs whose domain runs on the fenced `host`, if it answers again (powered on while its
+        recovery runs: its old guests are gone, but what runs there now is not restarted elsewhere).
+        Empty when it does not answer: confirmed off by its fence, it runs nothing."""
+        driver = self.o.drivers.get(host)
+        try:
+            domains = driver.domains() if driver is not None else []
+        except DriverError:             # it does not answer: off, as its fence confirmed
+            return set()
+        return {d.name.removeprefix(DOMAIN_PREFIX) for d in domains if d.active and d.name.startswith(DOMAIN_PREFIX)}
 
     def _stop_unprotected(self, vm: str, host: str) -> None:
         self._release(vm, host, f"its host {host} failed and was fenced; it has no HA policy: stopped, its charge "

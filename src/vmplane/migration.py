@@ -44,6 +44,7 @@ class Action(str, enum.Enum):
 TRANSITIONS: dict[tuple[MigrationState, str], tuple[MigrationState, tuple[Action, ...]]] = {
     (MigrationState.queued, "slot-free"): (MigrationState.copying, (Action.start_copy,)),
     (MigrationState.queued, "cancel"): (MigrationState.cancelled, (Action.release_target,)),
+    (MigrationState.queued, "host-lost"): (MigrationState.failed, (Action.release_target,)),
     (MigrationState.copying, "cancel"): (MigrationState.copying, (Action.abort_copy,)),
     (MigrationState.copying, "copied"): (MigrationState.checking, (Action.check_guest,)),
     (MigrationState.copying, "copy-failed"): (MigrationState.failed, (Action.release_target,)),
@@ -153,6 +154,18 @@ class MigrationSlot:
 
 def _count(n: int) -> str:
     return f"{n} migration" if n == 1 else f"{n} migrations"
+
+
+def host_lost(source: str, target: str, states: dict[str, str]) -> str | None:
+    """Why a migration must not copy now, or None: its source or target is recorded down, fencing or
+    fenced (`states`: host name -> state, for such hosts). A fenced host may be powered on again (repaired)
+    while its recovery still runs: a copy into it would run the VM there while the recovery, which takes
+    everything on it for off, restarts it elsewhere."""
+    for role, host in (("target", target), ("source", source)):
+        if host in states:
+            return f"not copied: its {role} {host} is {states[host]} (it failed; vmplane copies nothing into or " \
+                   f"out of it until it is back)"
+    return None
 
 
 def blocking_limit(candidate: MigrationSlot, copying: list[MigrationSlot], limits: Limits) -> str | None:

@@ -49,8 +49,7 @@ class MigrationSettle:
                     done[mig["id"]] = migrator.settle(mig["id"], why=self._why(mig))
                 except Exception:       # this one again at the next pass; the others go on
                     log.exception("migration %s: settle", mig["id"])
-        if done:
-            migrator.pump()             # a slot may have freed
+        migrator.pump()     # a slot may have freed; a queued migration whose host failed meanwhile ends
         return done
 
     @staticmethod

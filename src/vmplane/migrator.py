@@ -24,7 +24,7 @@ from .drivers.base import DriverError, MigrationParams
 from .errors import Conflict, Invalid, NotFound
 from .listing import Page, by_prefix, order_by, run_page
 from .migration import Action, MigrationState, Outcome
-from .model import ClaimKind, HostState, PlacementRequest, Size, VmState
+from .model import UNREACHABLE_HOST_STATES, ClaimKind, HostState, PlacementRequest, Size, VmState
 from .placement import Placement, choose, fit_on
 from .failover import Load
 from .reserves import placement_rules
@@ -218,6 +218,7 @@ class Migrator:
                     select(m.id, m.state, m.cluster, m.source, m.target, p.name, p.max_concurrent_migrations)
                     .join(L.PROJECTS, p.id == m.project_id).where(m.state.in_(_ACTIVE))
                     .order_by(m.created_at)).all()
+                failed = _failed_hosts(s.connection()) if rows else {}
             slots = {r.id: rules.MigrationSlot(r.id, r.cluster, r.source, r.target, r.name) for r in rows}
             project_limit = {r.name: r.max_concurrent_migrations for r in rows}
             zone_of = {meta.cluster: meta.zone for meta in self.o._hosts.values()}
@@ -227,6 +228,8 @@ class Migrator:
 
             copying = [slots[r.id] for r in rows if r.state in (s.value for s in rules.COPYING)]
             queued = [slots[r.id] for r in rows if r.state == MigrationState.queued.value]
+            lost = {x.id: why for x in queued if (why := rules.host_lost(x.source, x.target, failed))}
+            queued = [x for x in queued if x.id not in lost]
             to_start = rules.startable(queued, copying, limits_of)
             started = {x.id for x in to_start}
             with self.o.db.transaction() as conn:
@@ -238,6 +241,9 @@ class Migrator:
                     if slot.id not in started:
                         why = rules.blocking_limit(slot, running, limits_of(slot)) or ""
                         L.set_migration(conn, slot.id, waiting_for=why)
+        for migration_id, why in lost.items():     # never started: each ends, its target claim given back
+            self._finish(migration_id, lambda current: "host-lost" if current == MigrationState.queued else None,
+                         reason=why)
         with self._state_lock:
             self._live.update(slot.id for slot in to_start)
         if to_start:
@@ -299,6 +305,12 @@ class Migrator:
         policy_name = (row.get("params") or {}).get("policy") or f"vmplane ({getattr(source, 'accel', 'sim')})"
         with self.o.db.transaction() as conn:
             L.set_migration(conn, migration_id, params={**asdict(params), "policy": policy_name})
+            # read right before the copy: a host that failed since the pump started it (and may have been
+            # fenced and powered on again, empty, while its recovery runs) is not copied into or out of
+            lost = rules.host_lost(row["source"], row["target"], _failed_hosts(conn))
+        if lost:
+            self._finish(migration_id, "copy-failed", reason=lost)
+            return
         if not self._enter_call(migration_id):       # a cancel came first: the copy is never asked for
             self._finish(migration_id, "copy-cancelled", reason="cancelled before the copy started")
             return
@@ -730,6 +742,13 @@ class Migrator:
                             wait_s=max(0.5, deadline - time.monotonic()))
             except Exception:          # this one is retried by the controller; the others go on
                 log.exception("migration %s: settling at start-up", mig["id"])
+
+
+def _failed_hosts(conn) -> dict[str, str]:
+    """The hosts the store has as down, fencing or fenced: name -> state."""
+    h = L.HOSTS.c
+    return dict(conn.execute(select(h.name, h.state).where(
+        h.state.in_([st.value for st in UNREACHABLE_HOST_STATES]))).all())
 
 
 def _observe(row, state: MigrationState, stats: dict | None) -> None:
