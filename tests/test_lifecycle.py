@@ -211,3 +211,24 @@ def test_an_offering_another_process_retired_or_made_again_is_read_from_the_stor
     orch.create_vm("d", "p", "newest", "tiny")
     assert api.get(f"{V}/vms/d").json()["vcpus"] == 3
     assert orch.audit() == []
+
+
+def test_a_create_whose_offering_keeps_changing_gives_up_with_409_after_a_few_reads(world, monkeypatch):
+    """Each admission that finds its offering changed reads it again; one that keeps finding it so (another
+    process remaking it each time) ends with a 409 naming the field, nothing created, not a loop."""
+    from vmplane.catalog import Outdated
+    from vmplane.orchestrator import OUTDATED_TRIES
+
+    orch, api = world
+    checks = []
+
+    def always_changed(conn, o, t):
+        checks.append(o.name)
+        raise Outdated(f"offering {o.name} changed")
+
+    monkeypatch.setattr(orch.catalog, "check_new_vm", always_changed)
+    r = api.post(f"{V}/vms", json={"name": "z", "project": "p", "offering": "small", "template": "tiny"})
+    assert refused(r, f"changed {OUTDATED_TRIES} times", "nothing was created")["field"] == "offering"
+    assert checks == ["small"] * OUTDATED_TRIES
+    monkeypatch.undo()
+    assert api.get(f"{V}/vms/z").status_code == 404 and orch.audit() == []

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vmplane.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded
+from vmplane.errors import Conflict, InsufficientCapacity, Invalid, NotFound, QuotaExceeded
 from vmplane.model import HostState, Offering, OfferingKind
 from vmplane.orchestrator import Orchestrator
 from vmplane.store.schema import Pool
@@ -129,6 +129,24 @@ def test_a_detach_locks_its_vm_before_its_volume_as_a_vm_delete_does(pg_orch):
         probe.lock_now("SELECT id FROM volumes WHERE name = 'data' FOR UPDATE")  # the VM's writer can go on
     assert (detached.result(timeout=30).state, vol(o, "data").vm_name) == ("available", None)
     assert o.audit() == []
+
+
+def test_attaching_another_projects_volume_answers_404_without_waiting_for_its_lock(pg_orch):
+    """A tenant who names another project's volume learns it does not exist at once: the project is checked
+    before any lock, so it never queues behind that project's writers (nor holds its own VM meanwhile)."""
+    from .rowlocks import row_held
+
+    o = pg_orch
+    setup(o, shared=True)
+    o.catalog.create_project("q", 8, 8 * GIB, 10)
+    o.create_vm("a", "p", "small", "disk", start=True)
+    o.volumes.create("theirs", "q", 64)
+    p_id = o.catalog.project("p").id
+    with ThreadPoolExecutor(1) as pool, row_held(o.db.url, "SELECT id FROM volumes WHERE name = 'theirs' FOR UPDATE"):
+        attached = pool.submit(o.volumes.attach, "theirs", "a", p_id)
+        with pytest.raises(NotFound, match="volume 'theirs' does not exist"):
+            attached.result(timeout=10)
+    assert vol(o, "theirs").state == "available" and o.audit() == []
 
 
 def test_a_root_disk_can_not_be_detached_nor_another_projects_volume_attached(orch):

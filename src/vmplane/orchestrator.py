@@ -92,6 +92,7 @@ from .store.schema import Cluster, Host, Operation, Project, Vm, Zone
 log = logging.getLogger("vmplane.orchestrator")
 
 PLACEMENT_RETRIES = 5
+OUTDATED_TRIES = 3              # admissions of one create that may find its offering or template changed
 IN_FLIGHT = {st.value for st in IN_FLIGHT_OPERATION_STATES}
 UNREACHABLE = {st.value for st in UNREACHABLE_HOST_STATES}
 
@@ -351,7 +352,7 @@ class Orchestrator:
                   memory_mib: int | None = None, dynamically_scalable: bool = True,
                   start: bool = False, zone: str | None = None, cluster: str | None = None,
                   root_disk_mib: int | None = None, pool: str | None = None, ha_policy: str | None = None,
-                  ha_priority: int = 0, group: str | None = None) -> Admitted:
+                  ha_priority: int = 0, group: str | None = None, *, _tries: int = OUTDATED_TRIES) -> Admitted:
         """Create a VM (charging one `vms`, and its root disk's storage when its template has a disk
         image) in a zone (and a cluster when given), and with `start` admit its start in the same
         transaction: either all of it is committed or nothing is. The root disk is then made on its
@@ -403,8 +404,12 @@ class Orchestrator:
         try:
             vm_id, host, claimed = self.admissions.run(admit)
         except Outdated:        # the offering or template was deleted (or made again) meanwhile: read again
+            if _tries <= 1:
+                raise Conflict(f"offering {offering} or template {template} changed {OUTDATED_TRIES} times while "
+                               f"vm {name} was admitted; nothing was created: try again", field="offering") from None
             return self.create_vm(name, project, offering, template, vcpus, memory_mib, dynamically_scalable,
-                                  start, zone, cluster, root_disk_mib, pool, ha_policy, ha_priority, group)
+                                  start, zone, cluster, root_disk_mib, pool, ha_policy, ha_priority, group,
+                                  _tries=_tries - 1)
         if disk_mib:
             try:
                 self._make_root_or_undo(name, vm_id, host, claimed)

@@ -171,9 +171,9 @@ class Volumes:
 
     def attach(self, name: str, vm: str, project_id: int | None = None) -> Row:
         with self.o.db.transaction() as conn:
+            self._owned(SL.volume_row(conn, name), project_id)     # another project's: 404 before any lock
             row = L.vm_row(conn, name=vm, lock=True)       # the VM first (_locked)
             v = SL.volume_row(conn, name, lock=True)
-            self._owned(v, project_id)
             if row.project_id != v.project_id:
                 raise Conflict(f"volume {name} is in project {v.project}; vm {vm} is not", field="vm")
             if v.state != "available":
