@@ -191,3 +191,33 @@ def test_on_postgresql_a_takeover_waits_for_a_fenced_write_in_flight_and_the_ren
         for o in (b, a):
             o.close()
             o.db.dispose()
+
+
+def test_a_live_process_whose_name_another_takes_registers_again_under_a_name_of_its_own(tmp_path):
+    """Two processes given one --name: the second takes the first's place (as a restart would). The first,
+    alive, must not register again under that name (both live under one name, the hosts assigned by name
+    to whichever took them first): it registers as NAME#PID, and the hosts are shared out between the two."""
+    import os
+
+    url = store_url(tmp_path, "twice.db")
+    first = plane(url, "same")
+    first.catalog.create_zone("z1")
+    first.catalog.create_cluster("c1", "z1")
+    add_sim_hosts(first, 6)
+    first.controllers.balance()
+    old_epoch = first.controllers.epoch
+    second = plane(url, "same")
+    try:
+        assert not first.controllers.renew()            # its place is taken: a new incarnation, a new name
+        assert first.controllers.name == f"same#{os.getpid()}" and first.controllers.epoch > second.controllers.epoch
+        for o in (first, second, first, second):
+            o.controllers.balance()
+        rows = [r for r in second.controllers.rows() if r["state"] == "live"]
+        assert sorted(r["name"] for r in rows) == sorted(["same", f"same#{os.getpid()}"])
+        hosts = [set(r["hosts"]) for r in rows]
+        assert all(hosts) and not hosts[0] & hosts[1] and hosts[0] | hosts[1] == {f"h{i}" for i in range(1, 7)}
+        assert {r["epoch"]: r for r in second.controllers.rows()}[old_epoch]["state"] == "lapsed"
+    finally:
+        second.close()
+        first.close()
+        first.db.dispose()

@@ -15,7 +15,9 @@ the others acquiring it at their next beat. The coordinator takes over the opera
 lapsed owners (Recovery.take_over: claimed with FOR UPDATE SKIP LOCKED, then resumed or settled).
 
 A restart of the same named process (`vmplane serve --name`, by default HOSTNAME:PORT) marks its previous
-incarnation lapsed at once: what it left is recovered without waiting a lease period.
+incarnation lapsed at once: what it left is recovered without waiting a lease period. If that previous
+incarnation was in fact alive (two processes given one --name), it finds its place taken at its next renewal
+and registers again as NAME#PID, so that the two never share one name (leases are shared out by name).
 """
 
 from __future__ import annotations
@@ -159,10 +161,25 @@ class Controllers:
         with self._lock:
             if self._stop.is_set() or self.epoch != epoch:
                 return False        # stopped, or registered again meanwhile
-            log.warning("controller %s: epoch %s lapsed (paused or cut off longer than %g s); its work is "
-                        "another's now: registering again", self.name, epoch, self.lease_s)
+            taker = self._taken_by(epoch)
+            if taker is not None:           # not a lapse: a process started under this name took its place
+                log.error("controller %s: another process registered under this name (epoch %s) and took the place "
+                          "of this one (epoch %s); registering as %s#%d: give each process its own --name",
+                          self.name, taker, epoch, self.name, os.getpid())
+                self.name = f"{self.name}#{os.getpid()}"
+            else:
+                log.warning("controller %s: epoch %s lapsed (paused or cut off longer than %g s); its work is "
+                            "another's now: registering again", self.name, epoch, self.lease_s)
             self.register(reclaim=False)
         return False
+
+    def _taken_by(self, epoch: int) -> int | None:
+        """The live incarnation of this name registered after `epoch`, if any: a second process started under
+        this process's name (which takes a previous incarnation's place, as a restart does)."""
+        c = CONTROLLERS.c
+        with self.o.db.read() as s:
+            return s.connection().execute(select(c.epoch).where(
+                c.name == self.name, c.state == "live", c.epoch > epoch).limit(1)).scalar()
 
     def stop(self) -> None:
         """A clean end: leases released and the row `stopped`, so others take over at once."""
