@@ -299,6 +299,55 @@ def test_a_recovery_asks_its_fenced_host_that_answers_again_and_restarts_only_wh
         o.close()
 
 
+def test_a_migration_into_a_fenced_host_powered_on_again_is_settled_by_asking_it(db, monkeypatch):
+    """A copy's settle took a fenced target for off without asking it. Powered on again while its recovery
+    runs, the target is asked like any host: a VM that landed there (the copy libvirt carried on) is found
+    there and recorded running there, once; not recorded stopped while it runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vmplane.drivers.base import DriverError
+
+    o = _sim_cluster(db, ThreadPoolExecutor(4))
+    try:
+        o.catalog.set_setting("vmplane.ha.grace", "0")
+        o.create_vm("a", "p", "one", "t", start=True, ha_policy="restart")
+        _until(lambda: o.vm("a").state == "running", lambda: o.vm("a"))
+        source = o.vm("a").host.name
+        target = next(h for h in o.drivers if h != source)
+        src, fabric = o.drivers[source], o.drivers[source].fabric
+
+        def target_dies(name, to, params, progress=None):
+            fabric.fail_host(target, "power")
+            raise DriverError(source, "migration: connection reset by peer")
+
+        monkeypatch.setattr(src, "migrate", target_dies)
+        recovery = o.ha.recovery
+        fenced = recovery._fenced
+
+        def fenced_then_landed(op_id, h, how):
+            done = fenced(op_id, h, how)
+            fabric.recover_host(h)                      # powered on again, and the domain lands there
+            assert fabric.move("vmplane-a", source, h)
+            return done
+
+        monkeypatch.setattr(recovery, "_fenced", fenced_then_landed)
+        mig = o.migrator.migrate("a", to=target)
+        _until(lambda: "does not answer" in o.migrator.get(mig["id"])["waiting_for"], lambda: o.migrator.get(mig["id"]))
+        o.check_hosts()
+        assert o.ha.check()
+        _until(lambda: _recoveries_over(o) and not o.migrator.list(active_only=True),
+               lambda: (o.operations(state="running"), o.migrator.list()))
+        assert o.migrator.get(mig["id"])["state"] == "succeeded"
+        assert fabric.hosts_of("vmplane-a") == [target]
+        assert (o.vm("a").state, o.vm("a").host.name) == ("running", target)
+        o.check_hosts()
+        assert o.host(target).state == "enabled" and o.audit() == []
+    finally:
+        for h in ("h1", "h2"):
+            o.drivers[h].fabric.recover_host(h)
+        o.close()
+
+
 def test_a_hot_plug_cut_short_on_a_host_that_then_fails_is_settled_from_the_vms_new_host(orch, monkeypatch):
     """Round 101 of seed 20261129 (CI, stop 23): the control plane died between recording a hot-plug
     (`attaching`) and asking the host; the host failed, so the next start's recovery could not ask it and

@@ -474,11 +474,16 @@ class Migrator:
         return self._settle_to(row, outcome, why, on_source, on_target)
 
     def _asked(self, host: str):
-        """Who answers for `host` when a migration is settled: its driver, or, for a fenced host
-        (confirmed off by its agent or an operator), the certainty that it runs and copies nothing."""
+        """Who answers for `host` when a migration is settled: its driver, or, for a fenced host that does
+        not answer (confirmed off by its agent or an operator), the certainty that it runs and copies
+        nothing. A fenced host powered on again is asked, as any other."""
+        driver = self.o.drivers[host]
         if host in self.o.index and self.o.index.host(host).state == HostState.fenced:
-            return _PoweredOff(host)
-        return self.o.drivers[host]
+            try:                # powered on again while its recovery runs: what it runs now is asked
+                driver.domains()
+            except DriverError:
+                return _PoweredOff(host)
+        return driver
 
     def _copy_ended(self, row: dict, source, domain: str, wait_s: float) -> bool:
         """Wait while the source's libvirtd still migrates the domain (a p2p job goes on without us);
