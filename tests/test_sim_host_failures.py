@@ -184,6 +184,24 @@ def test_a_copy_going_on_without_the_client_dies_with_its_source_or_completes_th
     assert a.hosts_of("d1") == ["h2"]
 
 
+def test_a_copy_going_on_without_the_client_lands_nowhere_if_its_target_was_power_cycled_meanwhile(fabrics):
+    """The incoming domain lives in the target's QEMU, under its libvirtd: a target whose power (or daemon)
+    failed during the copy lost it, even if it answers again before the copy would have ended. The guest
+    stays on its source, as with libvirt."""
+    a, b = fabrics
+    a.faults = SimFaults(seed=3, lost_connection=1.0, copy_delay_s=(0.3, 0.3))
+    h1, h2 = drivers(a, "h1", "h2")
+    for mode in ("power", "daemon"):
+        h1.start(spec("d1"))
+        with pytest.raises(DriverError, match="lost mid-copy"):
+            h1.migrate("d1", h2, MigrationParams())
+        b.fail_host("h2", mode)
+        b.recover_host("h2")                      # back (empty after a power cut) before the copy ends
+        time.sleep(0.5)
+        assert a.hosts_of("d1") == ["h1"] and a.domains("h2") == [] and not h1._copies, mode
+        h1.stop("d1", timeout_s=0)
+
+
 def test_the_sim_agent_powers_a_host_off_and_reads_it_back_from_another_view(fabrics):
     a, b = fabrics
     (h1,) = drivers(a, "h1")

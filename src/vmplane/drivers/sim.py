@@ -273,6 +273,7 @@ class SimDriver(SimStorageDriver, Driver):
             raise DriverError(self.host, f"migration of {name} cancelled; it keeps running here")
         disk_mib = plan.mib
         disk_s = disk_mib / disk_rate if disk_rate and disk_mib else 0.0
+        died = self.fabric.daemon_died_at(target.host)     # an incoming domain lives as long as its daemon
         if self._chance("lost_connection"):             # the copy goes on without us
             f = self._faults
             delay = f.delay(f.copy_delay_s) + disk_s
@@ -280,7 +281,7 @@ class SimDriver(SimStorageDriver, Driver):
             def go_on():
                 time.sleep(delay)
                 self.fabric.copied(plan, disk_mib)
-                if self.fabric.move(name, self.host, target.host):
+                if self.fabric.daemon_died_at(target.host) == died and self.fabric.move(name, self.host, target.host):
                     self._emit(name, STOPPED, STOPPED_MIGRATED)
                 self._copies.pop(name, None)
 
@@ -320,6 +321,9 @@ class SimDriver(SimStorageDriver, Driver):
                 target._emit(name, SUSPENDED, SUSPENDED_POSTCOPY_FAILED)
                 raise DriverError(self.host, f"migration of {name}: post-copy failed: the domain is paused on "
                                              f"{self.host} and on {target.host}")
+        if self.fabric.daemon_died_at(target.host) != died:
+            raise DriverError(self.host, f"migration of {name}: {target.host}'s libvirtd died during the copy and its "
+                                         f"incoming domain with it; it keeps running here")
         if not self.fabric.move(name, self.host, target.host):
             self._ends_answer(name, target)
             raise DriverError(self.host, f"{target.host} already runs a domain {name}, or it left {self.host}")

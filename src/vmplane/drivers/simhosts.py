@@ -28,6 +28,7 @@ Time is wall-clock (`time.time()`): an end time written by one process is read b
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ from .base import DriverError
 MODES = ("power", "daemon", "network")
 FENCE_BROKEN = ("dead", "ignores")
 HOSTS_SCHEMA = ("CREATE TABLE IF NOT EXISTS hosts (host TEXT PRIMARY KEY, mode TEXT, until REAL, "
-                "since REAL, fence_broken TEXT, fence_mode TEXT)",)
+                "since REAL, fence_broken TEXT, fence_mode TEXT, died REAL)",)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ class HostFabric:
     def _init_hosts(self) -> None:
         for statement in HOSTS_SCHEMA:
             self._db.execute(statement)
+        try:                    # a fabric file from before `died`
+            self._db.execute("ALTER TABLE hosts ADD COLUMN died REAL")
+        except sqlite3.OperationalError:
+            pass
 
     # -- reads -------------------------------------------------------------------------------------
     def _host_row(self, db, host: str):
@@ -109,6 +114,13 @@ class HostFabric:
         with self._lock:
             return self._db.execute("SELECT 1 FROM hosts WHERE mode IS NOT NULL AND until > ? LIMIT 1",
                                     (time.time(),)).fetchone() is not None
+
+    def daemon_died_at(self, host: str) -> float:
+        """When the host's libvirtd last died (its power or the daemon itself; 0: never). A migration into it
+        that began before then lost its incoming domain, even if the host answers again now."""
+        with self._lock:
+            row = self._db.execute("SELECT died FROM hosts WHERE host = ?", (host,)).fetchone()
+        return row[0] or 0.0 if row is not None else 0.0
 
     def check_host(self, host: str, what: str) -> None:
         """Raise DriverError as libvirt does when the host's daemon can not be reached."""
@@ -142,9 +154,10 @@ class HostFabric:
                     self._forget_detaches(host, name)
                 db.execute("DELETE FROM domains WHERE host = ?", (host,))
                 self._later = [(due, e) for due, e in self._later if e[0] != host]
-            db.execute("INSERT INTO hosts (host, mode, until, since) VALUES (?, ?, ?, ?) ON CONFLICT (host) DO "
-                       "UPDATE SET mode = excluded.mode, until = excluded.until, since = excluded.since",
-                       (host, mode, until, now))
+            died = now if mode in ("power", "daemon") else None
+            db.execute("INSERT INTO hosts (host, mode, until, since, died) VALUES (?, ?, ?, ?, ?) ON CONFLICT (host) "
+                       "DO UPDATE SET mode = excluded.mode, until = excluded.until, since = excluded.since, "
+                       "died = coalesce(excluded.died, died)", (host, mode, until, now, died))
             return self._host(db, host)
 
     def recover_host(self, host: str) -> SimHostState:
