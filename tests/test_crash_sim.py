@@ -9,6 +9,7 @@ from vmplane import failpoints
 from . import crashkit
 
 
+@pytest.mark.xdist_group("fault-harness")      # one after another: see tests/test_truth_sim.py
 def test_more_than_100_kills_at_every_crash_point_leave_a_consistent_cluster(tmp_path):
     report = crashkit.run(tmp_path, rounds=135, seed=20261129, log=print)      # (HA: its points are missed more)
     assert report.problems() == []
