@@ -196,9 +196,7 @@ def test_on_postgresql_a_takeover_waits_for_a_fenced_write_in_flight_and_the_ren
 def test_a_live_process_whose_name_another_takes_registers_again_under_a_name_of_its_own(tmp_path):
     """Two processes given one --name: the second takes the first's place (as a restart would). The first,
     alive, must not register again under that name (both live under one name, the hosts assigned by name
-    to whichever took them first): it registers as NAME#PID, and the hosts are shared out between the two."""
-    import os
-
+    to whichever took them first): it registers as NAME#EPOCH (its old epoch), and the hosts are shared out between the two."""
     url = store_url(tmp_path, "twice.db")
     first = plane(url, "same")
     first.catalog.create_zone("z1")
@@ -209,11 +207,11 @@ def test_a_live_process_whose_name_another_takes_registers_again_under_a_name_of
     second = plane(url, "same")
     try:
         assert not first.controllers.renew()            # its place is taken: a new incarnation, a new name
-        assert first.controllers.name == f"same#{os.getpid()}" and first.controllers.epoch > second.controllers.epoch
+        assert first.controllers.name == f"same#{old_epoch}" and first.controllers.epoch > second.controllers.epoch
         for o in (first, second, first, second):
             o.controllers.balance()
         rows = [r for r in second.controllers.rows() if r["state"] == "live"]
-        assert sorted(r["name"] for r in rows) == sorted(["same", f"same#{os.getpid()}"])
+        assert sorted(r["name"] for r in rows) == sorted(["same", f"same#{old_epoch}"])
         hosts = [set(r["hosts"]) for r in rows]
         assert all(hosts) and not hosts[0] & hosts[1] and hosts[0] | hosts[1] == {f"h{i}" for i in range(1, 7)}
         assert {r["epoch"]: r for r in second.controllers.rows()}[old_epoch]["state"] == "lapsed"

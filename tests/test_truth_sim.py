@@ -11,14 +11,9 @@ from vmplane.model import Offering, OfferingKind
 from . import truthkit
 from .conftest import add_sim_hosts, ledger_usage
 
-# the fault harnesses run one after another on one xdist worker (`--dist loadgroup`): each times the hosts'
-# misbehaviour against its own control plane, and two of them side by side have shown flukes of timing
-HARNESS = pytest.mark.xdist_group("fault-harness")
-
 REQUIRED = ("transient", "partial", "event_late", "event_twice", "event_lost")
 
 
-@HARNESS
 def test_the_record_is_what_the_hosts_run_after_more_than_100_faults(tmp_path):
     report = truthkit.run(tmp_path, rounds=12, seed=20261130, log=print, migration_faults=True,
                           weights=truthkit.MORE_DETACHES)
@@ -34,7 +29,6 @@ def test_the_record_is_what_the_hosts_run_after_more_than_100_faults(tmp_path):
     assert max(r.vms for r in report.rounds) >= 10      # the cluster was busy, not empty
 
 
-@HARNESS
 @pytest.mark.parametrize("mutant", ["no-unplug-wait", "unknown-is-absent", "copy-error-stays"])
 def test_each_mutant_is_caught(tmp_path, mutant):
     report = truthkit.run(tmp_path, rounds=10, seed=7, mutant=mutant, log=print,       # (no storage: none of
@@ -84,7 +78,6 @@ def test_a_scale_that_adds_vcpus_and_gives_back_memory_keeps_the_capacity_index_
     assert orch.audit() == []
 
 
-@HARNESS
 def test_ha_mode_hosts_failing_during_random_operations_run_no_vm_twice_and_keep_the_ledger_exact(tmp_path):
     """Issue 12 on sim hosts: HA VMs among the random operations while hosts fail (power, daemon, network;
     for good or for a while, blips shorter than the grace among them; fault mode's flaps, partitions and
@@ -100,7 +93,6 @@ def test_ha_mode_hosts_failing_during_random_operations_run_no_vm_twice_and_keep
     assert report.ha["running-twice samples"] > 1000
 
 
-@HARNESS
 def test_the_ha_mutant_that_restarts_before_fencing_is_caught_by_the_running_twice_watch(tmp_path):
     """A failed host taken as fenced without its agent (truthkit.MUTANTS["ha-no-fence"]): a host whose
     daemon died, or that is cut off, still runs its guests when they restart elsewhere."""

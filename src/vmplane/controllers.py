@@ -17,7 +17,7 @@ lapsed owners (Recovery.take_over: claimed with FOR UPDATE SKIP LOCKED, then res
 A restart of the same named process (`vmplane serve --name`, by default HOSTNAME:PORT) marks its previous
 incarnation lapsed at once: what it left is recovered without waiting a lease period. If that previous
 incarnation was in fact alive (two processes given one --name), it finds its place taken at its next renewal
-and registers again as NAME#PID, so that the two never share one name (leases are shared out by name).
+and registers again as NAME#EPOCH (its old epoch), so that the two never share one name (leases are shared out by name).
 """
 
 from __future__ import annotations
@@ -165,8 +165,8 @@ class Controllers:
             if taker is not None:           # not a lapse: a process started under this name took its place
                 log.error("controller %s: another process registered under this name (epoch %s) and took the place "
                           "of this one (epoch %s); registering as %s#%d: give each process its own --name",
-                          self.name, taker, epoch, self.name, os.getpid())
-                self.name = f"{self.name}#{os.getpid()}"
+                          self.name, taker, epoch, self.name, epoch)
+                self.name = f"{self.name}#{epoch}"          # (an epoch is never given twice: a name of its own)
             else:
                 log.warning("controller %s: epoch %s lapsed (paused or cut off longer than %g s); its work is "
                             "another's now: registering again", self.name, epoch, self.lease_s)

@@ -7,7 +7,10 @@ Steps, persisted so that a control plane killed anywhere resumes them (`resume`)
               A failed attempt leaves the host `fencing` with the agents' words as its reason, and is
               retried with backoff: never skipped. A host that answers again before it is fenced is
               given back to the monitor (its VMs still run there): nothing is restarted.
-  restarting  the host is `fenced`: nothing of it runs. Its VMs without HA are stopped (their charge and
+  restarting  the host is `fenced`: nothing of it runs, unless it was powered on again since (repaired):
+              each pass asks it, when it answers, what it runs, and a VM it runs is recorded running
+              there and not restarted; the recovery then ends with the host `down` again, for the monitor
+              to bring back (or HA to declare again). Its VMs without HA are stopped (their charge and
               claims released). Its HA VMs are restarted, highest `ha_priority` first, at most
               `vmplane.ha.max.parallel` at once, each by a `restart` operation of its own: the VM's
               running claim moves from the dead host to the chosen one in one transaction, its project's
@@ -27,7 +30,6 @@ from dataclasses import replace
 from sqlalchemy import func, select
 
 from . import failpoints, metrics
-from .drivers.base import DriverError
 from .errors import Interrupted, VmplaneError
 from .fencing.base import FenceError, Fenced
 from .model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
@@ -37,11 +39,13 @@ from .scope import Scope
 from .hostmonitor import probe
 from .migration import SETTLING
 from .store import ledger as L
+from .store.schema import utcnow
 
 log = logging.getLogger("vmplane.ha")
 CAUSE = "ha"
 FENCE_BACKOFF_S = (1, 2, 5, 10, 30)
 RESTART_BACKOFF_S = (1, 3, 10, 30)
+ASK_S = 2.0             # a fenced host that answers again answers within this; else it is taken for off
 # VMs an operation owns right now: their operation's end (or its failure path) settles them first
 OWNED = [VmState.starting.value, VmState.stopping.value, VmState.scaling.value, VmState.migrating.value]
 _SETTLED = [VmState.running.value, VmState.unknown.value]
@@ -188,7 +192,28 @@ class HostRecovery:
         words = ", ".join(f"{vm} on {h}" for vm, h in restarted.items()) or "none"
         message = f"restarted {len(restarted)} VM(s): {words}" + (
             f"; {len(failed)} in error: {', '.join(f'{vm} ({why})' for vm, why in failed.items())}" if failed else "")
+        kept = self._kept_on(host)
+        if kept:
+            message += f"; {kept} VM(s) run on {host} again (powered on since its fence): it is down again, for the " \
+                       f"monitor to bring back"
         self._end(op_id, OperationState.succeeded, message)
+
+    def _kept_on(self, host: str) -> int:
+        """After the last pass: the VMs still recorded on the fenced host (it answered again and runs them).
+        The host goes back to `down`: the monitor brings it back when it answers, and HA declares and fences
+        it again if it fails again (a fenced host is never declared again: its VMs would be stranded)."""
+        v, h = L.VMS.c, L.HOSTS.c
+        with self.o._lock:
+            with self.o.db.transaction() as conn:
+                kept = conn.execute(select(func.count()).select_from(L.VMS).join(L.HOSTS, h.id == v.host_id).where(
+                    h.name == host, v.state.in_(_SETTLED))).scalar() or 0
+                if not kept:
+                    return 0
+                L.set_host_state(conn, host, HostState.down, f"it runs {kept} of its VMs again since its fence",
+                                 state_reason="powered on again since its fence; the monitor brings it back",
+                                 down_since=utcnow())
+            self.o.index.upsert(replace(self.o.index.host(host), state=HostState.down))
+        return kept
 
     def _pass(self, op_id: str, host: str) -> tuple[list[str], int]:
         """One round: VMs without HA stopped, HA VMs restarted (in parallel, by priority). Returns the
@@ -196,11 +221,15 @@ class HostRecovery:
         the host included (their VMs are recorded on their source, but only the fence lets them be
         settled: the recovery settles them before it ends, as those out of it)."""
         v, h = L.VMS.c, L.HOSTS.c
-        runs = self._runs_there(host)
+        on_host = select(v.id, v.name, v.state).join(L.HOSTS, h.id == v.host_id).where(
+            h.name == host, v.state.in_(_SETTLED))
+        with self.o.db.read() as s:
+            before = set(s.connection().execute(on_host).all())
+        runs = self._runs_there(host) if before else set()
         with self.o.db.transaction() as conn:
-            recorded = conn.execute(select(v.id, v.name, v.state).join(L.HOSTS, h.id == v.host_id).where(
-                h.name == host, v.state.in_(_SETTLED)).with_for_update()).all()
-            for r in recorded:
+            for r in conn.execute(on_host.with_for_update()).all():
+                if r not in before:     # recorded there after the host was asked (a settle): the next pass
+                    continue
                 if r.name in runs and r.state == VmState.unknown.value:
                     L.set_vm(conn, r.id, f"its fenced host {host} answers again and runs it: not restarted",
                              state=VmState.running)
@@ -233,10 +262,15 @@ class HostRecovery:
         recovery runs: its old guests are gone, but what runs there now is not restarted elsewhere).
         Empty when it does not answer: confirmed off by its fence, it runs nothing."""
         driver = self.o.drivers.get(host)
-        try:
-            domains = driver.domains() if driver is not None else []
-        except DriverError:             # it does not answer: off, as its fence confirmed
+        if driver is None:
             return set()
+        pool = ThreadPoolExecutor(1, thread_name_prefix="vmplane-ha-ask")
+        try:        # a call to a host that is off may wait for a connection timeout: not the recovery
+            domains = pool.submit(driver.domains).result(timeout=ASK_S)
+        except Exception:           # noqa: BLE001 - it does not answer (in time): off, as its fence confirmed
+            return set()
+        finally:
+            pool.shutdown(wait=False)
         return {d.name.removeprefix(DOMAIN_PREFIX) for d in domains if d.active and d.name.startswith(DOMAIN_PREFIX)}
 
     def _stop_unprotected(self, vm: str, host: str) -> None:

@@ -241,15 +241,18 @@ class Migrator:
                     if slot.id not in started:
                         why = rules.blocking_limit(slot, running, limits_of(slot)) or ""
                         L.set_migration(conn, slot.id, waiting_for=why)
-        for migration_id, why in lost.items():     # never started: each ends, its target claim given back
-            self._finish(migration_id, lambda current: "host-lost" if current == MigrationState.queued else None,
-                         reason=why)
         with self._state_lock:
             self._live.update(slot.id for slot in to_start)
         if to_start:
             failpoints.hit("migrate.copying")
         for slot in to_start:
             self.o.executor.submit(self._run_guarded, slot.id)
+        for migration_id, why in lost.items():     # never started: each ends, its target claim given back
+            try:
+                self._finish(migration_id, lambda current: "host-lost" if current == MigrationState.queued else None,
+                             reason=why)
+            except Exception:           # this one at the next pump; the others go on
+                log.exception("migration %s: ending it (%s)", migration_id, why)
 
     # -- the copy ------------------------------------------------------------------------------
     def _run_guarded(self, migration_id: str) -> None:
@@ -296,6 +299,8 @@ class Migrator:
         target.migration_address = self.o._migration_address(row["target"])
         domain = self.o.domain_name(row["vm_name"])
         params = self._params(row, source)
+        if self._ended_for_a_lost_host(migration_id, row):     # nothing prepared on a host that failed
+            return
         try:
             params = self.o.disk_moves.prepare(row["vm_id"], row["target"], params)
         except DriverError as exc:          # no copy asked: the VM stays; the target's overlays are cleaned up
@@ -305,11 +310,7 @@ class Migrator:
         policy_name = (row.get("params") or {}).get("policy") or f"vmplane ({getattr(source, 'accel', 'sim')})"
         with self.o.db.transaction() as conn:
             L.set_migration(conn, migration_id, params={**asdict(params), "policy": policy_name})
-            # read right before the copy: a host that failed since the pump started it (and may have been
-            # fenced and powered on again, empty, while its recovery runs) is not copied into or out of
-            lost = rules.host_lost(row["source"], row["target"], _failed_hosts(conn))
-        if lost:
-            self._finish(migration_id, "copy-failed", reason=lost)
+        if self._ended_for_a_lost_host(migration_id, row):     # read again right before the copy
             return
         if not self._enter_call(migration_id):       # a cancel came first: the copy is never asked for
             self._finish(migration_id, "copy-cancelled", reason="cancelled before the copy started")
@@ -327,6 +328,16 @@ class Migrator:
                       **stats.extra}
         self._finish(migration_id, "copied", stats=stats_dict)
         self._check_and_finish(migration_id, target, domain, stats_dict)
+
+    def _ended_for_a_lost_host(self, migration_id: str, row: dict) -> bool:
+        """True (the migration ended `failed`) if its source or target is recorded down, fencing or fenced: a
+        host that failed since the pump started it (and may have been fenced and powered on again, empty,
+        while its recovery runs) is not copied into or out of."""
+        with self.o.db.read() as s:
+            lost = rules.host_lost(row["source"], row["target"], _failed_hosts(s.connection()))
+        if lost:
+            self._finish(migration_id, "copy-failed", reason=lost)
+        return lost is not None
 
     def _enter_call(self, migration_id: str) -> bool:
         """Right before the driver call: False if a cancel came first; else from now on a cancel aborts
@@ -659,9 +670,9 @@ class Migrator:
     def _settle_gone(conn, row, note: str) -> list:
         """A migrating VM whose domain neither host holds (asked just now): on a source that answered, it
         is stopped, its charge and claims given back (what the sync would record, without a window in
-        which the record says running); on a fenced source (known off, not asked), unknown there, for
-        its recovery (an HA VM is restarted elsewhere, another one stopped). A scaling VM is left to its
-        scale, which settles it."""
+        which the record says running); on a fenced source (known off, or asked if it answers again),
+        unknown there, for its recovery (an HA VM is restarted elsewhere, another one stopped). A scaling
+        VM is left to its scale, which settles it."""
         fenced = conn.execute(select(L.HOSTS.c.state).where(L.HOSTS.c.id == row.source_host_id)).scalar()
         if fenced == HostState.fenced.value:
             L.set_vm(conn, row.vm_id, note=f"{note}; its host {row.source} is fenced: it runs nowhere",
@@ -671,8 +682,8 @@ class Migrator:
         return L.release_vm(conn, row.vm_id, note=f"{note}: charge and claim given back")
 
     def _drop_definition(self, row: dict, source: str) -> None:
-        """A shut-off definition of a VM whose migration found it on neither host (not on a fenced source:
-        nothing is asked of it). Best effort: a definition left behind runs nothing."""
+        """A shut-off definition of a VM whose migration found it on neither host (not on a fenced source
+        that does not answer: nothing is asked of it). Best effort: a definition left behind runs nothing."""
         driver = self._asked(source)
         if isinstance(driver, _PoweredOff):
             return

@@ -174,6 +174,7 @@ class Volumes:
             self._owned(SL.volume_row(conn, name), project_id)     # another project's: 404 before any lock
             row = L.vm_row(conn, name=vm, lock=True)       # the VM first (_locked)
             v = SL.volume_row(conn, name, lock=True)
+            self._owned(v, project_id)                      # (deleted and made again in another project meanwhile)
             if row.project_id != v.project_id:
                 raise Conflict(f"volume {name} is in project {v.project}; vm {vm} is not", field="vm")
             if v.state != "available":
