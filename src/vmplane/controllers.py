@@ -17,7 +17,8 @@ lapsed owners (Recovery.take_over: claimed with FOR UPDATE SKIP LOCKED, then res
 A restart of the same named process (`vmplane serve --name`, by default HOSTNAME:PORT) marks its previous
 incarnation lapsed at once: what it left is recovered without waiting a lease period. If that previous
 incarnation was in fact alive (two processes given one --name), it finds its place taken at its next renewal
-and registers again as NAME#EPOCH (its old epoch), so that the two never share one name (leases are shared out by name).
+and registers again as NAME#EPOCH (its old epoch), so that the two never share one name (leases are shared
+out by name).
 """
 
 from __future__ import annotations
