@@ -167,11 +167,7 @@ def test_a_migration_into_a_fenced_host_is_settled_by_its_recovery_before_it_end
             time.sleep(0.02)
         o.check_hosts()
         assert o.ha.check()          # the target holds an HA VM's claim: declared, fenced, recovered
-        t0 = time.monotonic()
-        # pending first: an operation that moves from pending to running between the two reads is seen in one
-        while (op := o.operations(state="pending") + o.operations(state="running")):
-            assert time.monotonic() - t0 < 10, [(x.kind, x.target, x.message) for x in op]
-            time.sleep(0.05)
+        _until(lambda: _recoveries_over(o), lambda: [(x.kind, x.target, x.message) for x in o.operations()])
         row = o.migrator.get(mig["id"])
         assert row["state"] == "failed" and o.host(target).state == "fenced", row
         vm = o.vm("a")

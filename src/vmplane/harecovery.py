@@ -51,6 +51,12 @@ OWNED = [VmState.starting.value, VmState.stopping.value, VmState.scaling.value, 
 _SETTLED = [VmState.running.value, VmState.unknown.value]
 
 
+def _recorded_on(host: str):
+    """The VMs the store has running or unknown on `host`: (id, name, state)."""
+    v, h = L.VMS.c, L.HOSTS.c
+    return select(v.id, v.name, v.state).join(L.HOSTS, h.id == v.host_id).where(h.name == host, v.state.in_(_SETTLED))
+
+
 def _backoff(table: tuple[int, ...], attempt: int) -> float:
     return float(table[min(attempt, len(table) - 1)])
 
@@ -202,11 +208,9 @@ class HostRecovery:
         """After the last pass: the VMs still recorded on the fenced host (it answered again and runs them).
         The host goes back to `down`: the monitor brings it back when it answers, and HA declares and fences
         it again if it fails again (a fenced host is never declared again: its VMs would be stranded)."""
-        v, h = L.VMS.c, L.HOSTS.c
         with self.o._lock:
             with self.o.db.transaction() as conn:
-                kept = conn.execute(select(func.count()).select_from(L.VMS).join(L.HOSTS, h.id == v.host_id).where(
-                    h.name == host, v.state.in_(_SETTLED))).scalar() or 0
+                kept = conn.execute(select(func.count()).select_from(_recorded_on(host).subquery())).scalar() or 0
                 if not kept:
                     return 0
                 L.set_host_state(conn, host, HostState.down, f"it runs {kept} of its VMs again since its fence",
@@ -221,8 +225,7 @@ class HostRecovery:
         the host included (their VMs are recorded on their source, but only the fence lets them be
         settled: the recovery settles them before it ends, as those out of it)."""
         v, h = L.VMS.c, L.HOSTS.c
-        on_host = select(v.id, v.name, v.state).join(L.HOSTS, h.id == v.host_id).where(
-            h.name == host, v.state.in_(_SETTLED))
+        on_host = _recorded_on(host)
         with self.o.db.read() as s:
             before = set(s.connection().execute(on_host).all())
         runs = self._runs_there(host) if before else set()

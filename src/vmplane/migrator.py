@@ -27,6 +27,7 @@ from .migration import Action, MigrationState, Outcome
 from .model import UNREACHABLE_HOST_STATES, ClaimKind, HostState, PlacementRequest, Size, VmState
 from .placement import Placement, choose, fit_on
 from .failover import Load
+from .hostmonitor import probe
 from .reserves import placement_rules
 from .scope import Scope, migration_scope_problem
 from .diskmoves import DiskMoves
@@ -489,11 +490,9 @@ class Migrator:
         not answer (confirmed off by its agent or an operator), the certainty that it runs and copies
         nothing. A fenced host powered on again is asked, as any other."""
         driver = self.o.drivers[host]
-        if host in self.o.index and self.o.index.host(host).state == HostState.fenced:
-            try:                # powered on again while its recovery runs: what it runs now is asked
-                driver.domains()
-            except DriverError:
-                return _PoweredOff(host)
+        fenced = host in self.o.index and self.o.index.host(host).state == HostState.fenced
+        if fenced and probe(driver) is not None:        # (one powered on again is asked what it runs now)
+            return _PoweredOff(host)
         return driver
 
     def _copy_ended(self, row: dict, source, domain: str, wait_s: float) -> bool:
