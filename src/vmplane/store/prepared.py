@@ -124,6 +124,24 @@ class PreparedWrite:
         self.processors = {name: processor for name, b in binds.items()
                            if (processor := b.type.dialect_impl(dialect).bind_processor(dialect)) is not None}
 
+    def run_many(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """run() for each of `rows` (all with the same keys) as one executemany: one statement's overhead."""
+        processors = self.processors
+        args = []
+        for params in rows:
+            values = {**self.fixed, **params}
+            for name, processor in processors.items():
+                if name in values:
+                    values[name] = processor(values[name])
+            args.append(tuple(values[name] for name in self.positions) if self.positions is not None else values)
+        cursor = conn.connection.cursor()
+        try:
+            cursor.executemany(self.sql, args)
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise as_sqlalchemy_error(conn.dialect, self.sql, args[0], exc) from exc
+        finally:
+            cursor.close()
+
     def run(self, conn: Connection, params: dict[str, Any], new_id: bool = False) -> int:
         """Execute inside `conn`'s transaction; the number of rows it changed, or with `new_id` (an insert
         prepared with its primary key returned, see insert_for_id) the new row's id."""
@@ -157,14 +175,24 @@ def insert_for_id(conn: Connection, stmt: Insert, params: dict[str, Any]) -> int
     return prepared_write.run(conn, params, new_id=True)
 
 
-def write(conn: Connection, stmt: UpdateBase, params: dict[str, Any]) -> int:
-    """`stmt` with `params` in `conn`'s transaction, prepared once per dialect and set of parameters; the
-    number of rows it changed (the rowcount)."""
+def _prepared_write(conn: Connection, stmt: UpdateBase, params: dict[str, Any]) -> PreparedWrite:
     key = (conn.dialect.name, stmt, frozenset(params), False)
     prepared_write = _writes.get(key)
     if prepared_write is None:
         prepared_write = _writes[key] = PreparedWrite(conn.dialect, stmt, key[2])
-    return prepared_write.run(conn, params)
+    return prepared_write
+
+
+def write(conn: Connection, stmt: UpdateBase, params: dict[str, Any]) -> int:
+    """`stmt` with `params` in `conn`'s transaction, prepared once per dialect and set of parameters; the
+    number of rows it changed (the rowcount)."""
+    return _prepared_write(conn, stmt, params).run(conn, params)
+
+
+def write_many(conn: Connection, stmt: UpdateBase, rows: list[dict[str, Any]]) -> None:
+    """write() of each of `rows` (all with the same keys), as one executemany."""
+    if rows:
+        _prepared_write(conn, stmt, rows[0]).run_many(conn, rows)
 
 
 _MEMO = "vmplane_transaction_memo"
