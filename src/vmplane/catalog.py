@@ -82,6 +82,9 @@ def scales_in_flight(s: Session, project_id: int) -> Usage:
     return total
 
 
+_UNKNOWN = object()
+
+
 def offering_data(o: Offering) -> OfferingData:
     return OfferingData(o.name, OfferingKind(o.kind), o.vcpus, o.memory_mib, o.min_vcpus, o.max_vcpus,
                         o.min_memory_mib, o.max_memory_mib, o.cpu_speed_mhz, o.cpu_cap, o.dynamic_scaling,
@@ -144,6 +147,9 @@ class Catalog:
         self._offerings: dict[str, Offering] = {}
         self._templates: dict[str, Template] = {}
         self._definitions: dict[Offering | Template, tuple] = {}      # each cached one's columns (check_new_vm)
+        self._data: dict[Offering, OfferingData] = {}                   # each cached offering as plain data
+        # (key, zone, cluster) -> (the settings read, the value resolved from them)
+        self._effective: dict[tuple[str, str | None, str | None], tuple[dict, object]] = {}
 
     # -- zones and clusters -------------------------------------------------------------------
     def create_zone(self, name: str) -> Zone:
@@ -295,6 +301,14 @@ class Catalog:
         """Drop cached offerings and templates that were retired or deleted."""
         for cached in (self._offerings.pop(offering or "", None), self._templates.pop(template or "", None)):
             self._definitions.pop(cached, None)
+            self._data.pop(cached, None)     # type: ignore[arg-type]
+
+    def data_of(self, o: Offering) -> OfferingData:
+        """offering_data(o), made once per cached offering (they do not change)."""
+        found = self._data.get(o)
+        if found is None:
+            found = self._data[o] = offering_data(o)
+        return found
 
     def _defined(self, cached: Offering | Template) -> tuple:
         """A cached offering's or template's columns (but `retired`), as _NOW_DEFINED reads them."""
@@ -429,7 +443,14 @@ class Catalog:
             return self._settings_cache
 
     def effective(self, key: str, zone: str | None = None, cluster: str | None = None) -> object:
-        return settings_rules.resolve(key, self._all_settings().get(key, {}), zone=zone, cluster=cluster)
+        """The value of `key` that applies in a zone and cluster (remembered until settings change: each
+        admission asks for several)."""
+        settings = self._all_settings()
+        found = self._effective.get((key, zone, cluster), _UNKNOWN)
+        if found is _UNKNOWN or found[0] is not settings:
+            found = (settings, settings_rules.resolve(key, settings.get(key, {}), zone=zone, cluster=cluster))
+            self._effective[key, zone, cluster] = found
+        return found[1]
 
     def get_setting(self, key: str, scope: str = "global", scope_name: str | None = None) -> dict:
         spec = settings_rules.setting_key(key)

@@ -27,7 +27,6 @@ from .catalog import (
     ensure_new,
     get_by_name,
     ledger_of,
-    offering_data,
     quota_of,
 )
 from .adopt import drift_view
@@ -362,7 +361,7 @@ class Orchestrator:
         check_name(name)
         o, t = self.catalog.for_new_vm(offering, template)
         ha_chosen = check_ha(ha_policy or o.ha_policy, ha_priority)
-        size = size_for(offering_data(o), vcpus, memory_mib)
+        size = size_for(self.catalog.data_of(o), vcpus, memory_mib)
         disk_mib = self.volumes.root_size(t, o, root_disk_mib) if t.disk_image else None
         if disk_mib is None and (root_disk_mib is not None or pool is not None):
             raise Invalid(f"template {template} has no disk image: its VMs have no root disk", field="root_disk_mib")

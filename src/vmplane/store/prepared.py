@@ -21,6 +21,7 @@ Parameters are passed as they are (no bind processors): strings and integers onl
 from __future__ import annotations
 
 import collections
+import operator
 import weakref
 from typing import Any, Callable
 
@@ -48,6 +49,8 @@ class PreparedRead:
         self.keys = tuple(stmt.selected_columns.keys())
         self._types = tuple(col.type.dialect_impl(dialect) for col in stmt.selected_columns)
         self.processors: tuple | None = None     # by the driver's type codes, at the first execution
+        self._processed: tuple = ()              # (column, processor) of the columns that have one
+        self._args = _getter(self.positions)
         self.tuple_type = collections.namedtuple("Row", self.keys, rename=True)   # (row_in)
 
     def first(self, **params) -> dict | None:
@@ -76,7 +79,7 @@ class PreparedRead:
         return dict(zip(self.keys, rows[0])) if rows else None
 
     def _fetch(self, dbapi_conn, params: dict, one: bool) -> list[tuple]:
-        args = tuple(params[name] for name in self.positions) if self.positions is not None else params
+        args = self._args(params)
         cursor = dbapi_conn.cursor()
         try:
             cursor.execute(self.sql, args)
@@ -84,13 +87,35 @@ class PreparedRead:
                 dialect = self.engine.dialect
                 self.processors = tuple(t.result_processor(dialect, d[1])
                                         for t, d in zip(self._types, cursor.description))
+                self._processed = tuple((i, p) for i, p in enumerate(self.processors) if p is not None)
             rows = ([row] if (row := cursor.fetchone()) is not None else []) if one else cursor.fetchall()
         except self.engine.dialect.loaded_dbapi.Error as exc:
             raise as_sqlalchemy_error(self.engine.dialect, self.sql, args, exc) from exc
         finally:
             cursor.close()
-        return [tuple(value if proc is None or value is None else proc(value)
-                      for proc, value in zip(self.processors, row)) for row in rows]
+        if not self._processed:
+            return rows
+        processed = []
+        for row in rows:
+            row = list(row)
+            for i, proc in self._processed:
+                if row[i] is not None:
+                    row[i] = proc(row[i])
+            processed.append(tuple(row))
+        return processed
+
+
+def _getter(positions: tuple[str, ...] | None) -> Callable[[dict], Any]:
+    """The statement's arguments from a dict of parameters: a tuple in `positions` order (qmark and
+    format styles), else the dict itself (named styles)."""
+    if positions is None:
+        return lambda params: params
+    if not positions:
+        return lambda params: ()
+    if len(positions) == 1:
+        name = positions[0]
+        return lambda params: (params[name],)
+    return operator.itemgetter(*positions)
 
 
 def prepared(engine: Engine, stmt: Select) -> PreparedRead:
@@ -123,6 +148,7 @@ class PreparedWrite:
         self.fixed = {name: b.value for name, b in binds.items() if not b.required}     # literals of the statement
         self.processors = {name: processor for name, b in binds.items()
                            if (processor := b.type.dialect_impl(dialect).bind_processor(dialect)) is not None}
+        self._args = _getter(self.positions)
 
     def run_many(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """run() for each of `rows` (all with the same keys) as one executemany: one statement's overhead."""
@@ -133,7 +159,7 @@ class PreparedWrite:
             for name, processor in processors.items():
                 if name in values:
                     values[name] = processor(values[name])
-            args.append(tuple(values[name] for name in self.positions) if self.positions is not None else values)
+            args.append(self._args(values))
         cursor = conn.connection.cursor()
         try:
             cursor.executemany(self.sql, args)
@@ -149,7 +175,7 @@ class PreparedWrite:
         for name, processor in self.processors.items():
             if name in values:              # None too, as SQLAlchemy does (JSON writes it as 'null')
                 values[name] = processor(values[name])
-        args = tuple(values[name] for name in self.positions) if self.positions is not None else values
+        args = self._args(values)
         cursor = conn.connection.cursor()
         try:
             cursor.execute(self.sql, args)
