@@ -213,7 +213,7 @@ def run(hosts: int, vms: int, strategy: str, threads: int, tmp: str) -> dict:
 def sqlite_main(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = [run(args.hosts, args.vms, s, t, tmp)
-                   for s, t in (("pack", 1), ("pack", args.threads), ("spread", args.threads))]
+                   for s, t in (("pack", 1), *(("pack", t) for t in args.threads), ("spread", args.threads[0]))]
     rows = [[r["strategy"], r["threads"], r["running"], f"{r['floor']:.0f}", f"{r['vms_per_s']:.0f}",
              f"{r['vms_per_s'] / r['floor']:.2f}x", f"{r['e2e_per_s']:.0f}", f"{r['e2e_per_s'] / r['floor']:.2f}x",
              f"{r['per_batch']:.1f}", r["hosts_used"], r["lower_bound"], f"{r['hosts_used'] / r['lower_bound']:.3f}",
@@ -227,7 +227,8 @@ def sqlite_main(args) -> None:
              f"opens SQLite), measured in the same run just before the row's admissions. "
              f"'admitted VMs/s': create-and-start requests committed (project row locked, quota checked, host "
              f"chosen from the in-memory index, host row compare-and-add, VM + claim + ledger + operation + events "
-             f"written), issued by 'client threads' at once as the API's request threads do; concurrent requests "
+             f"written), issued by 'client threads' at once as the API's request threads do (40 is the most it "
+             f"serves at once: its endpoints run in anyio's default thread limiter of 40); concurrent requests "
              f"are admitted together (admission.Batcher: one transaction, a SAVEPOINT each, in order; "
              f"'admissions per txn' is the mean batch). 'end-to-end' adds each start operation: persisted step, "
              f"sim driver start, VM marked running (two more transactions each, run one after the other). "
@@ -306,9 +307,9 @@ def pg_main(args) -> None:
                     c.execute(text("DROP SCHEMA public CASCADE"))
                     c.execute(text("CREATE SCHEMA public"))
                 engine.dispose()
-            r = pg_run(url, args.hosts, args.vms, procs, args.threads)
+            r = pg_run(url, args.hosts, args.vms, procs, args.threads[0])
             print(r)
-            rows.append([r["procs"], args.threads, r["admitted"], r["refused"], f"{r['rate']:.0f}",
+            rows.append([r["procs"], args.threads[0], r["admitted"], r["refused"], f"{r['rate']:.0f}",
                          f"{r['per_batch']:.1f}", r["over"], r["audit"]])
     finally:
         if helper is not None:
@@ -318,7 +319,7 @@ def pg_main(args) -> None:
     server = ("a throwaway server, tests/pg.py: fsync off, synchronous_commit off" if args.pg_url is None
               else "given by --pg-url")
     body += (f"\n\nThe same create-and-start admissions on one PostgreSQL database ({server}), from N "
-             f"processes started together, each its own Orchestrator ({args.threads} client threads each); "
+             f"processes started together, each its own Orchestrator ({args.threads[0]} client threads each); "
              f"{args.hosts} sim hosts, {args.vms} requests spread round-robin over projects with quota "
              f"{PG_QUOTA_VMS} VMs / {PG_QUOTA_VCPUS} vCPUs that are each asked {PG_ASKED} VMs, so that every "
              f"process meets the quota in every project. 'projects over quota' must be 0; 'ledger audit' = "
@@ -335,7 +336,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=2000)
     ap.add_argument("--vms", type=int, default=None, help="20000 (SQLite), 6000 (--pg)")
-    ap.add_argument("--threads", type=int, default=16, help="client threads issuing requests at once")
+    ap.add_argument("--threads", type=lambda v: [int(x) for x in v.split(",")], default=[16, 40],
+                    help="client threads issuing requests at once (SQLite: a row each; --pg: the first)")
     ap.add_argument("--pg", action="store_true", help="PostgreSQL, 1, 2 and 4 processes")
     ap.add_argument("--pg-url", default=None, help="use this PostgreSQL database (emptied!) instead of a "
                                                     "throwaway server")
