@@ -3,7 +3,7 @@ claim committed to SQLite), pack vs spread vs a lower bound, and the cost of one
 beside it, in the same run, the storage floor: the same rows written through raw sqlite3, one
 transaction each. `--pg`: the same admissions on PostgreSQL from 1, 2 and 4 processes.
 
-usage: .venv/bin/python bench/placement.py [--hosts 2000] [--vms 20000] [--threads 16]
+usage: .venv/bin/python bench/placement.py [--hosts 2000] [--vms 20000] [--threads 16,40]
        .venv/bin/python bench/placement.py --pg [--pg-url postgresql+psycopg://...] [--procs 1,2,4]
 """
 

@@ -15,10 +15,10 @@ from sqlalchemy import insert, select
 from vmplane import events, ownership
 from vmplane.admission import Batcher
 from vmplane.controllers import CONTROLLERS
-from vmplane.errors import VmplaneError
+from vmplane.errors import Conflict, VmplaneError
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
-from vmplane.store.schema import Event
+from vmplane.store.schema import Event, Zone
 
 from .conftest import add_basics, add_sim_hosts
 from .stores import store_url
@@ -100,7 +100,7 @@ def test_a_batch_admits_in_order_and_a_refused_request_changes_nothing(tmp_path)
         if not o.db.is_sqlite:      # the leader alone, then the other six together (a savepoint each)
             assert o.admissions.batches - before == 2
         else:   # no savepoints: the duplicate had written (its host, its ledger) when its name was refused, so
-            assert o.admissions.batches - before == 3       # the six ran again alone; two of them admitted
+            assert o.admissions.batches - before == 3       # the batch ran again: the three before it, the two after
         assert _state(o) == _state(alone)
         assert o.audit() == [] and alone.audit() == []
         # each admitted request's events name its own caller, not the thread that ran the batch
@@ -120,14 +120,17 @@ def test_requests_refused_before_they_write_leave_the_batch_whole(tmp_path):
     without a savepoint: nothing to undo), and only the admitted requests' rows and events are kept."""
     o, alone = _orchestrator(tmp_path, "batched.db"), _orchestrator(tmp_path, "alone.db")
     try:
+        for each in (o, alone):     # 1 GiB of memory: a small VM fits it, not with its overhead counted
+            each.catalog.create_project("m", 10, 1024, 5, count_overhead=True)
         requests = [("c1", "p", "small"), ("c2", "p", "large"), ("c3", "p", "large"),   # c3: quota
+                    ("c7", "m", "small"),           # c7: quota, known once its host (and overhead) is chosen
                     ("c4", "q", "large"), ("c5", "q", "small"), ("c6", "p", "small")]  # c4: capacity
         before = o.admissions.batches
         got = _batched(o, requests)
         assert got == [_create(alone, r) for r in requests]
-        assert [g.split(":")[0] for g in got] == ["admitted", "admitted", "quota_exceeded",
+        assert [g.split(":")[0] for g in got] == ["admitted", "admitted", "quota_exceeded", "quota_exceeded",
                                                   "insufficient_capacity", "admitted", "admitted"]
-        assert o.admissions.batches - before == 2               # the leader alone, then the other five together
+        assert o.admissions.batches - before == 2               # the leader alone, then the other six together
         assert _state(o) == _state(alone) and o.audit() == []
         with o.db.read() as s:
             vm_events = sorted(set(s.execute(select(Event.subject).where(Event.kind == "vm")).scalars()))
@@ -231,3 +234,72 @@ def test_each_request_of_a_batch_is_fenced_by_its_own_owner_not_by_the_thread_th
         assert written == {"first", "live", "none"}
     finally:
         o.close()
+
+
+def _requests(*fns) -> list:
+    import contextvars
+
+    from vmplane.admission import _Request
+    return [_Request(fn, contextvars.copy_context()) for fn in fns]
+
+
+def _zones_and_events(db: Database) -> tuple[list[str], list[str]]:
+    with db.read() as s:
+        return (sorted(s.execute(select(Zone.name)).scalars()),
+                sorted(s.execute(select(Event.subject).where(Event.kind == "test")).scalars()))
+
+
+def _adds_zone(tag: str):
+    def fn(conn):
+        conn.execute(insert(Zone).values(name=tag))
+        events.record(conn, "test", tag, message="added")
+        return tag
+    return fn
+
+
+def test_a_refused_requests_events_are_dropped_and_the_batch_keeps_the_others(tmp_path):
+    """A request that records an event and is then refused, having written nothing: its event never
+    reaches the log; the requests around it keep their rows and events, in one transaction."""
+    db = Database(store_url(tmp_path, "events.db"))
+    db.migrate()
+    try:
+        def refused(conn):
+            events.record(conn, "test", "refused", message="recorded, then refused")
+            raise Conflict("refused after recording an event", field="x")
+        batch = _requests(_adds_zone("z1"), refused, _adds_zone("z3"))
+        batcher = Batcher(db, threading.RLock())
+        batcher._execute(batch)
+        assert [r.result for r in batch] == ["z1", None, "z3"] and isinstance(batch[1].error, Conflict)
+        assert batcher.batches == 1
+        assert _zones_and_events(db) == (["z1", "z3"], ["z1", "z3"])
+    finally:
+        db.dispose()
+
+
+def test_a_request_that_wrote_then_failed_reruns_its_batch_in_three_parts(tmp_path):
+    """On SQLite (no savepoints) a request that fails after writing can not be undone alone; and one whose
+    error ended the transaction (SQLite rolls back on a full disk or an I/O error) leaves no change counted.
+    Either way the batch rolls back, and the requests before it run again as a batch, it alone, the rest
+    as a batch: each keeps exactly its own outcome, and nothing is reported admitted that was lost."""
+    db = Database(store_url(tmp_path, "partial.db"))
+    db.migrate()
+    try:
+        def wrote_then_failed(conn):
+            conn.execute(insert(Zone).values(name="lost"))
+            raise Conflict("failed after writing", field="x")
+
+        def ended_the_transaction(conn):
+            if db.is_sqlite:
+                conn.connection.dbapi_connection.execute("ROLLBACK")
+            raise Conflict("failed, its transaction rolled back by the database", field="x")
+        for name, failing in (("wrote", wrote_then_failed), ("ended", ended_the_transaction)):
+            batch = _requests(_adds_zone(f"{name}1"), _adds_zone(f"{name}2"), failing, _adds_zone(f"{name}4"))
+            batcher = Batcher(db, threading.RLock())
+            batcher._execute(batch)
+            assert [r.result for r in batch] == [f"{name}1", f"{name}2", None, f"{name}4"], name
+            assert isinstance(batch[2].error, Conflict)
+            assert batcher.requests == 3, name
+        zones, logged = _zones_and_events(db)
+        assert zones == logged == ["ended1", "ended2", "ended4", "wrote1", "wrote2", "wrote4"]
+    finally:
+        db.dispose()

@@ -7,8 +7,9 @@ requests before it in the batch wrote (as it would had they committed before it)
 fails (quota, capacity, a duplicate name) changes nothing and gets exactly the error it would get alone.
 On PostgreSQL each request runs inside its own SAVEPOINT, rolled back to when it fails. On SQLite,
 where statements inside a savepoint cost more, a failed request that changed no row (quota and capacity
-refuse before writing) is simply passed over; one that had written rolls the batch back, and each of its
-requests runs again alone (_Changes). The events the batch records are written together before its
+refuse before writing) is simply passed over; one that had written rolls the batch back: the requests
+before it run again as a batch, it alone, then the rest (_Changes). The events the batch records are
+written together before its
 commit (events.hold). One commit then makes the batch's admissions durable together, and each caller
 gets its own result or error. A batch of one runs as a plain transaction. Each request is fenced by its
 own owner (ownership.check in its own context, in the batch's transaction), never by whichever thread
@@ -52,7 +53,7 @@ _RETRYABLE = {"40P01", "40001"}     # PostgreSQL: deadlock detected, serializati
 # deadlock_timeout). SQLite's BEGIN IMMEDIATE already serialises them.
 ADMISSION_LOCK = 0x766D_6164       # "vmad"
 _LOCK_ADMISSIONS = text("SELECT pg_advisory_xact_lock(:key)")
-# each request of a batch in a savepoint, issued on the DBAPI cursor (through SQLAlchemy's nested
+# PostgreSQL: each request of a batch in a savepoint (_Savepoints), issued on the DBAPI cursor (through SQLAlchemy's nested
 # transactions they cost about a sixth of an admission); one name, reused: requests run one after another
 _SAVEPOINT, _ROLLBACK_TO, _RELEASE = "SAVEPOINT admission", "ROLLBACK TO SAVEPOINT admission", "RELEASE SAVEPOINT admission"
 
@@ -86,7 +87,7 @@ class _Request:
     done: bool = False
     result: Any = None
     error: BaseException | None = None
-    alone: bool = False         # refused by the database inside a batch: run again by itself
+    alone: bool = False         # refused by the database inside a batch (or its commit failed): run again by itself
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -209,13 +210,17 @@ class Batcher:
                     undo = _Changes(conn) if self.db.is_sqlite else _Savepoints(conn)
                     events.hold(conn)
                     try:
-                        for r in batch:
+                        for i, r in enumerate(batch):
                             undo.mark()
                             held = events.held_count(conn)
                             try:
                                 r.result = _run_as(r.ctx, r.fn, conn)
                             except BaseException as exc:  # noqa: BLE001 - this request only
-                                undo.back(exc)
+                                try:
+                                    undo.back(exc)
+                                except _Partial as partial:
+                                    partial.index = i
+                                    raise
                                 events.drop_held(conn, keep=held)
                                 if isinstance(exc, DBAPIError) and not isinstance(exc, IntegrityError):
                                     r.alone = True
@@ -228,18 +233,32 @@ class Batcher:
                     finally:
                         events.drop_held(conn)
                         undo.close()
-            except BaseException:  # noqa: BLE001 - nobody was admitted (the commit failed, or _Partial)
+            except _Partial as partial:     # nobody was admitted; the requests before the one that wrote and
+                if admitted:                # failed did not write it: they run again as a batch, it alone, then
+                    self.on_abort()         # the rest as a batch (in order: each gets its own outcome)
+                for r in batch:
+                    r.alone, r.error, r.result = False, None, None
+                failed = partial.index
+            except BaseException:  # noqa: BLE001 - the commit failed: nobody was admitted
                 if admitted:
                     self.on_abort()
                 for r in batch:         # each tried again alone, in order: each gets its own outcome
                     r.alone, r.error, r.result = True, None, None
                 return
-            self.batches += 1
-            self.requests += sum(1 for r in batch if not r.alone)
+            else:
+                self.batches += 1
+                self.requests += admitted
+                return
+        for part in (batch[:failed], batch[failed:failed + 1], batch[failed + 1:]):
+            if part:
+                self._execute(part)
 
 
 class _Partial(Exception):
-    """A request of a batch failed after it had changed rows, and it has no savepoint to go back to."""
+    """A request of a batch failed after it had changed rows (or ended the transaction), and it has no
+    savepoint to go back to."""
+
+    index = 0           # the request's place in its batch (set by _execute)
 
 
 class _Savepoints:
@@ -266,8 +285,9 @@ class _Changes:
     """SQLite: no savepoints (every statement inside one cost SQLite more: the batch admitted a tenth
     fewer requests per second, measured). Most requests that fail (quota, capacity, a retired offering)
     fail before they write; one that changed no row changed nothing, and the batch goes on. One that had
-    changed rows (a duplicate name, found when its VM is inserted) can not be undone by itself: it raises
-    _Partial, the batch is rolled back whole, and each of its requests runs again alone."""
+    changed rows (a duplicate name, found when its VM is inserted; a root disk's pool that refuses) can not
+    be undone by itself: it raises _Partial, the batch is rolled back whole, and runs again in three parts
+    (those before it, it alone, those after it)."""
 
     def __init__(self, conn: Connection):
         self.sqlite = conn.connection.dbapi_connection
@@ -277,7 +297,9 @@ class _Changes:
         self.changes = self.sqlite.total_changes
 
     def back(self, exc: BaseException) -> None:
-        if self.sqlite.total_changes != self.changes:
+        # (an error that made SQLite roll back the whole transaction, such as SQLITE_FULL or an I/O error,
+        # leaves total_changes as it was: the transaction's end is what tells it)
+        if self.sqlite.total_changes != self.changes or not self.sqlite.in_transaction:
             raise _Partial("a request of the batch failed after it had written") from exc
 
     def keep(self) -> None:

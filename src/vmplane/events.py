@@ -74,7 +74,7 @@ def record(conn: Connection, kind: str, subject: str, *, old_state: str | None =
 # -- events held back in a transaction, to be written together ---------------------------------------
 # An admission batch (admission.Batcher) writes about two events per request: held on its connection and
 # written as one executemany just before its commit, they cost a statement per batch, not two per request.
-# Nothing in an admission reads the log back, and a request rolled back to its savepoint drops its own.
+# Nothing in an admission reads the log back, and a request that fails drops its own.
 _HELD = "vmplane_held_events"
 
 
@@ -88,7 +88,7 @@ def held_count(conn: Connection) -> int:
 
 
 def drop_held(conn: Connection, keep: int | None = None) -> None:
-    """Forget the held events after the first `keep` (those of a request rolled back to its savepoint);
+    """Forget the held events after the first `keep` (those of a request that failed);
     with None, all of them, and stop holding (the connection goes back to the pool as it came)."""
     if keep is None:
         conn.info.pop(_HELD, None)

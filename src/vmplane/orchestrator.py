@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, Row
@@ -469,7 +470,7 @@ class Orchestrator:
         `rules`: the group and failover-reserve fields of the placement (reserves.placement_rules).
         Quota is checked before placement (without overhead) so that a quota refusal is reported as
         one even when no host has room; the exact check follows once the host (and its cluster's
-        overhead ratio) is known."""
+        overhead ratio) is known, before its capacity is taken: a refusal writes nothing."""
         quota, ledger = L.quota_row(p), L.ledger_row(p)
         if not start:
             check_admission(p.name, quota, ledger, base)
@@ -477,9 +478,9 @@ class Orchestrator:
         t0 = time.perf_counter()
         try:
             check_admission(p.name, quota, ledger, base + running_charge(size, 0, False))
-            placement = self._place(conn, size, scope, reach, rules)
+            placement = self._place(conn, size, scope, reach, rules, check=lambda chosen: check_admission(
+                p.name, quota, ledger, base + running_charge(size, chosen.overhead_mib, p.count_overhead)))
             delta = base + running_charge(size, placement[0].overhead_mib, p.count_overhead)
-            check_admission(p.name, quota, ledger, delta)
         except VmplaneError as exc:
             metrics.ADMISSIONS.labels(exc.code).inc()
             raise
@@ -508,20 +509,25 @@ class Orchestrator:
                     prepared=flags.prepared)
 
     def _place(self, conn: Connection, size: Size, scope: Scope,
-               reach: frozenset[str] | None = None, rules: dict | None = None) -> tuple[Placement, int]:
+               reach: frozenset[str] | None = None, rules: dict | None = None,
+               check: Callable[[Placement], None] | None = None) -> tuple[Placement, int]:
         """Pick a host within the VM's zone (and cluster) and take its capacity (take_placement)."""
         request = PlacementRequest(size, zone=scope.zone, cluster=scope.cluster, storage_hosts=reach,
                                    storage_reason="can not open the VM's disks (their pools are not on it)",
                                    **(rules or {}))
-        return self.take_placement(conn, request)
+        return self.take_placement(conn, request, check)
 
-    def take_placement(self, conn: Connection, request: PlacementRequest) -> tuple[Placement, int]:
+    def take_placement(self, conn: Connection, request: PlacementRequest,
+                       check: Callable[[Placement], None] | None = None) -> tuple[Placement, int]:
         """Pick a host for `request` from the index and take the capacity on its row (compare-and-add);
         if the store shows the index was behind (another process claimed), learn the store's numbers and
-        pick again (so a final refusal carries the host's real numbers). Returns the placement and the
-        host's id."""
+        pick again (so a final refusal carries the host's real numbers). `check(placement)` may refuse
+        the chosen host before anything is written (the quota with its overhead). Returns the placement
+        and the host's id."""
         for _ in range(PLACEMENT_RETRIES):
             placement = choose(self.index, request)
+            if check is not None:
+                check(placement)
             host_id = self._hosts[placement.host].id
             cap_vcpus, cap_memory = self.index.capacity_of(placement.host)
             if L.take_on_host(conn, host_id, request.size.vcpus, placement.memory_mib, cap_vcpus, cap_memory):

@@ -85,9 +85,10 @@ class PreparedRead:
             cursor.execute(self.sql, args)
             if self.processors is None:     # (as SQLAlchemy does: PostgreSQL's numerics depend on the type code)
                 dialect = self.engine.dialect
-                self.processors = tuple(t.result_processor(dialect, d[1])
-                                        for t, d in zip(self._types, cursor.description))
-                self._processed = tuple((i, p) for i, p in enumerate(self.processors) if p is not None)
+                processors = tuple(t.result_processor(dialect, d[1]) for t, d in zip(self._types, cursor.description))
+                # _processed first: a thread that finds `processors` set must find it set too
+                self._processed = tuple((i, p) for i, p in enumerate(processors) if p is not None)
+                self.processors = processors
             rows = ([row] if (row := cursor.fetchone()) is not None else []) if one else cursor.fetchall()
         except self.engine.dialect.loaded_dbapi.Error as exc:
             raise as_sqlalchemy_error(self.engine.dialect, self.sql, args, exc) from exc
