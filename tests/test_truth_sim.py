@@ -114,8 +114,17 @@ def test_ha_mode_hosts_failing_during_random_operations_run_no_vm_twice_and_keep
 
 def test_the_ha_mutant_that_restarts_before_fencing_is_caught_by_the_running_twice_watch(tmp_path):
     """A failed host taken as fenced without its agent (truthkit.MUTANTS["ha-no-fence"]): a host whose
-    daemon died, or that is cut off, still runs its guests when they restart elsewhere."""
-    report = truthkit.run(tmp_path, rounds=4, seed=7, mutant="ha-no-fence", log=print, storage=False,
-                          ha=truthkit.MUTANT_HA["ha-no-fence"],
-                          stop_at_problem=lambda problems: any("running twice" in p for p in problems))
-    assert any("running twice" in p for p in report.problems()), report.problems()
+    daemon died, or that is cut off, still runs its guests when they restart elsewhere. Whether a run of
+    4 rounds restarts a VM whose host still runs it depends on timing (CI once met a single HA restart,
+    caught by the other checks instead): another seed follows until one is, at most three runs."""
+    seen = []
+    for seed in (7, 8, 9):
+        home = tmp_path / str(seed)
+        home.mkdir()
+        report = truthkit.run(home, rounds=4, seed=seed, mutant="ha-no-fence", log=print, storage=False,
+                              ha=truthkit.MUTANT_HA["ha-no-fence"],
+                              stop_at_problem=lambda problems: any("running twice" in p for p in problems))
+        seen += report.problems()
+        if any("running twice" in p for p in report.problems()):
+            break
+    assert any("running twice" in p for p in seen), seen
