@@ -216,11 +216,7 @@ class Batcher:
                             try:
                                 r.result = _run_as(r.ctx, r.fn, conn)
                             except BaseException as exc:  # noqa: BLE001 - this request only
-                                try:
-                                    undo.back(exc)
-                                except _Partial as partial:
-                                    partial.index = i
-                                    raise
+                                undo.back(exc)      # (_Partial: request i can not be undone alone)
                                 events.drop_held(conn, keep=held)
                                 if isinstance(exc, DBAPIError) and not isinstance(exc, IntegrityError):
                                     r.alone = True
@@ -233,12 +229,12 @@ class Batcher:
                     finally:
                         events.drop_held(conn)
                         undo.close()
-            except _Partial as partial:     # nobody was admitted; the requests before the one that wrote and
-                if admitted:                # failed did not write it: they run again as a batch, it alone, then
-                    self.on_abort()         # the rest as a batch (in order: each gets its own outcome)
+            except _Partial:                # nobody was admitted; the requests before the one that wrote and
+                if admitted:                # failed (request i) run again as a batch, it alone, then the rest
+                    self.on_abort()         # as a batch (in order: each gets its own outcome)
                 for r in batch:
                     r.alone, r.error, r.result = False, None, None
-                failed = partial.index
+                failed = i
             except BaseException:  # noqa: BLE001 - the commit failed: nobody was admitted
                 if admitted:
                     self.on_abort()
@@ -257,8 +253,6 @@ class Batcher:
 class _Partial(Exception):
     """A request of a batch failed after it had changed rows (or ended the transaction), and it has no
     savepoint to go back to."""
-
-    index = 0           # the request's place in its batch (set by _execute)
 
 
 class _Savepoints:

@@ -151,16 +151,17 @@ class PreparedWrite:
                            if (processor := b.type.dialect_impl(dialect).bind_processor(dialect)) is not None}
         self._args = _getter(self.positions)
 
+    def _bound(self, params: dict[str, Any]):
+        """The statement's arguments: its literals and `params`, through the column types' bind processors."""
+        values = {**self.fixed, **params}
+        for name, processor in self.processors.items():
+            if name in values:              # None too, as SQLAlchemy does (JSON writes it as 'null')
+                values[name] = processor(values[name])
+        return self._args(values)
+
     def run_many(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """run() for each of `rows` (all with the same keys) as one executemany: one statement's overhead."""
-        processors = self.processors
-        args = []
-        for params in rows:
-            values = {**self.fixed, **params}
-            for name, processor in processors.items():
-                if name in values:
-                    values[name] = processor(values[name])
-            args.append(self._args(values))
+        args = [self._bound(params) for params in rows]
         cursor = conn.connection.cursor()
         try:
             cursor.executemany(self.sql, args)
@@ -172,11 +173,7 @@ class PreparedWrite:
     def run(self, conn: Connection, params: dict[str, Any], new_id: bool = False) -> int:
         """Execute inside `conn`'s transaction; the number of rows it changed, or with `new_id` (an insert
         prepared with its primary key returned, see insert_for_id) the new row's id."""
-        values = {**self.fixed, **params}
-        for name, processor in self.processors.items():
-            if name in values:              # None too, as SQLAlchemy does (JSON writes it as 'null')
-                values[name] = processor(values[name])
-        args = self._args(values)
+        args = self._bound(params)
         cursor = conn.connection.cursor()
         try:
             cursor.execute(self.sql, args)
