@@ -187,7 +187,7 @@ def run(hosts: int, vms: int, strategy: str, threads: int, tmp: str) -> dict:
     batches = o.admissions.batches - batches0
     per_batch = (o.admissions.requests - requests0) / max(batches, 1)
     t0 = time.perf_counter()
-    o.executor.drain()                   # the start operations: sim driver start + marked running
+    o.executor.drain()                   # the start controller's drain: the queued starts, in batches
     start_s = time.perf_counter() - t0
     used = sum(1 for h in o.hosts() if h.used_vcpus)
     total_vcpus = sum(v for _, v, _ in plan)
@@ -232,7 +232,8 @@ def sqlite_main(args) -> None:
              f"are admitted together (admission.Batcher: one transaction, in order, their events written by one "
              f"executemany before the commit; on SQLite no savepoints: a request refused before it writes is passed "
              f"over; 'admissions per txn' is the mean batch). 'end-to-end' adds each start operation: persisted step, "
-             f"sim driver start, VM marked running (two more transactions each, run one after the other). "
+             f"sim driver start, VM marked running, run by the start controller (starts.Starts) as the API's "
+             f"process does: the queued starts in batches of up to 64, two transactions per batch). "
              f"Hosts {HOST_CORES} cores / {HOST_MEMORY} MiB; VM sizes {SIZES} with weights {WEIGHTS}; half the "
              f"projects count overhead. 'decision us' = one placement decision at {args.hosts} hosts with the "
              f"index full. Goal (issue 14): admitted >= 0.5x floor, end-to-end >= 0.25x floor.")

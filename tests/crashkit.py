@@ -482,13 +482,25 @@ def check(o: Orchestrator) -> list[str]:
     return problems + storage_problems(o, waiting_for=out_of_service(o)) + o.audit()
 
 
+def _volume_story(o: Orchestrator, v) -> str:
+    """What a finding about a volume needs to be understood: its VM now, and its last events."""
+    vm = next((x for x in o.vms() if x.name == v.vm_name), None) if v.vm_name else None
+    with o.db.read() as s:
+        last = s.execute(select(EVENTS.c.old_state, EVENTS.c.new_state, EVENTS.c.cause, EVENTS.c.message)
+                         .where(EVENTS.c.kind == "volume", EVENTS.c.subject == v.name)
+                         .order_by(EVENTS.c.id.desc()).limit(4)).all()
+    where = f"vm {vm.name} {vm.state} on {vm.host.name if vm.host else None}" if vm else f"vm {v.vm_name}"
+    return where + "; last events: " + " | ".join(f"{r.old_state}->{r.new_state} by {r.cause}: {r.message}"
+                                                  for r in reversed(last))
+
+
 def storage_problems(o: Orchestrator, waiting_for: list[str] = ()) -> list[str]:
     """No volume between two steps (recovery settled them), no copy left claimed, each project's storage
     ledger == its volumes and within quota (the pools' used space == volumes: in the audit). A volume on
     the local pool of a host that does not answer (`waiting_for`: failed, fenced) waits for it: not a
     finding."""
     waiting = {f"local-{h}" for h in waiting_for}
-    problems = [f"volume {v.name} left {v.state}" for v in o.volumes.rows()
+    problems = [f"volume {v.name} left {v.state} ({_volume_story(o, v)})" for v in o.volumes.rows()
                 if v.state in ("creating", "attaching", "detaching", "deleting") and v.pool_name not in waiting]
     problems += [f"volume {v.name} still has a copy on {v.copy_pool_name}" for v in o.volumes.rows()
                  if v.copy_pool_name and v.copy_pool_name not in waiting]

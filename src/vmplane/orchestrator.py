@@ -79,6 +79,7 @@ from .scope import Scope
 from .diskmoves import DiskMoves
 from .pools import Pools
 from .storageaudit import storage_problems
+from .starts import Starts
 from .storagesettle import StorageSettle
 from .volumes import Volumes
 from .store import Database
@@ -179,6 +180,7 @@ class Orchestrator:
         self.migrator = Migrator(self)
         self.maintenance = Maintenance(self)        # host drains, by live migration
         self.scaler = Scaler(self)
+        self.starts = Starts(self)          # start operations, run in batches
         self.recovery = Recovery(self)      # start-up recovery (in the background for the API)
         # the loops that listen to the hosts, started by start_monitor()
         self.monitor, self.sync, self.host_events = HostMonitor(self), HostSync(self), HostEvents(self)
@@ -560,7 +562,7 @@ class Orchestrator:
         if claimed is None:
             return Admitted(name, None)
         failpoints.hit("start.admitted")
-        self.executor.submit(self._run, claimed.operation_id, self._run_start)
+        self.starts.submit(claimed.operation_id)
         return Admitted(name, claimed.operation_id)
 
     # -- VMs: stop and delete ------------------------------------------------------------------
@@ -685,12 +687,26 @@ class Orchestrator:
         try:
             if body(op_id) is OperationState.succeeded:
                 return
+        except Exception as exc:  # an operation must end, whatever happened
+            self._settle_failed(op_id, exc)
+            return
+        self._settle_after(op_id)
+
+    def _settle_failed(self, op_id: str, exc: Exception) -> None:
+        """An operation's body raised `exc`: it ends failed (Interrupted: left at its step for the next
+        start, or for the process that takes it over)."""
+        if isinstance(exc, Interrupted):
+            log.info("operation %s left at its step for the next start", op_id)
+            return
+        log.warning("operation %s failed: %s", op_id, exc)
+        try:
+            self._fail(op_id, exc)
         except Interrupted:
             log.info("operation %s left at its step for the next start", op_id)
             return
-        except Exception as exc:  # an operation must end, whatever happened
-            log.warning("operation %s failed: %s", op_id, exc)
-            self._fail(op_id, exc)
+        self._settle_after(op_id)
+
+    def _settle_after(self, op_id: str) -> None:
         try:            # a failure path that put the VM back to running is checked against its host
             settle_after_failure(self, op_id)
         except Exception:  # noqa: BLE001 - the sync settles it later
@@ -715,25 +731,6 @@ class Orchestrator:
             return None
         L.set_operation(conn, op_id, before=op, state=OperationState.running, step=step, progress=30)
         return L.vm_row(conn, op.vm_id)
-
-    def _run_start(self, op_id: str) -> OperationState | None:
-        with self.db.transaction() as conn:         # the step, and the VM's disks read in the same transaction
-            vm = self._enter_step(conn, op_id, "starting-domain")
-            disks = SL.vm_volumes(conn, vm.id) if vm is not None else []
-        if vm is None:
-            return None
-        spec, driver = replace(self._spec(vm), disks=self.volumes.for_start(vm, disks)), self.drivers[vm.host_name]
-        failpoints.hit("start.before-domain")
-        current = driver.domain(spec.name)
-        if current is None or not current.active:       # a paused domain is there: not started twice
-            driver.start(spec)
-        failpoints.hit("start.after-domain")
-        with self.db.transaction() as conn:
-            L.set_vm(conn, vm.id, state=VmState.running)
-            L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100,
-                            message=f"running on {vm.host_name}")
-        metrics.OPERATIONS.labels("start", "succeeded").inc()
-        return OperationState.succeeded
 
     def _run_stop(self, op_id: str) -> None:
         vm = self._begin_step(op_id, "stopping-domain")
@@ -900,12 +897,14 @@ class Orchestrator:
         start and stop are idempotent, a scale redoes its (absolute) driver steps or rolls back, a
         drain admits migrations for the VMs it had not reached."""
         pending = self.controllers.claim_operations()      # those whose owner is not live, now this one's
-        bodies = {"start": self._run_start, "stop": self._run_stop, "scale": self.scaler.resume,
+        bodies = {"stop": self._run_stop, "scale": self.scaler.resume,
                   "drain": self.maintenance.resume_drain, "recover": self.ha.recovery.resume,
                   "restart": self.ha.recovery.run_restart}
         for op_id, kind in pending:
             body = bodies.get(kind)
-            if body is None:
+            if kind == "start":
+                self.starts.submit(op_id, "recovery")
+            elif body is None:
                 self._fail(op_id, Conflict(f"interrupted {kind} cannot be resumed"))
             else:
                 self.executor.submit(self._run, op_id, body, "recovery")
@@ -1053,5 +1052,6 @@ class Orchestrator:
             loop.stop()
         if isinstance(self.executor, ThreadPoolExecutor):
             self.executor.shutdown(wait=True)
+        self.starts.close()
         for driver in self.drivers.values():
             driver.close()

@@ -214,6 +214,8 @@ class Driver(abc.ABC):
     """One host's hypervisor."""
 
     kind: str = "abstract"
+    # a call waits on a daemon (a remote host, a socket): calls for several VMs are made in parallel
+    blocking_calls: bool = True
 
     def __init__(self, host: str):
         self.host = host

@@ -65,6 +65,7 @@ from .simstorage import CopyPlan, SimStorageDriver, SimStorageError
 
 class SimDriver(SimStorageDriver, Driver):
     kind = "sim"
+    blocking_calls = False      # in-process, serialised by the fabric's lock: one call after another
     UNPLUG_TRIES = 3            # as the libvirt driver
     UNPLUG_WAIT_S = 0.15        # per request (libvirt: 5 s; a sim guest answers faster or never)
 

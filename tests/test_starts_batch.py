@@ -1,0 +1,151 @@
+"""Start operations run in batches (starts.Starts): one transaction for the batch's steps, the hosts asked,
+one for the confirmations. Each start keeps its own cause, one whose host fails ends alone (its VM's
+charge given back, or kept while its host can not say), and a batch transaction that fails runs again for
+each start alone."""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import Executor
+from pathlib import Path
+
+from sqlalchemy import select
+
+from vmplane import events
+from vmplane.drivers.simfabric import SimFabric
+from vmplane.orchestrator import Orchestrator
+from vmplane.store import Database
+from vmplane.store.schema import Event, Operation
+
+from .conftest import add_basics, add_sim_hosts, ledger_usage
+from .stores import store_url
+
+
+class Held(Executor):
+    """Keeps submitted work until run_all(): the starts queue up meanwhile."""
+
+    def __init__(self):
+        self.queue = []
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+        self.queue.append((fn, args, kwargs))
+
+    def run_all(self) -> int:
+        n = 0
+        while self.queue:
+            fn, args, kwargs = self.queue.pop(0)
+            fn(*args, **kwargs)
+            n += 1
+        return n
+
+
+def _cluster(folder: Path) -> tuple[Orchestrator, Held]:
+    db = Database(store_url(folder, migrated=True))
+    db.migrate()
+    held = Held()
+    o = Orchestrator(db, held)
+    o.load()
+    o.catalog.create_zone("z1")
+    o.catalog.create_cluster("c1", "z1")
+    add_sim_hosts(o, 2, cores=8, memory_mib=65536)
+    add_basics(o)
+    o.catalog.set_setting("vmplane.placement.strategy", "spread", "cluster", "c1")
+    o.catalog.create_project("p", 100, 1 << 20, 100)
+    return o, held
+
+
+def _create(o: Orchestrator, names: list[str]) -> dict[str, str]:
+    ops = {}
+    for name in names:
+        with events.acting_as(f"user {name}-owner"):
+            ops[name] = o.create_vm(name, "p", "small", "tiny", start=True).operation_id
+    return ops
+
+
+def _log(o: Orchestrator, kind: str) -> list[tuple[str, str | None, str]]:
+    with o.db.read() as s:
+        return [tuple(r) for r in s.execute(select(Event.subject, Event.new_state, Event.cause)
+                                            .where(Event.kind == kind).order_by(Event.id))]
+
+
+def test_queued_starts_run_as_one_batch_and_each_keeps_its_own_cause(tmp_path):
+    o, held = _cluster(tmp_path)
+    try:
+        ops = _create(o, ["a1", "a2", "a3", "a4"])
+        assert len(held.queue) == 1                 # one drain for the four
+        assert {v.name: v.state for v in o.vms()} == dict.fromkeys(ops, "starting")
+        held.run_all()
+        assert {v.name: v.state for v in o.vms()} == dict.fromkeys(ops, "running")
+        assert {op: o.operation(op).state for op in ops.values()} == dict.fromkeys(ops.values(), "succeeded")
+        fabric = SimFabric.for_store(o.db.url)
+        assert sorted(d.name for h in ("h1", "h2") for d in fabric.domains(h)) == [f"vmplane-{n}" for n in ops]
+        # every step is in the log before any confirmation: the batch's two transactions
+        steps = [(s, c) for s, st, c in _log(o, "operation") if st == "running"]
+        assert steps == [(ops[n], f"user {n}-owner") for n in ops]
+        running = [(s, c) for s, st, c in _log(o, "vm") if st == "running"]
+        assert running == [(n, f"user {n}-owner") for n in ops]
+        states = [st for _, st, _ in _log(o, "operation") if st in ("running", "succeeded")]
+        assert states == ["running"] * 4 + ["succeeded"] * 4
+        ledger_usage(o, "p")
+        assert o.audit() == []
+    finally:
+        o.close()
+
+
+def test_a_start_whose_host_does_not_answer_ends_alone_and_stays_charged(tmp_path):
+    o, held = _cluster(tmp_path)
+    try:
+        ops = _create(o, ["b1", "b2", "b3", "b4"])      # spread: b1, b3 on one host, b2, b4 on the other
+        hosts = {v.name: v.host.name for v in o.vms()}
+        down = hosts["b1"]
+        SimFabric.for_store(o.db.url).fail_host(down, "daemon")
+        held.run_all()
+        states = {v.name: v.state for v in o.vms()}
+        for name in ops:
+            if hosts[name] == down:         # nobody can tell whether it runs: unknown, charged and claimed
+                assert states[name] == "unknown" and o.operation(ops[name]).state == "failed"
+            else:
+                assert states[name] == "running" and o.operation(ops[name]).state == "succeeded"
+        assert ledger_usage(o, "p").vms == 4
+    finally:
+        o.close()
+
+
+def test_a_batch_whose_confirmation_fails_to_commit_confirms_each_start_alone(tmp_path, monkeypatch):
+    o, held = _cluster(tmp_path)
+    try:
+        ops = _create(o, ["c1", "c2", "c3"])
+        real = o.db.transaction
+        calls = []
+
+        @contextlib.contextmanager
+        def failing():
+            with real() as conn:
+                yield conn
+                raise RuntimeError("commit failed")
+
+        def flaky():            # the second transaction (the batch's confirmations) fails at its commit
+            calls.append(1)
+            return failing() if len(calls) == 2 else real()
+        monkeypatch.setattr(o.db, "transaction", flaky)
+        held.run_all()
+        assert len(calls) == 5          # the steps; the confirmations (failed); each of the three again alone
+        assert {v.name: v.state for v in o.vms()} == dict.fromkeys(ops, "running")
+        assert {o.operation(op).state for op in ops.values()} == {"succeeded"}
+        assert o.audit() == []
+    finally:
+        o.close()
+
+
+def test_a_start_another_process_owns_is_not_run_here(tmp_path):
+    o, held = _cluster(tmp_path)
+    try:
+        ops = _create(o, ["d1", "d2"])
+        with o.db.transaction() as conn:            # d2's start was taken over by another process
+            conn.execute(Operation.__table__.update().where(Operation.id == ops["d2"]).values(owner=10**6))
+        held.run_all()
+        assert o.operation(ops["d1"]).state == "succeeded"
+        assert (o.operation(ops["d2"]).state, o.operation(ops["d2"]).step) == ("pending", "claimed")
+        assert SimFabric.for_store(o.db.url).hosts_of("vmplane-d2") == []
+    finally:
+        o.close()
