@@ -67,8 +67,15 @@ def record(conn: Connection, kind: str, subject: str, *, old_state: str | None =
         _remember(subject, (cause or current_cause())[:128])
     _written += 1
     if _written % PRUNE_EVERY == 0:
-        prune(conn)
-        prune_operations(conn)
+        if held is not None:
+            conn.info[_PRUNE_DUE] = True        # once the held events are written (they count)
+        else:
+            _prune_both(conn)
+
+
+def _prune_both(conn: Connection) -> None:
+    prune(conn)
+    prune_operations(conn)
 
 
 # -- events held back in a transaction, to be written together ---------------------------------------
@@ -76,6 +83,7 @@ def record(conn: Connection, kind: str, subject: str, *, old_state: str | None =
 # written as one executemany just before its commit, they cost a statement per batch, not two per request.
 # Nothing in an admission reads the log back, and a request that fails drops its own.
 _HELD = "vmplane_held_events"
+_PRUNE_DUE = "vmplane_prune_due"
 
 
 def hold(conn: Connection) -> None:
@@ -92,13 +100,17 @@ def drop_held(conn: Connection, keep: int | None = None) -> None:
     with None, all of them, and stop holding (the connection goes back to the pool as it came)."""
     if keep is None:
         conn.info.pop(_HELD, None)
+        conn.info.pop(_PRUNE_DUE, None)
     else:
         del conn.info[_HELD][keep:]
 
 
 def write_held(conn: Connection) -> None:
-    """Write the held events, in the order they were recorded, and stop holding."""
+    """Write the held events, in the order they were recorded, and stop holding (then prune, if a
+    prune came due meanwhile)."""
     prepared.write_many(conn, _INSERT, conn.info.pop(_HELD))
+    if conn.info.pop(_PRUNE_DUE, False):
+        _prune_both(conn)
 
 
 def cause_of(conn: Connection, kind: str, subject: str, vm: str | None = None, host: str | None = None) -> str | None:
