@@ -113,9 +113,9 @@ class Starts:
     def _together(self, items: list, one: Callable[[Connection, object], object | None],
                   failed: Callable[[object, Exception], None]) -> list:
         """`one(conn, item)` for each item in one transaction (its events held and written together);
-        returns the non-None results. If the
-        transaction fails, each item runs again in a transaction of its own (`failed` for one that fails
-        alone). Interrupted (fenced) is raised: nothing of this process lands any more."""
+        returns the non-None results. If the transaction fails, each item runs again in a transaction of
+        its own (`failed` for one that fails alone). Interrupted (fenced) is raised: nothing of this
+        process lands any more."""
         if not items:
             return []
         try:
