@@ -4,6 +4,8 @@ what its host runs (size, cap, state, host), the ledger == recomputed, claims ==
 flight. Each mutant (one rule of the code under test broken) must be caught. The long run is
 bench/truth.py."""
 
+import collections
+
 import pytest
 
 from vmplane.model import Offering, OfferingKind
@@ -12,21 +14,41 @@ from . import truthkit
 from .conftest import add_sim_hosts, ledger_usage
 
 REQUIRED = ("transient", "partial", "event_late", "event_twice", "event_lost")
+# each group must have been injected at least once (any of its kinds)
+GROUPS = {**{kind: (kind,) for kind in REQUIRED}, "disk unplug": ("detach_late", "detach_never"),
+          "migration": ("lost_connection", "postcopy_failed"), "memory unplug": ("unplug_late", "unplug_never"),
+          "guest": ("guest_poweroff", "guest_crash", "guest_pause")}
+SEEDS = (20261130, 20261201, 20261202)
+
+
+def _missing(counts) -> list[str]:
+    return [group for group, kinds in GROUPS.items() if not sum(counts[k] for k in kinds)]
 
 
 def test_the_record_is_what_the_hosts_run_after_more_than_100_faults(tmp_path):
-    report = truthkit.run(tmp_path, rounds=12, seed=20261130, log=print, migration_faults=True,
-                          weights=truthkit.MORE_DETACHES)
-    print(report.counts)
-    assert report.problems() == []
-    assert report.faults >= 100
-    for kind in REQUIRED:
-        assert report.counts[kind] > 0, f"no {kind} fault was injected"
-    assert report.counts["detach_late"] + report.counts["detach_never"] > 0, "no disk unplug fault was injected"
-    assert report.counts["lost_connection"] + report.counts["postcopy_failed"] > 0, "no migration fault was injected"
-    assert report.counts["unplug_late"] + report.counts["unplug_never"] > 0
-    assert report.counts["guest_poweroff"] + report.counts["guest_crash"] + report.counts["guest_pause"] > 0
-    assert max(r.vms for r in report.rounds) >= 10      # the cluster was busy, not empty
+    """Which faults a run meets depends on how its threads interleave: a live volume detach, for one, may
+    not come up in 12 rounds on a loaded machine. Another run (another seed) follows until every kind of
+    fault has been met, at most three in all; every run must end with the record equal to the hosts
+    (a further run can only find more: stop 28's second seed met a volume left `detaching` once, not
+    seen again in 25 runs of seeds 20261201-10 and 20261301-10; a volume finding now names its VM's
+    state and host and the volume's last events)."""
+    counts: collections.Counter = collections.Counter()
+    faults, busiest = 0, 0
+    for seed in SEEDS:
+        home = tmp_path / str(seed)
+        home.mkdir()
+        report = truthkit.run(home, rounds=12, seed=seed, log=print, migration_faults=True,
+                              weights=truthkit.MORE_DETACHES)
+        print(report.counts)
+        assert report.problems() == []
+        counts.update(report.counts)
+        faults += report.faults
+        busiest = max(busiest, *(r.vms for r in report.rounds))
+        if faults >= 100 and not _missing(counts):
+            break
+    assert faults >= 100
+    assert not _missing(counts), f"no fault of these kinds was injected in {len(SEEDS)} runs: {_missing(counts)}"
+    assert busiest >= 10      # the cluster was busy, not empty
 
 
 @pytest.mark.parametrize("mutant", ["no-unplug-wait", "unknown-is-absent", "copy-error-stays"])
