@@ -213,7 +213,7 @@ def run(hosts: int, vms: int, strategy: str, threads: int, tmp: str) -> dict:
 def sqlite_main(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = [run(args.hosts, args.vms, s, t, tmp)
-                   for s, t in (("pack", 1), *(("pack", t) for t in args.threads), ("spread", args.threads[0]))]
+                   for s in ("spread", "pack") for t in (1, *args.threads)]
     rows = [[r["strategy"], r["threads"], r["running"], f"{r['floor']:.0f}", f"{r['vms_per_s']:.0f}",
              f"{r['vms_per_s'] / r['floor']:.2f}x", f"{r['e2e_per_s']:.0f}", f"{r['e2e_per_s'] / r['floor']:.2f}x",
              f"{r['per_batch']:.1f}", r["hosts_used"], r["lower_bound"], f"{r['hosts_used'] / r['lower_bound']:.3f}",
@@ -236,7 +236,8 @@ def sqlite_main(args) -> None:
              f"process does: the queued starts in batches of up to 64, two transactions per batch). "
              f"Hosts {HOST_CORES} cores / {HOST_MEMORY} MiB; VM sizes {SIZES} with weights {WEIGHTS}; half the "
              f"projects count overhead. 'decision us' = one placement decision at {args.hosts} hosts with the "
-             f"index full. Goal (issue 14): admitted >= 0.5x floor, end-to-end >= 0.25x floor.")
+             f"index full. 'spread' is vmplane's default strategy. Goal (issue 14): admitted >= 0.5x floor, "
+             f"end-to-end >= 0.25x floor.")
     (write_section if args.write else _print)(f"Placement: {args.hosts} hosts, {args.vms} VMs (bench/placement.py)", body)
 
 

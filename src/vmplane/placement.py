@@ -309,32 +309,34 @@ FILTERS: tuple[Filter, ...] = (
 # -- weighers ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Weigher:
+    """`score` gives every host row a score in [0, 1] (the rows a filter refused are then left out); None
+    means the weigher does not apply to this request (every host scores the same) and costs nothing."""
     name: str
-    score: Callable[[CapacityIndex, np.ndarray, PlacementRequest, Demand], np.ndarray]   # in [0, 1] for the rows
+    score: Callable[[CapacityIndex, PlacementRequest, Demand], np.ndarray | None]
     multiplier: float = 1.0
 
 
-def _allocation_score(ix: CapacityIndex, rows: np.ndarray, req: PlacementRequest, d: Demand) -> np.ndarray:
+def _allocation_score(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
     """Fraction allocated after placing, averaged over CPU and memory; inverted where the cluster spreads."""
-    cpu = (ix.used_vcpus[rows] + d.vcpus) / np.maximum(ix.vcpus_capacity[rows], 1)
-    mem = (ix.used_memory[rows] + d.memory_mib[rows]) / np.maximum(ix.memory_capacity[rows], 1)
+    n = ix.size
+    cpu = (ix.used_vcpus[:n] + d.vcpus) / np.maximum(ix.vcpus_capacity[:n], 1)
+    mem = (ix.used_memory[:n] + d.memory_mib) / np.maximum(ix.memory_capacity[:n], 1)
     allocated = np.clip((cpu + mem) / 2.0, 0.0, 1.0)
-    return np.where(ix.pack[rows], allocated, 1.0 - allocated)
+    return np.where(ix.pack[:n], allocated, 1.0 - allocated)
 
 
-def _group_score(ix: CapacityIndex, rows: np.ndarray, req: PlacementRequest, d: Demand) -> np.ndarray:
-    """A soft group's preference (groups.preference); 1 everywhere otherwise."""
+def _group_score(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
+    """A soft group's preference (groups.preference); None (the same everywhere) otherwise."""
     rule = req.group
     if rule is None or rule.hard:
-        return np.ones(len(rows))
+        return None
     counts = np.zeros(ix.size)
     for host in rule.hosts:
         if host in ix:
             counts[ix._row(host)] = len(rule.on(host))
-    here = counts[rows]
     if rule.policy == group_rules.ANTI_AFFINITY:
-        return 1.0 / (1.0 + here)
-    return here / len(rule.placed) if rule.placed else np.ones(len(rows))
+        return 1.0 / (1.0 + counts)
+    return counts / len(rule.placed) if rule.placed else None
 
 
 # the soft group's weight outweighs allocation: a host that keeps the group wins over a less loaded one
@@ -350,30 +352,43 @@ class Placement:
     score: float
 
 
-def candidates(index: CapacityIndex, request: PlacementRequest,
-               filters: Sequence[Filter] = FILTERS) -> tuple[np.ndarray, Demand]:
+def passing(index: CapacityIndex, request: PlacementRequest,
+            filters: Sequence[Filter] = FILTERS) -> tuple[np.ndarray, Demand]:
+    """For every host row, whether every filter lets it take the request; and the request's demand."""
     demand = demand_for(index, request)
     mask = index.present[: index.size].copy()
     for f in filters:
         passes = f.mask(index, request, demand)
         if passes is not None:
             mask &= passes
+    return mask, demand
+
+
+def candidates(index: CapacityIndex, request: PlacementRequest,
+               filters: Sequence[Filter] = FILTERS) -> tuple[np.ndarray, Demand]:
+    """The rows of the hosts that can take the request."""
+    mask, demand = passing(index, request, filters)
     return np.flatnonzero(mask), demand
 
 
 def choose(index: CapacityIndex, request: PlacementRequest, filters: Sequence[Filter] = FILTERS,
            weighers: Sequence[Weigher] = WEIGHERS) -> Placement:
-    """The best host for the request, or InsufficientCapacity explaining every refusal."""
-    rows, demand = candidates(index, request, filters)
-    if len(rows) == 0:
+    """The best host for the request, or InsufficientCapacity explaining every refusal. Every host row
+    is scored (whole arrays: cheaper than gathering the candidates' rows first), and the best row among
+    those that passed the filters wins (the first of equals, in row order)."""
+    mask, demand = passing(index, request, filters)
+    if not mask.any():
         raise InsufficientCapacity(refusal_message(request, explain(index, request, filters)), field="host")
-    total = np.zeros(len(rows))
+    total = np.zeros(index.size)
     for w in weighers:
-        total += w.multiplier * w.score(index, rows, request, demand)
-    best = rows[int(np.argmax(total))]
+        score = w.score(index, request, demand)
+        if score is not None:
+            total += w.multiplier * score
+    total[~mask] = -np.inf
+    best = int(np.argmax(total))
     memory = int(demand.memory_mib[best])
     return Placement(index._hosts[best].name, memory, memory - request.size.memory_mib,  # type: ignore[union-attr]
-                     float(total.max()))
+                     float(total[best]))
 
 
 def fit_on(index: CapacityIndex, request: PlacementRequest, host: str,
