@@ -6,7 +6,9 @@ each start alone."""
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import Executor
+import threading
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
 from sqlalchemy import select
@@ -149,3 +151,82 @@ def test_a_start_another_process_owns_is_not_run_here(tmp_path):
         assert SimFabric.for_store(o.db.url).hosts_of("vmplane-d2") == []
     finally:
         o.close()
+
+
+def test_a_start_queued_twice_runs_once(tmp_path):
+    o, held = _cluster(tmp_path)
+    try:
+        op = _create(o, ["e1"])["e1"]
+        o.starts.submit(op, "recovery")             # handed back (a takeover) while still queued
+        held.run_all()
+        assert o.operation(op).state == "succeeded"
+        assert [st for s, st, _ in _log(o, "operation") if s == op] == ["pending", "running", "succeeded"]
+        assert o.audit() == []
+    finally:
+        o.close()
+
+
+def test_a_failure_while_ending_one_start_leaves_the_others_of_its_batch_to_end(tmp_path, monkeypatch):
+    o, held = _cluster(tmp_path)
+    try:
+        ops = _create(o, ["f1", "f2", "f3", "f4"])      # spread: f1, f3 on one host, f2, f4 on the other
+        hosts = {v.name: v.host.name for v in o.vms()}
+        SimFabric.for_store(o.db.url).fail_host(hosts["f1"], "daemon")
+        real = o._fail
+
+        def fail(op_id, exc):
+            if op_id == ops["f1"]:
+                raise RuntimeError("database is locked")
+            return real(op_id, exc)
+        monkeypatch.setattr(o, "_fail", fail)
+        held.run_all()
+        states = {v.name: v.state for v in o.vms()}
+        assert states["f1"] == "starting"           # left at its step (resumed at the next start-up)
+        assert (states["f3"], o.operation(ops["f3"]).state) == ("unknown", "failed")
+        assert states["f2"] == states["f4"] == "running"
+    finally:
+        o.close()
+
+
+def test_a_host_slow_to_start_holds_up_only_its_own_starts(tmp_path):
+    """Hosts whose calls wait on a daemon (libvirt) are asked by a pool, each start confirmed alone: a hung
+    host does not hold up the starts on the others (sim drivers made to behave so)."""
+    db = Database(store_url(tmp_path, migrated=True))
+    db.migrate()
+    o = Orchestrator(db, ThreadPoolExecutor(4))
+    o.load()
+    o.catalog.create_zone("z1")
+    o.catalog.create_cluster("c1", "z1")
+    add_sim_hosts(o, 2, cores=8, memory_mib=65536)
+    add_basics(o)
+    o.catalog.set_setting("vmplane.placement.strategy", "spread", "cluster", "c1")
+    o.catalog.create_project("p", 100, 1 << 20, 100)
+    release = threading.Event()
+    try:
+        for d in o.drivers.values():
+            d.blocking_calls = True
+        slow = o.drivers["h1"]
+        real_start = slow.start
+
+        def hung(spec):
+            release.wait(30)
+            return real_start(spec)
+        slow.start = hung
+        ops = _create(o, ["g1", "g2", "g3", "g4"])
+        on_h1 = [v.name for v in o.vms() if v.host.name == "h1"]
+        others = [n for n in ops if n not in on_h1]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and {o.vm(n).state for n in others} != {"running"}:
+            time.sleep(0.05)
+        assert {o.vm(n).state for n in others} == {"running"}
+        assert {o.vm(n).state for n in on_h1} == {"starting"}
+        release.set()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and {v.state for v in o.vms()} != {"running"}:
+            time.sleep(0.05)
+        assert {v.state for v in o.vms()} == {"running"}
+        assert o.audit() == []
+    finally:
+        release.set()
+        o.close()
+        db.dispose()

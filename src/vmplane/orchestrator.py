@@ -118,6 +118,8 @@ _OPERATION_TO_RUN = select(_OP.kind, _OP.target, _OP.vm_id, _OP.owner).where(_OP
 class InlineExecutor(Executor):
     """Runs operations in the caller's thread (benchmarks and deterministic tests)."""
 
+    runs_inline = True          # the start controller too asks every host in the caller's thread
+
     def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
         fn(*args, **kwargs)
 
