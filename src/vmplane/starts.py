@@ -94,16 +94,17 @@ class Starts:
             raise
 
     def _take(self) -> list[tuple[str, str | None]]:
-        """Under the lock: up to MAX_BATCH queued starts not being run here already (those stay queued)."""
-        batch, left, taken = [], deque(), set()
-        while self._queue:
+        """Under the lock: up to MAX_BATCH queued starts, in order, not being run here already (those stay
+        queued, at the front)."""
+        batch, skipped, taken = [], [], set()
+        while self._queue and len(batch) < MAX_BATCH:
             item = self._queue.popleft()
-            if len(batch) < MAX_BATCH and item[0] not in self._active and item[0] not in taken:
+            if item[0] in self._active or item[0] in taken:
+                skipped.append(item)
+            else:
                 batch.append(item)
                 taken.add(item[0])
-            else:
-                left.append(item)
-        self._queue = left
+        self._queue.extendleft(reversed(skipped))
         self._active |= taken
         return batch
 
