@@ -153,14 +153,38 @@ def test_a_start_another_process_owns_is_not_run_here(tmp_path):
         o.close()
 
 
-def test_a_start_queued_twice_runs_once(tmp_path):
-    o, held = _cluster(tmp_path)
+def test_a_start_queued_again_while_its_host_is_asked_runs_once(tmp_path):
+    """A takeover can hand a process its own start back while the start's host is being asked: the start
+    is not run a second time at once (it waits for the first run, which ends it)."""
+    o, release, calls = _threaded(tmp_path)
     try:
         op = _create(o, ["e1"])["e1"]
-        o.starts.submit(op, "recovery")             # handed back (a takeover) while still queued
-        held.run_all()
-        assert o.operation(op).state == "succeeded"
+        _wait(lambda: calls, "the host asked")
+        o.starts.submit(op, "recovery")             # handed back while its host is being asked
+        time.sleep(0.3)                             # (a second run would ask the host now)
+        release.set()
+        _wait(lambda: o.operation(op).state == "succeeded", "the start ended")
+        time.sleep(0.3)
+        assert calls == ["vmplane-e1"]              # its host asked once
         assert [st for s, st, _ in _log(o, "operation") if s == op] == ["pending", "running", "succeeded"]
+        assert o.audit() == []
+    finally:
+        release.set()
+        o.close()
+        o.db.dispose()
+
+
+def test_a_late_failure_of_a_start_that_ended_changes_nothing(tmp_path):
+    """A second run of a start (handed back by a takeover) that fails after the first one ended must not
+    fail it again: no charge given back twice, no VM released under a later operation."""
+    o, held = _cluster(tmp_path)
+    try:
+        op = _create(o, ["h1vm"])["h1vm"]
+        held.run_all()
+        before = (o.vm("h1vm").state, ledger_usage(o, "p"))
+        o._fail(op, RuntimeError("database is locked"))
+        assert o.operation(op).state == "succeeded"
+        assert (o.vm("h1vm").state, ledger_usage(o, "p")) == before
         assert o.audit() == []
     finally:
         o.close()
@@ -188,10 +212,10 @@ def test_a_failure_while_ending_one_start_leaves_the_others_of_its_batch_to_end(
         o.close()
 
 
-def test_a_host_slow_to_start_holds_up_only_its_own_starts(tmp_path):
-    """Hosts whose calls wait on a daemon (libvirt) are asked by a pool, each start confirmed alone: a hung
-    host does not hold up the starts on the others (sim drivers made to behave so)."""
-    db = Database(store_url(tmp_path, migrated=True))
+def _threaded(folder: Path) -> tuple[Orchestrator, threading.Event, list[str]]:
+    """A cluster whose executor runs in threads, with sim drivers that behave as libvirt's (their calls
+    wait on a daemon: blocking_calls); h1's starts wait until the event is set, and are listed."""
+    db = Database(store_url(folder, migrated=True))
     db.migrate()
     o = Orchestrator(db, ThreadPoolExecutor(4))
     o.load()
@@ -201,32 +225,41 @@ def test_a_host_slow_to_start_holds_up_only_its_own_starts(tmp_path):
     add_basics(o)
     o.catalog.set_setting("vmplane.placement.strategy", "spread", "cluster", "c1")
     o.catalog.create_project("p", 100, 1 << 20, 100)
-    release = threading.Event()
-    try:
-        for d in o.drivers.values():
-            d.blocking_calls = True
-        slow = o.drivers["h1"]
-        real_start = slow.start
+    release, calls = threading.Event(), []
+    for d in o.drivers.values():
+        d.blocking_calls = True
+    slow = o.drivers["h1"]
+    real_start = slow.start
 
-        def hung(spec):
-            release.wait(30)
-            return real_start(spec)
-        slow.start = hung
+    def hung(spec):
+        calls.append(spec.name)
+        release.wait(30)
+        return real_start(spec)
+    slow.start = hung
+    return o, release, calls
+
+
+def _wait(ok, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+
+
+def test_a_host_slow_to_start_holds_up_only_its_own_starts(tmp_path):
+    """Hosts whose calls wait on a daemon (libvirt) are asked by a pool, each start confirmed alone: a hung
+    host does not hold up the starts on the others (sim drivers made to behave so)."""
+    o, release, _ = _threaded(tmp_path)
+    try:
         ops = _create(o, ["g1", "g2", "g3", "g4"])
         on_h1 = [v.name for v in o.vms() if v.host.name == "h1"]
         others = [n for n in ops if n not in on_h1]
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and {o.vm(n).state for n in others} != {"running"}:
-            time.sleep(0.05)
-        assert {o.vm(n).state for n in others} == {"running"}
+        _wait(lambda: {o.vm(n).state for n in others} == {"running"}, "the starts on h2")
         assert {o.vm(n).state for n in on_h1} == {"starting"}
         release.set()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and {v.state for v in o.vms()} != {"running"}:
-            time.sleep(0.05)
-        assert {v.state for v in o.vms()} == {"running"}
+        _wait(lambda: {v.state for v in o.vms()} == {"running"}, "the starts on h1")
         assert o.audit() == []
     finally:
         release.set()
         o.close()
-        db.dispose()
+        o.db.dispose()

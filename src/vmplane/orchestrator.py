@@ -754,13 +754,17 @@ class Orchestrator:
         self._unindex(freed)
 
     def _fail(self, op_id: str, exc: BaseException) -> None:
-        """End an operation as failed, giving back what a failed start holds."""
+        """End an operation as failed, giving back what a failed start holds. One that already ended (by
+        its own run, or a run of it handed over meanwhile) is left as it ended: nothing is given back twice."""
         reason = exc.message if isinstance(exc, VmplaneError) else str(exc) or type(exc).__name__
         freed: list = []
         presence = self._domain_presence(op_id)     # asked before a start/stop gives anything back
         given: tuple[str, int, int] | None = None
         with self.db.transaction() as conn:
             op = L.operation_row(conn, op_id, lock=True)
+            if op.state not in IN_FLIGHT:
+                log.info("operation %s already %s; not failed again (%s)", op_id, op.state, reason)
+                return
             vm = L.vm_row(conn, op.vm_id, lock=True) if op.vm_id is not None else None
             resized: dict = {}
             if (vm is not None and op.kind == "scale" and op.state in IN_FLIGHT

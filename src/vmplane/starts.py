@@ -124,11 +124,11 @@ class Starts:
                     if not batch:
                         self._draining = False
                         return
+                handed: list[str] = []      # filled as starts go to the pool (kept if run raises)
                 try:
-                    handed = self.run(batch)
+                    self.run(batch, handed)
                 except Exception:  # noqa: BLE001 - a defect; its starts are resumed at the next start-up
                     log.exception("starts %s", [op for op, _ in batch])
-                    handed = []
                 with self._lock:
                     self._active.difference_update(op for op, _ in batch if op not in handed)
         except BaseException:
@@ -136,8 +136,8 @@ class Starts:
                 self._draining = False
             raise
 
-    def run(self, batch: list[tuple[str, str | None]]) -> list[str]:
-        """Run a batch; returns the op ids handed to the pool (still being run)."""
+    def run(self, batch: list[tuple[str, str | None]], handed: list[str]) -> None:
+        """Run a batch; `handed` gets the op ids handed to the pool (still being run there)."""
         epoch = self.o.controllers.epoch
         try:
             with ownership.owned(epoch):
@@ -146,9 +146,9 @@ class Starts:
         except Interrupted as exc:      # Fenced: this process's lease lapsed; the starts are another's now
             log.info("starts %s left at their step for the process that takes them over: %s",
                      [op for op, _ in batch], exc)
-            return []
+            return
         remote = [s for s in starts if getattr(self.o.drivers.get(s.vm.host_name), "blocking_calls", True)]
-        handed = self._hand_over(remote)
+        self._hand_over(remote, handed)
         local = [s for s in starts if s not in remote]
         for s in local:
             self._start_domain(s)
@@ -156,12 +156,10 @@ class Starts:
         for s in local:
             if s.error is not None:
                 self._failed(s.op_id, s.cause, epoch, s.error)
-        return handed
 
-    def _hand_over(self, remote: list[_Start]) -> list[str]:
+    def _hand_over(self, remote: list[_Start], handed: list[str]) -> None:
         """Each start on a host whose calls wait, to the pool (run here at once when this is closed, or
         when the executor runs everything in its caller's thread: InlineExecutor)."""
-        handed = []
         inline = getattr(self.o.executor, "runs_inline", False)
         for s in remote:
             with self._lock:
@@ -171,9 +169,12 @@ class Starts:
             if pool is None:
                 self._alone(s)
                 continue
-            pool.submit(self._alone_then_end, s)
             handed.append(s.op_id)
-        return handed
+            try:
+                pool.submit(self._alone_then_end, s)
+            except RuntimeError:        # the pool shut down meanwhile (closing): asked here, at once
+                handed.pop()
+                self._alone(s)
 
     def _alone_then_end(self, s: _Start) -> None:
         try:
