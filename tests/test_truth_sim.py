@@ -105,14 +105,26 @@ def test_ha_mode_hosts_failing_during_random_operations_run_no_vm_twice_and_keep
     for good or for a while, blips shorter than the grace among them; fault mode's flaps, partitions and
     reboots), fence agents broken for a while, an operator confirming a host off. A watch reads the fabric
     all along: no domain ever runs on two hosts; every HA restart came while its host was fenced; no VM
-    left charged on a fenced host; then every host repaired, the usual checks (ledger exact, audit clean)."""
-    report = truthkit.run(tmp_path, rounds=4, seed=20261201, log=print, ha=truthkit.HaMode())
-    print(report.counts, report.ha)
-    assert report.problems() == []
-    failures = sum(n for k, n in report.ha.items() if k.startswith(("power ", "daemon ", "network ")))
-    assert failures >= 3 and report.ha["fences"] >= 2 and report.ha["HA restarts"] >= 1, report.ha
-    assert report.counts["host_flap"] + report.counts["host_partition"] + report.counts["host_reboot"] > 0
-    assert report.ha["running-twice samples"] > 1000
+    left charged on a fenced host; then every host repaired, the usual checks (ledger exact, audit clean).
+    How many hosts fail in 4 rounds depends on timing (CI once met two): another seed follows until enough
+    did, at most three runs; every run must end clean (a further run can only find more)."""
+    failures = fences = restarts = flaps = samples = 0
+    for seed in (20261201, 20261202, 20261203):
+        home = tmp_path / str(seed)
+        home.mkdir()
+        report = truthkit.run(home, rounds=4, seed=seed, log=print, ha=truthkit.HaMode())
+        print(report.counts, report.ha)
+        assert report.problems() == []
+        failures += sum(n for k, n in report.ha.items() if k.startswith(("power ", "daemon ", "network ")))
+        fences += report.ha["fences"]
+        restarts += report.ha["HA restarts"]
+        flaps += report.counts["host_flap"] + report.counts["host_partition"] + report.counts["host_reboot"]
+        samples += report.ha["running-twice samples"]
+        if failures >= 3 and fences >= 2 and restarts >= 1 and flaps > 0 and samples > 1000:
+            break
+    assert failures >= 3 and fences >= 2 and restarts >= 1, (failures, fences, restarts)
+    assert flaps > 0
+    assert samples > 1000
 
 
 def test_the_ha_mutant_that_restarts_before_fencing_is_caught_by_the_running_twice_watch(tmp_path):
