@@ -5,7 +5,6 @@ each start alone."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -20,32 +19,16 @@ from vmplane.store import Database
 from vmplane.store.schema import Event, Operation
 
 from .conftest import add_basics, add_sim_hosts, ledger_usage
+from .test_admission_batch import _failing
+from .test_controllers import Held
 from .stores import store_url
 
 
-class Held(Executor):
-    """Keeps submitted work until run_all(): the starts queue up meanwhile."""
-
-    def __init__(self):
-        self.queue = []
-
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
-        self.queue.append((fn, args, kwargs))
-
-    def run_all(self) -> int:
-        n = 0
-        while self.queue:
-            fn, args, kwargs = self.queue.pop(0)
-            fn(*args, **kwargs)
-            n += 1
-        return n
-
-
-def _cluster(folder: Path) -> tuple[Orchestrator, Held]:
+def _plane(folder: Path, executor: Executor) -> Orchestrator:
+    """Two sim hosts (spread), the basic offerings, project p."""
     db = Database(store_url(folder, migrated=True))
     db.migrate()
-    held = Held()
-    o = Orchestrator(db, held)
+    o = Orchestrator(db, executor)
     o.load()
     o.catalog.create_zone("z1")
     o.catalog.create_cluster("c1", "z1")
@@ -53,7 +36,13 @@ def _cluster(folder: Path) -> tuple[Orchestrator, Held]:
     add_basics(o)
     o.catalog.set_setting("vmplane.placement.strategy", "spread", "cluster", "c1")
     o.catalog.create_project("p", 100, 1 << 20, 100)
-    return o, held
+    return o
+
+
+def _cluster(folder: Path) -> tuple[Orchestrator, Held]:
+    """The starts queue up in a Held executor until its run_all()."""
+    held = Held()
+    return _plane(folder, held), held
 
 
 def _create(o: Orchestrator, names: list[str]) -> dict[str, str]:
@@ -120,15 +109,9 @@ def test_a_batch_whose_confirmation_fails_to_commit_confirms_each_start_alone(tm
         real = o.db.transaction
         calls = []
 
-        @contextlib.contextmanager
-        def failing():
-            with real() as conn:
-                yield conn
-                raise RuntimeError("commit failed")
-
         def flaky():            # the second transaction (the batch's confirmations) fails at its commit
             calls.append(1)
-            return failing() if len(calls) == 2 else real()
+            return _failing(real) if len(calls) == 2 else real()
         monkeypatch.setattr(o.db, "transaction", flaky)
         held.run_all()
         assert len(calls) == 5          # the steps; the confirmations (failed); each of the three again alone
@@ -215,16 +198,7 @@ def test_a_failure_while_ending_one_start_leaves_the_others_of_its_batch_to_end(
 def _threaded(folder: Path) -> tuple[Orchestrator, threading.Event, list[str]]:
     """A cluster whose executor runs in threads, with sim drivers that behave as libvirt's (their calls
     wait on a daemon: blocking_calls); h1's starts wait until the event is set, and are listed."""
-    db = Database(store_url(folder, migrated=True))
-    db.migrate()
-    o = Orchestrator(db, ThreadPoolExecutor(4))
-    o.load()
-    o.catalog.create_zone("z1")
-    o.catalog.create_cluster("c1", "z1")
-    add_sim_hosts(o, 2, cores=8, memory_mib=65536)
-    add_basics(o)
-    o.catalog.set_setting("vmplane.placement.strategy", "spread", "cluster", "c1")
-    o.catalog.create_project("p", 100, 1 << 20, 100)
+    o = _plane(folder, ThreadPoolExecutor(4))
     release, calls = threading.Event(), []
     for d in o.drivers.values():
         d.blocking_calls = True

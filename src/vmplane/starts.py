@@ -147,9 +147,10 @@ class Starts:
             log.info("starts %s left at their step for the process that takes them over: %s",
                      [op for op, _ in batch], exc)
             return
-        remote = [s for s in starts if getattr(self.o.drivers.get(s.vm.host_name), "blocking_calls", True)]
+        remote, local = [], []
+        for s in starts:
+            (remote if getattr(self.o.drivers.get(s.vm.host_name), "blocking_calls", True) else local).append(s)
         self._hand_over(remote, handed)
-        local = [s for s in starts if s not in remote]
         for s in local:
             self._start_domain(s)
         self._confirm_all([s for s in local if s.error is None], epoch)
