@@ -393,7 +393,7 @@ def test_a_hot_plug_cut_short_on_a_host_that_then_fails_is_settled_from_the_vms_
         assert orch.storage_settle.run_once(min_age_s=0) == ["data"]
         v = orch.volumes.row("data")
         assert (v.state, v.vm_name) == ("attached", "a")
-        assert any(p.endswith("vmp-data.qcow2") for p in orch.drivers[vm.host.name].domain_disks("vmplane-a").values())
+        assert any(p.endswith(v.file_name) for p in orch.drivers[vm.host.name].domain_disks("vmplane-a").values())
         assert orch.audit() == []
     finally:
         fabric.recover_host(host)

@@ -23,7 +23,7 @@ from vmplane.store import Database
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
 
-from .conftest import add_sim_hosts
+from .conftest import ADMIN_TOKEN, add_sim_hosts
 from .stores import store_url
 
 MIB = 1024 * 1024
@@ -205,15 +205,18 @@ def test_operations_and_migrations_in_flight_and_the_age_of_the_oldest(cluster):
     assert 3590 <= value(page, "vmplane_migration_oldest_in_flight_seconds", state="copying") <= 3700
 
 
-def test_metrics_need_no_token_and_a_member_reads_them_too(cluster):
+def test_metrics_need_an_admin_token_as_the_api_does(cluster):
+    """Every project's names, quotas and usage are there: an admin's bearer token, as Prometheus sends it
+    (README, "Metrics and alerts"; review of 2026-12-02)."""
     orch, api = cluster
     member = api.post("/api/v1/tokens", json={"name": "m", "role": "member", "project": "q"}).json()["token"]
     anonymous = TestClient(api.app)
-    for headers in ({}, {"Authorization": f"Bearer {member}"}, {"Authorization": "Bearer not-a-token"}):
+    for headers, status in (({}, 401), ({"Authorization": "Bearer not-a-token"}, 401),
+                            ({"Authorization": f"Bearer {member}"}, 403)):
         r = anonymous.get("/metrics", headers=headers)
-        assert r.status_code == 200, headers
-        assert value(samples(r.text), "vmplane_hosts", state="enabled") == 3
-    assert anonymous.get("/api/v1/vms").status_code == 401        # the API itself still wants a token
+        assert r.status_code == status and "vmplane_hosts" not in r.text, headers
+    assert value(scrape(api), "vmplane_hosts", state="enabled") == 3
+    assert anonymous.get("/api/v1/vms").status_code == 401        # the API itself wants a token too
 
 
 def test_request_latency_is_labelled_by_route_template_never_by_path(cluster):
@@ -256,7 +259,9 @@ def test_two_apps_in_one_process_each_serve_their_own_state(cluster, tmp_path):
         other.catalog.create_zone("z9")
         other.catalog.create_cluster("c9", "z9")
         add_sim_hosts(other, 1, cluster="c9", prefix="o")
-        with TestClient(create_app(other)) as second, TestClient(create_app(orch)) as third:
+        other.catalog.ensure_admin_token("admin", ADMIN_TOKEN)
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        with TestClient(create_app(other), headers=admin) as second, TestClient(create_app(orch), headers=admin) as third:
             assert value(scrape(second), "vmplane_hosts", state="enabled") == 1
             assert value(scrape(second), "vmplane_host_info", host="o1", cluster="c9", zone="z9", driver="sim") == 1
             assert value(scrape(third), "vmplane_hosts", state="enabled") == 3
@@ -274,7 +279,7 @@ def test_an_unreadable_store_still_serves_the_counters(cluster, monkeypatch):
         raise OSError("database is gone")
 
     monkeypatch.setattr(orch.db, "read", down)
-    r = TestClient(api.app).get("/metrics")
+    r = api.get("/metrics")                   # the token is still checked (a prepared read, not db.read)
     assert r.status_code == 200
     page = samples(r.text)
     assert value(page, "vmplane_state_scrape_ok") == 0

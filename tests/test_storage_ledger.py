@@ -415,7 +415,7 @@ def test_a_hot_plug_whose_vm_stopped_before_it_was_settled_is_finished_cold(tmp_
         assert (o.volumes.row("v").state, o.volumes.row("v").vm_name) == ("attached", "a")
         o.start_vm("a")
         assert o.vm("a").state == "running"
-        assert any(p.endswith("vmp-v.qcow2") for p in o.drivers[o.vm("a").host.name].domain_disks("vmplane-a").values())
+        assert any(p.endswith(o.volumes.row("v").file_name) for p in o.drivers[o.vm("a").host.name].domain_disks("vmplane-a").values())
         assert o.audit() == []
     finally:
         o.close()
@@ -464,7 +464,7 @@ def test_a_kept_root_disk_that_was_never_confirmed_is_not_made_available(tmp_pat
         assert (kept.state, kept.vm_name, kept.role) == ("creating", None, "data")
         assert o.volumes.resolve(0) == ["a-root"]
         assert o.volumes.row("a-root").state == "available"
-        assert driver.volume("local-h1", "vmp-a-root.qcow2") is not None
+        assert driver.volume("local-h1", o.volumes.row("a-root").file_name) is not None
         assert o.audit() == [] and storage_problems(o) == []
     finally:
         o.close()

@@ -39,13 +39,13 @@ def test_a_vm_gets_a_root_disk_charged_while_it_exists(orch):
     assert (root.state, root.role, root.device, root.pool_name, root.size_mib) == ("attached", "root", "vda",
                                                                                    "local-h1", 256)
     assert usage(orch, "p").storage_mib == 256
-    assert orch.drivers["h1"].volume("local-h1", "vmp-a-root.qcow2") is not None
+    assert orch.drivers["h1"].volume("local-h1", root.file_name) is not None
     assert orch.vm("a").host.name == "h1"                                  # it runs where its disk is
     orch.stop_vm("a")
     assert usage(orch, "p").storage_mib == 256                             # stopped: still charged
     orch.delete_vm("a")
     assert usage(orch, "p").storage_mib == 0
-    assert orch.drivers["h1"].volume("local-h1", "vmp-a-root.qcow2") is None
+    assert orch.drivers["h1"].volume("local-h1", root.file_name) is None
     assert orch.audit() == []
 
 
@@ -94,14 +94,14 @@ def test_volumes_attach_live_detach_confirmed_and_outlive_the_vm(orch):
     v = orch.volumes.attach("data", "a")
     assert (v.state, v.vm_name, v.device) == ("attached", "a", "vdb")
     host = orch.vm("a").host.name
-    assert any(p.endswith("vmp-data.qcow2") for p in orch.drivers[host].domain_disks("vmplane-a").values())
+    assert any(p.endswith(vol(orch, "data").file_name) for p in orch.drivers[host].domain_disks("vmplane-a").values())
     with pytest.raises(Conflict, match="only an available"):
         orch.volumes.delete("data")
     with pytest.raises(Conflict, match="only an available volume can be attached"):
         orch.volumes.attach("data", "b")
     v = orch.volumes.detach("data")
     assert (v.state, v.vm_name) == ("available", None)
-    assert not any(p.endswith("vmp-data.qcow2") for p in orch.drivers[host].domain_disks("vmplane-a").values())
+    assert not any(p.endswith(vol(orch, "data").file_name) for p in orch.drivers[host].domain_disks("vmplane-a").values())
     orch.volumes.attach("data", "b")
     orch.stop_vm("b")
     orch.delete_vm("b")
@@ -206,8 +206,8 @@ def test_a_local_disk_is_copied_at_full_storage_quota_and_the_source_copy_delete
     root = vol(o, "a-root")
     assert (root.pool_name, root.copy_pool_name) == ("local-h2", None)
     assert usage(o, "p") == before                                          # never charged twice
-    assert o.drivers["h2"].volume("local-h2", "vmp-a-root.qcow2") is not None
-    assert o.drivers["h1"].volume("local-h1", "vmp-a-root.qcow2") is None  # deleted after the check
+    assert o.drivers["h2"].volume("local-h2", root.file_name) is not None
+    assert o.drivers["h1"].volume("local-h1", root.file_name) is None  # deleted after the check
     assert o.pools.row("local-h1").used_mib == 0 and o.pools.row("local-h2").used_mib == 256
     assert o.audit() == []
 
@@ -228,7 +228,7 @@ def test_a_root_disk_grows_offline_and_live_charged_first(orch):
     setup(orch, storage=1024)
     orch.create_vm("a", "p", "small", "disk", pool="local-h1")
     assert orch.volumes.resize("a-root", 512).size_mib == 512                    # stopped: the file grows
-    assert orch.drivers["h1"].volume("local-h1", "vmp-a-root.qcow2").capacity_mib == 512
+    assert orch.drivers["h1"].volume("local-h1", vol(orch, "a-root").file_name).capacity_mib == 512
     orch.start_vm("a")
     assert orch.volumes.resize("a-root", 768).size_mib == 768                    # running: blockResize
     assert usage(orch, "p").storage_mib == 768

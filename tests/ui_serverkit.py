@@ -52,9 +52,11 @@ class Console:
     executor: HeldExecutor
 
     def client(self, token: str | None) -> TestClient:
-        """A browser: the session cookie of `token` (None: logged out); redirects are not followed."""
-        c = TestClient(self.app, follow_redirects=False)
-        if token:
+        """A browser on this machine (loopback: its cookie may go over plain http), logged in with `token`
+        through the form (None: logged out; not a valid token: a cookie that is no session); redirects are
+        not followed."""
+        c = TestClient(self.app, follow_redirects=False, client=("127.0.0.1", 50000))
+        if token and c.post("/ui/login", data={"token": token}).status_code != 303:
             c.cookies.set(COOKIE, token)
         return c
 

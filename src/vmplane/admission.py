@@ -32,12 +32,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from . import events, ownership
+from . import events, failpoints, ownership
 from .scope import Scope, vm_scope
+from .store import pgsessions
 from .store.prepared import once_per_transaction, prepared
 from .store.schema import Cluster, Zone
 
@@ -50,9 +51,11 @@ _RETRYABLE = {"40P01", "40001"}     # PostgreSQL: deadlock detected, serializati
 # its commit or rollback, so no session state: fine behind PgBouncer in transaction mode). A batch holds
 # several projects' and hosts' rows at once; without one order between admissions of different processes,
 # two of them would deadlock (each holding a row the other wants, PostgreSQL breaking it after
-# deadlock_timeout). SQLite's BEGIN IMMEDIATE already serialises them.
+# deadlock_timeout). SQLite's BEGIN IMMEDIATE already serialises them. Its wait gives way
+# (pgsessions.advisory_xact_lock): a process frozen while it holds it (SIGSTOP, a paused virtual machine) would
+# stall every admission of every process until its idle timeout, so once that process is found lapsed its
+# session is ended.
 ADMISSION_LOCK = 0x766D_6164       # "vmad"
-_LOCK_ADMISSIONS = text("SELECT pg_advisory_xact_lock(:key)")
 # PostgreSQL: each request of a batch in a savepoint (_Savepoints), issued on the DBAPI cursor (through SQLAlchemy's nested
 # transactions they cost about a sixth of an admission); one name, reused: requests run one after another
 _SAVEPOINT, _ROLLBACK_TO, _RELEASE = "SAVEPOINT admission", "ROLLBACK TO SAVEPOINT admission", "RELEASE SAVEPOINT admission"
@@ -192,7 +195,8 @@ class Batcher:
         """First in every transaction that takes quota or host capacity (here, and a scale's or a migration's
         admission): one order between them across processes, so none waits for another in a cycle."""
         if not self.db.is_sqlite:
-            conn.execute(_LOCK_ADMISSIONS, {"key": ADMISSION_LOCK})
+            pgsessions.advisory_xact_lock(conn, ADMISSION_LOCK, self.db.limits)
+        failpoints.hit("admission.serialised")
 
     def _execute(self, batch: list[_Request]) -> None:
         if len(batch) == 1:

@@ -47,7 +47,15 @@ def audit(db: Database, recomputed_usage, index: CapacityIndex | None = None) ->
                     problems.append(f"vm {name}: {state} with {n} claims on host {host_id}")
             elif n or cv or cm:
                 problems.append(f"vm {name}: {state} still holds {n} claims / a charge")
+        problems.extend(overdue_operations(s.connection()))
     return problems
+
+
+def overdue_operations(conn) -> list[str]:
+    """Operations in flight past `vmplane.operation.deadline` that no thread of this process carries (review
+    N5), each with what clears it (overdue.py: the process that owns it settles it with backoff)."""
+    from .overdue import problems as overdue_problems
+    return overdue_problems(conn)
 
 
 # VMs in these states are between two steps of an operation: where their domain is may change any moment.
@@ -77,6 +85,17 @@ def _migration_copies(vm: StoredVm, found: list[tuple[str, DomainInfo]]) -> bool
     return any(is_paused(d) for _, d in found)
 
 
+def unknown_on_answering_host(vm: StoredVm, seen: dict[str, list[DomainInfo] | None]) -> str | None:
+    """An `unknown` VM whose host answers (review N3): the host monitor settles it within
+    `vmplane.unknown.settle.interval` s unless another host of its zone runs it or can not be asked; until
+    then it is charged, claimed and can be neither stopped, deleted nor migrated. One an operation owns is
+    that operation's (an operation in flight too long is a finding of its own)."""
+    if vm.state != VmState.unknown or vm.busy or vm.host is None or seen.get(vm.host) is None:
+        return None
+    return (f"vm {vm.name}: unknown on {vm.host}, which answers; `vmplane vm sync {vm.name}` settles it from what "
+            f"the hosts run")
+
+
 def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | None], prefix: str) -> list[str]:
     """Compare the store with what the hosts run (`seen[host]` None: the host did not answer).
     A running VM runs on its host and nowhere else, at the recorded memory, vCPUs, CPU cap and state
@@ -102,6 +121,8 @@ def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | N
                 problems.append(f"vm {vm.name}: {vm.state.value} in the store, but no operation or migration of it "
                                 f"is in flight")
             continue
+        if problem := unknown_on_answering_host(vm, seen):
+            problems.append(problem)
         if vm.state == VmState.running:
             if seen.get(vm.host) is None:
                 continue                       # its host did not answer: the monitor's business

@@ -38,12 +38,13 @@ from .migration import SETTLING
 from .model import IN_FLIGHT_OPERATION_VALUES as IN_FLIGHT
 from .ownership import db_now, now_sql
 from .store import ledger as L
+from .store import pgsessions
 from .store.schema import Controller, Lease
 
 log = logging.getLogger("vmplane.controllers")
 
 CONTROLLERS, LEASES = Controller.__table__, Lease.__table__
-DEFAULT_LEASE_S = 15.0
+DEFAULT_LEASE_S = rules.DEFAULT_LEASE_S
 SETTLING_MIGRATIONS = sorted(st.value for st in SETTLING)
 
 
@@ -51,15 +52,20 @@ def default_name(port: int | None = None) -> str:
     return f"{socket.gethostname()}:{port}" if port else f"{socket.gethostname()}:{os.getpid()}"
 
 
-def mark_lapsed(conn, which) -> None:
+def mark_lapsed(conn, which, limits: rules.SessionLimits | None = None) -> None:
     """Mark the live rows `which` selects lapsed. On PostgreSQL they are first locked FOR UPDATE, which
     waits for every write that passed its fencing check to commit (ownership.check holds FOR KEY SHARE);
     the UPDATE alone would not wait (an UPDATE of no key column does not conflict with KEY SHARE, which is
-    what lets a renewal pass its own process's writes)."""
+    what lets a renewal pass its own process's writes). That wait gives way (pgsessions.select_for_update):
+    a write of a process frozen inside its transaction would hold it until its idle timeout, so the sessions
+    working for the epochs being marked (judged lapsed by the caller) are ended, and it waits again."""
     c = CONTROLLERS.c
     where = [c.state == "live", which]
     if conn.dialect.name != "sqlite":
-        epochs = conn.execute(select(c.epoch).where(*where).with_for_update()).scalars().all()
+        epochs = [r.epoch for r in pgsessions.select_for_update(
+            conn, select(c.epoch).where(*where).with_for_update(),
+            limits or rules.session_limits(DEFAULT_LEASE_S),
+            lambda: conn.execute(select(c.epoch).where(*where)).scalars().all(), "marking controllers lapsed")]
         if not epochs:
             return
         where = [c.state == "live", c.epoch.in_(epochs)]
@@ -77,6 +83,7 @@ class Controllers:
         self.o = o
         self.name = name or "local"
         self.lease_s = float(lease_s)
+        o.db.use_lease(self.lease_s)       # its PostgreSQL transactions' timeouts: a few leases (pgsessions)
         self.api_url = api_url
         self.epoch: int | None = None
         self.held: frozenset[str] = frozenset()      # leases this incarnation holds, as last read back
@@ -112,7 +119,7 @@ class Controllers:
             with self.o.db.transaction() as conn:
                 now = db_now(conn)
                 if reclaim:
-                    mark_lapsed(conn, c.name == self.name)
+                    mark_lapsed(conn, c.name == self.name, self.o.db.limits)
                 result = conn.execute(insert(CONTROLLERS).values(
                     name=self.name, hostname=socket.gethostname(), pid=os.getpid(), api_url=self.api_url,
                     state="live", lease_s=self.lease_s, started_at=now, renewed_at=now, expires_at=now + self.lease_s))
@@ -207,7 +214,8 @@ class Controllers:
                 renewals = conn.execute(select(c.epoch, c.renewed_at, c.lease_s).where(c.state == "live")).all()
                 self._seen, stale = rules.observe(self._seen, renewals, self.epoch, time.monotonic())
                 for epoch in stale:         # unless renewed since it was read
-                    mark_lapsed(conn, and_(c.epoch == epoch, c.renewed_at == self._seen[epoch].renewed_at))
+                    mark_lapsed(conn, and_(c.epoch == epoch, c.renewed_at == self._seen[epoch].renewed_at),
+                                self.o.db.limits)
                 live = [Member(r.epoch, r.name) for r in conn.execute(
                     select(c.epoch, c.name).where(c.state == "live").order_by(c.epoch))]
                 hosts = list(conn.execute(select(L.HOSTS.c.name)).scalars())

@@ -27,6 +27,7 @@ from .migration import ACTIVE
 from .store import ledger as L
 from .store import storageledger as SL
 from .store.schema import Volume
+from .volumes import file_of
 
 if TYPE_CHECKING:
     from .orchestrator import Orchestrator
@@ -97,10 +98,25 @@ class DiskMoves:
             if pool is None:
                 continue
             target.define_pool(PoolSpec(pool.name, pool.path))
-            target.create_volume(pool.name, R.volume_file(v.name, v.format), v.size_mib, v.format, backing,
-                                 backing_format)
+            self._fresh_target(target, pool.name, v)
+            target.create_volume(pool.name, file_of(v), v.size_mib, v.format, backing, backing_format)
             copied.append(v.device or "vda")
         return replace(params, copy_disks=tuple(copied), shared_disks=len(copied) < len(disks))
+
+    def _fresh_target(self, target, pool: str, v) -> None:
+        """The copy's file must be new: a file already at its place (left by an earlier attempt, or by a
+        volume of the same name made before file names were unique) is removed first, confirmed, and
+        the removal recorded. Adopted, its clusters the mirror does not overwrite (sync=top copies only
+        what the source overlay allocated) would show through to the guest (review N2)."""
+        file = file_of(v)
+        if target.volume(pool, file) is None:
+            return
+        target.delete_volume(pool, file)
+        if target.volume(pool, file) is not None:
+            raise DriverError(target.host, f"pool {pool} still holds {file} after it was deleted")
+        with self.o.db.transaction() as conn:
+            SL.file_event(conn, SL.volume_row(conn, v.name), f"a file {file} already in pool {pool} on "
+                                                             f"{target.host} (no copy of it) removed before the copy")
 
     @staticmethod
     def swap(conn: Connection, vm_id: int) -> None:
@@ -123,7 +139,7 @@ class DiskMoves:
             if v.vm_id in busy:
                 continue
             pool = self.o.pools.row(v.copy_pool_name)
-            file = R.volume_file(v.name, v.format)
+            file = file_of(v)
             try:
                 driver = self.o.pools.driver_for(pool)
                 driver.delete_volume(pool.name, file)

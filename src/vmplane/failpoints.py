@@ -45,6 +45,13 @@ POINTS = (
     "ha.before-domain",        # its restart operation persisted its step; the domain is not started
 )
 
+# Points inside a transaction, for a test that freezes the process there (VMPLANE_FAILPOINT_SIGNAL=STOP): its
+# PostgreSQL session then holds its locks. Not among POINTS: a kill there only rolls the transaction back, which
+# the crash harness's timed kills already do.
+FROZEN_POINTS = (
+    "admission.serialised",    # an admission holds the admissions' lock (PostgreSQL), no row read yet
+)
+
 _armed: dict[str, int] = {}
 _lock = threading.Lock()
 
@@ -54,8 +61,8 @@ def parse(spec: str) -> dict[str, int]:
     armed = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, count = item.partition("=")
-        if name not in POINTS:
-            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+        if name not in POINTS + FROZEN_POINTS:
+            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS + FROZEN_POINTS)}")
         armed[name] = int(count or 1)
     return armed
 

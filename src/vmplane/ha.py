@@ -33,7 +33,7 @@ from .errors import Conflict, Invalid, NotFound
 from .events import acting_as
 from .harecovery import CAUSE, HostRecovery
 from .loops import every
-from .model import HostState, OperationState
+from .model import HostState, OperationState, VmState
 from .store import ledger as L
 from .store.schema import utcnow
 
@@ -65,7 +65,7 @@ class HaController:
             down = conn.execute(select(h.name, h.down_since).where(h.state == HostState.down.value,
                                                                    h.down_since.is_not(None))).all()
             if not down:
-                return []
+                return self._resume_stranded()
             names = [r.name for r in down]
             # hosts holding an HA VM: running there, or a claim there (a migration's target)
             with_vms = set(conn.execute(select(h.name).join(L.CLAIMS, L.CLAIMS.c.host_id == h.id)
@@ -92,7 +92,75 @@ class HaController:
                      + "; fencing it before its VMs run elsewhere")
             if self.declare(name, words):
                 declared.append(f"{name}: {words}")
-        return declared
+        return declared + self._resume_stranded()
+
+    # -- a recovery that ended without restarting everything (N4) ---------------------------------
+    def stranded(self, conn, name: str | None = None) -> list[str]:
+        """Hosts `fencing` or `fenced` that still hold `unknown` HA VMs with no recovery in flight: a
+        recovery that failed (an error it could not get past) left them; nothing else runs them again."""
+        h, v, op = L.HOSTS.c, L.VMS.c, L.OPERATIONS.c
+        query = (select(h.name).join(L.VMS, v.host_id == h.id)
+                 .where(h.state.in_([HostState.fencing.value, HostState.fenced.value]),
+                        v.state == VmState.unknown.value, v.ha_policy == "restart",
+                        ~select(op.id).where(op.kind == "recover", op.target == h.name, op.state.in_(IN_FLIGHT))
+                        .exists())
+                 .group_by(h.name).order_by(h.name))
+        if name is not None:
+            query = query.where(h.name == name)
+        return list(conn.execute(query).scalars())
+
+    def _resume_stranded(self) -> list[str]:
+        with self.o.db.read() as s:
+            hosts = self.stranded(s.connection())
+        resumed = []
+        for name in hosts:
+            reason = "its last recovery ended with HA VMs still unknown on it; recovering it again"
+            if self.resume_host(name, reason):
+                resumed.append(f"{name}: {reason}")
+        return resumed
+
+    def resume_host(self, name: str, reason: str) -> str | None:
+        """A new recovery of a `fencing` host (fenced first) or a `fenced` one (its HA VMs restarted);
+        None if it is neither or a recovery of it runs already."""
+        with self.o._lock:
+            with self.o.db.transaction() as conn:
+                row = conn.execute(select(L.HOSTS.c.state).where(L.HOSTS.c.name == name).with_for_update()).first()
+                if row is None or row.state not in (HostState.fencing.value, HostState.fenced.value):
+                    return None
+                if self._recovering(conn, name):
+                    return None
+                op_id = self.recovery.begin(conn, name, reason)
+                if row.state == HostState.fenced.value:
+                    L.set_operation(conn, op_id, step="restarting")
+        log.error("host %s: %s (operation %s)", name, reason, op_id)
+        self._launch(op_id)
+        return op_id
+
+    def has_stranded(self, name: str) -> bool:
+        """Whether a failed recovery left `name` with HA VMs unknown and no recovery in flight."""
+        with self.o.db.read() as s:
+            return bool(self.stranded(s.connection(), name))
+
+    def recover(self, name: str, who: str = "an operator") -> dict:
+        """`host recover NAME` on a host a failed recovery left `fencing`/`fenced` with HA VMs unknown:
+        its recovery runs again. Conflict when nothing is left to recover there."""
+        with self.o.db.read() as s:
+            conn = s.connection()
+            row = conn.execute(select(L.HOSTS.c.state, L.HOSTS.c.state_reason).where(L.HOSTS.c.name == name)).first()
+            if row is None:
+                raise NotFound(f"host {name!r} does not exist", field="host")
+            running = self._recovering(conn, name)
+            stranded = bool(self.stranded(conn, name))
+        if running:
+            raise Conflict(f"host {name}: its recovery runs already (operation {running}; `vmplane operation show "
+                           f"{running}`)", field="host")
+        if not stranded:
+            raise Conflict(f"host {name} is {row.state}: nothing is left to recover (no HA VM of it is unknown)",
+                           field="host")
+        op_id = self.resume_host(name, f"recovered again by {who}")
+        if op_id is None:
+            raise Conflict(f"host {name}: nothing is left to recover (its state changed meanwhile)", field="host")
+        return {"host": name, "state": row.state, "operation": op_id}
 
     def _whole_cluster_down(self, cluster: str) -> bool:
         members = [n for n, meta in self.o._hosts.items() if meta.cluster == cluster]
@@ -162,7 +230,12 @@ class HaController:
             raise Conflict(f"host {name} is {row.state}: it answers; only a host that does not can be fenced "
                            f"(maintenance drains a host that answers)", field="host")
         if row.state == HostState.fenced.value:
-            raise Conflict(f"host {name} is already fenced ({row.state_reason})", field="host")
+            with self.o.db.read() as s:
+                stranded = bool(self.stranded(s.connection(), name))
+            if not stranded:
+                raise Conflict(f"host {name} is already fenced ({row.state_reason}) and nothing is left to recover "
+                               f"there", field="host")
+            return self.recover(name, who)          # a recovery that failed left it so: run again
         if confirm_off:
             with self.o._lock:
                 with self.o.db.transaction() as conn:

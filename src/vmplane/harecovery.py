@@ -24,16 +24,20 @@ Steps, persisted so that a control plane killed anywhere resumes them (`resume`)
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from . import failpoints, metrics
 from .errors import Interrupted, VmplaneError
 from .fencing.base import FenceError, Fenced
 from .model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
 from .names import DOMAIN_PREFIX
+from .overdue import carrying
 from .reserves import placement_rules
 from .scope import Scope
 from .hostmonitor import probe
@@ -42,6 +46,12 @@ from .store import ledger as L
 from .store.schema import utcnow
 
 log = logging.getLogger("vmplane.ha")
+
+
+def transient(exc: BaseException) -> bool:
+    """(pure) A database error that passes by itself: the connection lost or refused, a lock or busy timeout,
+    a serialisation failure. Not a constraint or a programming error."""
+    return isinstance(exc, (OperationalError, InterfaceError)) or bool(getattr(exc, "connection_invalidated", False))
 CAUSE = "ha"
 FENCE_BACKOFF_S = (1, 2, 5, 10, 30)
 RESTART_BACKOFF_S = (1, 3, 10, 30)
@@ -57,6 +67,22 @@ def _recorded_on(host: str):
     return select(v.id, v.name, v.state).join(L.HOSTS, h.id == v.host_id).where(h.name == host, v.state.in_(_SETTLED))
 
 
+# how libvirt and QEMU word a disk lock held elsewhere (virtlockd, sanlock's lockd, QEMU's image lock)
+LOCK_WORDS = ("resource busy", "failed to get \"write\" lock", "failed to get shared \"write\" lock", "lockd",
+              "lockspace", "is locked")
+
+
+def lock_refusal(message: str | None) -> bool:
+    """(pure) Whether a failed start's message says a disk lock is held elsewhere."""
+    text = (message or "").lower()
+    return any(word in text for word in LOCK_WORDS)
+
+
+def within_lock_window(first: float, now: float, window_s: float) -> bool:
+    """(pure) Whether a restart first refused on a lock at `first` is still waited for at `now`."""
+    return now - first < window_s
+
+
 def _backoff(table: tuple[int, ...], attempt: int) -> float:
     return float(table[min(attempt, len(table) - 1)])
 
@@ -64,6 +90,8 @@ def _backoff(table: tuple[int, ...], attempt: int) -> float:
 class HostRecovery:
     def __init__(self, o):
         self.o = o
+        self._running: set[str] = set()         # restart operations being run in this process
+        self._runs_lock = threading.Lock()
 
     # -- the operation ---------------------------------------------------------------------------
     def begin(self, conn, host: str, reason: str) -> str:
@@ -72,7 +100,23 @@ class HostRecovery:
                                result={"attempts": {}, "restarted": {}, "failed": {}})
 
     def run(self, op_id: str) -> None:
-        """The operation's body (Orchestrator._run): from its persisted step to its end."""
+        """The operation's body (Orchestrator._run): from its persisted step to its end. A transient
+        database error (a failover, a busy SQLite) does not end it: the body runs again from its persisted
+        step after a backoff (it is written to be resumed anywhere), until the process closes."""
+        errors = 0
+        while True:
+            try:
+                return self._run_from_step(op_id)
+            except DBAPIError as exc:
+                if not transient(exc):
+                    raise
+                wait = _backoff(RESTART_BACKOFF_S, errors)
+                errors += 1
+                log.error("recovery %s: the database failed (%s); going on from its step in %g s", op_id[:8],
+                          type(exc.orig or exc).__name__, wait)
+                self._wait(wait)
+
+    def _run_from_step(self, op_id: str) -> None:
         with self.o.db.read() as s:
             op = L.operation_row(s.connection(), op_id)
         if op.state not in ("pending", "running"):
@@ -80,7 +124,19 @@ class HostRecovery:
         host = op.target
         if op.step == "fencing" and not self._fence(op_id, host):
             return
+        self._resume_restarts(op_id)
         self._restart_all(op_id, host)
+
+    def _resume_restarts(self, op_id: str) -> None:
+        """This recovery's restart operations left in flight (the error that interrupted it came between
+        their claim and their end), that no thread carries: driven to their end first."""
+        op = L.OPERATIONS.c
+        with self.o.db.read() as s:
+            rows = s.connection().execute(select(op.id, op.result).where(
+                op.kind == "restart", op.state.in_(["pending", "running"]))).all()
+        for row in rows:
+            if (row.result or {}).get("recovery") == op_id:
+                self.run_restart(row.id)
 
     resume = run
 
@@ -166,8 +222,10 @@ class HostRecovery:
         monitor brings it back and settles its VMs from what it runs; nothing was restarted."""
         with self.o._lock:
             with self.o.db.transaction() as conn:
+                # its silence starts again from now: the old down_since would let HA declare it again at
+                # once, before the monitor brings it back (and fence it if one probe fails meanwhile)
                 L.set_host_state(conn, host, HostState.down, "it answers again before it was fenced",
-                                 state_reason="it answers again; the monitor brings it back")
+                                 state_reason="it answers again; the monitor brings it back", down_since=utcnow())
                 L.set_operation(conn, op_id, state=OperationState.failed, step="done", progress=100,
                                 message=f"{host} answers again before it was fenced; nothing was restarted")
             self.o.index.upsert(replace(self.o.index.host(host), state=HostState.down))
@@ -324,7 +382,34 @@ class HostRecovery:
             return self._last(op_id, vm, host, attempt, max_restart)
         if restart_op is None:
             return True                 # no longer unknown on the host: someone else settled it
-        return self.run_restart(restart_op) or self._last(op_id, vm, host, attempt, max_restart)
+        try:
+            done = self.run_restart(restart_op)
+        except Exception as exc:        # noqa: BLE001 - outside its own try (its step, its last write)
+            if isinstance(exc, DBAPIError) and transient(exc):
+                raise                   # the recovery goes on from its step, this restart first
+            done = self._settle_restart(restart_op, exc) is not False
+        if not done and lock_refusal(self._op(restart_op).message) and self._lock_wait(op_id, vm, meta):
+            return False                # the fenced host's lock is not released yet: not an attempt spent
+        return done or self._last(op_id, vm, host, attempt, max_restart)
+
+    def _lock_wait(self, op_id: str, vm: str, meta) -> bool:
+        """A restart of `vm` refused on a disk lock: True (its attempt given back, tried again after the
+        backoff) while within `vmplane.ha.lock.release.window` of its first lock refusal; False after."""
+        window = float(self.o.catalog.effective("vmplane.ha.lock.release.window", meta.zone, meta.cluster))
+        now = time.time()
+        with self.o.db.transaction() as conn:
+            op = L.operation_row(conn, op_id, lock=True)
+            result = dict(op.result or {})
+            locked = dict(result.get("locked", {}))
+            first = locked.setdefault(vm, now)
+            if not within_lock_window(first, now, window):
+                return False
+            attempts = dict(result.get("attempts", {}))
+            attempts[vm] = max(attempts.get(vm, 1) - 1, 0)
+            L.set_operation(conn, op_id, result={**result, "attempts": attempts, "locked": locked})
+        log.warning("vm %s: its disk is still locked by its failed host; tried again (lock release window %g s, "
+                    "%.0f s left)", vm, window, first + window - now)
+        return True
 
     def _last(self, op_id: str, vm: str, host: str, attempt: int, max_restart: int) -> bool:
         """After a failed attempt: False (tried again after the backoff), or, when it was the last one,
@@ -338,6 +423,9 @@ class HostRecovery:
         o = self.o
         with o._lock:
             with o.db.transaction() as conn:
+                # the admissions' lock first, as a start's: its group check (hard anti-affinity) and its
+                # claim can not interleave with another process's admission
+                o.admissions.serialise(conn)
                 row = L.vm_row(conn, name=vm, lock=True)
                 if row.state != VmState.unknown.value or row.host_name != host:
                     return None
@@ -368,7 +456,39 @@ class HostRecovery:
     # -- one restart: its own operation ----------------------------------------------------------
     def run_restart(self, op_id: str) -> bool:
         """Start the VM's domain on the host its restart claimed (also the body that resumes it):
-        True once it runs or its state is settled otherwise; False to try again (claim moved back)."""
+        True once it runs or its state is settled otherwise; False to try again (claim moved back).
+        One run at a time in this process (carried: overdue.py); another one already running it: True."""
+        with self._runs_lock:
+            if op_id in self._running:
+                return True     # its other run settles it (its VM is `starting`: the recovery waits for it)
+            self._running.add(op_id)
+        try:
+            with carrying(op_id):
+                return self._run_restart(op_id)
+        finally:
+            with self._runs_lock:
+                self._running.discard(op_id)
+
+    def fail_restart(self, op_id: str, exc: Exception) -> bool:
+        """Orchestrator._fail of an HA restart (its body raised, or it was left in flight): its host is asked
+        and the VM settled as `_restart_failed` does (running there, unknown, or back to the fenced host for
+        its recovery to try again), never left `starting`. False for an operation of another kind."""
+        return self._settle_restart(op_id, exc) is not None
+
+    def _settle_restart(self, op_id: str, exc: Exception) -> bool | None:
+        """None: not a restart. Else as `_restart_failed`: False when the VM went back to its fenced host to
+        be tried again."""
+        with self.o.db.read() as s:
+            conn = s.connection()
+            op = L.operation_row(conn, op_id)
+            if op.kind != "restart":
+                return None
+            if op.state not in ("pending", "running") or op.vm_id is None:
+                return True
+            vm = L.vm_row(conn, op.vm_id)
+        return self._restart_failed(op_id, op, vm, exc)
+
+    def _run_restart(self, op_id: str) -> bool:
         o = self.o
         vm = o._begin_step(op_id, "starting-domain")
         if vm is None:

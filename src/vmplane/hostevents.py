@@ -7,7 +7,9 @@ only queues the event (it runs in libvirt's event thread, which must never block
 - stopped / shut down / crashed / undefined: settles the VM from what its host says now
   (settle.settle_vm): gone or shut off means `stopped`, its charge and claim given back in the same
   transaction, with an event whose cause is `libvirt event`. There is no `crashed` state: the event's
-  message says it crashed. Within a second or so of the guest powering off.
+  message says it crashed. Within a second or so of the guest powering off. A domain that migrated away
+  (STOPPED/migrated) or is gone is first looked for on the other hosts of its zone: one that runs it, or
+  can not be asked, makes the VM `unknown`, never stopped (review N7).
 - paused / resumed: an event in the log; the VM stays `running` (a paused domain still holds its
   memory and its claim).
 Events for VMs an operation owns (starting, stopping, migrating, scaling) and for a domain on a host
@@ -36,6 +38,7 @@ CAUSE = "libvirt event"
 UNDEFINED, SUSPENDED, RESUMED, STOPPED, SHUTDOWN, CRASHED = 1, 3, 4, 5, 6, 8
 SETTLES = {UNDEFINED: "was undefined", STOPPED: "stopped", SHUTDOWN: "shut down", CRASHED: "crashed"}
 STOPPED_DETAIL = {0: "shut down", 1: "destroyed", 2: "crashed", 3: "migrated", 4: "saved", 5: "failed"}
+STOPPED_MIGRATED = 3
 # a destroy first stops QEMU with a signal: libvirt reports SHUTDOWN/host before STOPPED/destroyed
 SHUTDOWN_DETAIL = {0: "shut down", 1: "was shut down by its guest", 2: "was shut down by the host (destroyed)"}
 NOTES = {SUSPENDED: "paused", RESUMED: "resumed"}
@@ -98,7 +101,9 @@ class HostEvents:
                 what = STOPPED_DETAIL.get(detail, what)
             elif event == SHUTDOWN:
                 what = SHUTDOWN_DETAIL.get(detail, what)
-            return settle_vm(self.o, vm, host, CAUSE, f"libvirt on {host}: the domain {what}")
+            # migrated away: it may run on another host (a migration vmplane did not order): settle_vm asks
+            return settle_vm(self.o, vm, host, CAUSE, f"libvirt on {host}: the domain {what}",
+                             migrated=event == STOPPED and detail == STOPPED_MIGRATED)
         if event in NOTES:
             self._note(vm, host, NOTES[event], detail)
         return None

@@ -12,6 +12,13 @@ owns at that moment is skipped; its operation settles it when it ends: a migrati
 on neither host records it stopped (migrator), and an operation that fails leaving it `running` has it
 settled from its host at once (settle.after_failed_operation), not only by the next full sync.
 
+A VM can also become `unknown` while its host keeps answering (a start or stop whose host could not say
+whether the domain exists, an HA restart whose read-back failed, start-up reconcile): no transition of the
+host's state settles it. So every `vmplane.unknown.settle.interval` seconds a pass settles every `unknown`
+VM of a host that answered this check (settle_vm, as when a host is back). One an operation or migration
+in flight owns is left to it; one start-up recovery is busy with is settled by the first pass after
+recovery ended (review N3). Until then `vmplane audit` names it.
+
 High availability (ha.py) takes over a host that stays down longer than `vmplane.ha.grace`: it is
 `fencing`, then `fenced`. This monitor leaves a `fencing` host to it (whether it answers again decides
 there), and brings a `fenced` host back like a down one once it answers (an operator repaired it),
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 
@@ -30,6 +38,7 @@ from sqlalchemy import select
 from .drivers.base import DriverError
 from .events import acting_as
 from .loops import every
+from .migration import ACTIVE as ACTIVE_MIGRATION
 from .model import IN_FLIGHT_OPERATION_VALUES as IN_FLIGHT, UNREACHABLE_HOST_STATES, HostState, VmState
 from .settle import settle_vm
 from .store import ledger as L
@@ -55,6 +64,7 @@ class HostMonitor:
         self.o = o
         self._stop = threading.Event()
         self._probing: dict[str, Future] = {}      # each host's last probe (one still running is not asked again)
+        self._unknown_due = 0.0                     # when unknown VMs are settled next (time.monotonic())
 
     def start(self) -> None:
         """Check the hosts every `vmplane.host.check.interval` seconds until stop()."""
@@ -84,6 +94,7 @@ class HostMonitor:
                     changes += self._mark_down(name, error) if not down else self._keep_unknown(name)
                 elif state == HostState.down or (state == HostState.fenced and not self._recovering(name)):
                     changes += self._bring_back(name)
+        changes += self._settle_unknown_when_due([name for (name, _), error in zip(hosts, answers) if error is None])
         return changes
 
     def _probe(self, hosts: list[tuple[str, object]]) -> list[DriverError | None]:
@@ -170,3 +181,33 @@ class HostMonitor:
         found, gone = outcome.get(VmState.running.value, 0), outcome.get(VmState.stopped.value, 0)
         log.warning("host %s is back (%s): %d VM(s) found running again, %d gone", name, restored, found, gone)
         return [f"{name} is back ({restored}); {found} VM(s) found running, {gone} gone"]
+
+    # -- unknown VMs of hosts that answer (review N3) --------------------------------------------------
+    def _settle_unknown_when_due(self, answered: list[str]) -> list[str]:
+        now = time.monotonic()
+        if now < self._unknown_due:
+            return []
+        self._unknown_due = now + float(self.o.catalog.effective("vmplane.unknown.settle.interval"))
+        return self.settle_unknown(answered)
+
+    def settle_unknown(self, answered: list[str]) -> list[str]:
+        """Every `unknown` VM recorded on a host of `answered` (hosts that answered just now) that is neither
+        down nor fenced, settled from what the hosts run (settle_vm): running, stopped, or left unknown when
+        another host of its zone runs it or can not be asked. VMs an operation or a migration in flight owns
+        are left to it. Returns what changed, in words."""
+        hosts = [h for h in answered if h in self.o.index and self.o.index.host(h).state not in UNREACHABLE_HOST_STATES]
+        if not hosts:
+            return []
+        v, h, op, m = L.VMS.c, L.HOSTS.c, L.OPERATIONS.c, L.MIGRATIONS.c
+        owned = select(op.vm_id).where(op.state.in_(IN_FLIGHT), op.vm_id.is_not(None))
+        migrating = select(m.vm_id).where(m.state.in_([st.value for st in ACTIVE_MIGRATION]))
+        with self.o.db.read() as s:
+            rows = s.connection().execute(select(v.name, h.name).join(L.HOSTS, h.id == v.host_id).where(
+                v.state == VmState.unknown.value, h.name.in_(hosts), v.id.not_in(owned), v.id.not_in(migrating))
+                .order_by(v.name)).all()
+        changes = []
+        for vm_name, host in rows:
+            new = settle_vm(self.o, vm_name, host, CAUSE, f"unknown while its host {host} answers")
+            if new is not None and new != VmState.unknown.value:
+                changes.append(f"{vm_name}: unknown on {host}, which answers; settled {new}")
+        return changes

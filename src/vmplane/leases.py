@@ -82,3 +82,25 @@ def to_acquire(held: Iterable[str], assignment: Mapping[str, str], me: str) -> l
     """Host leases the assignment gives this controller that it does not hold yet."""
     have = set(held)
     return sorted(host_lease(h) for h, owner in assignment.items() if owner == me and host_lease(h) not in have)
+
+
+DEFAULT_LEASE_S = 15.0
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """How long this process's PostgreSQL transactions may wait for a lock and sit idle (milliseconds)."""
+
+    lock_timeout_ms: int        # any statement's wait for a lock (lock_timeout)
+    idle_ms: int                # a transaction that waits for its client (idle_in_transaction_session_timeout)
+    give_way_ms: int            # one try of a wait that must give way (the admissions' lock, mark_lapsed)
+
+
+def session_limits(lease_s: float) -> SessionLimits:
+    """Limits a few lease periods long. A process frozen inside a transaction (SIGSTOP, a paused virtual machine)
+    keeps its locks until PostgreSQL ends its session: idle for three leases, by when the others have long judged
+    it lapsed. A plain wait lasts a lease longer, so that such a holder is ended before its waiters give up. The
+    waits every admission and every takeover need give way after a third of a lease (a beat), to look whether
+    their holder is a lapsed process whose session may be ended at once, then wait again."""
+    lease_ms = max(1, round(lease_s * 1000))
+    return SessionLimits(lock_timeout_ms=4 * lease_ms, idle_ms=3 * lease_ms, give_way_ms=max(100, lease_ms // 3))

@@ -91,6 +91,39 @@ def switch_ns(base: Path) -> str:
     return f"vmp{_tag(base)}-sw"
 
 
+# -- the machine's memory, shared between its local hosts --------------------------------------------
+RESERVE_MIB = 1024            # kept for the control plane (and the daemons): at least this, or 10 %
+
+
+def machine_memory_mib(meminfo: str | None = None) -> int:
+    """This machine's memory (the kernel's MemTotal, which libvirt reports for every local host)."""
+    text = meminfo if meminfo is not None else Path("/proc/meminfo").read_text()
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+def shareable_mib(total_mib: int) -> int:
+    """What the local hosts may report in all: the machine's memory less the control plane's reserve
+    (1 GiB or 10 %, the larger)."""
+    return max(0, total_mib - max(RESERVE_MIB, total_mib // 10))
+
+
+def host_memory_mib(total_mib: int, hosts: int, asked_mib: int | None = None) -> int:
+    """Each local host's memory: the shareable memory split evenly, or `asked_mib` (`vmplane up
+    --host-memory`) when the hosts' sum fits in it; ValueError otherwise (it would promise memory the
+    machine does not have)."""
+    room = shareable_mib(total_mib)
+    if asked_mib is None:
+        return room // max(hosts, 1)
+    if asked_mib * hosts > room:
+        raise ValueError(f"{hosts} host(s) of {asked_mib} MiB need {asked_mib * hosts} MiB; this machine has "
+                         f"{total_mib} MiB, of which {room} MiB can go to local hosts (the rest is kept for the "
+                         f"control plane): at most {room // max(hosts, 1)} MiB each")
+    return asked_mib
+
+
 def available() -> str | None:
     """None when local libvirt hosts can run here, else the reason they can not."""
     if shutil.which("qemu-system-x86_64") is None:

@@ -15,6 +15,8 @@ from sqlalchemy import select
 from . import failpoints, metrics
 from .errors import Conflict, Invalid, NotFound
 from .model import HostState, OperationState, VmState
+from .overdue import carrying
+from .placement import CapacityIndex
 from .store import ledger as L
 
 if TYPE_CHECKING:
@@ -38,7 +40,8 @@ class Maintenance:
         with self.o.db.transaction() as conn:
             op_id = L.new_operation(conn, "drain", host, None, None, step="maintenance")
         try:
-            return self._drain(host, op_id)
+            with carrying(op_id):       # run in the request's thread, not by Orchestrator._run
+                return self._drain(host, op_id)
         except Exception as exc:        # the drain operation must end, whatever happened
             self.o._fail(op_id, exc)
             raise
@@ -58,34 +61,34 @@ class Maintenance:
             vms = s.connection().execute(
                 select(L.VMS.c.name, L.VMS.c.state, L.VMS.c.memory_mib).join(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id)
                 .where(L.HOSTS.c.name == host).order_by(L.VMS.c.memory_mib.desc(), L.VMS.c.name)).all()
-        planned, unplaceable, held = [], [], []
-        try:
-            for name, state, _memory in vms:
-                if state != VmState.running.value:
-                    if state == VmState.migrating.value:
-                        planned.append({"vm": name, "note": "already migrating"})
-                    continue
-                try:
-                    if dry_run:
-                        with self.o._lock, self.o.db.read() as s:
-                            vm = L.vm_row(s.connection(), name=name)
-                            placement = self.o.migrator.plan(vm, None)
-                            self.o.index.add_usage(placement.host, vm.vcpus, placement.memory_mib)
-                            held.append((placement.host, vm.vcpus, placement.memory_mib))
-                        planned.append({"vm": name, "target": placement.host, "claim_memory_mib": placement.memory_mib})
-                    else:
-                        mig = self.o.migrator.migrate(name, reason=f"draining {host} for maintenance")
-                        planned.append({"vm": name, "target": mig["target"], "migration": mig["id"],
-                                        "state": mig["state"]})
-                        failpoints.hit("drain.mid")
-                except (Conflict, Invalid, NotFound) as exc:
-                    unplaceable.append({"vm": name, "reason": exc.message})
-                except Exception as exc:    # InsufficientCapacity and the like: reported, not stopped
-                    unplaceable.append({"vm": name, "reason": getattr(exc, "message", str(exc))})
-        finally:
+        planned, unplaceable = [], []
+        # a dry run plans on its own copy of the index: the shared one stays exact for real admissions
+        # meanwhile (a plan added there, even for a moment, could refuse them for usage nobody claimed)
+        index = None
+        if dry_run:
             with self.o._lock:
-                for target, vcpus, memory in held:     # a dry run leaves the index as it found it
-                    self.o.index.add_usage(target, -vcpus, -memory)
+                index = CapacityIndex(self.o.index.hosts())
+        for name, state, _memory in vms:
+            if state != VmState.running.value:
+                if state == VmState.migrating.value:
+                    planned.append({"vm": name, "note": "already migrating"})
+                continue
+            try:
+                if dry_run:
+                    with self.o.db.read() as s:
+                        vm = L.vm_row(s.connection(), name=name)
+                    placement = self.o.migrator.plan(vm, None, index=index)
+                    index.add_usage(placement.host, vm.vcpus, placement.memory_mib)     # the next VMs see it
+                    planned.append({"vm": name, "target": placement.host, "claim_memory_mib": placement.memory_mib})
+                else:
+                    mig = self.o.migrator.migrate(name, reason=f"draining {host} for maintenance")
+                    planned.append({"vm": name, "target": mig["target"], "migration": mig["id"],
+                                    "state": mig["state"]})
+                    failpoints.hit("drain.mid")
+            except (Conflict, Invalid, NotFound) as exc:
+                unplaceable.append({"vm": name, "reason": exc.message})
+            except Exception as exc:    # InsufficientCapacity and the like: reported, not stopped
+                unplaceable.append({"vm": name, "reason": getattr(exc, "message", str(exc))})
         result = {"host": host, "state": "maintenance" if not dry_run else self.o.host_capacity(host).state.value,
                   "dry_run": dry_run, "migrations": planned, "unplaceable": unplaceable}
         if not dry_run:

@@ -20,6 +20,9 @@ class MigrationState(str, enum.Enum):
     checking = "checking"        # switched over: the guest is asked whether it is healthy on the target
     succeeded = "succeeded"
     failed = "failed"            # the VM keeps running on the source; the target claim is released
+    # the VM moved (it runs on the target, the claims followed it) but its guest did not answer the check
+    # there: never `failed`, which says the VM stayed where it was
+    moved_unhealthy = "moved-unhealthy"
     cancelled = "cancelled"
     # switched over, then the copy broke: the guest is paused on one or both hosts (libvirt's
     # PAUSED_POSTCOPY_FAILED); both claims are kept, the VM stays `migrating`, resume is retried
@@ -50,8 +53,8 @@ TRANSITIONS: dict[tuple[MigrationState, str], tuple[MigrationState, tuple[Action
     (MigrationState.copying, "copy-failed"): (MigrationState.failed, (Action.release_target,)),
     (MigrationState.copying, "copy-cancelled"): (MigrationState.cancelled, (Action.release_target,)),
     (MigrationState.checking, "guest-healthy"): (MigrationState.succeeded, (Action.move_claims,)),
-    # the domain runs on the target (libvirt undefined the source): claims follow it, the failure is loud
-    (MigrationState.checking, "guest-unhealthy"): (MigrationState.failed, (Action.move_claims,)),
+    # the domain runs on the target (libvirt undefined the source): claims follow it, the outcome says so
+    (MigrationState.checking, "guest-unhealthy"): (MigrationState.moved_unhealthy, (Action.move_claims,)),
     # settled by asking both hosts (settle_outcome/settle_event below)
     (MigrationState.copying, "postcopy-failed"): (MigrationState.postcopy_failed, ()),
     (MigrationState.checking, "postcopy-failed"): (MigrationState.postcopy_failed, ()),
@@ -87,13 +90,33 @@ def _postcopy_failed(info: DomainInfo | None) -> bool:
     return info is not None and info.reason == "postcopy-failed"
 
 
-def settle_outcome(on_source: DomainInfo | None, on_target: DomainInfo | None) -> Outcome:
+INCOMING_REASONS = frozenset({"migration", "starting-up"})
+
+
+def incoming(info: DomainInfo | None) -> bool:
+    """A target's domain that an incoming migration created and never resumed (libvirt's
+    VIR_DOMAIN_PAUSED_MIGRATION / _STARTING_UP): a QEMU that waits for the guest's memory. It has never
+    run the guest; libvirt destroys it when the source's job fails, or when its keepalive notices a
+    source that lost its power (about 30 s, never with keepalive off)."""
+    return info is not None and info.state == "paused" and info.reason in INCOMING_REASONS
+
+
+def settle_outcome(on_source: DomainInfo | None, on_target: DomainInfo | None,
+                   source_off: bool = False) -> Outcome:
     """Where the domain is, from both hosts' answers (None: the host confirmed it has no such domain;
-    a host that can not be asked never gets here). `active` (a QEMU exists: running or paused) decides,
-    not `running`: a paused target holds the guest and its memory."""
+    a host that can not be asked never gets here; `source_off`: the source is fenced and does not
+    answer, known off). `active` (a QEMU exists: running or paused) decides, not `running`: a paused
+    target holds the guest and its memory after the switch-over. Before it, a target paused as an
+    incoming domain (incoming()) holds nothing of the guest: with the source running it, the VM stayed;
+    with the source off, the guest is lost (gone: it is restarted from the source's disks); with a
+    source that answers without it, libvirt is still cleaning up: asked again."""
     if _postcopy_failed(on_source) or _postcopy_failed(on_target):
         return Outcome.postcopy_failed
     source = on_source is not None and on_source.active
+    if incoming(on_target):
+        if source:
+            return Outcome.stayed
+        return Outcome.gone if source_off else Outcome.unclear
     target = on_target is not None and on_target.active
     if target and not source:
         return Outcome.moved
@@ -126,6 +149,28 @@ def settle_event(state: MigrationState, outcome: Outcome, cancelled: bool = Fals
     if event == "copy-failed" and cancelled:
         return "copy-cancelled"
     return event
+
+
+# N11: tuning a migration's copy is an operator's call. A member picks a named policy only; a post-copy
+# pulls the guest's memory at no less than the floor (a post-copy can not be aborted: at 1 MiB/s a 16 GiB
+# guest holds both hosts' slots and claims for hours)
+TUNING_FIELDS = ("bandwidth_mib_s", "postcopy", "max_downtime_ms", "postcopy_bandwidth_mib_s")
+POSTCOPY_BANDWIDTH_FLOOR_MIB_S = 64
+
+
+def tuning_refusal(asked: dict, admin: bool) -> tuple[str, str, str] | None:
+    """Why a migration request's tuning is refused, or None: (kind "forbidden"|"invalid", field, message).
+    `asked`: the tuning fields the request sets (None values left out)."""
+    given = [f for f in TUNING_FIELDS if asked.get(f) is not None]
+    if given and not admin:
+        return ("forbidden", given[0], f"tuning a migration ({given[0]}) needs an admin token; choose a named "
+                                       f"policy (`policy`: vmplane or hypervisor-default)")
+    bandwidth = asked.get("postcopy_bandwidth_mib_s")
+    if bandwidth is not None and bandwidth < POSTCOPY_BANDWIDTH_FLOOR_MIB_S:
+        return ("invalid", "postcopy_bandwidth_mib_s",
+                f"a post-copy bandwidth of {bandwidth} MiB/s is below the floor of {POSTCOPY_BANDWIDTH_FLOOR_MIB_S} "
+                f"MiB/s: a post-copy can not be aborted, and would hold both hosts for hours")
+    return None
 
 
 def past_deadline(elapsed_s: float, timeout_s: float) -> bool:

@@ -44,6 +44,10 @@ CONTROLLER_WAIT_S = 2.0         # the settle controller and cancel, per pass
 HUNG_GRACE_S = 120.0            # a copy thread this far past its deadline is taken for hung
 RESUME_FIRST_S, RESUME_EVERY_S = 5.0, 60.0    # post-copy resume: retried after 5 s, doubling up to every 60 s
 HEALTH_COMMAND = "cut -d' ' -f1 /proc/uptime; dmesg | grep -c -E 'Oops|BUG:|general protection|Kernel panic' || true"
+GUEST_PROBE_S = 5.0             # before the copy: whether the guest answers on the source at all (still booting?)
+# after the copy, a guest that answered on the source must answer on the target within the first; one that had
+# not answered yet (still booting) is given the second, the boot timeout (cluster settings, these defaults)
+GUEST_TIMEOUT_KEY, GUEST_BOOT_TIMEOUT_KEY = "vmplane.migration.guest.timeout", "vmplane.migration.guest.boot.timeout"
 _ACTIVE = [s.value for s in rules.ACTIVE]
 
 
@@ -120,9 +124,11 @@ class Migrator:
                             page, scalars=False)
 
     # -- planning ------------------------------------------------------------------------------
-    def plan(self, vm, to: str | None) -> Placement:
+    def plan(self, vm, to: str | None, index=None) -> Placement:
         """Where `vm` would go: the host asked for (any cluster of the VM's zone), or placement's choice
-        among the others of its host's cluster; only hosts its disks can follow it to."""
+        among the others of its host's cluster; only hosts its disks can follow it to. `index`: another
+        capacity index than the shared one (a drain's dry run plans on its own copy)."""
+        index = self.o.index if index is None else index
         source = self.o._hosts[vm.host_name]
         zone = vm.zone_name or source.zone          # a VM placed before zones mattered: its host's zone
         with self.o.db.read() as s:
@@ -136,7 +142,7 @@ class Migrator:
                                    storage_reason="its disks can not follow it here (no shared pool, and no "
                                                   "local pool at the same path with room for the copy)", **rules)
         if to is None:
-            return choose(self.o.index, replace(request, cluster=source.cluster))
+            return choose(index, replace(request, cluster=source.cluster))
         if to == vm.host_name:
             raise Invalid(f"vm {vm.name} already runs on {to}; choose another host", field="to")
         if to not in self.o.index:
@@ -144,7 +150,7 @@ class Migrator:
         problem = migration_scope_problem(vm.name, zone, to, self.o._hosts[to].zone)
         if problem:
             raise Invalid(problem, field="to")
-        return fit_on(self.o.index, request, to)
+        return fit_on(index, request, to)
 
     def _check_migratable(self, vm) -> None:
         if vm.state == VmState.migrating.value:
@@ -313,6 +319,8 @@ class Migrator:
             L.set_migration(conn, migration_id, params={**asdict(params), "policy": policy_name})
         if self._ended_for_a_lost_host(migration_id, row):     # read again right before the copy
             return
+        before = self._guest_before(migration_id, source, domain)
+        self._cancel_requested(migration_id)         # a cancel another process took meanwhile
         if not self._enter_call(migration_id):       # a cancel came first: the copy is never asked for
             self._finish(migration_id, "copy-cancelled", reason="cancelled before the copy started")
             return
@@ -326,9 +334,32 @@ class Migrator:
         self._leave_call(migration_id, timer)
         failpoints.hit("migrate.after-copy")
         stats_dict = {"total_ms": stats.total_ms, "downtime_ms": stats.downtime_ms, "bytes": stats.bytes_sent,
-                      **stats.extra}
+                      **stats.extra, "guest_before": before}
         self._finish(migration_id, "copied", stats=stats_dict)
         self._check_and_finish(migration_id, target, domain, stats_dict)
+
+    def _guest_before(self, migration_id: str, source, domain: str) -> str:
+        """Whether the guest answers on the source before the move ("answered", "not answering", or
+        "not checked"), kept in the migration's stats: the check on the target compares with it (a guest
+        migrated right after its start may still be booting: it is given the boot timeout there)."""
+        answered, check = self._ask_guest(source, domain, GUEST_PROBE_S)
+        before = "not checked" if answered is None else "answered" if answered else "not answering"
+        if answered is False:
+            log.info("migration %s: the guest of %s does not answer on the source yet (%s)", migration_id, domain,
+                     check)
+        with self.o.db.transaction() as conn:
+            L.set_migration(conn, migration_id, stats={"guest_before": before})
+        return before
+
+    def _cancel_requested(self, migration_id: str) -> bool:
+        """Whether a cancel was persisted (by any process); noted in this process's cancels."""
+        m = L.MIGRATIONS.c
+        with self.o.db.read() as s:
+            asked = bool(s.connection().execute(select(m.cancel_requested).where(m.id == migration_id)).scalar())
+        if asked:
+            with self._state_lock:
+                self._cancelled.add(migration_id)
+        return asked
 
     def _ended_for_a_lost_host(self, migration_id: str, row: dict) -> bool:
         """True (the migration ended `failed`) if its source or target is recorded down, fencing or fenced: a
@@ -386,9 +417,22 @@ class Migrator:
                 self._abort_source(migration_id, source, domain)
             if time.monotonic() - last[0] >= 0.5 or percent >= 100:
                 last[0] = time.monotonic()
-                with self.o.db.transaction() as conn:
-                    L.set_migration(conn, migration_id, progress=percent, waiting_for=message)
+                if self._write_progress(migration_id, percent, message) and migration_id not in self._cancelled:
+                    with self._state_lock:          # a cancel another process took (N6): aborted from here
+                        self._cancelled.add(migration_id)
+                    asked[0] = time.monotonic()
+                    self._abort_source(migration_id, source, domain)
         return progress
+
+    def _write_progress(self, migration_id: str, percent: int, message: str) -> bool:
+        """Write a copy's progress; True if a cancel was persisted meanwhile, by any process (the copying
+        process polls it with each write: N6)."""
+        m = L.MIGRATIONS.c
+        with self.o.db.transaction() as conn:
+            cancel = bool(conn.execute(select(m.cancel_requested).where(m.id == migration_id)).scalar())
+            L.set_migration(conn, migration_id, progress=percent,
+                            waiting_for="cancel asked: the copy is being aborted" if cancel else message)
+        return cancel
 
     def _abort_source(self, migration_id: str, source, domain: str) -> bool:
         try:
@@ -400,25 +444,51 @@ class Migrator:
             return False
 
     def _check_and_finish(self, migration_id: str, target, domain: str, stats: dict, reason_prefix: str = "") -> None:
-        healthy, check = self._check_guest(target, domain)
+        row = self.get(migration_id)
+        before = stats.get("guest_before") or (row.get("stats") or {}).get("guest_before")
+        healthy, check = self._check_guest(target, domain, before, self._guest_timeouts(row))
         failpoints.hit("migrate.checked")
         row = self.get(migration_id)
-        self._finish(migration_id, "guest-healthy" if healthy else "guest-unhealthy", stats={**stats, "guest_check": check},
-                     reason="" if healthy else f"{reason_prefix}the guest is not healthy on {row['target']}: {check}")
+        self._finish(migration_id, "guest-healthy" if healthy else "guest-unhealthy",
+                     stats={**stats, "guest_before": before, "guest_check": check},
+                     reason="" if healthy else f"{reason_prefix}moved to {row['target']}, where it runs, but the "
+                                               f"guest is not healthy there: {check}")
 
-    def _check_guest(self, target, domain: str) -> tuple[bool, str]:
-        """Never call a migration good unchecked: the guest must answer on the target, without oopses."""
-        run = getattr(target, "guest_run", None)
-        if run is None:
-            return True, "not checked: a sim host has no guest"
+    def _guest_timeouts(self, row: dict) -> tuple[float, float]:
+        """(the guest check's timeout, its boot timeout) in the migration's cluster."""
+        zone = self.o._hosts[row["source"]].zone if row["source"] in self.o._hosts else None
+        eff = self.o.catalog.effective
+        return (float(eff(GUEST_TIMEOUT_KEY, zone, row["cluster"])),
+                float(eff(GUEST_BOOT_TIMEOUT_KEY, zone, row["cluster"])))
+
+    def _check_guest(self, target, domain: str, before: str | None, timeouts: tuple[float, float]) -> tuple[bool, str]:
+        """Never call a migration good unchecked: the guest must answer on the target, without oopses,
+        compared with its state before the move: a guest that had not answered on the source yet (still
+        booting) is waited for up to the boot timeout, not failed after the check's own timeout."""
+        booting = before == "not answering"
+        healthy, check = self._ask_guest(target, domain, timeouts[1] if booting else timeouts[0])
+        if healthy is None:
+            return True, check
+        if booting:
+            check += "; it had not answered on the source before the move (still booting)"
+        return healthy, check
+
+    @staticmethod
+    def _ask_guest(driver, domain: str, timeout_s: float) -> tuple[bool | None, str]:
+        """The guest's health as its console answers within `timeout_s`: (True/False, in words), or (None,
+        why) for a host without a guest to ask. A sim host answers as its fabric's guest does."""
+        run, health = getattr(driver, "guest_run", None), getattr(driver, "guest_health", None)
+        if run is None and health is None:
+            return None, "not checked: this host has no guest to ask"
+        t0 = time.monotonic()
         try:
-            out, _code = run(domain, HEALTH_COMMAND, 60.0)
+            out = run(domain, HEALTH_COMMAND, timeout_s)[0] if run is not None else health(domain, timeout_s)
         except Exception as exc:        # any error is an answer: not healthy (the domain did move)
-            return False, f"no answer on the console ({exc})"
+            return False, f"no answer on the console within {timeout_s:g} s ({exc})"
         lines = [line for line in out.split() if line]
         if len(lines) < 2 or lines[-1] != "0":
             return False, f"kernel errors in dmesg ({lines[-1] if lines else '?'} lines)"
-        return True, f"answered, uptime {lines[0]} s, no kernel errors"
+        return True, f"answered after {time.monotonic() - t0:.1f} s, uptime {lines[0]} s, no kernel errors"
 
     # -- settling by asking both hosts ---------------------------------------------------------
     def orphaned(self, mig: dict) -> bool:
@@ -435,8 +505,35 @@ class Migrator:
         return self._elapsed_s(mig) > self._timeout_s(mig) + HUNG_GRACE_S
 
     def take_orphan(self, mig: dict) -> bool:
-        """An orphaned migration (orphaned()), now owned by this process, which may settle it."""
-        return self.orphaned(mig) and self.o.controllers.claim_migration(mig["id"])
+        """An orphaned migration (orphaned()), now owned by this process, which may settle it. A copy
+        taken from another process whose lease lapsed is aborted on its source first (review N7): that
+        process may still be inside libvirt's call, and its copy must not land after the settle."""
+        if not (self.orphaned(mig) and self.o.controllers.claim_migration(mig["id"])):
+            return False
+        owner = mig.get("owner")
+        if mig["state"] == MigrationState.copying.value and owner is not None and owner != self.o.controllers.epoch:
+            self._abort_lapsed_copy(mig)
+        return True
+
+    def _abort_lapsed_copy(self, mig: dict) -> None:
+        """Ask the source's hypervisor to abort a copy it still runs (the job is libvirtd's, not the lapsed
+        process's); a source that is fenced, does not answer or runs no copy is left to the settle."""
+        source = self._asked(mig["source"])
+        if isinstance(source, _PoweredOff):
+            return
+        domain = self.o.domain_name(mig["vm_name"])
+        try:
+            running = source.migration_active(domain)
+        except DriverError as exc:
+            log.warning("migration %s: taken over; its source does not answer (%s)", mig["id"], exc)
+            return
+        if running:
+            log.warning("migration %s: taken over from lapsed controller %s while its copy runs; aborting it",
+                        mig["id"], mig.get("owner"))
+            if rules.past_deadline(self._elapsed_s(mig), self._timeout_s(mig)):
+                with self._state_lock:      # its reason says so, as an abort at the deadline would
+                    self._timed_out.add(mig["id"])
+            self._abort_source(mig["id"], source, domain)
 
     @staticmethod
     def _elapsed_s(mig: dict) -> float:
@@ -479,11 +576,31 @@ class Migrator:
         except DriverError as exc:          # unknown is not absent: nothing moves
             self._note(migration_id, f"{exc.host} does not answer ({exc}); both hosts are asked again")
             return row["state"]
-        outcome = rules.settle_outcome(on_source, on_target)
+        source_off = isinstance(source, _PoweredOff)
+        outcome = rules.settle_outcome(on_source, on_target, source_off=source_off)
         if outcome == Outcome.unclear:
-            self._note(migration_id, f"both {row['source']} and {row['target']} hold the domain; asked again")
+            if rules.incoming(on_target):
+                self._note(migration_id, f"{row['source']} answers without the domain and {row['target']} holds only "
+                                         f"an incoming domain (paused, never resumed); asked again")
+            else:
+                self._note(migration_id, f"both {row['source']} and {row['target']} hold the domain; asked again")
             return row["state"]
+        if rules.incoming(on_target):       # a shell that never ran the guest (N1): removed, as libvirt would
+            self._drop_incoming(row, target, domain, source_off)
+            on_target = None
         return self._settle_to(row, outcome, why, on_source, on_target)
+
+    def _drop_incoming(self, row: dict, target, domain: str, source_off: bool) -> None:
+        """Destroy the target's incoming domain of a copy that ended before its switch-over. Best effort:
+        libvirt destroys it too once it notices the source's job ended (or, for a source that lost its
+        power, after its keepalive)."""
+        log.warning("migration %s: %s holds only an incoming domain of %s (paused, never resumed)%s; destroying it",
+                    row["id"], row["target"], row["vm_name"], f": {row['source']} is off" if source_off else "")
+        try:        # read again right before: only a domain that is still an incoming one is destroyed
+            if rules.incoming(target.domain(domain)):
+                target.stop(domain, timeout_s=0)
+        except DriverError as exc:
+            log.warning("migration %s: destroying the incoming domain on %s: %s", row["id"], row["target"], exc)
 
     def _asked(self, host: str):
         """Who answers for `host` when a migration is settled: its driver, or, for a fenced host that does
@@ -531,12 +648,12 @@ class Migrator:
                   Outcome.postcopy_failed: f"post-copy failed ({why}): the guest is paused on "
                                            f"{_paused_on(row, on_source, on_target)}; both hosts stay claimed",
                   Outcome.moved: ""}[outcome]
-        if outcome == Outcome.stayed and mid in self._cancelled:
+        cancelled = mid in self._cancelled or bool(row.get("cancel_requested"))
+        if outcome == Outcome.stayed and cancelled:
             reason = "cancelled" + (f" ({why})" if why and why != "cancelled" else "")
         if outcome == Outcome.gone and on_source is not None:       # a shut-off definition: removed as a stop
             self._drop_definition(row, source)                      # does (the VM is recorded stopped next)
-        state = self._finish(mid, lambda current: rules.settle_event(current, outcome, mid in self._cancelled),
-                             reason=reason)
+        state = self._finish(mid, lambda current: rules.settle_event(current, outcome, cancelled), reason=reason)
         if outcome == Outcome.postcopy_failed:
             return self._try_resume(row, on_source, on_target)
         if outcome == Outcome.moved and state == MigrationState.checking:
@@ -601,7 +718,10 @@ class Migrator:
                 if name is None:
                     return current
                 state, actions = rules.transition(current, name)
-                if Action.abort_copy not in actions:
+                if Action.abort_copy in actions:      # whichever process copies it sees this and aborts (N6)
+                    L.set_migration(conn, migration_id, cancel_requested=True,
+                                    waiting_for="cancel asked: the copy is being aborted")
+                else:
                     freed = self._apply(conn, row, state, actions, reason, stats, gone=name == "gone")
             self.o._unindex(freed)
         if Action.abort_copy in actions:
@@ -686,8 +806,8 @@ class Migrator:
         driver = self._asked(source)
         if isinstance(driver, _PoweredOff):
             return
-        try:
-            driver.stop(self.o.domain_name(row["vm_name"]), timeout_s=0)
+        try:        # never a stop: the outcome was read earlier, and a start may run the domain again since
+            driver.undefine_if_shut_off(self.o.domain_name(row["vm_name"]))
         except DriverError as exc:
             log.warning("migration %s: removing the shut-off definition on %s: %s", row["id"], source, exc)
 
@@ -732,6 +852,8 @@ class Migrator:
     def _cancel_orphan(self, mig: dict) -> dict:
         with self._state_lock:
             self._cancelled.add(mig["id"])
+        with self.o.db.transaction() as conn:     # kept for a settle that can not decide now (any process's)
+            L.set_migration(conn, mig["id"], cancel_requested=True)
         source, domain = self.o.drivers[mig["source"]], self.o.domain_name(mig["vm_name"])
         try:
             running = source.migration_active(domain)

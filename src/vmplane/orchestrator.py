@@ -73,6 +73,7 @@ from .groupstore import resolve_group
 from .reserves import placement_rules
 from .ha import HaController, check_ha, default_agents
 from .recovery import Recovery
+from .overdue import OverdueOperations, carrying
 from .scaler import Scaler
 from .scaling import ScalingFlags, cap_for_share, cap_share, ceiling
 from .scope import Scope
@@ -191,6 +192,7 @@ class Orchestrator:
         self.disk_moves = DiskMoves(self)                         # what a migration does with the disks
         self.storage_settle = StorageSettle(self)                 # volumes between two steps, stale copies
         self.ha = HaController(self)                              # failed hosts: fencing, HA restarts
+        self.overdue = OverdueOperations(self)    # its own operations left in flight past their deadline
         # this process among the control planes of the store: its lease, what it owns (registered by load())
         self.controllers = Controllers(self, name, lease_s, api_url)
 
@@ -685,14 +687,15 @@ class Orchestrator:
 
     def _run_body(self, op_id: str, body) -> None:
         """`body(op_id)`; one that returns OperationState.succeeded ended its operation so itself, and has
-        no failure to settle (not read back)."""
-        try:
-            if body(op_id) is OperationState.succeeded:
+        no failure to settle (not read back). Carried by this thread meanwhile (overdue.py)."""
+        with carrying(op_id):
+            try:
+                if body(op_id) is OperationState.succeeded:
+                    return
+            except Exception as exc:  # an operation must end, whatever happened
+                self._settle_failed(op_id, exc)
                 return
-        except Exception as exc:  # an operation must end, whatever happened
-            self._settle_failed(op_id, exc)
-            return
-        self._settle_after(op_id)
+            self._settle_after(op_id)
 
     def _settle_failed(self, op_id: str, exc: Exception) -> None:
         """An operation's body raised `exc`: it ends failed (Interrupted: left at its step for the next
@@ -757,6 +760,8 @@ class Orchestrator:
         """End an operation as failed, giving back what a failed start holds. One that already ended (by
         its own run, or a run of it handed over meanwhile) is left as it ended: nothing is given back twice."""
         reason = exc.message if isinstance(exc, VmplaneError) else str(exc) or type(exc).__name__
+        if self.ha.recovery.fail_restart(op_id, exc):    # an HA restart: its host asked, never left starting
+            return
         freed: list = []
         presence = self._domain_presence(op_id)     # asked before a start/stop gives anything back
         given: tuple[str, int, int] | None = None
@@ -871,6 +876,7 @@ class Orchestrator:
         self.migration_settle.start()
         self.storage_settle.start()
         self.ha.start()
+        self.overdue.start()
 
     def exec_in_guest(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
         """Run one shell line in a running VM's guest (through its console); (output, exit code)."""
@@ -1054,7 +1060,8 @@ class Orchestrator:
     def close(self) -> None:
         self.closing.set()
         self.controllers.stop()
-        for loop in (self.monitor, self.sync, self.host_events, self.migration_settle, self.storage_settle, self.ha):
+        for loop in (self.monitor, self.sync, self.host_events, self.migration_settle, self.storage_settle, self.ha,
+                     self.overdue):
             loop.stop()
         if isinstance(self.executor, ThreadPoolExecutor):
             self.executor.shutdown(wait=True)

@@ -12,7 +12,9 @@ The check takes a KEY SHARE lock on the row (PostgreSQL; SQLite's writers are se
 takeover starts by marking the lapsed row `lapsed` after locking it FOR UPDATE (controllers.mark_lapsed),
 which waits for those: a write that passed its check commits before the takeover sees anything. The
 renewal, an UPDATE of no key column, does not conflict with KEY SHARE: a process's own writes waiting on
-other locks never hold its lease back. No session state: no advisory locks, nothing that a
+other locks never hold its lease back. A write frozen after its check (its process stopped inside the
+transaction) holds the takeover only until the wait gives way: its session is then ended (store/pgsessions.py).
+No session state: no advisory locks, nothing that a
 connection pool (or PgBouncer in transaction mode) could lose between two transactions.
 """
 

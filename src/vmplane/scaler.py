@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vmplane.scaler")
 
-ENDED = ("succeeded", "failed", "cancelled")
+ENDED = ("succeeded", "failed", "cancelled", "moved-unhealthy")
 ACTIVE_MIGRATION = [st.value for st in ACTIVE]
 # A scale that migrates first gives its migration twice the migration timeout plus this slack, then
 # cancels it and fails; after the cancel it waits at most CANCEL_GRACE_S for the migration to end.

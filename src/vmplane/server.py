@@ -12,6 +12,7 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy import update
 
 from . import localhosts
 from .api.app import create_app
@@ -20,12 +21,14 @@ from .guest import build as guest
 from .controllers import DEFAULT_LEASE_S
 from .orchestrator import Orchestrator
 from .store import Database
+from .store.schema import Host
 
 DEFAULT_PORT = 8470
 UP_ZONE, UP_CLUSTER = "zone1", "cluster1"
 UP_SHARED_POOL = "shared"
 UP_TOKEN_NAME = "up-admin"
 SIM_HOST = {"cores": 16, "cpu_mhz": 2400, "memory_mib": 65536}
+DEFAULT_FORWARDED_ALLOW_IPS = "127.0.0.1"     # a proxy on this machine; `--forwarded-allow-ips` names others
 
 
 def default_db_url() -> str:
@@ -44,18 +47,18 @@ class ControlPlane:
 
 
 def build(db_url: str | None = None, recover: bool = True, name: str | None = None,
-          lease_s: float = DEFAULT_LEASE_S, api_url: str | None = None) -> ControlPlane:
+          lease_s: float = DEFAULT_LEASE_S, api_url: str | None = None, insecure_cookies: bool = False) -> ControlPlane:
     """The control plane of a store; its start-up recovery runs in the background (the API answers at
     once; /healthz shows what is still recovered), or, with `recover=False`, when the caller says
     (`orchestrator.recovery.run(background=True)`: `vmplane up` once its local hosts run). `name`: this
     process among the control planes of the store (controllers.py; a restart under the same name takes
-    over its previous incarnation's work at once)."""
+    over its previous incarnation's work at once). `insecure_cookies`: api/app.create_app."""
     db = Database(db_url or default_db_url())
     db.migrate()
     orch = Orchestrator(db, name=name, lease_s=lease_s, api_url=api_url)
     orch.load(background=True, recover=recover)
     orch.start_monitor()
-    return ControlPlane(db, orch, create_app(orch))
+    return ControlPlane(db, orch, create_app(orch, insecure_cookies=insecure_cookies))
 
 
 def home() -> Path:
@@ -66,10 +69,31 @@ def hosts_dir() -> Path:
     return home() / "hosts"
 
 
-def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str) -> list[str]:
+def local_host_memory(hosts: int, driver: str, asked_mib: int | None = None) -> int:
+    """The memory each host of `vmplane up` reports. libvirt hosts share this machine: together at most its
+    memory less the control plane's reserve, split evenly unless `--host-memory` says (localhosts.py);
+    Invalid naming `host_memory` when asked for more. Simulated hosts are the size asked (default 64 GiB)."""
+    if driver != "libvirt":
+        return asked_mib or SIM_HOST["memory_mib"]
+    try:
+        return localhosts.host_memory_mib(localhosts.machine_memory_mib(), hosts, asked_mib)
+    except ValueError as exc:
+        raise Invalid(str(exc), field="host_memory") from None
+
+
+def set_host_memory(orch: Orchestrator, name: str, memory_mib: int) -> None:
+    """Record the memory a host offers (a local host's share of the machine) and rebuild the capacity
+    index from the store."""
+    with orch.db.write() as s:
+        s.execute(update(Host).where(Host.name == name).values(memory_mib=memory_mib))
+    orch.rebuild_index()
+
+
+def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str, host_memory_mib: int | None = None) -> list[str]:
     """Zone, cluster, the `tiny-linux` template and `hosts` hosts for `vmplane up`: simulated ones, or
     libvirtd daemons started on this machine (adopted when already running). Restart-safe: what
-    exists is kept."""
+    exists is kept, each host's memory set to its share again (local_host_memory)."""
+    memory_mib = local_host_memory(hosts, driver, host_memory_mib)
     cat = orch.catalog
     if UP_ZONE not in {z.name for z in cat.zones()}:
         cat.create_zone(UP_ZONE)
@@ -85,12 +109,14 @@ def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str) -> list[s
         if driver == "libvirt":
             local = localhosts.start(hosts_dir(), name, i - 1, netns=localhosts.netns_available())
         try:
-            orch.host(name)
+            host = orch.host(name)
         except NotFound:
             if local is not None:
-                orch.add_host(name, UP_CLUSTER, "libvirt", uri=local.uri, migration_address=local.address)
+                host = orch.add_host(name, UP_CLUSTER, "libvirt", uri=local.uri, migration_address=local.address)
             else:
-                orch.add_host(name, UP_CLUSTER, "sim", **SIM_HOST)
+                host = orch.add_host(name, UP_CLUSTER, "sim", **{**SIM_HOST, "memory_mib": memory_mib})
+        if host.memory_mib != memory_mib and (driver == "libvirt" or host_memory_mib is not None):
+            set_host_memory(orch, name, memory_mib)
         names.append(name)
     _prepare_pools(orch, names)
     if driver == "libvirt":
@@ -153,14 +179,17 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _exit)
 
 
-def serve(app: FastAPI, host: str, port: int) -> None:
+def serve(app: FastAPI, host: str, port: int, forwarded_allow_ips: str | None = None) -> None:
     """Serve until SIGINT/SIGTERM. uvicorn shuts down gracefully, restores the previous handlers and
     raises the signal again: SIGTERM's handler then exits through the callers' `finally` blocks, so
-    `vmplane up` stops what it started."""
+    `vmplane up` stops what it started. `forwarded_allow_ips`: the proxies (comma-separated addresses or
+    networks, `*` for any) whose X-Forwarded-Proto and X-Forwarded-For are believed (the request's
+    scheme decides the console cookie's Secure flag); default 127.0.0.1, uvicorn's."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     faulthandler.enable()       # a crash in C (libvirt's client, a driver) leaves every thread's stack in the log
     exit_on_sigterm()
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, proxy_headers=True,
+                forwarded_allow_ips=forwarded_allow_ips or DEFAULT_FORWARDED_ALLOW_IPS)
 
 
 def new_token() -> str:

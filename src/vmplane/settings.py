@@ -138,6 +138,11 @@ KEYS: dict[str, SettingKey] = {k.key: k for k in [
     _int("vmplane.migration.timeout", 600, "cluster",
          "Seconds a live migration may copy; at the deadline a copy still in pre-copy is aborted (KVM: switched "
          "to post-copy) and settled by asking both hosts.", 1, 86400),
+    _int("vmplane.migration.guest.timeout", 60, "cluster",
+         "Seconds the check after a live migration waits for the guest to answer on the target, when it "
+         "answered on the source before the move.", 1, 86400),
+    _int("vmplane.migration.guest.boot.timeout", 300, "cluster",
+         "Seconds that check waits for a guest that had not answered on the source yet (still booting).", 1, 86400),
     _int("vmplane.vm.shutdown.timeout", 30, "cluster",
          "Seconds a stop waits for the guest to power off (ACPI) before forcing it off.", 0, 86400),
     _float("vmplane.host.check.interval", 5.0, "global",
@@ -146,6 +151,9 @@ KEYS: dict[str, SettingKey] = {k.key: k for k in [
     _int("vmplane.host.sync.interval", 30, "global",
          "Seconds between full syncs of every host's domains with the record (the safety net for missed "
          "libvirt events).", 1, 3600),
+    _float("vmplane.unknown.settle.interval", 10.0, "global",
+           "Seconds between passes of the host monitor that settle every unknown VM of a host that answers from "
+           "what the hosts run (running, or stopped with its charge given back).", 0.1, 3600),
     _float("vmplane.ha.grace", 10.0, "cluster",
            "Seconds a host may fail to answer before it is declared failed and fenced (a shorter blip restarts "
            "nothing).", 0, 3600),
@@ -153,9 +161,16 @@ KEYS: dict[str, SettingKey] = {k.key: k for k in [
          "HA restarts run at once after a host failure (by priority, highest first).", 1, 1000),
     _int("vmplane.ha.max.restart", 3, "cluster",
          "Attempts to restart an HA VM elsewhere before it is put in the terminal error state.", 1, 100),
+    _int("vmplane.ha.lock.release.window", 180, "cluster",
+         "Seconds an HA restart refused on a disk lock (the failed host's lock outlives its power-off on shared "
+         "storage, as an NFS lease does) is retried with backoff without spending its attempts.", 0, 3600),
     _int("vmplane.ha.host.failures.tolerated", 0, "cluster",
          "Host failures the cluster keeps room for: placement refuses a start, scale or migration that would "
          "leave too little room to restart the HA VMs of any that many hosts.", 0, 100),
+    _int("vmplane.operation.deadline", 1800, "global",
+         "Seconds an operation in flight may go without a change to its record while no thread of its process "
+         "carries it; past that, its process settles it through its failure path (retried with backoff) and "
+         "`audit` reports it.", 1, 86400),
     _int("vmplane.operation.history", 10000, "global",
          "Finished operations kept for `operations list`.", 0, 10_000_000),
     _int("vmplane.event.history", 100_000, "global",

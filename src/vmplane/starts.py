@@ -73,6 +73,11 @@ class Starts:
             self._queue.append((op_id, cause))
         self._kick()
 
+    def carried(self) -> frozenset[str]:
+        """The starts queued or being run here: carried, not left in flight (overdue.py)."""
+        with self._lock:
+            return frozenset(self._active) | frozenset(op for op, _ in self._queue)
+
     def close(self) -> None:
         """After the executor: waits for the starts handed to the pool."""
         with self._lock:

@@ -3,6 +3,7 @@ domains have attached, read from the hosts; and the pools' used space against th
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
@@ -11,11 +12,12 @@ from . import storagerules as R
 from .drivers.base import DriverError
 from .store import storageledger as SL
 from .store.schema import Host, Vm
-from .volumes import disk_spec, domain_name
+from .volumes import disk_spec, domain_name, file_of
 
 if TYPE_CHECKING:
     from .orchestrator import Orchestrator
 
+_PROBE = re.compile(re.escape(R.VOLUME_PREFIX) + r"probe-[0-9a-f]{8}\.raw$")     # pools.py's shared check
 SETTLING = ("creating", "deleting", "attaching", "detaching", "resizing")     # a step in flight: the host may differ
 
 
@@ -54,8 +56,7 @@ def _pool_problems(o: "Orchestrator", pool, volumes) -> list[str]:
         listed = {v.name: v for v in o.drivers[host].volumes(pool.name)}
     except DriverError:
         return []                       # can not tell: nothing is said
-    expected = {R.volume_file(v.name, v.format): v for v in volumes
-                if v.pool_name == pool.name or v.copy_pool_name == pool.name}
+    expected = {file_of(v): v for v in volumes if v.pool_name == pool.name or v.copy_pool_name == pool.name}
     problems = []
     for file, v in sorted(expected.items()):
         got = listed.get(file)
@@ -63,7 +64,14 @@ def _pool_problems(o: "Orchestrator", pool, volumes) -> list[str]:
             problems.append(f"volume {v.name}: not in pool {pool.name} (read on {host})")
         elif got is not None and got.capacity_mib < v.size_mib and v.state not in SETTLING:
             problems.append(f"volume {v.name}: pool {pool.name} says {got.capacity_mib} MiB, the store {v.size_mib}")
-    for file in sorted(set(listed) - set(expected)):
-        if file.startswith(R.VOLUME_PREFIX) and not file.startswith(R.VOLUME_PREFIX + "probe-"):
-            problems.append(f"pool {pool.name} holds {file}, a vmplane volume the store does not know")
-    return problems
+    return problems + unowned_files(pool.name, host, listed, volumes)
+
+
+def unowned_files(pool: str, host: str, files, volumes) -> list[str]:
+    """Files of vmplane's (their name says so) in `pool`, as `host` lists them, that no volume owns there:
+    neither a volume's file on that pool nor its migration copy's. Another volume of the same name could
+    be given such a file (another tenant's data: review N2); the operator decides what to do with it."""
+    owned = {file_of(v) for v in volumes if pool in (v.pool_name, v.copy_pool_name)}
+    return [f"pool {pool} on {host} holds {file}, a vmplane volume file that no volume owns (once its data is "
+            f"not needed: `virsh vol-delete --pool {pool} {file}` on {host})"
+            for file in sorted(set(files) - owned) if file.startswith(R.VOLUME_PREFIX) and not _PROBE.match(file)]

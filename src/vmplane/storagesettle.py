@@ -1,7 +1,8 @@
 """The storage settle controller: volumes left between two steps (creating, attaching, detaching,
 deleting: a crash or a silent host between asking a host and recording its answer) are finished or
-undone by asking again (`Volumes.resolve`), and the second copies migrations leave behind are deleted
-once no migration carries them (`DiskMoves.cleanup`). One job, in its own thread, every
+undone by asking again (`Volumes.resolve`; a deleted volume whose migration copy waits for its host
+stays `deleting` until that copy is confirmed gone), and the second copies migrations leave behind are
+deleted once no migration carries them (`DiskMoves.cleanup`). One job, in its own thread, every
 CHECK_INTERVAL_S seconds; run once by start-up recovery too."""
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ the host confirmed (read back). A host that can not answer leaves the volume in 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection, Row
@@ -16,6 +17,7 @@ from sqlalchemy.engine import Connection, Row
 from . import failpoints, images
 from . import storagerules as R
 from .drivers.base import DiskSpec, DriverError
+from .drivers.volumefiles import same_volume
 from .errors import AlreadyExists, Conflict, Invalid, NotFound
 from .model import Usage, VmState
 from .names import DOMAIN_PREFIX, check_name
@@ -37,9 +39,20 @@ def domain_name(vm: str) -> str:
     return DOMAIN_PREFIX + vm
 
 
+def file_of(v: Row) -> str:
+    """The volume's file in its pool (and in its copy's pool): the one its row recorded when it was made;
+    a row made before the file names were unique (file_name None) has its name's file."""
+    return v.file_name or R.volume_file(v.name, v.format)
+
+
+def new_file_name(volume: str, format: str) -> str:
+    """A new volume's file: its name and a token no other volume has, so that a volume never meets a file
+    that an older volume of the same name left behind (a copy on a host that did not answer: review N2)."""
+    return f"{R.VOLUME_PREFIX}{volume}.{uuid.uuid4().hex[:12]}.{format}"
+
+
 def disk_spec(v: Row) -> DiskSpec:
-    return DiskSpec(v.pool_name, R.volume_file(v.name, v.format), f"{v.pool_path}/{R.volume_file(v.name, v.format)}",
-                    v.device or "vda", v.format)
+    return DiskSpec(v.pool_name, file_of(v), f"{v.pool_path}/{file_of(v)}", v.device or "vda", v.format)
 
 
 class Volumes:
@@ -121,12 +134,17 @@ class Volumes:
             self.o.pools.take(conn, chosen, pool_id, size_mib)
             self._ensure_new(conn, name)
             SL.insert_volume(conn, name=name, project_id=p.id, pool_id=pool_id, size_mib=size_mib, format="qcow2",
-                             role="data", note=f"{size_mib} MiB on {chosen.name}")
+                             role="data", file_name=new_file_name(name, "qcow2"),
+                             note=f"{size_mib} MiB on {chosen.name}")
         return self._make(name)
 
     @staticmethod
     def _ensure_new(conn: Connection, name: str) -> None:
-        if conn.execute(Volume.__table__.select().where(_VO.name == name)).first() is not None:
+        row = conn.execute(Volume.__table__.select().where(_VO.name == name)).first()
+        if row is not None and row.state == "deleting":     # its file, or a copy of it, is not confirmed gone yet
+            raise AlreadyExists(f"volume {name!r} is still being deleted (a pool has not confirmed its file gone); "
+                                f"retry once it is", field="name")
+        if row is not None:
             raise AlreadyExists(f"volume {name!r} already exists", field="name")
 
     def _make(self, name: str, prefer_host: str | None = None) -> Row:
@@ -141,11 +159,19 @@ class Volumes:
                 t = self.o.catalog.template(v.template)
                 backing, backing_format = images.ensure_on_host(driver, t.disk_image, t.disk_format), t.disk_format
             failpoints.hit("volume.before-create")
-            info = driver.create_volume(pool.name, spec.volume, v.size_mib, "qcow2", backing, backing_format)
+            # a file already there is adopted only as this row's own (a create retried after a crash)
+            found = driver.volume(pool.name, spec.volume)
+            foreign = found is not None and not same_volume(found, "qcow2", backing, v.size_mib)
+            info = found or driver.create_volume(pool.name, spec.volume, v.size_mib, "qcow2", backing, backing_format)
             failpoints.hit("volume.after-create")
         except (DriverError, Conflict) as exc:
             self._undo_create(v, pool, exc)
             raise Conflict(f"volume {name} could not be created on pool {pool.name}: {exc}", field="pool") from None
+        if foreign:
+            self._drop_creating(v, f"not created: pool {pool.name} (read on {driver.host}) holds {spec.volume}, a "
+                                   f"file this volume did not make; it is left alone (the audit reports it)")
+            raise Conflict(f"volume {name} could not be created on pool {pool.name}: the pool holds {spec.volume} "
+                           f"already, a file this volume did not make", field="pool")
         if info.capacity_mib < v.size_mib:
             raise Conflict(f"volume {name}: pool {pool.name} made it {info.capacity_mib} MiB, not {v.size_mib}",
                            field="size")
@@ -168,6 +194,14 @@ class Volumes:
             else:
                 L.lock_project(conn, now.project_id)
                 SL.remove_volume(conn, now, note=f"not created: {exc}")
+
+    def _drop_creating(self, v: Row, note: str) -> None:
+        """A `creating` row whose file can not be made: it goes (and its charge and pool space)."""
+        with self.o.db.transaction() as conn:
+            now, _vm = self._locked(conn, v.name)
+            if now.state == "creating":
+                L.lock_project(conn, now.project_id)
+                SL.remove_volume(conn, now, note=note)
 
     def attach(self, name: str, vm: str, project_id: int | None = None) -> Row:
         with self.o.db.transaction() as conn:
@@ -286,7 +320,10 @@ class Volumes:
         self._unmake(name)
 
     def _unmake(self, name: str) -> None:
-        """Delete the file a `deleting` row stands for; the row (and charge) go once the pool confirms."""
+        """Delete the file a `deleting` row stands for; the row (and charge) go once the pool confirms. A
+        copy a migration left of it (copy_pool_id: its host did not answer the cleanup yet) is deleted
+        next: the row then stands for the copy alone, `deleting`, until the copy's pool confirms it gone,
+        so that the copy is never forgotten (review N2)."""
         v = self.row(name)
         pool = self.o.pools.row(v.pool_name)
         file = disk_spec(v).volume
@@ -301,12 +338,17 @@ class Volumes:
         with self.o.db.transaction() as conn:
             now = SL.volume_row(conn, name, lock=True)
             L.lock_project(conn, now.project_id)
-            if gone:
+            copy = now.copy_pool_name if gone else None
+            if copy is not None:        # a migration's copy is left: the row stands for it until it is gone
+                SL.keep_for_copy(conn, now, note=f"deleted from {pool.name}; its copy on {copy} is deleted next")
+            elif gone:
                 SL.remove_volume(conn, now, note=f"deleted from {pool.name}")
             else:
                 SL.set_volume(conn, now, state="available", note="the pool still lists it")
         if not gone:
             raise Conflict(f"volume {name}: pool {pool.name} still lists it after the delete", field="volume")
+        if copy is not None:
+            self._unmake(name)          # the copy now (its pool not answering: left deleting, retried)
 
     def resize(self, name: str, size_mib: int, project_id: int | None = None) -> Row:
         """Grow a volume (root disks too): the increase is charged and taken on its pool first, in one
@@ -402,7 +444,8 @@ class Volumes:
         self._ensure_new(conn, f"{vm}-root")
         SL.insert_volume(conn, charge=False, name=f"{vm}-root", project_id=project_id, pool_id=pool_id,
                          size_mib=size_mib, format="qcow2", role="root", template_id=template_id, vm_id=vm_id,
-                         device="vda", note=f"root disk of {vm}, {size_mib} MiB on {chosen.name}")
+                         device="vda", file_name=new_file_name(f"{vm}-root", "qcow2"),
+                         note=f"root disk of {vm}, {size_mib} MiB on {chosen.name}")
 
     def make_root(self, vm: str, host: str | None) -> None:
         self._make(f"{vm}-root", prefer_host=host)

@@ -13,7 +13,7 @@ from .. import __version__, events
 from ..errors import VmplaneError
 from ..metricscollect import StateCollector
 from ..orchestrator import Orchestrator
-from .deps import Caller, caller
+from .deps import Admin, Caller, caller
 from .errors import install_error_handlers
 from .paging import StrictQueryRoute
 from .routers import events as event_routes
@@ -23,7 +23,7 @@ from .schemas import ErrorBody
 from .timing import RequestTiming
 
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 409, 422, 500)}
-PLAIN_ERRORS = {code: {"model": ErrorBody} for code in (422, 500)}       # /healthz, /metrics: no token
+PLAIN_ERRORS = {code: {"model": ErrorBody} for code in (422, 500)}       # /healthz: no token
 ERROR_CODES = ("Every error is `{\"error\", \"message\", \"field\"}` (`field` null where none): 401 `unauthorized`, "
                "403 `forbidden`, 404 `not_found` (also an unknown route), 405 `method_not_allowed`, 409 "
                "`already_exists` / `conflict` / `quota_exceeded` / `insufficient_capacity`, 422 `invalid` (a body "
@@ -35,14 +35,14 @@ API = "/api/v1"
 
 
 def openapi_with_bearer(app: FastAPI) -> dict:
-    """The OpenAPI schema with the bearer scheme on every /api operation (BearerAuth checks it)."""
+    """The OpenAPI schema with the bearer scheme on every /api operation and /metrics (BearerAuth checks it)."""
     if app.openapi_schema is None:
         schema = FastAPI.openapi(app)
         schema.setdefault("components", {}).setdefault("securitySchemes", {})["HTTPBearer"] = {
             "type": "http", "scheme": "bearer",
             "description": "a token from `vmplane up` or `vmplane token create`"}
         for path, operations in schema["paths"].items():
-            if path.startswith(API + "/"):
+            if needs_bearer(path):
                 for operation in operations.values():
                     operation["security"] = [{"HTTPBearer": []}]
     return app.openapi_schema
@@ -53,16 +53,22 @@ def _unauthorized(message: str) -> JSONResponse:
                         headers={"WWW-Authenticate": "Bearer"})
 
 
+def needs_bearer(path: str) -> bool:
+    """The API and /metrics (every project's names, quotas and usage, the hosts) need a bearer token;
+    /healthz, /docs and the console (its own session cookie) do not."""
+    return path.startswith("/api/") or path == "/metrics"
+
+
 class BearerAuth:
-    """Every /api call needs a valid bearer token, checked before the request body is even read.
-    A plain ASGI middleware (Starlette's BaseHTTPMiddleware costs a task group per request)."""
+    """Every /api call (and /metrics) needs a valid bearer token, checked before the request body is even
+    read. A plain ASGI middleware (Starlette's BaseHTTPMiddleware costs a task group per request)."""
 
     def __init__(self, app, catalog):
         self.app = app
         self.catalog = catalog
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/api/"):
+        if scope["type"] == "http" and needs_bearer(scope["path"]):
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             kind, _, token = header.partition(" ")
             if kind.lower() != "bearer" or not token.strip():
@@ -79,7 +85,9 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-def create_app(orch: Orchestrator) -> FastAPI:
+def create_app(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
+    """`insecure_cookies`: the console's session cookie may go over plain http from any client (`vmplane
+    serve --insecure-cookies`; ui/consolesessions.py), not only to a browser on this machine."""
     # FastAPIOffline: /docs loads Swagger UI from the package, not a CDN (air-gapped control planes)
     app = FastAPIOffline(title="vmplane", version=__version__, responses=PLAIN_ERRORS,
                          description="Control plane for KVM clusters: migration-neutral quotas, live scaling.\n\n"
@@ -87,6 +95,7 @@ def create_app(orch: Orchestrator) -> FastAPI:
     app.router.route_class = StrictQueryRoute        # unknown query parameters refused (paging.py)
     app.openapi = lambda: openapi_with_bearer(app)
     app.state.orchestrator = orch
+    app.state.insecure_cookies = insecure_cookies
     install_error_handlers(app)
 
     app.add_middleware(BearerAuth, catalog=orch.catalog)
@@ -129,10 +138,11 @@ def create_app(orch: Orchestrator) -> FastAPI:
 
     state = app.state.metrics_state = StateCollector(orch)     # this app's: never on the process-wide registry
 
-    @app.get("/metrics", tags=["health"], responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-    def metrics() -> PlainTextResponse:
+    @app.get("/metrics", tags=["health"], responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **ERRORS})
+    def metrics(who: Admin) -> PlainTextResponse:
         """Prometheus metrics: events counted as they happen and the cluster's state read now (README,
-        "Metrics and alerts"). No token, as /healthz."""
+        "Metrics and alerts"). An admin's bearer token: Prometheus sends it with `authorization` in its
+        scrape config (deploy/prometheus/vmplane-scrape.yml)."""
         return PlainTextResponse(generate_latest() + state.text().encode(), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -67,9 +67,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     async def busy_error(_: Request, exc: OperationalError):
-        # PostgreSQL chose this transaction as a deadlock's victim, or could not serialise it: it was
-        # rolled back whole, so nothing changed and the request may be sent again
-        if getattr(exc.orig, "sqlstate", None) in ("40P01", "40001"):
+        # PostgreSQL chose this transaction as a deadlock's victim, or could not serialise it, or a lock it
+        # waited for stayed held past lock_timeout (55P03, store/pgsessions.py): it was rolled back whole, so
+        # nothing changed and the request may be sent again
+        if getattr(exc.orig, "sqlstate", None) in ("40P01", "40001", "55P03"):
             return JSONResponse({"error": "conflict", "message": "the store was busy with a conflicting request and "
                                  "rolled this one back; nothing changed, retry", "field": None}, status_code=409)
         return JSONResponse({"error": "internal", "message": f"internal error: {type(exc).__name__}",

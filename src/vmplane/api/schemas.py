@@ -318,8 +318,17 @@ class VmStop(Request):
     force: StrictBool = Field(False, description="power off at once instead of asking the guest first")
 
 
+ExecArg = Annotated[str, Field(max_length=4096)]
+
+
 class ExecRequest(Request):
-    command: Annotated[str, Field(min_length=1, max_length=4096)]
+    command: Annotated[str, Field(min_length=1, max_length=4096)] | Annotated[
+        list[ExecArg], Field(min_length=1, max_length=256)] = Field(
+        description="an argv, as `kubectl exec` takes it: `[\"sh\", \"-c\", \"echo a; echo b\"]` runs `sh` "
+                    "with exactly these two arguments (each is quoted for the guest's shell); or a string, one "
+                    "shell command line run by `sh -c` in the guest (not split by vmplane). Its standard "
+                    "input is empty; when it outlives `timeout_s` it is stopped in the guest and the answer "
+                    "is 409")
     timeout_s: Annotated[float, Field(gt=0, le=600)] = 60.0
 
 
@@ -333,11 +342,11 @@ class MigrateRequest(Request):
     dry_run: StrictBool = False
     policy: Literal["vmplane", "hypervisor-default"] = Field(
         "vmplane", description="vmplane's measured policy per accelerator, or the hypervisor's own defaults")
-    bandwidth_mib_s: Positive | None = Field(None, description="override the policy")
-    postcopy: StrictBool | None = Field(None, description="override the policy")
-    max_downtime_ms: Positive | None = None
+    bandwidth_mib_s: Positive | None = Field(None, description="override the policy (admins only)")
+    postcopy: StrictBool | None = Field(None, description="override the policy (admins only)")
+    max_downtime_ms: Positive | None = Field(None, description="override the policy (admins only)")
     postcopy_bandwidth_mib_s: Positive | None = Field(None, description="override the policy: the post-copy phase's "
-                                                                        "bandwidth")
+                                                                        "bandwidth (admins only; at least 64 MiB/s)")
 
 
 class MigrationOut(BaseModel):
@@ -349,6 +358,7 @@ class MigrationOut(BaseModel):
     reason: str
     waiting_for: str | None = Field(description="the limit a queued migration waits for; null when none")
     progress: int
+    cancel_requested: bool = Field(False, description="a cancel was taken: the copy is being aborted")
     params: dict | None
     stats: dict | None
     created_at: UtcDatetime

@@ -13,19 +13,20 @@ from .common import (
     api_command,
     groups,
     mib,
+    size_help,
 )
 
 
 # -- projects ----------------------------------------------------------------------------------
 @api_command(groups["project"], "create")
 def project_create(name: str, vcpus: int = typer.Option(..., min=0, help="vCPU quota"),
-                   memory: str = typer.Option(..., help="memory quota: 512MiB, 16GiB or plain MiB", metavar="SIZE"),
+                   memory: str = typer.Option(..., help=size_help("memory quota"), metavar="SIZE"),
                    vms: int = typer.Option(100, min=0, help="VM count quota"),
                    count_overhead: bool = typer.Option(False, help="charge each VM's QEMU overhead to the quota"),
                    max_concurrent_migrations: Optional[int] = typer.Option(
                        None, min=0, help="live migrations of its VMs at once; 0 or left out = unlimited"),
-                   storage: str = typer.Option("1TiB", help="storage quota: provisioned size of its volumes and "
-                                               "root disks (GiB, TiB)", metavar="SIZE"),
+                   storage: str = typer.Option("1TiB", help=size_help("storage quota (the provisioned size of its "
+                                                                      "volumes and root disks)"), metavar="SIZE"),
                    *, client: Client):
     """Create a project (a tenant) with its quota."""
     return client.post("/projects", {"name": name, "vcpus": vcpus, "memory_mib": mib(memory), "vms": vms,
@@ -40,7 +41,7 @@ def project_quota(name: str, vcpus: Optional[int] = typer.Option(None, min=0), m
                   count_overhead: Optional[bool] = typer.Option(None, "--count-overhead/--no-count-overhead"),
                   max_concurrent_migrations: Optional[int] = typer.Option(
                       None, min=0, help="live migrations of its VMs at once; 0 = unlimited"),
-                  storage: Annotated[Optional[str], typer.Option(help="storage quota (GiB, TiB)", metavar="SIZE")] = None,
+                  storage: Annotated[Optional[str], typer.Option(help=size_help("storage quota"), metavar="SIZE")] = None,
                   *, client: Client):
     """Change a project's quota (lowering below usage is refused)."""
     body = {"vcpus": vcpus, "memory_mib": mib(memory), "vms": vms, "count_overhead": count_overhead,
@@ -109,9 +110,9 @@ def offering_create(name: str, kind: str = typer.Option(..., help="fixed, custom
                     cpu_speed: Optional[int] = typer.Option(None, help="MHz per vCPU"),
                     cpu_cap: bool = typer.Option(False), dynamic_scaling: bool = typer.Option(False),
                     root_disk: Annotated[Optional[str], typer.Option(
-                        help="root disk size (default: the template image's)", metavar="SIZE")] = None,
+                        help=size_help("root disk size (default: the template image's)"), metavar="SIZE")] = None,
                     max_root_disk: Annotated[Optional[str], typer.Option(
-                        help="VMs may ask for a root disk up to this", metavar="SIZE")] = None,
+                        help=size_help("VMs may ask for a root disk up to this"), metavar="SIZE")] = None,
                     ha: Optional[str] = typer.Option(None, help="its VMs' default HA policy: restart or off"),
                     *, client: Client):
     """Create a compute offering: fixed sizes or ranges, CPU speed, cap, live scaling, root disk size."""

@@ -6,6 +6,7 @@ import functools
 import inspect
 import re
 import time
+import typing
 from typing import Annotated, NoReturn, Optional
 
 import typer
@@ -66,7 +67,16 @@ def mib(value: Optional[str], option: str = "--memory") -> Optional[int]:
         raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
-Size = Annotated[Optional[str], typer.Option(help="512MiB, 16GiB or plain MiB", metavar="SIZE")]
+# The one rule of sizes, for every size flag (units.parse_mib; the API's *_mib fields are MiB too)
+SIZE_RULE = "512MiB, 16GiB, 1TiB, or a plain number of MiB"
+
+
+def size_help(what: str) -> str:
+    """A size flag's help: what it sizes, then the one rule."""
+    return f"{what}: {SIZE_RULE}"
+
+
+Size = Annotated[Optional[str], typer.Option(help=SIZE_RULE, metavar="SIZE")]
 
 
 # API field names as the CLI's flags, for errors (`memory_mib is required` -> `--memory is required`)
@@ -109,7 +119,11 @@ def api_command(group: typer.Typer, name: str, lists: bool = False, **kwargs):
             extra.append(inspect.Parameter("wide", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=Wide))
         wants_output = "output" in sig.parameters      # the command reads --output itself
         wants_wide = lists and "wide" in sig.parameters      # ... or --wide
-        params = [p for p in sig.parameters.values() if p.name not in ("client", "output", "wide")] + extra
+        # the annotations resolved in the command's own module (they are strings there, `from __future__ import
+        # annotations`): typer would read them in this module's and lose an Annotated option's help and metavar
+        hints = typing.get_type_hints(fn, include_extras=True)
+        params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
+                  if p.name not in ("client", "output", "wide")] + extra
 
         @functools.wraps(fn)
         def run(*args, output: OutputFormat, api: str, token: Optional[str], wide: bool = False, **kw):
@@ -151,10 +165,10 @@ def migration_note(m: dict) -> str | None:
         return f"{vm_of(m)}: postcopy-failed: {m.get('reason')}; {m.get('waiting_for') or ''}".rstrip("; ")
     if m.get("waiting_for"):
         return f"{vm_of(m)}: waits for {m['waiting_for']}"
-    if m.get("state") in ("failed", "cancelled") and m.get("reason"):
+    if m.get("state") in ("failed", "cancelled", "moved-unhealthy") and m.get("reason"):
         return f"{vm_of(m)}: {m['state']}: {m['reason']}"
     return None
-DONE = ("succeeded", "failed", "cancelled")
+DONE = ("succeeded", "failed", "cancelled", "moved-unhealthy")
 STOP_WAITING = DONE + ("postcopy-failed",)      # a failed post-copy needs an operator: waiting ends there
 
 

@@ -155,7 +155,9 @@ def host_fail(name: str, mode: str = typer.Option(..., help="power (daemon and g
 
 @api_command(groups["host"], "recover")
 def host_recover(name: str, client: Client):
-    """Undo `host fail`: the host's daemon runs (and answers) again."""
+    """Recover a host: one a failed HA recovery left fencing or fenced with HA VMs still unknown has its
+    recovery run again (`operation show` follows it); else, on a local or simulated host, undo `host fail`
+    (its daemon runs and answers again). Refused when nothing is left to recover."""
     return client.post(f"/hosts/{name}/recover")
 
 

@@ -7,9 +7,18 @@ from typing import Optional
 import typer
 
 from ..output import console
+from ..units import format_mib
 from .common import (
     app,
+    mib,
+    size_help,
 )
+
+
+INSECURE_COOKIES_HELP = ("let the web console's session cookie go over plain http to any client (it is Secure "
+                         "otherwise, except for a browser on this machine): only on a network you trust")
+FORWARDED_HELP = ("proxies whose X-Forwarded-Proto/-For are believed (comma-separated addresses or networks, `*` "
+                  "for any; default 127.0.0.1): name the load balancer that ends TLS in front of the console")
 
 
 # -- local cluster -----------------------------------------------------------------------------
@@ -25,7 +34,13 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
        lease: float = typer.Option(15.0, min=1.0, max=300.0,
                                    help="seconds this process's lease lasts unrenewed (see `vmplane serve`)"),
        name: Optional[str] = typer.Option(None, help="this process among the control planes of the store "
-                                                     "(default HOSTNAME:PORT)")):
+                                                     "(default HOSTNAME:PORT)"),
+       insecure_cookies: bool = typer.Option(False, help=INSECURE_COOKIES_HELP),
+       forwarded_allow_ips: Optional[str] = typer.Option(None, help=FORWARDED_HELP),
+       host_memory: Optional[str] = typer.Option(
+           None, metavar="SIZE", help=size_help("each host's memory (libvirt hosts: default this machine's memory "
+                                                "less 1 GiB or 10 % for the control plane, split evenly; at most "
+                                                "that in all. Simulated hosts: default 64GiB)"))):
     """Run a local cluster: the API and HOSTS hosts on this machine (libvirtd daemons, or simulated)."""
     from .. import server
     from ..errors import VmplaneError
@@ -35,6 +50,11 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
         kind, why = server.choose_driver(driver)
     except VmplaneError as exc:
         raise typer.BadParameter(exc.message, param_hint="--driver") from None
+    asked_memory = mib(host_memory, "--host-memory")
+    try:
+        each_mib = server.local_host_memory(hosts, kind, asked_memory)
+    except VmplaneError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--host-memory") from None
     try:
         _lock = server.lock_home()  # noqa: F841 (held while this process lives)
     except VmplaneError as exc:
@@ -42,9 +62,10 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
         raise typer.Exit(1)
     from ..controllers import default_name
 
-    plane = server.build(db, recover=False, name=name or default_name(port), lease_s=lease, api_url=f"http://{bind}:{port}")
+    plane = server.build(db, recover=False, name=name or default_name(port), lease_s=lease, api_url=f"http://{bind}:{port}",
+                         insecure_cookies=insecure_cookies)
     try:
-        names = server.prepare_local_cluster(plane.orchestrator, hosts, kind)
+        names = server.prepare_local_cluster(plane.orchestrator, hosts, kind, asked_memory)
         # the hosts run now: recover in the background (what it finds is logged and in the event log)
         plane.orchestrator.recovery.run(background=True)
     except BaseException:
@@ -59,7 +80,8 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
         plane.close()
         raise typer.BadParameter(exc.message, param_hint="--token") from None
     url = f"http://{bind}:{port}"
-    say(f"vmplane up: {why}; {len(names)} host(s): {', '.join(names) or '-'}")
+    memory = f", {format_mib(each_mib)} of memory each" if names else ""
+    say(f"vmplane up: {why}; {len(names)} host(s): {', '.join(names) or '-'}{memory}")
     say(f"database: {plane.db.url}")
     say(f"API: {url}   (REST under {url}/api/v1, docs {url}/docs)")
     say(f"web console: {url}/ui   (log in with the admin token)")
@@ -70,7 +92,7 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
         say(f"admin token (shown once): {admin}")
         say(f"  export VMPLANE_API={url} VMPLANE_TOKEN={admin}")
     try:
-        server.serve(plane.app, bind, port)
+        server.serve(plane.app, bind, port, forwarded_allow_ips)
     finally:
         plane.close()
         if kind == "libvirt" and not keep_hosts:
@@ -103,13 +125,16 @@ def serve(db: Optional[str] = typer.Option(None, help="SQLAlchemy URL"),
                                                         "takes over what the previous one left at once"),
           lease: float = typer.Option(15.0, min=1.0, max=300.0,
                                       help="seconds this process's lease lasts unrenewed (renewed every third); "
-                                           "its work is taken over by another process when it lapses")):
+                                           "its work is taken over by another process when it lapses"),
+          insecure_cookies: bool = typer.Option(False, help=INSECURE_COOKIES_HELP),
+          forwarded_allow_ips: Optional[str] = typer.Option(None, help=FORWARDED_HELP)):
     """Run the API alone, on an existing database (several of them may share one PostgreSQL database)."""
     from .. import server
     from ..controllers import default_name
     from ..errors import VmplaneError
 
-    plane = server.build(db, name=name or default_name(port), lease_s=lease, api_url=f"http://{bind}:{port}")
+    plane = server.build(db, name=name or default_name(port), lease_s=lease, api_url=f"http://{bind}:{port}",
+                         insecure_cookies=insecure_cookies)
     if token:
         try:
             plane.orchestrator.catalog.ensure_admin_token(server.UP_TOKEN_NAME, token)
@@ -118,6 +143,6 @@ def serve(db: Optional[str] = typer.Option(None, help="SQLAlchemy URL"),
             raise typer.BadParameter(exc.message, param_hint="--token") from None
     say(f"vmplane API on http://{bind}:{port} (database {plane.db.url})")
     try:
-        server.serve(plane.app, bind, port)
+        server.serve(plane.app, bind, port, forwarded_allow_ips)
     finally:
         plane.close()

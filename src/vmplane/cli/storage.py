@@ -8,7 +8,7 @@ import typer
 
 from ..client import Client
 from ..output import Col, note
-from .common import api_command, groups, mib
+from .common import api_command, groups, mib, size_help
 
 POOL_COLUMNS = ["name", "kind", Col("host/cluster", lambda p: p["host"] or p["cluster"]), "state",
                 Col("free MiB", "free_mib"), Col("capacity MiB", "capacity_mib"), "path"]
@@ -49,7 +49,7 @@ def pool_delete(name: str, client: Client):
 
 @api_command(groups["volume"], "create")
 def volume_create(name: str, project: str = typer.Option(...),
-                  size: str = typer.Option(..., help="10GiB, 512MiB", metavar="SIZE"),
+                  size: str = typer.Option(..., help=size_help("its size"), metavar="SIZE"),
                   pool: Optional[str] = typer.Option(None, help="default: a shared pool, else the local pool with "
                                                                 "the most room"),
                   *, client: Client):
@@ -83,7 +83,7 @@ def volume_detach(name: str, client: Client):
 
 
 @api_command(groups["volume"], "resize")
-def volume_resize(name: str, size: str = typer.Option(..., help="the new, larger size", metavar="SIZE"),
+def volume_resize(name: str, size: str = typer.Option(..., help=size_help("the new, larger size"), metavar="SIZE"),
                   *, client: Client):
     """Grow a volume or a root disk (live while its VM runs); charged to the storage quota."""
     return client.post(f"/volumes/{name}/resize", {"size_mib": mib(size, "--size")})

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..client import ApiError, Client
+from ..guestexec import cli_command
 from ..output import note, render
 from .common import (
     Limit,
@@ -29,6 +30,7 @@ from .common import (
     follow_migrations,
     groups,
     mib,
+    size_help,
     still_running,
 )
 
@@ -71,8 +73,8 @@ def vm_create(name: str, project: str = typer.Option(...), offering: str = typer
               cluster: Optional[str] = typer.Option(None, help="pin it to one cluster of its zone"),
               start: bool = typer.Option(False, help="start it at once"),
               wait: bool = typer.Option(True, help="with --start, wait until it runs"), output: str = "table",
-              root_disk: Annotated[Optional[str], typer.Option(help="root disk size (templates with a disk image)",
-                                                               metavar="SIZE")] = None,
+              root_disk: Annotated[Optional[str], typer.Option(help=size_help("root disk size (templates with a disk "
+                                                                              "image)"), metavar="SIZE")] = None,
               pool: Optional[str] = typer.Option(None, help="the pool of its root disk (default: placement picks)"),
               ha: Optional[str] = typer.Option(None, help="restart: run it again elsewhere when its host fails; "
                                                           "off (default: its offering's)"),
@@ -133,13 +135,16 @@ def vm_stop(name: str, wait: bool = typer.Option(True, help="wait until it stopp
 
 
 @groups["vm"].command("exec")
-def vm_exec(name: str, command: list[str] = typer.Argument(..., help="the command, after --"),
-            timeout: float = typer.Option(60.0, help="seconds to wait for the guest"),
+def vm_exec(name: str, command: list[str] = typer.Argument(..., help="the command and its arguments, after --"),
+            timeout: float = typer.Option(60.0, help="seconds the command may run (then it is stopped in the "
+                                                     "guest, exit 1)"),
             api: str = ApiOption, token: Optional[str] = TokenOption, output: OutputFormat = Output):
-    """Run a command in the guest (libvirt hosts): `vmplane vm exec web1 -- nproc`."""
+    """Run a command in the guest (libvirt hosts). Two or more arguments after `--` are kept whole, as
+    `kubectl exec` keeps them (`vm exec web1 -- sh -c "echo a; echo b"`); a single one is a shell line, as
+    ssh runs it (`vm exec web1 -- 'nproc; free -m'`). Its standard input is empty."""
     client = Client(api, token, timeout=timeout + 30)
     try:
-        result = client.post(f"/vms/{name}/exec", {"command": " ".join(command), "timeout_s": timeout})
+        result = client.post(f"/vms/{name}/exec", {"command": cli_command(command), "timeout_s": timeout})
     except ApiError as exc:
         fail(exc, OutputFormat(output).value)
     if OutputFormat(output).value == "json":
@@ -149,18 +154,24 @@ def vm_exec(name: str, command: list[str] = typer.Argument(..., help="the comman
     raise typer.Exit(result["exit_code"])
 
 
+EXIT_MOVED_UNHEALTHY = 3      # `vm migrate --wait`: the VM moved, but its guest did not answer on the target
+
+
 @groups["vm"].command("migrate")
 def vm_migrate(name: str, to: Optional[str] = typer.Option(None, help="target host (default: placement chooses)"),
                dry_run: bool = typer.Option(False, help="say which host and why, change nothing"),
                wait: bool = typer.Option(True, help="follow the migration until it ends (--no-wait: print its id)"),
                cancel: bool = typer.Option(False, help="cancel this VM's migration"),
                policy: Optional[str] = typer.Option(None, help="vmplane (default) or hypervisor-default"),
-               bandwidth: Optional[int] = typer.Option(None, min=1, help="pre-copy bandwidth cap, MiB/s"),
+               bandwidth: Optional[int] = typer.Option(None, min=1, help="pre-copy bandwidth cap, MiB/s (admins only)"),
                postcopy: Optional[bool] = typer.Option(None, "--postcopy/--no-postcopy",
-                                                       help="switch to post-copy during the copy"),
-               max_downtime: Optional[int] = typer.Option(None, min=1, help="longest pause allowed, ms"),
+                                                       help="switch to post-copy during the copy (admins only)"),
+               max_downtime: Optional[int] = typer.Option(None, min=1, help="longest pause allowed, ms (admins only)"),
                api: str = ApiOption, token: Optional[str] = TokenOption, output: OutputFormat = Output):
-    """Live-migrate a running VM (quota-neutral: its project's usage does not change)."""
+    """Live-migrate a running VM (quota-neutral: its project's usage does not change).
+
+    With --wait, exits 1 if it failed or was cancelled (the VM stayed), and 3 if the VM moved but its guest
+    does not answer on the target (moved-unhealthy)."""
     out = OutputFormat(output).value
     client = Client(api, token)
     try:
@@ -176,6 +187,8 @@ def vm_migrate(name: str, to: Optional[str] = typer.Option(None, help="target ho
             note(f"migration {result['id']} is {result['state']}; follow it with `vmplane migration show "
                  f"{result['id']}`, cancel it with `vmplane vm migrate {name} --cancel`")
         render(result, out)
+        if result.get("state") == "moved-unhealthy":        # it moved; its guest did not answer there (README)
+            raise typer.Exit(EXIT_MOVED_UNHEALTHY)
         if result.get("state") in ("failed", "cancelled", "postcopy-failed"):
             raise typer.Exit(1)
     except ApiError as exc:
@@ -194,7 +207,7 @@ def vm_scale(name: str, offering: Optional[str] = typer.Option(None, help="anoth
              dry_run: bool = typer.Option(False, help="say which path would be taken, change nothing"),
              wait: bool = typer.Option(True, help="wait until the guest has the new size"), output: str = "table",
              root_disk: Annotated[Optional[str], typer.Option(
-                 help="grow its root disk to SIZE (live while it runs; `volume resize NAME-root`)",
+                 help=size_help("grow its root disk to SIZE (live while it runs; `volume resize NAME-root`)"),
                  metavar="SIZE")] = None, *,
              client: Client):
     """Live-scale a running VM: vCPUs, memory and CPU cap, without a reboot. A stopped VM is resized

@@ -96,7 +96,8 @@ class DomainInfo:
     """A domain as its host reports it (read back, never what was asked).
 
     `state`/`reason` are libvirt's (`running`/`booted`, `paused`/`postcopy-failed`, `shutoff`/`destroyed`,
-    ...). `running` means the guest executes (running or blocked): a PAUSED domain is not running,
+    ...); `paused`/`migration` or `paused`/`starting-up` on a migration's target is its incoming domain,
+    which never ran the guest (migration.incoming()). `running` means the guest executes (running or blocked): a PAUSED domain is not running,
     although its QEMU holds memory: that is `active`. `vcpus` is the plugged count; `usable_vcpus` what
     the guest may use (a soft scale-down leaves vCPUs plugged but offline and capped); `memory_mib` the
     domain's current memory (boot memory + DIMMs)."""
@@ -231,6 +232,12 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def stop(self, name: str, timeout_s: float = 30.0) -> None:
         """Stop a domain (graceful first, then forced) and remove its definition."""
+
+    def undefine_if_shut_off(self, name: str) -> bool:
+        """Remove the definition of a domain only if it is shut off now; never stops a domain (what a
+        settle removes was read shut off earlier, and may have been started since). True: removed, or
+        the host has no such domain; False: it is active, left as it is."""
+        raise DriverError(self.host, f"the {self.kind} driver can not remove a shut-off definition alone")
 
     @abc.abstractmethod
     def domains(self) -> list[DomainInfo]:

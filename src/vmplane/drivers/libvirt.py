@@ -28,6 +28,7 @@ import libvirt
 
 from ..domainxml import domain_xml
 from ..guest import build as guest
+from ..guestexec import exec_lines, exec_result
 from .base import (
     CpuCap,
     DomainInfo,
@@ -332,6 +333,26 @@ class LibvirtDriver(StorageMixin, Driver):
             while self._is_active(dom) and time.monotonic() < deadline:
                 time.sleep(0.2)
         self._discard(dom, "stop")      # returns only once the host confirms the domain gone
+
+    def undefine_if_shut_off(self, name: str) -> bool:
+        """Undefine a domain that is shut off now; never destroys. A start that slips in between the check
+        and the undefine is not stopped by it (libvirt only makes a running domain transient); its
+        definition is then put back, so it keeps its run and its persistence."""
+        dom = self._lookup(name)
+        if dom is None:
+            return True
+        if self._is_active(dom):
+            return False
+        try:
+            dom.undefineFlags(0)
+        except libvirt.libvirtError as exc:
+            if not is_absent(exc):
+                raise DriverError(self.host, f"undefine {name}: {exc.get_error_message()}") from None
+        if not self._is_active(dom):
+            return True
+        self._call(f"define {name} again (it was started meanwhile)", self.conn.defineXML,
+                   self._call(f"read {name}", dom.XMLDesc, libvirt.VIR_DOMAIN_XML_INACTIVE))
+        return False
 
     def domains(self) -> list[DomainInfo]:
         with self._quick_call("list domains"):
@@ -819,19 +840,32 @@ class LibvirtDriver(StorageMixin, Driver):
         output, code = self.guest_run(name, command, timeout_s)
         return output
 
-    def guest_run(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
-        """Run one shell line in the guest through its serial console; (output, exit code).
+    # The command runs under a small runner (one line of POSIX sh, busybox's applets only), never on the
+    # console's shell itself: its text travels in base64 (any byte, newlines included, arrives as sent),
+    # its standard input is /dev/null (a `dd` or a `cat` with no argument never reads the console), it
+    # runs in a session of its own (setsid) and a watchdog kills that whole session at the time limit,
+    # printing a timeout marker: the console's shell is free again for the next command and for a person.
+    _EXEC_RUNNER = ('c=$(echo "$2" | base64 -d) || exit 125; t=/tmp/.vmp-$3.t; '
+                    'setsid sh -c "$c" </dev/null 2>&1 & p=$!; '
+                    'setsid sh -c "sleep $1 && : >$t && kill -9 -$p" </dev/null >/dev/null 2>&1 & w=$!; '
+                    'wait $p 2>/dev/null; r=$?; kill -9 -$w 2>/dev/null; '
+                    'if [ -e $t ]; then rm -f $t; echo; echo __VMP""_T$3__; exit 124; fi; exit $r')
+    EXEC_CHUNK = 2000        # base64 characters per console line (a tty line holds at most 4095)
+    EXEC_GRACE_S = 5.0       # how long past the guest's own time limit the answer is waited for
+    INTERRUPT_AFTER_S = 3.0  # a shell that does not answer the probe this long is sent Ctrl-C
 
-        The guest may still be booting: the line is sent again every few seconds until the shell
-        answers, each time with its own markers, so late answers can not be mistaken for this one."""
-        if "\n" in command or "\r" in command:
-            raise DriverError(self.host, "a guest command is one line")
+    def guest_run(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
+        """Run a shell command line in the guest through its serial console; (output, exit code).
+
+        The guest may still be booting: a probe is sent again every half second until the shell
+        answers, each time with its own markers, so late answers can not be mistaken for this one. A
+        command still running at `timeout_s` is killed in the guest (DriverError says so)."""
         lock = self._console_locks.setdefault(name, threading.Lock())
         with lock:
             dom = self._dom(name)
-            stream = self.conn.newStream(libvirt.VIR_STREAM_NONBLOCK)
-            self._call("open console", dom.openConsole, None, stream, libvirt.VIR_DOMAIN_CONSOLE_FORCE)
+            stream = self._call("open a console stream", self.conn.newStream, libvirt.VIR_STREAM_NONBLOCK)
             try:
+                self._call("open console", dom.openConsole, None, stream, libvirt.VIR_DOMAIN_CONSOLE_FORCE)
                 return self._console_exchange(stream, command, timeout_s)
             finally:
                 try:
@@ -840,31 +874,50 @@ class LibvirtDriver(StorageMixin, Driver):
                     pass
 
     def _console_exchange(self, stream, command: str, timeout_s: float) -> tuple[str, int]:
-        """First make sure the shell answers (a harmless echo, repeated while the guest boots), then
-        send the command once; markers carry a fresh tag so no earlier output can be taken for its."""
+        """First make sure the shell answers (a harmless echo, repeated while the guest boots; Ctrl-C
+        now and then frees a shell left busy by someone else), then send the command once; markers
+        carry a fresh tag so no earlier output can be taken for its."""
         deadline = time.monotonic() + timeout_s
+        self._await_shell(stream, deadline, command)
+        tag = uuid.uuid4().hex[:12]
+        for line in exec_lines(command, tag, max(1, int(deadline - time.monotonic())), self._EXEC_RUNNER,
+                               self.EXEC_CHUNK):
+            self._send(stream, line)
+        answer_by = max(deadline, time.monotonic() + 1) + self.EXEC_GRACE_S
+        buf = b""
+        while True:
+            try:
+                buf = self._receive(stream, buf, answer_by, command)
+            except DriverError:
+                self._send_quietly(stream, "\x03")      # the runner itself is stuck: interrupt it
+                raise
+            for m in _MARK.finditer(buf):
+                if m.group(1).decode() == tag:
+                    return exec_result(m.group(2), int(m.group(3)), tag, command, self.host)
+
+    def _await_shell(self, stream, deadline: float, command: str) -> None:
         buf = b""
         probes: set[str] = set()
         next_probe = 0.0
-        while True:
-            if time.monotonic() >= next_probe:
+        next_interrupt = time.monotonic() + self.INTERRUPT_AFTER_S
+        while not any(f"__VMP_R{t}__".encode() in buf for t in probes):
+            now = time.monotonic()
+            if now >= next_interrupt:
+                self._send(stream, "\x03")
+                next_interrupt = now + self.INTERRUPT_AFTER_S
+            if now >= next_probe:
                 tag = uuid.uuid4().hex[:12]
                 probes.add(tag)
                 # the quotes keep an echoed command line from matching the markers
                 self._send(stream, f"echo __VMP''_R{tag}__\n")
-                next_probe = time.monotonic() + 0.5
+                next_probe = now + 0.5
             buf = self._receive(stream, buf, deadline, command)
-            if any(f"__VMP_R{t}__".encode() in buf for t in probes):
-                break
-        tag = uuid.uuid4().hex[:12]
-        # a subshell: `exit`, `cd` or `set -e` in the command must not touch the console's shell
-        self._send(stream, f"echo __VMP''_B{tag}__; ( {command} ) 2>&1; echo __VMP''_E{tag}_$?__\n")
-        buf = b""
-        while True:
-            buf = self._receive(stream, buf, deadline, command)
-            for m in _MARK.finditer(buf):
-                if m.group(1).decode() == tag:
-                    return m.group(2).decode(errors="replace").replace("\r", ""), int(m.group(3))
+
+    def _send_quietly(self, stream, text: str) -> None:
+        try:
+            stream.send(text.encode())
+        except libvirt.libvirtError:
+            pass
 
     def _send(self, stream, text: str) -> None:
         try:

@@ -22,6 +22,7 @@ import libvirt
 
 from ..domainxml import disk_xml
 from .base import DiskSpec, DriverError, PoolInfo, PoolSpec, VolumeInfo
+from .volumefiles import same_volume
 
 MIB = 1 << 20
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
@@ -249,7 +250,7 @@ class StorageMixin:
             raise DriverError(self.host, f"create volume {name}: {exc}") from None
         existing = self.volume(pool, name)
         if existing is not None:
-            return existing
+            return self._asked_for(existing, format, backing)
         if backing is not None:
             self._check_backing(name, capacity_mib, backing)
         p = self._pool_or_raise(pool)
@@ -259,13 +260,21 @@ class StorageMixin:
             if exc.get_error_code() == libvirt.VIR_ERR_STORAGE_VOL_EXIST:
                 made = self.volume(pool, name)      # created meanwhile by another caller
                 if made is not None:
-                    return made
+                    return self._asked_for(made, format, backing)
             raise DriverError(self.host, f"create volume {name} in pool {pool}: {exc.get_error_message()}") from None
         info = self._call(f"read volume {name} back", self._volume_info, pool, vol)
         if info.capacity_mib < capacity_mib or info.format != format or (backing and info.backing != backing):
             raise DriverError(self.host, f"volume {name} reads back as {info}, not {capacity_mib} MiB {format}"
                                          + (f" on {backing}" if backing else ""))
         return info
+
+    def _asked_for(self, found: VolumeInfo, format: str, backing: str | None) -> VolumeInfo:
+        """A volume already there is returned only if it is the one asked for (a retried create: its format
+        and backing; the caller compares the size): another one is not adopted (review N2)."""
+        if not same_volume(found, format, backing):
+            raise DriverError(self.host, f"create volume {found.name}: the pool holds it already as {found.format} "
+                                         f"on {found.backing}, not the volume asked for")
+        return found
 
     def _check_backing(self, name: str, capacity_mib: int, backing: str) -> None:
         try:

@@ -16,7 +16,12 @@ Host failures (drivers/simhosts.py: `fabric.fail_host(host, "power"|"daemon"|"ne
 fault mode flaps, partitions and reboots): while its host does not answer, every call raises
 DriverError ("cannot connect to the hypervisor"; retry-able), no event comes from it, and a
 migration to or from it fails (one under way fails as soon as either end stops answering: the domain
-stays on the source, or is gone with it if the source lost its power; the target keeps nothing).
+stays on the source, or is gone with it if the source lost its power; the target keeps nothing, except,
+after a power loss of the source, its incoming domain until its keepalive notices: simfabric.py).
+
+During a copy the target holds libvirt's incoming domain (paused, reason `migration`), which the
+switch-over replaces. Guests answer the migration's check (`guest_health`) at once, unless made silent
+(`fabric.silence_guest`: a guest still booting, or one that never answers).
 
 Storage (drivers/simstorage.py): pools with a capacity, volumes (qcow2 overlays allocate what the
 guest wrote), disks that must exist and that no two running domains open for writing (lockd), disk
@@ -117,7 +122,7 @@ class SimDriver(SimStorageDriver, Driver):
         for kind in ("guest_poweroff", "guest_crash", "guest_pause"):
             if f.chance(kind):
                 self._guest_acts(kind, f)
-        restarting = time.monotonic() < self._restarting_until
+        restarting = time.monotonic() < self._restarting_until or f.bursting(self.host)
         if restarting or f.chance("transient"):     # a restart fails every call for a while
             if not restarting:
                 self._restarting_until = time.monotonic() + f.delay(f.restart_s)
@@ -174,6 +179,22 @@ class SimDriver(SimStorageDriver, Driver):
             self._emit(name, UNDEFINED, 0)
             if self._chance("partial"):
                 raise DriverError(self.host, f"stop {name}: the reply was lost (the domain was destroyed)")
+
+    def undefine_if_shut_off(self, name: str) -> bool:
+        self._call(f"undefine {name} if shut off")
+        if self.fabric.remove(self.host, name, shut_off_only=True):
+            self._emit(name, UNDEFINED, 0)
+            return True
+        return self.fabric.domain(self.host, name) is None
+
+    def move_behind_our_back(self, name: str, target: "SimDriver") -> bool:
+        """A migration vmplane did not order (a lapsed owner's late migrateToURI3): the domain moves to
+        `target` and this host sends STOPPED/migrated (fault mode delivers events). False if it did not move."""
+        if not self.fabric.move(name, self.host, target.host):
+            return False
+        self._emit(name, STOPPED, STOPPED_MIGRATED)
+        target._emit(name, RESUMED, 1)
+        return True
 
     def domains(self) -> list[DomainInfo]:
         self._call("list domains")
@@ -263,7 +284,15 @@ class SimDriver(SimStorageDriver, Driver):
         t0 = time.monotonic()
         try:
             plan = self._plan_copy(name, spec.disks, target.host, params) if spec.disks else CopyPlan([])
-            return self._copy(name, spec, target, t0, progress, plan, self._disk_rate(params))
+            if not self.fabric.begin_incoming(name, self.host, target.host):
+                self._ends_answer(name, target)
+                raise DriverError(self.host, f"{target.host} already runs a domain {name}, or it left {self.host}")
+            try:
+                return self._copy(name, spec, target, t0, progress, plan, self._disk_rate(params))
+            except BaseException:
+                if name not in self._copies:    # (a copy that goes on without us keeps its incoming domain)
+                    self.fabric.end_incoming(name, self.host, target.host)
+                raise
         finally:
             self._aborts.discard(name)      # an abort asked before the copy began still counts
 
@@ -284,6 +313,8 @@ class SimDriver(SimStorageDriver, Driver):
                 self.fabric.copied(plan, disk_mib)
                 if self.fabric.daemon_died_at(target.host) == died and self.fabric.move(name, self.host, target.host):
                     self._emit(name, STOPPED, STOPPED_MIGRATED)
+                else:
+                    self.fabric.end_incoming(name, self.host, target.host)
                 self._copies.pop(name, None)
 
             thread = threading.Thread(target=go_on, name=f"sim-copy-{name}", daemon=True)
@@ -339,7 +370,8 @@ class SimDriver(SimStorageDriver, Driver):
     def _ends_answer(self, name: str, target: "SimDriver", plan: CopyPlan | None = None,
                      disk_done: float = 0.0) -> None:
         """A migration needs both ends: DriverError as soon as either does not answer (what the source
-        keeps: its domain, unless it lost its power; the target keeps nothing)."""
+        keeps: its domain, unless it lost its power; the target keeps nothing but, after the source's power
+        loss, its incoming domain, until its keepalive)."""
         for end in (self.host, target.host):
             state = self.fabric.host_state(end)
             if state.reachable:
@@ -374,6 +406,15 @@ class SimDriver(SimStorageDriver, Driver):
         self._call(f"ask the guest of {name}")
         spec = self._spec(name)
         return GuestView(spec.vcpus, spec.memory_mib * 1024)
+
+    def guest_health(self, name: str, timeout_s: float = 60.0) -> str:
+        """What the migration's guest check reads (migrator.HEALTH_COMMAND's answer: uptime, kernel errors),
+        once the guest answers (fabric.silence_guest: a guest still booting, or one that never answers);
+        DriverError after `timeout_s` without an answer."""
+        self._call(f"ask the guest of {name}")
+        if not self.fabric.guest_answers(self.host, name, timeout_s):
+            raise DriverError(self.host, f"the guest of {name} did not answer on its console within {timeout_s:g} s")
+        return f"{self.fabric.guest_uptime(name):.2f}\n0\n"
 
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
         raise DriverError(self.host, "sim hosts have no guest to run commands in; use a libvirt host")

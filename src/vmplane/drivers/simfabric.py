@@ -14,6 +14,15 @@ under way in this process: DIMM unplugs the guest completes late, pauses that en
 lifecycle events to the watchers (libvirt's numbers, as hostevents.py takes them) late, twice or not
 at all. With faults off no event is sent (the sim then behaves exactly as before fault mode).
 
+An incoming migration (begin_incoming) puts libvirt's incoming domain on the target for the whole
+pre-copy: paused, reason `migration`, a QEMU that has never run the guest. The switch-over (move)
+replaces it with the domain; a copy that fails removes it at once (end_incoming), except when its
+source lost its power: no connection reset reaches the target then, and its libvirtd notices only by
+its keepalive, `incoming_linger_s` later (libvirt's default: about 30 s; never with keepalive off).
+
+A guest answers its console at once, unless made silent (`silence_guest`: for a while, as a guest
+still booting, or until told otherwise); `guest_answers` waits for it (the migration's guest check).
+
 Storage (pools, volumes, the disks of domains, the lock on open disk files) is modelled in
 drivers/simstorage.py, in the same file: see there for shared vs local paths and the capacity knobs.
 Host power and reachability (a host failed as power, daemon or network; the HA nemesis) is in
@@ -50,6 +59,8 @@ UNDEFINED, STARTED, SUSPENDED, RESUMED, STOPPED, SHUTDOWN, CRASHED = 1, 2, 3, 4,
 STOPPED_SHUTDOWN, STOPPED_DESTROYED, STOPPED_CRASHED, STOPPED_MIGRATED, STOPPED_FAILED = 0, 1, 2, 3, 5
 SHUTDOWN_GUEST = 1
 SUSPENDED_IOERROR, SUSPENDED_POSTCOPY_FAILED = 2, 8
+INCOMING_REASON = "migration"       # libvirt's VIR_DOMAIN_PAUSED_MIGRATION, as the libvirt driver names it
+INCOMING_LINGER_S = 30.0            # libvirtd's keepalive: interval 5 s x count 5, plus a little
 _shared: dict[str, "SimFabric"] = {}
 _shared_lock = threading.Lock()
 
@@ -71,12 +82,22 @@ class SimFabric(HostFabric, StorageFabric):
         self._unplugs: dict[tuple[str, str], tuple[int, float | None]] = {}   # (host, name) -> (MiB, due|never)
         self._pauses: dict[str, float] = {}         # name -> when its pause ends
         self._later: list[tuple[float, tuple]] = []  # (due, (host, name, event, detail)): late events
+        # how long a target keeps an incoming domain after its source lost its power ($VMPLANE_SIM_INCOMING_LINGER_S)
+        self.incoming_linger_s = float(os.environ.get("VMPLANE_SIM_INCOMING_LINGER_S") or INCOMING_LINGER_S)
+        self._incoming_checked = 0.0                # when lingering incoming domains were last looked for
+        self._booted: dict[str, float] = {}         # guest (domain name) -> when it last started (its uptime)
         with self._lock:
             if path is not None:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 # each change is handed to the OS at commit: it survives the process being killed
                 self._db.execute("PRAGMA synchronous=OFF")
             self._db.execute(_SCHEMA)
+            # guests made silent (silence_guest): wall-clock end, NULL for never; every process sees it
+            self._db.execute("CREATE TABLE IF NOT EXISTS silent_guests (name TEXT PRIMARY KEY, until REAL)")
+            # incoming domains (begin_incoming): their source, and when the target's keepalive removes one whose
+            # source lost its power (wall-clock; NULL: while its copy runs)
+            self._db.execute("CREATE TABLE IF NOT EXISTS incoming (host TEXT NOT NULL, name TEXT NOT NULL, "
+                             "source TEXT NOT NULL, gone_at REAL, PRIMARY KEY (host, name))")
             for column in ("state TEXT NOT NULL DEFAULT 'running'", "reason TEXT NOT NULL DEFAULT 'booted'"):
                 try:            # a fabric file from before states
                     self._db.execute(f"ALTER TABLE domains ADD COLUMN {column}")
@@ -106,6 +127,7 @@ class SimFabric(HostFabric, StorageFabric):
     # -- what is under way (fault mode) ----------------------------------------------------------
     def tick(self) -> None:
         """Complete what is due: late DIMM unplugs, pauses that end, late events."""
+        self._expire_incoming()
         if not (self._unplugs or self._pauses or self._later or self._detaches):
             return
         now, events = time.monotonic(), []
@@ -233,6 +255,7 @@ class SimFabric(HostFabric, StorageFabric):
                 db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (host, spec.name))
             self._unplugs.pop((host, spec.name), None)
             self._forget_detaches(host, spec.name)
+            self._booted[spec.name] = time.time()
             self.put_disks(db, host, spec.name, spec.disks)
             db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (host, spec.name, spec.vcpus, spec.max_vcpus, spec.memory_mib, spec.max_memory_mib,
@@ -240,13 +263,17 @@ class SimFabric(HostFabric, StorageFabric):
                         "running", "booted"))
         return True
 
-    def remove(self, host: str, name: str) -> bool:
-        """Destroy and undefine; whether there was such a domain."""
+    def remove(self, host: str, name: str, shut_off_only: bool = False) -> bool:
+        """Destroy and undefine; whether there was such a domain. `shut_off_only`: undefine it only if it
+        is not active (in one step: never destroys)."""
         with self._tx():
-            cur = self._db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (host, name))
-            self._unplugs.pop((host, name), None)
-            self.drop_disks(self._db, host, name)
-            self._forget_detaches(host, name)
+            only = f" AND NOT ({_ACTIVE})" if shut_off_only else ""
+            cur = self._db.execute("DELETE FROM domains WHERE host = ? AND name = ?" + only, (host, name))
+            if cur.rowcount or not shut_off_only:
+                self._db.execute("DELETE FROM incoming WHERE host = ? AND name = ?", (host, name))
+                self._unplugs.pop((host, name), None)
+                self.drop_disks(self._db, host, name)
+                self._forget_detaches(host, name)
         return cur.rowcount == 1
 
     def set_state(self, host: str, name: str, state: str, reason: str) -> bool:
@@ -276,13 +303,103 @@ class SimFabric(HostFabric, StorageFabric):
                 self._unplugs.pop((host, name), None)       # a new size supersedes a request under way
         return cur.rowcount == 1
 
+    # -- incoming migrations and guests ------------------------------------------------------------
+    def begin_incoming(self, name: str, source: str, target: str) -> bool:
+        """The target's incoming domain for a copy from `source`: paused (migration), never run; False if
+        the target already runs a domain of that name (or is down, or the source has no such domain)."""
+        with self._tx():
+            row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
+                                   (source, name)).fetchone()
+            if row is None or not self._runs(self._db, source, target):
+                return False
+            self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
+            try:
+                self._db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (target, *row[:-2], "paused", INCOMING_REASON))
+            except sqlite3.IntegrityError:
+                return False
+            self._db.execute("INSERT OR REPLACE INTO incoming (host, name, source, gone_at) VALUES (?, ?, ?, NULL)",
+                             (target, name, source))
+        return True
+
+    def end_incoming(self, name: str, source: str, target: str) -> None:
+        """A copy ended without its switch-over: the target's incoming domain goes at once (the source's
+        libvirtd tells it), or, when the source lost its power, `incoming_linger_s` later (keepalive)."""
+        with self._tx() as db:
+            if self._host(db, source).power == "off":
+                db.execute("UPDATE incoming SET gone_at = coalesce(gone_at, ?) WHERE host = ? AND name = ?",
+                           (time.time() + self.incoming_linger_s, target, name))
+                self._incoming_checked = 0.0        # looked for at the next read
+            else:
+                self._drop_incoming(target, name)
+
+    def _drop_incoming(self, target: str, name: str) -> None:
+        self._db.execute("DELETE FROM domains WHERE host = ? AND name = ? AND state = 'paused' AND reason = ?",
+                         (target, name, INCOMING_REASON))
+        self._db.execute("DELETE FROM incoming WHERE host = ? AND name = ?", (target, name))
+
+    def _expire_incoming(self) -> None:
+        """Remove the incoming domains whose target's keepalive noticed their source is gone (looked for at
+        most every 0.2 s: every read comes by here)."""
+        now = time.monotonic()
+        if now - self._incoming_checked < 0.2:
+            return
+        self._incoming_checked = now
+        with self._lock:
+            due = self._db.execute("SELECT host, name FROM incoming WHERE gone_at <= ?", (time.time(),)).fetchall()
+        if due:
+            with self._tx():
+                for host, name in due:
+                    self._drop_incoming(host, name)
+
+    def fail_host(self, host: str, mode: str, seconds: float | None = None):
+        """HostFabric.fail_host; a power loss also leaves the incoming domains of copies from this host to
+        their targets' keepalive (incoming_linger_s): no connection reset reaches them."""
+        state = super().fail_host(host, mode, seconds)
+        if state.power == "off":
+            with self._tx() as db:
+                db.execute("DELETE FROM incoming WHERE host = ?", (host,))      # gone with its domains
+                db.execute("UPDATE incoming SET gone_at = coalesce(gone_at, ?) WHERE source = ?",
+                           (time.time() + self.incoming_linger_s, host))
+            self._incoming_checked = 0.0
+        return state
+
+    def silence_guest(self, name: str, seconds: float | None = None) -> None:
+        """The guest of domain `name` (wherever it runs) does not answer its console for `seconds` (still
+        booting), or, None, until silence_guest(name, 0). Kept in the file: every process sees it."""
+        with self._tx() as db:
+            db.execute("INSERT INTO silent_guests (name, until) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
+                       "until = excluded.until", (name, None if seconds is None else time.time() + seconds))
+
+    def guest_answers(self, host: str, name: str, timeout_s: float) -> bool:
+        """Whether the guest of `name` on `host` answers within `timeout_s` (waits for a silent one)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = self.domain(host, name)
+            if info is None or not info.running:
+                return False
+            with self._lock:
+                row = self._db.execute("SELECT until FROM silent_guests WHERE name = ?", (name,)).fetchone()
+            if row is None or (row[0] is not None and time.time() >= row[0]):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.05, max(deadline - time.monotonic(), 0.0)))
+
+    def guest_uptime(self, name: str) -> float:
+        """Seconds since the guest of `name` started (in this process's view; 0 if it did not see it)."""
+        started = self._booted.get(name)
+        return max(time.time() - started, 0.0) if started else 0.0
+
     def move(self, name: str, source: str, target: str) -> bool:
         """Hand a running domain from source to target in one step; False if it is not active on the
-        source or the target already runs one of that name (a shut-off definition there is replaced)."""
+        source or the target already runs one of that name (a shut-off definition, or the copy's own
+        incoming domain, there is replaced)."""
         with self._tx():
             if not self._runs(self._db, source, target):     # a dead daemon ends the migration
                 return False
             self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
+            self._drop_incoming(target, name)
             try:
                 cur = self._db.execute(f"UPDATE domains SET host = ? WHERE host = ? AND name = ? AND {_ACTIVE}",
                                        (target, source, name))
@@ -304,6 +421,7 @@ class SimFabric(HostFabric, StorageFabric):
             if row is None or not self._runs(self._db, source, target):
                 return False
             self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
+            self._drop_incoming(target, name)
             try:
                 self._db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  (target, *row[:-2], "paused", reason))

@@ -26,6 +26,8 @@ its own probability, drawn from one `random.Random(seed)`:
   `host_partition`: the same for `partition_s` (long enough to be taken for dead); `host_reboot`: its
   power fails (every domain gone, no event) and it is back, empty, after `reboot_s`. Each is kept in
   the fabric (every process sees it) and ends by itself; calls refused meanwhile count as `host_call`.
+A burst (`burst(host, seconds)`, e.g. a libvirtd restart timed between two host checks): every call to
+that host raises the `transient` error until it ends (counted as `transient_call`).
 `counts` says how many of each were injected. `enabled = False` stops new faults (a quiet period);
 what is already under way (a late unplug, a copy going on, a late event, a pause) still completes.
 """
@@ -33,8 +35,10 @@ what is already under way (a late unplug, a copy going on, a late event, a pause
 from __future__ import annotations
 
 import collections
+import math
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 
 KINDS = ("transient", "transient_call", "partial", "unplug_late", "unplug_never", "lost_connection", "postcopy_failed",
@@ -73,6 +77,7 @@ class SimFaults:
     reboot_s: tuple[float, float] = (0.5, 3.0)
     enabled: bool = True
     counts: collections.Counter = field(default_factory=collections.Counter)
+    bursts: dict = field(default_factory=dict)          # host -> when its burst ends (time.monotonic())
 
     def __post_init__(self):
         self._rng = random.Random(self.seed)
@@ -97,6 +102,15 @@ class SimFaults:
             if hit:
                 self.counts[kind] += 1
         return hit
+
+    def burst(self, host: str, seconds: float = math.inf) -> None:
+        """Every call to `host` fails (transient) for `seconds`, or until faults are switched off."""
+        with self._lock:
+            self.bursts[host] = time.monotonic() + seconds
+
+    def bursting(self, host: str) -> bool:
+        """Whether a burst of `host` is on now (never while faults are off)."""
+        return self.enabled and time.monotonic() < self.bursts.get(host, 0.0)
 
     def count(self, kind: str) -> None:
         with self._lock:

@@ -6,7 +6,9 @@ without a row, or whose failure has run out (`until` passed), is healthy.
 
 Modes (`fabric.fail_host(host, mode)`), as localhosts.fail does on local hosts:
 - "power": the host's power is cut: every QEMU dies at once (all its domains, running or defined, are
-  gone, their disk locks released) and no event is sent (the daemon died too). Nothing runs on it
+  gone, their disk locks released, unless `set_lock_hold(host, s)` keeps the locks of its shared disks
+  held s seconds more, as an NFS server does until the dead client's lease expires) and no event is sent
+  (the daemon died too). Nothing runs on it
   until `recover_host`, which brings it back empty.
 - "daemon": libvirtd is killed; its guests run on (they stay in the fabric, running), but every call
   to the host fails ("connection refused"), no event comes from it, and no migration to or from it
@@ -33,6 +35,7 @@ import time
 from dataclasses import dataclass
 
 from .base import DriverError
+from .simstorage import SHARED
 
 MODES = ("power", "daemon", "network")
 FENCE_BROKEN = ("dead", "ignores")
@@ -79,10 +82,11 @@ class HostFabric:
     def _init_hosts(self) -> None:
         for statement in HOSTS_SCHEMA:
             self._db.execute(statement)
-        try:                    # a fabric file from before `died`
-            self._db.execute("ALTER TABLE hosts ADD COLUMN died REAL")
-        except sqlite3.OperationalError:
-            pass
+        for column in ("died REAL", "lock_hold REAL"):      # a fabric file from before them
+            try:
+                self._db.execute(f"ALTER TABLE hosts ADD COLUMN {column}")
+            except sqlite3.OperationalError:
+                pass
 
     # -- reads -------------------------------------------------------------------------------------
     def _host_row(self, db, host: str):
@@ -147,6 +151,7 @@ class HostFabric:
                 mode = "power"          # a dead host's daemon can not die again; it stays off
                 until = current.until if until is not None else None
             if mode == "power":
+                self._hold_locks(db, host, now)
                 names = [n for (n,) in db.execute("SELECT name FROM domains WHERE host = ?", (host,))]
                 for name in names:
                     self.drop_disks(db, host, name)
@@ -161,10 +166,30 @@ class HostFabric:
             return self._host(db, host)
 
     def recover_host(self, host: str) -> SimHostState:
-        """The host answers again: after a power failure, with no domain; else its domains as they are."""
+        """The host answers again: after a power failure, with no domain (its held locks released: it
+        rebooted and told the storage); else its domains as they are."""
         with self._tx() as db:
             db.execute("UPDATE hosts SET mode = NULL, until = NULL, since = ? WHERE host = ?", (time.time(), host))
+            db.execute("DELETE FROM held_locks WHERE host = ?", (host,))
             return self._host(db, host)
+
+    def set_lock_hold(self, host: str, seconds: float) -> None:
+        """A lock that outlives a power fence: when `host` loses its power, the write locks its running
+        domains hold on the shared storage stay held for `seconds` (an NFS client's lease: about 90 s on
+        NFSv4), refusing the disks to every other host meanwhile ("resource busy"). 0: released at once."""
+        with self._tx() as db:
+            db.execute("INSERT INTO hosts (host, lock_hold) VALUES (?, ?) ON CONFLICT (host) DO UPDATE SET "
+                       "lock_hold = excluded.lock_hold", (host, float(seconds)))
+
+    def _hold_locks(self, db, host: str, now: float) -> None:
+        """(in the power-off's transaction) the shared disks its active domains write keep their lock."""
+        row = db.execute("SELECT lock_hold FROM hosts WHERE host = ?", (host,)).fetchone()
+        hold = row[0] if row is not None and row[0] else 0.0
+        if hold <= 0:
+            return
+        db.execute("INSERT INTO held_locks (storage, path, host, until) SELECT d.storage, d.path, d.host, ? FROM disks d "
+                   "JOIN domains m ON m.host = d.host AND m.name = d.domain WHERE d.host = ? AND d.readonly = 0 AND "
+                   "d.storage = ? AND m.state NOT IN ('shutoff', 'crashed', 'nostate')", (now + hold, host, SHARED))
 
     def set_fence_broken(self, host: str, reason: str | None, mode: str = "dead") -> None:
         """Make fencing this host fail with `reason` (None: it works again). `mode` "dead": the BMC does not

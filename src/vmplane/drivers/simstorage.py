@@ -28,6 +28,14 @@ every process of a store, as the domains are):
   VMPLANE_SIM_DISK_COPY_RATE_MIB_S; capped by the migration bandwidth, as libvirt caps the NBD
   mirror), before the memory. A copy that stops (abort, a fault, ENOSPC) leaves the target overlay
   partly written. A disk on a path that is not shared and not copied: the migration is refused.
+- What a disk holds (review N2): each file has a `generation`, a number no other file of the fabric
+  ever had (a file deleted and made again at the same path is a new generation), and a `marker`, the
+  data a guest wrote into it (`SimDriver.guest_write_marker`; None: the file reads as zeros). A disk
+  copy carries the source's marker to the target once it completed. `file_facts` reads both, so a test
+  tells a fresh file from one an earlier volume left behind.
+- A file left behind (review N2): `fabric.fail_at_delete(host, mode)` makes the host fail (as
+  `fail_host`) when it is next asked to delete a volume, before the delete: the copy a migration left
+  there stays, as when a host dies between a migration's end and the copy's cleanup.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from pathlib import PurePosixPath
 
 from . import base
 from .base import DiskSpec, DriverError, MigrationParams, PoolInfo, PoolSpec, VolumeInfo
+from .volumefiles import same_volume
 
 SHARED_ROOT = os.environ.get("VMPLANE_SIM_SHARED_ROOT", "/var/lib/vmplane/shared/").rstrip("/") + "/"
 SHARED = "(shared)"                 # the storage key of every path under SHARED_ROOT
@@ -57,11 +66,16 @@ STORAGE_SCHEMA = (
     "name TEXT NOT NULL, format TEXT NOT NULL, capacity_mib INTEGER NOT NULL, allocation_mib INTEGER NOT NULL, "
     "backing TEXT, PRIMARY KEY (storage, path))",
     "CREATE INDEX IF NOT EXISTS files_dir ON files (storage, dir)",
+    "CREATE TABLE IF NOT EXISTS generations (key TEXT PRIMARY KEY, n INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS delete_traps (host TEXT PRIMARY KEY, mode TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS files_backing ON files (backing)",
     "CREATE TABLE IF NOT EXISTS disks (host TEXT NOT NULL, domain TEXT NOT NULL, target TEXT NOT NULL, "
     "position INTEGER NOT NULL, storage TEXT NOT NULL, path TEXT NOT NULL, pool TEXT NOT NULL, "
     "volume TEXT NOT NULL, format TEXT NOT NULL, readonly INTEGER NOT NULL, PRIMARY KEY (host, domain, target))",
     "CREATE INDEX IF NOT EXISTS disks_file ON disks (storage, path)",
+    # write locks of a powered-off host that outlive it on the shared storage (an NFS lease): simhosts.py
+    "CREATE TABLE IF NOT EXISTS held_locks (storage TEXT NOT NULL, path TEXT NOT NULL, host TEXT NOT NULL, "
+    "until REAL NOT NULL)",
     # what each storage's files allocate, kept by triggers (a pool's numbers at thousands of files)
     "CREATE TABLE IF NOT EXISTS used (storage TEXT PRIMARY KEY, mib INTEGER NOT NULL)",
     "CREATE TRIGGER IF NOT EXISTS files_insert AFTER INSERT ON files BEGIN "
@@ -110,6 +124,7 @@ class DiskCopy:
     storage: str            # the target's storage of the file
     mib: int                # the source overlay's allocation: what is copied
     initial_mib: int        # the target file's allocation before the copy
+    marker: str | None = None   # what the guest wrote into the source (the target holds it once copied)
 
 
 @dataclass
@@ -135,6 +150,10 @@ class StorageFabric:
         self._db.execute("BEGIN IMMEDIATE")
         for statement in STORAGE_SCHEMA:
             self._db.execute(statement)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(files)")}
+        for column in ("generation INTEGER", "marker TEXT"):        # (a fabric file made before they were)
+            if column.split()[0] not in have:
+                self._db.execute(f"ALTER TABLE files ADD COLUMN {column}")
         self._db.execute("DELETE FROM used")        # recounted: the triggers keep it from here
         self._db.execute("INSERT INTO used (storage, mib) SELECT storage, SUM(allocation_mib) FROM files GROUP BY storage")
         self._db.execute("COMMIT")
@@ -249,7 +268,8 @@ class StorageFabric:
     def create_volume(self, host: str, pool: str, name: str, capacity_mib: int, format: str = "qcow2",
                       backing: str | None = None, backing_format: str | None = None,
                       allocation_mib: int | None = None) -> VolumeInfo:
-        """A new file in the pool; one of that name already there is returned as it is."""
+        """A new file in the pool; one of that name already there is returned as it is if it has the format
+        and backing asked for (a create retried; the caller compares the size), else refused."""
         _check_name(name)
         if format not in ("qcow2", "raw"):
             raise SimStorageError(f"unsupported volume format '{format}'")
@@ -262,8 +282,12 @@ class StorageFabric:
             path = f"{dir}/{name}"
             row = db.execute(f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND path = ?",
                              (storage, path)).fetchone()
-            if row is not None:
-                return self._volume(pool, row)
+            if row is not None:         # a retried create: only the file asked for is returned
+                found = self._volume(pool, row)
+                if not same_volume(found, format, _clean(backing) if backing else None):
+                    raise SimStorageError(f"storage volume '{name}' exists already as {found.format} on "
+                                          f"{found.backing}: not the volume asked for")
+                return found
             if backing:
                 base = db.execute("SELECT format FROM files WHERE storage = ? AND path = ?",
                                   (storage_of(host, backing), _clean(backing))).fetchone()
@@ -276,10 +300,58 @@ class StorageFabric:
             if allocation_mib > self._available(db, storage):
                 raise SimStorageError(f"cannot allocate {allocation_mib} MiB for volume '{name}' in pool '{pool}': "
                                       f"No space left on device ({self._available(db, storage)} MiB available)")
-            db.execute("INSERT INTO files (storage, path, dir, name, format, capacity_mib, allocation_mib, backing) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (storage, path, dir, name, format, capacity_mib, allocation_mib, _clean(backing) if backing else None))
+            db.execute("INSERT INTO files (storage, path, dir, name, format, capacity_mib, allocation_mib, backing, "
+                       "generation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (storage, path, dir, name, format, capacity_mib, allocation_mib,
+                        _clean(backing) if backing else None, self._next_generation(db)))
             return VolumeInfo(pool, name, path, format, capacity_mib, allocation_mib, _clean(backing) if backing else None)
+
+    @staticmethod
+    def _next_generation(db) -> int:
+        """A number no file of the fabric had before (kept apart from the files: a deleted file's is not reused)."""
+        db.execute("INSERT INTO generations (key, n) VALUES ('files', 1) ON CONFLICT (key) DO UPDATE SET n = n + 1")
+        return db.execute("SELECT n FROM generations WHERE key = 'files'").fetchone()[0]
+
+    def file_facts(self, host: str, path: str) -> tuple[int | None, str | None] | None:
+        """(generation, marker) of the file at `path` in the host's view; None: no such file."""
+        with self._lock:
+            row = self._db.execute("SELECT generation, marker FROM files WHERE storage = ? AND path = ?",
+                                   (storage_of(host, path), _clean(path))).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def write_marker(self, host: str, name: str, target: str, marker: str) -> None:
+        """The guest of domain `name` writes `marker` into its disk `target` (its file holds it)."""
+        with self._tx() as db:
+            storage, path = self._disk_file(db, host, name, target)
+            db.execute("UPDATE files SET marker = ? WHERE storage = ? AND path = ?", (marker, storage, path))
+
+    def read_marker(self, host: str, name: str, target: str) -> str | None:
+        """What the guest of domain `name` reads from its disk `target`: the marker written into its file
+        (None: nothing was, it reads as zeros)."""
+        with self._lock:
+            storage, path = self._disk_file(self._db, host, name, target)
+            row = self._db.execute("SELECT marker FROM files WHERE storage = ? AND path = ?",
+                                   (storage, path)).fetchone()
+        if row is None:
+            raise SimStorageError(f"Cannot access storage file '{path}' (disk {target} of {name})")
+        return row[0]
+
+    def fail_at_delete(self, host: str, mode: str = "daemon") -> None:
+        """The next time `host` is asked to delete a volume, it fails first (`fail_host(host, mode)`), and
+        the file stays: the trigger of a copy left behind on a pool."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO delete_traps (host, mode) VALUES (?, ?)", (host, mode))
+
+    def spring_delete_trap(self, host: str) -> None:
+        """(the driver, before a delete) a trap set on the host fails it now, once."""
+        with self._lock:            # (a read first: no write transaction on every delete)
+            row = self._db.execute("SELECT mode FROM delete_traps WHERE host = ?", (host,)).fetchone()
+        if row is None:
+            return
+        with self._tx() as db:
+            taken = db.execute("DELETE FROM delete_traps WHERE host = ?", (host,)).rowcount == 1
+        if taken:
+            self.fail_host(host, row[0])
 
     def upload_volume(self, host: str, pool: str, name: str, source: str, format: str) -> VolumeInfo:
         try:
@@ -373,6 +445,12 @@ class StorageFabric:
             if holders:
                 raise SimStorageError(f"resource busy: Lockspace resource '{disk.path}' is locked (disk {disk.target} "
                                       f"is open in domain {holders[0][1]} on {holders[0][0]})")
+            held = db.execute("SELECT host, until FROM held_locks WHERE storage = ? AND path = ? AND host != ? AND "
+                              "until > ? LIMIT 1", (storage, path, host, time.time())).fetchone()
+            if held:        # a powered-off host's lock, until its lease on the shared storage expires
+                raise SimStorageError(f"Failed to get \"write\" lock: resource busy: '{disk.path}' (disk {disk.target}) "
+                                      f"is still locked by {held[0]}, powered off; its lease on the storage expires in "
+                                      f"{held[1] - time.time():.0f} s")
 
     def put_disks(self, db, host: str, name: str, disks: tuple[DiskSpec, ...]) -> None:
         """Check (files there, lease free) and record a starting domain's disks (in the caller's tx)."""
@@ -528,6 +606,8 @@ class StorageFabric:
             raise SimStorageError(f"Cannot access storage file '{disk.path}' (disk {disk.target})")
         dst = db.execute("SELECT format, capacity_mib, allocation_mib, backing FROM files WHERE storage = ? AND "
                          "path = ?", (target, path)).fetchone()
+        marker = db.execute("SELECT marker FROM files WHERE storage = ? AND path = ?",
+                            (storage_of(source, path), path)).fetchone()[0]
         if dst is None:
             raise SimStorageError(f"Cannot access storage file '{disk.path}' on {target}: No such file or directory "
                                   f"(create the overlay of disk {disk.target} there first)")
@@ -542,7 +622,7 @@ class StorageFabric:
         holders = self._users(db, target, path, writers=True)
         if holders:
             raise SimStorageError(f"resource busy: '{disk.path}' on {target} is open in domain {holders[0][1]}")
-        return DiskCopy(disk.target, path, target, src[2], dst[2])
+        return DiskCopy(disk.target, path, target, src[2], dst[2], marker)
 
     def copied(self, plan: CopyPlan, mib: float) -> None:
         """The first `mib` of the plan were written to the targets' files (in order, disk after disk)."""
@@ -555,6 +635,9 @@ class StorageFabric:
                 allocation = c.mib if done >= c.mib else max(c.initial_mib, int(done))
                 self._db.execute("UPDATE files SET allocation_mib = ? WHERE storage = ? AND path = ?",
                                  (allocation, c.storage, c.path))
+                if done >= c.mib:       # the whole overlay is there: what the guest wrote too
+                    self._db.execute("UPDATE files SET marker = ? WHERE storage = ? AND path = ?",
+                                     (c.marker, c.storage, c.path))
                 left -= c.mib
 
     def move_disks(self, db, name: str, source: str, target: str, copy: bool = False) -> None:
@@ -630,6 +713,7 @@ class SimStorageDriver:
         return info
 
     def delete_volume(self, pool: str, name: str) -> None:
+        self.fabric.spring_delete_trap(self.host)
         self._call(f"delete volume {name} of pool {pool}")
         with self._refused(f"delete volume {name} of pool {pool}"):
             deleted = self.fabric.delete_volume(self.host, pool, name)
@@ -712,6 +796,16 @@ class SimStorageDriver:
             self.fabric.set_state(self.host, name, "paused", "ioerror")
             self._emit(name, SUSPENDED, SUSPENDED_IOERROR)
         return written
+
+    def guest_write_marker(self, name: str, target: str, marker: str) -> None:
+        """The sim's guest writes `marker` into disk `target` (what a later reader of the file finds)."""
+        with self._refused(f"write into disk {target} of {name}"):
+            self.fabric.write_marker(self.host, name, target, marker)
+
+    def guest_read_marker(self, name: str, target: str) -> str | None:
+        """What the sim's guest reads from disk `target`: a marker written into the file, or None (zeros)."""
+        with self._refused(f"read disk {target} of {name}"):
+            return self.fabric.read_marker(self.host, name, target)
 
     # -- migration with disks ------------------------------------------------------------------------
     def _disk_rate(self, params: MigrationParams) -> float | None:

@@ -12,6 +12,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from .. import ownership
+from ..leases import DEFAULT_LEASE_S, SessionLimits, session_limits
+from . import pgsessions
 from .prepared import as_sqlalchemy_error
 
 DEFAULT_DB_URL = "sqlite:///var/vmplane.db"
@@ -38,6 +40,8 @@ class Database:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         self.is_sqlite = url.startswith("sqlite")
+        # PostgreSQL: each write transaction's lock and idle timeouts (pgsessions), from the process's lease
+        self.limits: SessionLimits = session_limits(DEFAULT_LEASE_S)
         # connections kept for the API's request threads and the operations' workers: past the pool's size each
         # checkout opens a new connection (on SQLite its pragmas too) and closes it at checkin
         kwargs: dict = {"pool_size": 20, "max_overflow": 20} if path is not None or not self.is_sqlite else {}
@@ -57,6 +61,16 @@ class Database:
             if self._lease_engine is not self.engine:
                 self._configure_sqlite(self._lease_engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def use_lease(self, lease_s: float) -> None:
+        """Derive the write transactions' timeouts from this process's lease period (controllers.py)."""
+        self.limits = session_limits(lease_s)
+
+    def _begin(self, conn: Connection) -> None:
+        """First in every write transaction, before its fencing check: on PostgreSQL its timeouts and the epoch it
+        works for, set for it alone (pgsessions: what PgBouncer in transaction mode keeps)."""
+        if not self.is_sqlite:
+            pgsessions.begin(conn, self.limits, ownership.current() or getattr(self.engine, "vmplane_controller", None))
 
     @staticmethod
     def _configure_sqlite(engine: Engine) -> None:
@@ -94,6 +108,7 @@ class Database:
         if self.is_sqlite:
             session.connection(execution_options={"sqlite_begin": "IMMEDIATE"})
         try:
+            self._begin(session.connection())
             ownership.check(session.connection())
             yield session
             session.commit()
@@ -117,6 +132,7 @@ class Database:
             if self.is_sqlite:
                 conn = conn.execution_options(sqlite_begin="IMMEDIATE")
             with conn.begin():
+                self._begin(conn)
                 if fenced:
                     ownership.check(conn)
                 yield conn

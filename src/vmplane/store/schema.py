@@ -225,6 +225,9 @@ class Volume(Base):
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
     pool_id: Mapped[int] = mapped_column(ForeignKey("pools.id"), index=True)
     copy_pool_id: Mapped[int | None] = mapped_column(ForeignKey("pools.id"), nullable=True)  # a migration's copy
+    # its file in the pool (and in a copy's pool): unique per volume, so a new volume never meets a file
+    # an older one of the same name left behind (review N2); None: the name's file (rows made before 0010)
+    file_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
     size_mib: Mapped[int] = mapped_column(Integer)
     format: Mapped[str] = mapped_column(String(16), default="qcow2")
     role: Mapped[str] = mapped_column(String(8), default="data")             # root / data
@@ -290,6 +293,8 @@ class Migration(Base):
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     owner: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)   # the controller copying it
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    # a cancel taken by any process: the one copying sees it (its progress loop) and aborts (review N6)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Token(Base):
@@ -300,6 +305,19 @@ class Token(Base):
     role: Mapped[str] = mapped_column(String(16))        # admin / member
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class ConsoleSession(Base):
+    """A web console login (review N10): the browser's cookie holds a random session id, the store only its
+    hash. It acts as the token it was opened with, and ends at logout, at `expires_at`, or with the token
+    (revoked: the rows go with it, ON DELETE CASCADE)."""
+
+    __tablename__ = "console_sessions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    id_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("tokens.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime, index=True)
 
 
 class Event(Base):

@@ -9,7 +9,7 @@ from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from .. import events
-from ..errors import NotFound
+from ..errors import Conflict, NotFound
 from ..model import Usage
 from . import ledger as L
 from .prepared import prepared
@@ -101,13 +101,29 @@ def set_volume(conn: Connection, volume: Row, note: str = "", **fields) -> None:
 
 
 def remove_volume(conn: Connection, volume: Row, note: str = "") -> None:
-    """The volume is gone from its pool (confirmed): its row, its charge and its pool space go."""
+    """The volume is gone from its pool (confirmed): its row, its charge and its pool space go. A volume
+    with a migration's copy is refused (the row is what remembers the copy's file: keep_for_copy)."""
+    if volume.copy_pool_id is not None:
+        raise Conflict(f"volume {volume.name} still has a copy on pool {volume.copy_pool_name}; it is deleted "
+                       f"first", field="volume")
     conn.execute(delete(VOLUMES).where(_VO.id == volume.id))
     L.add_to_ledger(conn, volume.project_id, Usage(storage_mib=-volume.size_mib))
     add_to_pool(conn, volume.pool_id, -volume.size_mib)
-    if volume.copy_pool_id is not None:
-        add_to_pool(conn, volume.copy_pool_id, -volume.size_mib)
     _event(conn, volume.name, volume.state, "deleted", volume.project_id, note, vm=volume.vm_name)
+
+
+def keep_for_copy(conn: Connection, volume: Row, note: str = "") -> None:
+    """The volume's file is gone from its pool (confirmed), its copy is not: the row stands for the copy
+    now (on the copy's pool, still `deleting` and charged), and the first pool's space goes."""
+    conn.execute(update(VOLUMES).where(_VO.id == volume.id).values(
+        pool_id=volume.copy_pool_id, copy_pool_id=None, updated_at=utcnow()))
+    add_to_pool(conn, volume.pool_id, -volume.size_mib)
+    _event(conn, volume.name, volume.state, volume.state, volume.project_id, note, vm=volume.vm_name)
+
+
+def file_event(conn: Connection, volume: Row, note: str) -> None:
+    """Something done to a volume's files that changes no state (a leftover removed): in the event log."""
+    _event(conn, volume.name, volume.state, volume.state, volume.project_id, note, vm=volume.vm_name)
 
 
 def _event(conn: Connection, name: str, old: str | None, new: str, project_id: int, note: str,

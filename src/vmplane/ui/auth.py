@@ -1,4 +1,5 @@
-"""Log in (an API token, kept in the session cookie) and log out."""
+"""Log in (an API token opens a server-side session; its id goes in the cookie) and log out (the session
+ends on the server). consolesessions.py has the sessions and the cookie's rule."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from fastapi.responses import RedirectResponse
 
 from ..api.paging import StrictQueryRoute
 from ..errors import VmplaneError
+from .consolesessions import SESSION_MAX_AGE_S, cookie_secure, end_session, open_session
 from .render import render
-from .session import COOKIE, Actor
+from .session import COOKIE, Actor, session_id
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
-SESSION_MAX_AGE_S = 12 * 3600       # the browser forgets the session after this; the token lives on
 
 
 def _safe_next(next_url: str | None) -> str:
@@ -22,9 +23,22 @@ def _safe_next(next_url: str | None) -> str:
     return next_url if next_url and next_url.startswith("/ui") and not next_url.startswith("//") else "/ui"
 
 
+def secure_cookie(request: Request) -> bool:
+    return cookie_secure(request.url.scheme, request.client.host if request.client else None, request.headers,
+                         getattr(request.app.state, "insecure_cookies", False))
+
+
+def _form(request: Request, next_url: str | None, error: str | None, status_code: int = 200):
+    """The login form; over plain http from another machine it says why a login would not hold (the
+    browser keeps a Secure cookie for https only)."""
+    plain = request.url.scheme != "https" and secure_cookie(request)
+    return render(request, "login.html", status_code=status_code, next=_safe_next(next_url), error=error,
+                  plain_http=plain)
+
+
 @router.get("/login")
 def login_form(request: Request, next: str | None = None):
-    return render(request, "login.html", next=_safe_next(next), error=None)
+    return _form(request, next, None)
 
 
 @router.post("/login")
@@ -34,17 +48,18 @@ async def login(request: Request, token: Annotated[str, Form(max_length=200)] = 
     try:
         if not token:
             raise VmplaneError("token: give an API token", field="token")
-        await run_in_threadpool(request.app.state.orchestrator.catalog.authenticate, token)
+        sid = await run_in_threadpool(open_session, request.app.state.orchestrator.db, token)
     except VmplaneError as exc:
-        return render(request, "login.html", status_code=401, next=_safe_next(next), error=exc.message)
+        return _form(request, next, exc.message, status_code=401)
     response = RedirectResponse(_safe_next(next), status_code=303)
-    response.set_cookie(COOKIE, token, max_age=SESSION_MAX_AGE_S, path="/ui", httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(COOKIE, sid, max_age=SESSION_MAX_AGE_S, path="/ui", httponly=True, samesite="strict",
+                        secure=secure_cookie(request))
     return response
 
 
 @router.post("/logout")
 def logout(request: Request, who: Actor):
+    end_session(request.app.state.orchestrator.db, session_id(request))      # its cookie is worthless now
     response = RedirectResponse("/ui/login", status_code=303)
-    response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
+    response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict", secure=secure_cookie(request))
     return response

@@ -1,11 +1,12 @@
 """Who is looking: the console's login cookie and its CSRF token.
 
-The browser logs in with an API token. The token itself is kept in an HttpOnly, SameSite=Strict
-cookie (script can not read it, another site can not send it) and checked against the store at every
-request, as a bearer token is: a revoked token logs its sessions out at once, and any control-plane
-process serves any request (nothing is kept in memory). Every form and htmx request that changes
-something also carries a CSRF token: an HMAC of the session's token, so stateless too, and unknown to
-a page that has not read it from ours.
+The browser logs in with an API token and gets a session: its cookie (HttpOnly: script can not read it;
+SameSite=Strict: another site can not send it; Secure unless plain http is allowed) holds a random
+session id, never the token (consolesessions.py). The session is looked up in the store at every request,
+joined to its token: logout, expiry or a revoked token log it out at once, and any control-plane process
+serves any request (nothing is kept in memory). Every form and htmx request that changes something also
+carries a CSRF token: an HMAC keyed by the session's token's hash (the store's `token_hash`, so stateless
+too), unknown to a page that has not read it from ours.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from ..api.deps import Caller
-from ..errors import Forbidden, VmplaneError
+from ..catalog import hash_token
+from ..errors import Forbidden
+from .consolesessions import session_caller
 
 COOKIE = "vmplane_session"
 CSRF_FIELD = "csrf"
@@ -32,26 +35,30 @@ class LoginRequired(Exception):
         self.message = message
 
 
+def csrf_of_hash(token_hash: str) -> str:
+    return hmac.new(bytes.fromhex(token_hash), b"vmplane-console-csrf", hashlib.sha256).hexdigest()
+
+
 def csrf_token(token: str) -> str:
-    return hmac.new(hashlib.sha256(token.encode()).digest(), b"vmplane-console-csrf", hashlib.sha256).hexdigest()
+    """The CSRF token of the sessions of `token` (tests; the console has only the token's hash)."""
+    return csrf_of_hash(hash_token(token))
 
 
-def session_token(request: Request) -> str | None:
-    token = request.cookies.get(COOKIE, "").strip()
-    return token or None
+def session_id(request: Request) -> str | None:
+    value = request.cookies.get(COOKIE, "").strip()
+    return value or None
 
 
 def ui_caller(request: Request) -> Caller:
     """The caller behind the session cookie; every console route depends on it."""
-    token = session_token(request)
-    if token is None:
+    sid = session_id(request)
+    if sid is None:
         raise LoginRequired()
-    try:
-        name, role, project_id = request.app.state.orchestrator.catalog.authenticate(token)
-    except VmplaneError as exc:
-        raise LoginRequired(f"{exc.message}: log in again") from None
-    who = Caller(name, role, project_id)
-    request.state.caller, request.state.csrf = who, csrf_token(token)
+    row = session_caller(request.app.state.orchestrator.db, sid)
+    if row is None:
+        raise LoginRequired("the session ended (logged out, expired or its token revoked): log in again")
+    who = Caller(row["name"], row["role"], row["project_id"])
+    request.state.caller, request.state.csrf = who, csrf_of_hash(row["token_hash"])
     return who
 
 

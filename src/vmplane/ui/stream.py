@@ -15,8 +15,9 @@ from fastapi.responses import StreamingResponse
 
 from ..api.paging import StrictQueryRoute
 from .pages import events_context, tasks_context
+from .consolesessions import session_caller
 from .render import templates
-from .session import Viewer
+from .session import Viewer, session_id
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 INTERVAL_S = 1.0
@@ -27,7 +28,10 @@ def sse(event: str, data: str) -> str:
     return f"event: {event}\n" + "".join(f"data: {line}\n" for line in data.splitlines() or [""]) + "\n"
 
 
-def snapshot(o, who, csrf: str) -> tuple[str, str, int | None]:
+def snapshot(o, who, csrf: str, sid: str | None = None) -> tuple[str, str, int | None] | None:
+    """What the panes show now; None once the session `sid` ended (logout, expiry, revoked token)."""
+    if sid is not None and session_caller(o.db, sid) is None:
+        return None
     tasks = templates.env.get_template("fragments/tasks.html").render(who=who, csrf=csrf, **tasks_context(o, who))
     evs = events_context(o, who)
     pane = templates.env.get_template("fragments/event_pane.html").render(who=who, csrf=csrf, **evs)
@@ -37,14 +41,17 @@ def snapshot(o, who, csrf: str) -> tuple[str, str, int | None]:
 @router.get("/stream")
 async def stream(request: Request, who: Viewer, once: bool = False):
     """`once`: send the current state and end (for scripts and tests; a browser keeps the stream open)."""
-    o, csrf = request.app.state.orchestrator, request.state.csrf
+    o, csrf, sid = request.app.state.orchestrator, request.state.csrf, session_id(request)
 
     async def events():
         sent_tasks = sent_pane = None
         sent_newest: int | None = -1
         quiet = 0.0
         while not await request.is_disconnected():
-            tasks, pane, newest = await run_in_threadpool(snapshot, o, who, csrf)
+            now = await run_in_threadpool(snapshot, o, who, csrf, sid)
+            if now is None:
+                return                  # the session ended: an open page learns nothing more
+            tasks, pane, newest = now
             out = []
             if tasks != sent_tasks:
                 out.append(sse("tasks", tasks))

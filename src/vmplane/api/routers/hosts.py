@@ -3,6 +3,7 @@
 from fastapi import APIRouter, Response
 
 from ..deps import Admin, Caller, Orch
+from ...errors import Conflict
 from ..schemas import FenceAgents, FenceRequest, HostCreate, HostFailure, HostOut, MaintenanceRequest
 from ...model import HostState
 from ..paging import Paging, StrictQueryRoute, paged
@@ -70,9 +71,18 @@ def fail_host(name: str, body: HostFailure, orch: Orch, _: Admin) -> dict:
 
 
 @router.post("/hosts/{name}/recover")
-def recover_host(name: str, orch: Orch, _: Admin) -> dict:
-    """Undo the nemesis: power the host on, start its daemon again, or heal its network."""
-    return orch.ha.nemesis(name, None)
+def recover_host(name: str, orch: Orch, who: Admin) -> dict:
+    """Recover a host. One that a failed recovery left `fencing` or `fenced` with HA VMs still unknown
+    (no recovery in flight): its recovery runs again (the answer names the operation). Otherwise, on a local
+    or simulated host, undo the nemesis: power it on, start its daemon again, or heal its network. 409 when
+    there is nothing left to recover (a remote host that no recovery left anything on)."""
+    if orch.ha.has_stranded(name):
+        return orch.ha.recover(name, who=_who(who))
+    try:
+        return orch.ha.nemesis(name, None)
+    except Conflict as exc:
+        raise Conflict(f"host {name}: nothing is left to recover (no HA VM of it is unknown; {exc.message})",
+                       field="host") from None
 
 
 def _who(who: Caller) -> str:

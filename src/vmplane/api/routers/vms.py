@@ -4,8 +4,10 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from ... import adopt
+from ...guestexec import command_line
 from ...errors import Forbidden, Invalid
 from ...migration import MigrationState
+from ...migration import tuning_refusal as migration_tuning_refusal
 from ...model import VmState
 from ...orchestrator import Admitted
 from ..deps import AnyCaller, Caller, Orch
@@ -102,9 +104,10 @@ def stop_vm(name: str, orch: Orch, who: AnyCaller, body: VmStop | None = None):
 
 @router.post("/vms/{name}/exec", response_model=ExecResult)
 def exec_in_vm(name: str, body: ExecRequest, orch: Orch, who: AnyCaller):
-    """Run one shell line in the guest through its serial console (libvirt hosts), for checks."""
+    """Run a command in the guest through its serial console (libvirt hosts), for checks: an argv keeps
+    its argument boundaries, a string is one shell line (guestexec.py)."""
     _own_vm(orch, who, name)
-    output, code = orch.exec_in_guest(name, body.command, body.timeout_s)
+    output, code = orch.exec_in_guest(name, command_line(body.command), body.timeout_s)
     return ExecResult(output=output, exit_code=code)
 
 
@@ -120,7 +123,9 @@ def delete_vm(name: str, orch: Orch, who: AnyCaller, keep_disk: bool = False):
 def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     """Live-migrate a running VM. Quota-neutral: the project's usage does not change. The target is
     claimed now; the copy starts when the migration limits allow (it waits in a queue, never refused).
-    Choosing the target host (`to`) needs an admin token: tenants do not pick hypervisors."""
+    Choosing the target host (`to`) needs an admin token: tenants do not pick hypervisors. So does tuning
+    the copy (bandwidth, post-copy, downtime): members choose a named `policy` only. A post-copy bandwidth
+    below 64 MiB/s is refused (422): a post-copy can not be aborted."""
     _act_on(orch, who, name)
     if body.to is not None and not who.is_admin:
         raise Forbidden("choosing the target host needs an admin token; leave out `to` and placement picks one",
@@ -128,6 +133,10 @@ def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     overrides = {k: v for k, v in (("bandwidth_mib_s", body.bandwidth_mib_s), ("postcopy", body.postcopy),
                                    ("max_downtime_ms", body.max_downtime_ms),
                                    ("postcopy_bandwidth_mib_s", body.postcopy_bandwidth_mib_s)) if v is not None}
+    refused = migration_tuning_refusal(overrides, who.is_admin)     # tuning is an operator's (review N11)
+    if refused:
+        kind, field, message = refused
+        raise (Forbidden if kind == "forbidden" else Invalid)(message, field=field)
     if body.policy != "vmplane":
         overrides["policy"] = body.policy
     result = orch.migrator.migrate(name, to=body.to, dry_run=body.dry_run, params=overrides or None)
