@@ -17,8 +17,7 @@ from vmplane.store import ledger as L
 from .conftest import add_sim_hosts, ledger_usage
 
 
-@pytest.fixture
-def ha(db):
+def ha_plane(db) -> Orchestrator:
     """Three sim hosts (4 vCPUs, 8 GiB each) with a threaded executor: recovery waits and retries."""
     o = Orchestrator(db, ThreadPoolExecutor(8, thread_name_prefix="test-op"))
     o.load()
@@ -29,11 +28,22 @@ def ha(db):
     o.catalog.create_template("t", "tiny-linux")
     o.catalog.create_project("p", 12, 24576, 20)
     o.catalog.set_setting("vmplane.ha.grace", "0")
-    yield o
+    return o
+
+
+def close_ha_plane(o: Orchestrator) -> None:
+    """Every host powered on and its fence agent working again, then the plane closed."""
     for name in ("h1", "h2", "h3"):
         o.drivers[name].fabric.recover_host(name)
         o.drivers[name].fabric.set_fence_broken(name, None)
     o.close()
+
+
+@pytest.fixture
+def ha(db):
+    o = ha_plane(db)
+    yield o
+    close_ha_plane(o)
 
 
 def on_h1(o, specs: list[tuple[str, str, int]]) -> None:

@@ -182,6 +182,8 @@ def test_a_postcopy_failure_on_the_default_tcg_policy_keeps_both_claims_until_th
     target = "lv2" if source == "lv1" else "lv1"
     before, target_before = usage(live, "p"), _used_memory(live, target)
     with live.client() as c:        # the default policy; a slow post-copy phase leaves time to kill it
+        # 2 MiB/s is below the default floor (64): an operator lowers it first, as this test's nemesis does
+        c.put("/settings/vmplane.migration.postcopy.min.bandwidth", json={"value": "1"}).raise_for_status()
         r = c.post("/vms/pcf/migrate", json={"to": target, "postcopy_bandwidth_mib_s": 2})
         assert r.status_code == 202, r.text
         mig = r.json()

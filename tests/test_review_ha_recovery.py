@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import text, update
@@ -16,43 +15,20 @@ from sqlalchemy.exc import OperationalError
 from vmplane.admission import ADMISSION_LOCK
 from vmplane.errors import Conflict
 from vmplane.harecovery import HostRecovery
-from vmplane.model import HostState, Offering, OfferingKind
-from vmplane.orchestrator import Orchestrator
+from vmplane.model import HostState
 from vmplane.store import Database
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
 
 from . import stores
-from .conftest import add_sim_hosts
-from .test_ha_sim import fail, on_h1, recovery, restarts, wait_for
-
-
-def _plane(db) -> Orchestrator:
-    """Three sim hosts (4 vCPUs, 8 GiB each), a threaded executor, grace 0 (as test_ha_sim's)."""
-    o = Orchestrator(db, ThreadPoolExecutor(8, thread_name_prefix="test-op"))
-    o.load()
-    o.catalog.create_zone("z1")
-    o.catalog.create_cluster("c1", "z1")
-    add_sim_hosts(o, 3, cores=4, memory_mib=8192)
-    o.catalog.create_offering(Offering("one", OfferingKind.fixed, vcpus=1, memory_mib=1024))
-    o.catalog.create_template("t", "tiny-linux")
-    o.catalog.create_project("p", 12, 24576, 20)
-    o.catalog.set_setting("vmplane.ha.grace", "0")
-    return o
-
-
-def _close(o: Orchestrator) -> None:
-    for name in ("h1", "h2", "h3"):
-        o.drivers[name].fabric.recover_host(name)
-        o.drivers[name].fabric.set_fence_broken(name, None)
-    o.close()
+from .test_ha_sim import close_ha_plane, fail, ha_plane, on_h1, recovery, restarts, wait_for
 
 
 @pytest.fixture
 def ha(db):
-    o = _plane(db)
+    o = ha_plane(db)
     yield o
-    _close(o)
+    close_ha_plane(o)
 
 
 # -- minor: a host that answers mid-fence starts its silence again -----------------------------------
@@ -100,9 +76,9 @@ def test_a_drains_dry_run_leaves_the_capacity_index_exact_meanwhile(ha):
 @pytest.fixture
 def pg_ha(postgres):
     database = Database(stores.postgres_url(migrated=True))
-    o = _plane(database)
+    o = ha_plane(database)
     yield o
-    _close(o)
+    close_ha_plane(o)
     database.dispose()
 
 
@@ -293,3 +269,38 @@ def test_lock_refusals_are_told_from_other_failures():
     assert lock_refusal("resource busy: Lockspace resource '/s/d.qcow2' is locked")
     assert not lock_refusal("no host has room for 1 vCPU(s)")
     assert within_lock_window(100.0, 279.0, 180) and not within_lock_window(100.0, 280.0, 180)
+
+
+# -- N3, scenario B: a restart whose start failed and whose host stumbled once on the read-back -----
+
+def test_a_failed_restart_whose_host_stumbles_once_is_tried_again_not_left_unknown(ha, monkeypatch):
+    """The restart's start fails on its new host and that host's next domain() errors once (a reconnect):
+    the host is asked again, the domain is found gone there, and the recovery restarts the VM: it runs.
+    Before, the VM was left `unknown` on the new host, the recovery counted it as done, and the HA VM was
+    never restarted."""
+    from vmplane.drivers.base import DriverError
+    from vmplane.drivers.sim import SimDriver
+    o = ha
+    on_h1(o, [("a", "restart", 0)])
+    start, domain = SimDriver.start, SimDriver.domain
+    broken = {"start": 1, "domain": 0}
+
+    def failing_start(self, spec):
+        if spec.name.endswith("-a") and broken["start"]:
+            broken["start"] -= 1
+            broken["domain"] = 1            # the read-back that follows stumbles once
+            raise DriverError(self.name, "start refused")
+        return start(self, spec)
+
+    def stumbling_domain(self, name):
+        if name.endswith("-a") and broken["domain"]:
+            broken["domain"] -= 1
+            raise DriverError(self.name, "connection reset; reconnecting")
+        return domain(self, name)
+    monkeypatch.setattr(SimDriver, "start", failing_start)
+    monkeypatch.setattr(SimDriver, "domain", stumbling_domain)
+    fail(o, "h1", "power")
+    _drive_until(o, lambda: o.vm("a").state == "running", "the HA VM to run again")
+    assert o.vm("a").host.name in ("h2", "h3")
+    assert broken == {"start": 0, "domain": 0}, "the failure and the stumble both happened"
+    assert any(op.state == "failed" for op in restarts(o)), "the first restart failed"

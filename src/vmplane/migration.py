@@ -153,23 +153,25 @@ def settle_event(state: MigrationState, outcome: Outcome, cancelled: bool = Fals
 
 # N11: tuning a migration's copy is an operator's call. A member picks a named policy only; a post-copy
 # pulls the guest's memory at no less than the floor (a post-copy can not be aborted: at 1 MiB/s a 16 GiB
-# guest holds both hosts' slots and claims for hours)
+# guest holds both hosts' slots and claims for hours). The floor is `vmplane.migration.postcopy.min.bandwidth`.
 TUNING_FIELDS = ("bandwidth_mib_s", "postcopy", "max_downtime_ms", "postcopy_bandwidth_mib_s")
-POSTCOPY_BANDWIDTH_FLOOR_MIB_S = 64
+POSTCOPY_BANDWIDTH_FLOOR_MIB_S = 64         # the setting's default
+POSTCOPY_FLOOR_KEY = "vmplane.migration.postcopy.min.bandwidth"
 
 
-def tuning_refusal(asked: dict, admin: bool) -> tuple[str, str, str] | None:
+def tuning_refusal(asked: dict, admin: bool,
+                   floor_mib_s: int = POSTCOPY_BANDWIDTH_FLOOR_MIB_S) -> tuple[str, str, str] | None:
     """Why a migration request's tuning is refused, or None: (kind "forbidden"|"invalid", field, message).
-    `asked`: the tuning fields the request sets (None values left out)."""
+    `asked`: the tuning fields the request sets (None values left out); `floor_mib_s`: the post-copy floor."""
     given = [f for f in TUNING_FIELDS if asked.get(f) is not None]
     if given and not admin:
         return ("forbidden", given[0], f"tuning a migration ({given[0]}) needs an admin token; choose a named "
                                        f"policy (`policy`: vmplane or hypervisor-default)")
     bandwidth = asked.get("postcopy_bandwidth_mib_s")
-    if bandwidth is not None and bandwidth < POSTCOPY_BANDWIDTH_FLOOR_MIB_S:
+    if bandwidth is not None and bandwidth < floor_mib_s:
         return ("invalid", "postcopy_bandwidth_mib_s",
-                f"a post-copy bandwidth of {bandwidth} MiB/s is below the floor of {POSTCOPY_BANDWIDTH_FLOOR_MIB_S} "
-                f"MiB/s: a post-copy can not be aborted, and would hold both hosts for hours")
+                f"a post-copy bandwidth of {bandwidth} MiB/s is below the floor of {floor_mib_s} MiB/s "
+                f"({POSTCOPY_FLOOR_KEY}): a post-copy can not be aborted, and would hold both hosts for hours")
     return None
 
 

@@ -167,6 +167,9 @@ KEYS: dict[str, SettingKey] = {k.key: k for k in [
     _int("vmplane.ha.host.failures.tolerated", 0, "cluster",
          "Host failures the cluster keeps room for: placement refuses a start, scale or migration that would "
          "leave too little room to restart the HA VMs of any that many hosts.", 0, 100),
+    _int("vmplane.migration.postcopy.min.bandwidth", 64, "global",
+         "MiB/s: the lowest post-copy bandwidth an admin may ask for a migration (a post-copy can not be "
+         "aborted; at a few MiB/s it holds both hosts' slots and claims for hours).", 1, 1_000_000),
     _int("vmplane.operation.deadline", 1800, "global",
          "Seconds an operation in flight may go without a change to its record while no thread of its process "
          "carries it; past that, its process settles it through its failure path (retried with backoff) and "

@@ -7,7 +7,7 @@ from ... import adopt
 from ...guestexec import command_line
 from ...errors import Forbidden, Invalid
 from ...migration import MigrationState
-from ...migration import tuning_refusal as migration_tuning_refusal
+from ...migration import POSTCOPY_FLOOR_KEY, tuning_refusal as migration_tuning_refusal
 from ...model import VmState
 from ...orchestrator import Admitted
 from ..deps import AnyCaller, Caller, Orch
@@ -125,7 +125,8 @@ def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     claimed now; the copy starts when the migration limits allow (it waits in a queue, never refused).
     Choosing the target host (`to`) needs an admin token: tenants do not pick hypervisors. So does tuning
     the copy (bandwidth, post-copy, downtime): members choose a named `policy` only. A post-copy bandwidth
-    below 64 MiB/s is refused (422): a post-copy can not be aborted."""
+    below `vmplane.migration.postcopy.min.bandwidth` (default 64 MiB/s) is refused (422): a post-copy can not be
+    aborted."""
     _act_on(orch, who, name)
     if body.to is not None and not who.is_admin:
         raise Forbidden("choosing the target host needs an admin token; leave out `to` and placement picks one",
@@ -133,7 +134,8 @@ def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     overrides = {k: v for k, v in (("bandwidth_mib_s", body.bandwidth_mib_s), ("postcopy", body.postcopy),
                                    ("max_downtime_ms", body.max_downtime_ms),
                                    ("postcopy_bandwidth_mib_s", body.postcopy_bandwidth_mib_s)) if v is not None}
-    refused = migration_tuning_refusal(overrides, who.is_admin)     # tuning is an operator's (review N11)
+    floor = int(orch.catalog.effective(POSTCOPY_FLOOR_KEY, None, None))
+    refused = migration_tuning_refusal(overrides, who.is_admin, floor)     # tuning is an operator's (review N11)
     if refused:
         kind, field, message = refused
         raise (Forbidden if kind == "forbidden" else Invalid)(message, field=field)
