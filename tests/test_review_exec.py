@@ -7,6 +7,7 @@ on a real guest."""
 from __future__ import annotations
 
 import os
+import random
 import pty
 import select
 import shlex
@@ -106,12 +107,15 @@ def test_the_runner_keeps_arguments_and_gives_an_empty_input(console):
 
 
 def test_the_runner_stops_a_command_at_its_limit_and_the_shell_is_free_again(console):
+    # durations no other process of this machine sleeps (`ps` sees them all): the ones this command started
+    background, foreground = (f"sleep {n}" for n in random.sample(range(3001, 3999), 2))
     start = time.monotonic()
     with pytest.raises(DriverError, match="did not end in time.*started"):
-        console.run("echo started; sleep 300 & sleep 200; echo never", limit_s=1)
+        console.run(f"echo started; {background} & {foreground}; echo never", limit_s=1)
     assert time.monotonic() - start < 60
     assert console.run("echo free") == ("free\n", 0)
-    assert "sleep 300" not in console.run("ps -eo args")[0] and "sleep 200" not in console.run("ps -eo args")[0]
+    ps = console.run("ps -eo args")[0]
+    assert background not in ps and foreground not in ps, ps
 
 
 # -- the API and the driver's errors ------------------------------------------------------------------
