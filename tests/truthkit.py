@@ -452,6 +452,7 @@ def _run(home, rounds, seed, steps, migration_faults, mutant, fault_scale, fault
             # in flight past it after the quiet is an audit finding (review N5)
             o.catalog.set_setting("vmplane.operation.deadline", OPERATION_DEADLINE_S)
             fabric = SimFabric.for_store(url)
+            fabric.incoming_linger_s = crashkit.INCOMING_LINGER_S
             for d in o.drivers.values():
                 d.copy_rate_mib_s = crashkit.COPY_RATE_MIB_S
             if ha:
