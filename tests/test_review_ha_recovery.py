@@ -223,16 +223,21 @@ def _with_shared_disk(o) -> None:
     o.pools.create("shared", "shared", cluster="c1")
 
 
-def test_an_ha_restart_refused_on_a_lock_that_outlives_the_fence_waits_for_it(ha):
-    o = ha
-    _with_shared_disk(o)
-    o.catalog.set_setting("vmplane.ha.max.restart", "1")       # without the window: error at the first refusal
+def _ha_disk_vm_on_h1(o) -> None:
+    """The HA VM `d`, its disk on the shared pool, running on h1 (the other hosts disabled meanwhile)."""
     for other in ("h2", "h3"):
         o.set_host_state(other, HostState.disabled)
     o.create_vm("d", "p", "one", "disk", start=True, pool="shared", ha_policy="restart")
     wait_for(lambda: o.vm("d").state == "running", 10, "d to run")
     for other in ("h2", "h3"):
         o.set_host_state(other, HostState.enabled)
+
+
+def test_an_ha_restart_refused_on_a_lock_that_outlives_the_fence_waits_for_it(ha):
+    o = ha
+    _with_shared_disk(o)
+    o.catalog.set_setting("vmplane.ha.max.restart", "1")       # without the window: error at the first refusal
+    _ha_disk_vm_on_h1(o)
     fabric = o.drivers["h1"].fabric
     fabric.set_lock_hold("h1", LOCK_HOLD_S)        # its NFS lease: the lock outlives the power-off
     fail(o, "h1", "power")
@@ -250,12 +255,7 @@ def test_past_the_lock_release_window_the_restart_spends_its_attempts(ha):
     _with_shared_disk(o)
     o.catalog.set_setting("vmplane.ha.max.restart", "1")
     o.catalog.set_setting("vmplane.ha.lock.release.window", "0")
-    for other in ("h2", "h3"):
-        o.set_host_state(other, HostState.disabled)
-    o.create_vm("d", "p", "one", "disk", start=True, pool="shared", ha_policy="restart")
-    wait_for(lambda: o.vm("d").state == "running", 10, "d to run")
-    for other in ("h2", "h3"):
-        o.set_host_state(other, HostState.enabled)
+    _ha_disk_vm_on_h1(o)
     o.drivers["h1"].fabric.set_lock_hold("h1", 3600)
     fail(o, "h1", "power")
     assert o.ha.check()
