@@ -15,14 +15,20 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, settings
 
 from vmplane.api.app import create_app
 from vmplane.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 
-from . import stores
+from . import evidence, stores
 from .stores import store_url  # noqa: F401  (tests import it from here)
+
+# Hypothesis: no per-example deadline (200 ms by default: a wall-clock race on a loaded 2-core machine) and no
+# "too slow" health check; a test's own @settings still applies on top
+settings.register_profile("vmplane", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("vmplane")
 
 ADMIN_TOKEN = "test-admin-token"
 VMPLANE = str(Path(sys.executable).with_name("vmplane"))
@@ -39,6 +45,9 @@ def pytest_addoption(parser):
     parser.addoption("--only-guests", action="store_true",
                      help="only the tests that boot real QEMU guests (the others: --no-guests), so that the two "
                           "parts can run apart: the guests' one at a time, the rest spread over the cores (-n)")
+    parser.addoption("--seed", type=int, default=None,
+                     help="the seed of the fault harnesses (crash, truth, HA): the same seed replays the same fault "
+                          "schedule and workload; default: each harness's own fixed seed")
     parser.addoption("--db", choices=stores.KINDS, default="sqlite",
                      help="the store every test runs on: sqlite (a file per test, the default) or postgresql "
                           "(a fresh database per store on a PostgreSQL server the session starts)")
@@ -82,6 +91,32 @@ STORE_SUITE = {
 }
 
 
+# The fast tier (`pytest -m "not slow" -n 2`, under 5 minutes) leaves out, besides the tests that boot real
+# guests and those marked @pytest.mark.slow in their files, these (node ids up to "::" or "[" or whole files):
+# several processes, PostgreSQL races, browsers, hypothesis state machines, `vmplane up` restarts.
+SLOW = (
+    "test_multiprocess.py", "test_review_pg_frozen.py", "test_review_migration_multiprocess.py", "test_ui_browser.py",
+    "test_ledger.py::TestLedgerMachine", "test_storage_ledger.py::TestStorageLedgerMachine",
+    "test_concurrency.py::test_1000_concurrent_creates_starts_and_scales_never_overrun_tight_quotas",
+    "test_concurrency.py::test_200_concurrent_starts_against_a_quota_for_50_start_exactly_50",
+    "test_review_sizes_and_hosts.py::test_up_on_libvirt_shares_the_memory_and_host_memory_overrides_it",
+    "test_restart.py",
+)
+
+
+def is_slow(item) -> bool:
+    node = item.nodeid.split("/")[-1]
+    return boots_guests(item) or item.get_closest_marker("slow") is not None or any(
+        node == s or node.startswith(s + "::") or node.startswith(s + "[") for s in SLOW)
+
+
+def on_postgres_anyway(item) -> bool:
+    """A test that reaches PostgreSQL in every pass (its `db_url` case, or the `postgres` / `pg_orch` fixtures):
+    the default pass runs it already, so the --db postgresql pass leaves it out."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("db_url") == "postgresql" or bool({"postgres", "pg_orch"} & set(item.fixturenames))
+
+
 def boots_guests(item) -> bool:
     name = Path(str(item.fspath)).name
     return name.endswith("_real.py") or name == "test_real_guests.py"
@@ -91,6 +126,9 @@ def pytest_collection_modifyitems(config, items):
     """With --db postgresql, a test parametrised over both stores (`db_url`) runs its PostgreSQL case only
     (the default pass runs both); with --store-suite, only the files of STORE_SUITE run; with --no-guests,
     none of the tests that boot real guests; with --only-guests, only those."""
+    for item in items:
+        if is_slow(item) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
     suite, no_guests, only_guests = (config.getoption(o) for o in ("--store-suite", "--no-guests", "--only-guests"))
     if no_guests and only_guests:
         raise pytest.UsageError("--no-guests and --only-guests exclude each other")
@@ -101,11 +139,42 @@ def pytest_collection_modifyitems(config, items):
         params = getattr(getattr(item, "callspec", None), "params", {})
         outside = (suite and Path(str(item.fspath)).name not in STORE_SUITE) or (no_guests and boots_guests(item)) \
             or (only_guests and not boots_guests(item))
-        other_store = stores.is_postgres() and params.get("db_url") == "sqlite"
+        other_store = stores.is_postgres() and (params.get("db_url") == "sqlite" or on_postgres_anyway(item))
         (dropped if other_store or outside else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+_running: list["LiveServer"] = []        # every `vmplane up` a test started and did not stop yet
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test that has a `vmplane up` running (its own, or its module's) keeps its evidence (store,
+    event log, server log, the hosts' logs and domains: tests/evidence.py) and names the folder in its
+    failure message."""
+    report = yield
+    if report.failed and call.when in ("setup", "call") and _running:
+        dest = evidence.folder(item.nodeid)
+        for index, server in enumerate(list(_running)):
+            sub = dest if len(_running) == 1 else dest / f"server{index}"
+            sub.mkdir(exist_ok=True)
+            try:
+                evidence.keep_live(server, sub)
+            except Exception as e:     # noqa: BLE001 (say what could not be kept; the failure stays the test's)
+                evidence.write(sub, "evidence.error.txt", repr(e))
+        if hasattr(report.longrepr, "addsection"):
+            report.longrepr.addsection("evidence", f"evidence kept in {dest}")
+        else:
+            report.longrepr = f"{report.longrepr}\n\nevidence kept in {dest}"
+    return report
+
+
+@pytest.fixture
+def harness_seed(request):
+    """`--seed N`, or None (the harness's own default)."""
+    return request.config.getoption("--seed")
 
 
 @pytest.fixture(autouse=True)
@@ -223,6 +292,8 @@ class LiveServer:
             try:
                 r = httpx.get(self.url + "/healthz", timeout=1)
                 if r.status_code == 200 and (not wait_recovered or r.json().get("recovery", {}).get("done", True)):
+                    if self not in _running:
+                        _running.append(self)
                     return self
             except httpx.TransportError:
                 pass
@@ -230,6 +301,8 @@ class LiveServer:
         raise RuntimeError(f"vmplane up did not answer in 180 s: {self.log.read_text()}")
 
     def stop(self, sig: str = "term") -> None:
+        if sig == "term" and self in _running:
+            _running.remove(self)
         if self.proc is None or self.proc.poll() is not None:
             if self.driver == "libvirt" and sig == "term":
                 self.cli("down")       # `up` died without its cleanup (a crash test): stop its hosts

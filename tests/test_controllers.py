@@ -1,26 +1,35 @@
 """Several control planes on one store (controllers.py, ownership.py): leases shared out, a paused owner
-fenced, its work taken over within two lease periods. In one test process, each control plane with a
-name of its own (as `vmplane serve --name`); tests/test_multiprocess.py does the same with processes."""
+fenced, its work taken over once its lease lapsed. In one test process, each control plane with a
+name of its own (as `vmplane serve --name`); tests/test_multiprocess.py does the same with processes.
+How soon a takeover comes (about two lease periods) is measured by bench/timing.py, not asserted here."""
 
 import threading
 import time
 from concurrent.futures import Executor
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import create_engine, func, select, update
 
 from vmplane import ownership
 from vmplane.controllers import CONTROLLERS, mark_lapsed
-from vmplane.events import record
-from vmplane.events import EVENTS
+from vmplane.events import EVENTS, record
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 from vmplane.store import ledger as L
 
 from . import stores
 from .conftest import add_basics, add_sim_hosts, ledger_usage, store_url
+from .rowlocks import Probe
 
 LEASE_S = 2.0       # beats every 0.67 s; a lapse needs a renewal late by 1.3 s
+WAIT_S = 60.0       # a bounded wait for what comes within a few lease periods (a loaded machine is slow)
+
+
+def wait_for(predicate, what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"still waiting after {timeout_s:g} s for {what}"
+        time.sleep(0.05)
 
 
 class Held(Executor):
@@ -90,19 +99,18 @@ def test_two_control_planes_share_the_hosts_and_one_coordinates(two):
         assert {h for h in o.drivers if o.controllers.owns_host(h)} == set(rows[name]["hosts"])
 
 
-def test_a_paused_owner_is_fenced_and_its_operation_finished_by_the_other_within_two_leases(two):
+def test_a_paused_owner_is_fenced_and_its_operation_finished_by_the_other_once_its_lease_lapsed(two):
+    """Speed: bench/timing.py ('lease takeover, in one process') measures pause -> finished by the other."""
     a, b, held = two
     a.create_vm("v1", "p", "small", "tiny", start=True)          # admitted by a; its start waits in a
     op = a.operations()[0]
     assert op.owner == a.controllers.epoch and a.vm("v1").state == "starting"
     old_epoch = a.controllers.epoch
     a.controllers._stop.set()                   # a stops renewing: paused
-    paused = time.monotonic()
-    while b.vm("v1").state != "running":
-        assert time.monotonic() - paused < 2 * LEASE_S + 1.0, "not taken over within two lease periods"
-        time.sleep(0.05)
+    wait_for(lambda: b.vm("v1").state == "running", "b to take the start over and finish it")
     assert b.operation(op.id).state == "succeeded" and b.operation(op.id).owner == b.controllers.epoch
     rows = {r["epoch"]: r for r in b.controllers.rows()}
+    # taken over because its lease lapsed (its renewals stopped), not handed over by a stop
     assert rows[old_epoch]["state"] == "lapsed" and rows[b.controllers.epoch]["coordinator"]
     assert set(rows[b.controllers.epoch]["hosts"]) == {f"h{i}" for i in range(1, 7)}
     before = snapshot(b)
@@ -159,9 +167,14 @@ def test_a_restart_under_the_same_name_takes_over_its_previous_incarnation_at_on
         first.db.dispose()
 
 
+def renewed_at(o: Orchestrator, epoch: int) -> float:
+    with o.db.read() as s:
+        return s.connection().execute(select(CONTROLLERS.c.renewed_at).where(CONTROLLERS.c.epoch == epoch)).scalar_one()
+
+
 def test_on_postgresql_a_takeover_waits_for_a_fenced_write_in_flight_and_the_renewal_does_not(postgres):
     """A write that passed its fencing check lands before a takeover marks its owner lapsed; and while it
-    waits (here, 2 lease periods), its own process's lease is renewed: it is not held back by it."""
+    is open, its own process's lease is renewed: it is not held back by it."""
     url = stores.postgres_url()
     a, b = plane(url, "a"), plane(url, "b")
     epoch, took_over = a.controllers.epoch, threading.Event()
@@ -174,13 +187,19 @@ def test_on_postgresql_a_takeover_waits_for_a_fenced_write_in_flight_and_the_ren
     try:
         with ownership.owned(epoch), a.db.transaction() as conn:       # the check passed: it holds KEY SHARE
             record(conn, "vm", "fenced-write", message="written under a's lease")
-            time.sleep(2 * LEASE_S)
+            first = renewed_at(b, epoch)
+            wait_for(lambda: renewed_at(b, epoch) > first, "a renewal of a's lease while its write is open")
             row = next(r for r in b.controllers.rows() if r["epoch"] == epoch)
             assert row["state"] == "live" and row["expires_in_s"] > 0, row      # renewed meanwhile
             taker = threading.Thread(target=take_over, daemon=True)
             taker.start()
-            assert not took_over.wait(1.0), "the takeover did not wait for the write that passed its check"
-        assert took_over.wait(10)
+            watcher = create_engine(url)
+            try:
+                Probe(watcher).wait_for_a_waiter(WAIT_S)        # the takeover queues behind the write ...
+            finally:
+                watcher.dispose()
+            assert not took_over.is_set(), "the takeover did not wait for the write that passed its check"
+        assert took_over.wait(WAIT_S)                           # ... and goes on once it committed
         with b.db.read() as s:
             assert s.connection().execute(select(func.count()).select_from(EVENTS)
                                           .where(EVENTS.c.subject == "fenced-write")).scalar_one() == 1

@@ -1,6 +1,7 @@
 """Listening to the hosts, on sim hosts: the periodic full sync, what a lifecycle event changes, the
 host monitor across a flap (maintenance kept, every VM reconciled), and start-up recovery that runs
-in the background while the API answers."""
+in the background while the API answers. No duration is asserted: how soon the sync loop records a
+vanished domain is measured by bench/timing.py."""
 
 from __future__ import annotations
 
@@ -51,25 +52,38 @@ def host_used(o, host: str) -> tuple[int, int]:
     return h.used_vcpus, h.used_memory_mib
 
 
-def wait_for(predicate, timeout: float, what: str) -> float:
+def wait_for(predicate, timeout: float, what: str) -> None:
+    """A bounded wait on a condition; `timeout` generous (tens of seconds): a loaded machine is slow."""
     t0 = time.monotonic()
     while not predicate():
         assert time.monotonic() - t0 < timeout, f"timed out after {timeout} s waiting for {what}"
         time.sleep(0.05)
-    return time.monotonic() - t0
+
+
+class PacedStop(threading.Event):
+    """A loop's stop event that notes each pause the loop asks of it (loops.every waits on it between passes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pauses: list[float] = []
+
+    def wait(self, timeout=None):
+        self.pauses.append(timeout)
+        return super().wait(timeout)
 
 
 # -- the periodic full sync ----------------------------------------------------------------------
-def test_the_sync_loop_records_a_vm_whose_domain_vanished_stopped_within_its_interval(cluster):
+def test_the_sync_loop_records_a_vm_whose_domain_vanished_stopped_paced_by_its_interval(cluster):
     o = cluster
     host = run(o, "gone")
     run(o, "kept")
     charged = ledger_usage(o, "p")
     o.catalog.set_setting("vmplane.host.sync.interval", 1)
     SimFabric.for_store(o.db.url).remove(host, "vmplane-gone")       # behind vmplane's back
+    o.sync._stop = stop = PacedStop()
     o.sync.start()
-    took = wait_for(lambda: o.vm("gone").state == "stopped", 3, "the sync to record it stopped")
-    assert took < 2.5
+    wait_for(lambda: o.vm("gone").state == "stopped", 60, "the sync to record it stopped")
+    assert stop.pauses and set(stop.pauses) == {1.0}                 # its passes paced by the setting (not 30 s)
     assert o.vm("kept").state == "running"
     usage = ledger_usage(o, "p")                                     # ledger == recomputed
     assert (usage.vcpus, usage.memory_mib) == (charged.vcpus - 1, charged.memory_mib - o.vm("kept").charged_memory_mib)
@@ -203,7 +217,7 @@ def test_a_probe_that_never_returns_counts_as_no_answer_at_its_deadline_and_hold
         assert calls == [1] and o.host(hung).state == "down"
     finally:
         release.set()
-    wait_for(lambda: o.monitor._probing[hung].done(), 5, "the hung probe to end")
+    wait_for(lambda: o.monitor._probing[hung].done(), 60, "the hung probe to end")
     monkeypatch.undo()
     o.check_hosts()
     assert o.host(hung).state == "enabled" and o.vm("x").state == "running"
@@ -223,7 +237,7 @@ def test_up_answers_healthz_while_a_migration_recovery_still_waits_and_refuses_t
     o.catalog.ensure_admin_token("admin", ADMIN_TOKEN)
     o.create_vm("moving", "p", "one", "t", start=True)
     o.create_vm("other", "p", "one", "t", start=True)
-    wait_for(lambda: {o.vm("moving").state, o.vm("other").state} == {"running"}, 10, "VMs running")
+    wait_for(lambda: {o.vm("moving").state, o.vm("other").state} == {"running"}, 60, "VMs running")
     monkeypatch.setattr(o.migrator, "pump", lambda: None)            # admitted, never copied
     mig = o.migrator.migrate("moving")
     with o.db.transaction() as conn:                                  # as if killed mid-copy
@@ -234,13 +248,11 @@ def test_up_answers_healthz_while_a_migration_recovery_still_waits_and_refuses_t
     copying = threading.Event()             # libvirtd still carries the copy until this is set
     monkeypatch.setattr(SimDriver, "migration_active", lambda self, name: not copying.wait(0.05))
     built: dict = {}
-    t0 = time.monotonic()
     starter = threading.Thread(target=lambda: built.update(plane=server.build(url)), daemon=True)
     starter.start()
     try:
-        starter.join(10)
+        starter.join(60)        # the copy never ends until `copying` is set: a build() that waited would not return
         assert "plane" in built, "build() (what `vmplane up` and `serve` run) waits for the migration's recovery"
-        assert time.monotonic() - t0 < 10
         again = built["plane"]
         with TestClient(again.app, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as c:
             health = c.get("/healthz").json()

@@ -5,6 +5,8 @@ connection lost while libvirtd carries the copy on, a copy libvirt still cleans 
 post-copy failure (both sides paused), a host that does not answer, an exception after the switch-over,
 a copy past its deadline, a cancel after a restart or before libvirt's job exists. Each test checks
 what an operator sees: the migration's state, where the VM is recorded, the hosts' claims, the ledger.
+No duration is asserted: a copy "past its deadline" is made to last far longer than the deadline, so that its
+state says whether it was cut short.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def _cluster(o: Orchestrator) -> Orchestrator:
     o.catalog.create_offering(Offering("one", OfferingKind.fixed, vcpus=1, memory_mib=GIB))
     o.catalog.create_project("p", 10, 32 * GIB, 10)
     o.create_vm("v", "p", "one", "t", start=True)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while o.vm("v").state != "running":         # a threaded orchestrator starts it in the background
         assert time.monotonic() < deadline
         time.sleep(0.01)
@@ -145,7 +147,7 @@ def where(o) -> list[str]:
     return o.drivers["h1"].fabric.hosts_of(DOMAIN)
 
 
-def wait_state(o, mig_id: str, states=DONE, timeout: float = 20) -> dict:
+def wait_state(o, mig_id: str, states=DONE, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while (row := o.migrator.get(mig_id))["state"] not in states:
         assert time.monotonic() < deadline, row
@@ -365,12 +367,10 @@ def test_a_copy_past_vmplane_migration_timeout_is_aborted_and_settled_on_its_sou
     source, target = hosts(o)
     o.catalog.set_setting("vmplane.migration.timeout", "1", "cluster", "c1")
     for d in o.drivers.values():
-        d.copy_rate_mib_s = 200                     # 1 GiB in ~5 s: longer than the deadline
-    t0 = time.monotonic()
+        d.copy_rate_mib_s = 4                       # 1 GiB in ~4 minutes: only the deadline ends it sooner
     mig = o.migrator.migrate("v")
     row = o.migrator.get(mig["id"])
-    assert row["state"] == "failed" and "timed out" in row["reason"], row
-    assert time.monotonic() - t0 < 4
+    assert row["state"] == "failed" and "timed out" in row["reason"], row      # aborted, not copied
     assert row["params"]["timeout_s"] == 1
     assert o.vm("v").host.name == source and where(o) == [source] and used(o, target) == 0 and o.audit() == []
 
@@ -408,9 +408,9 @@ def test_after_a_restart_a_copy_past_its_deadline_that_libvirt_still_carries_is_
         src = again.drivers[source]
         monkeypatch.setattr(src, "migration_active", lambda name: not aborted.is_set())
         monkeypatch.setattr(src, "abort_migration", lambda name: aborted.set())
-        time.sleep(1.1)
+        time.sleep(1.1)                             # past its 1-s deadline (a sleep lasts at least that)
         again.migrator.recover()                    # waits briefly, then leaves it to the controller
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while again.migrator.get(mig["id"])["state"] == "copying":
             assert time.monotonic() < deadline
             again.migration_settle.run_once()
@@ -482,26 +482,35 @@ class FakeLibvirtError(libvirt.libvirtError):
 
 
 class FakeDom:
-    """A domain whose migration job exists only 0.3 s after migrateToURI3 is called, as libvirt's
-    (it prepares the destination first); it ends when aborted, or succeeds after `copy_s`."""
+    """A domain whose migration job exists only 0.3 s after migrateToURI3 is called, as libvirt's (it prepares
+    the destination first), or, `held`, once the test sets `prepared`; it ends when aborted, succeeds at once
+    when switched to post-copy (the guest runs on the target from then on), else after `copy_s`."""
 
-    def __init__(self, copy_s: float = 3.0):
-        self.copy_s = copy_s
+    def __init__(self, copy_s: float = 3.0, held: bool = False):
+        self.copy_s, self.held = copy_s, held
         self.called, self.job, self.aborted = threading.Event(), threading.Event(), threading.Event()
+        self.prepared, self.ended = threading.Event(), threading.Event()
         self.postcopy = False
+        self.completed = None       # the JOB_COMPLETED callback the driver registered (FakeConn)
 
     def name(self):
         return DOMAIN
 
     def migrateToURI3(self, uri, params, flags):
         self.called.set()
-        time.sleep(0.3)
+        if self.held:
+            assert self.prepared.wait(60), "the test never let the job begin"
+        else:
+            time.sleep(0.3)
         self.job.set()
         try:
-            if self.aborted.wait(self.copy_s):
+            self.ended.wait(self.copy_s)
+            if self.aborted.is_set():
                 raise FakeLibvirtError(libvirt.VIR_ERR_OPERATION_ABORTED, "migration out job: canceled by client")
         finally:
             self.job.clear()
+        if self.completed is not None:      # as libvirt's event loop does (else the driver waits for it)
+            self.completed(None, self, {"time_elapsed": 1, "downtime": 1, "data_processed": 100}, None)
 
     def jobStats(self, flags):
         if not self.job.is_set():
@@ -513,9 +522,11 @@ class FakeDom:
             raise FakeLibvirtError(libvirt.VIR_ERR_OPERATION_INVALID,
                                    "Requested operation is not valid: no job is active on the domain")
         self.aborted.set()
+        self.ended.set()
 
     def migrateStartPostCopy(self, flags):
         self.postcopy = True
+        self.ended.set()
 
     def migrateSetMaxDowntime(self, ms, flags):
         pass
@@ -531,7 +542,9 @@ class FakeConn:
     def lookupByName(self, name):
         return self.dom
 
-    def domainEventRegisterAny(self, *args):
+    def domainEventRegisterAny(self, dom, event_id, callback, opaque):
+        if event_id == libvirt.VIR_DOMAIN_EVENT_ID_JOB_COMPLETED:
+            dom.completed = callback
         return 1
 
     def domainEventDeregisterAny(self, callback):
@@ -549,7 +562,7 @@ def fake_libvirt_pair(dom: FakeDom):
 def test_libvirt_a_cancel_asked_before_the_job_exists_aborts_it_once_it_does():
     from vmplane.drivers.base import MigrationParams
 
-    dom = FakeDom()
+    dom = FakeDom(copy_s=600.0, held=True)          # the job begins once the cancel was asked
     source, target = fake_libvirt_pair(dom)
     outcome: dict = {}
 
@@ -561,9 +574,10 @@ def test_libvirt_a_cancel_asked_before_the_job_exists_aborts_it_once_it_does():
 
     worker = threading.Thread(target=copy)
     worker.start()
-    assert dom.called.wait(5) and not dom.job.is_set()
+    assert dom.called.wait(60) and not dom.job.is_set()
     source.abort_migration(DOMAIN)              # libvirt says "no job is active": kept, not lost
-    worker.join(10)
+    dom.prepared.set()
+    worker.join(60)
     assert dom.aborted.is_set() and "cancelled" in outcome.get("error", ""), outcome
     assert source._pending_aborts == set() and source._outgoing == set()
 
@@ -589,14 +603,15 @@ def test_libvirt_an_abort_with_no_copy_of_this_driver_leaves_nothing_behind_and_
 def test_libvirt_a_copy_in_precopy_at_its_deadline_is_aborted_or_switched_to_postcopy(action, postcopy):
     from vmplane.drivers.base import MigrationParams
 
-    dom = FakeDom(copy_s=3.0)
+    # a copy of 10 minutes: it ends early only by what its deadline does (aborted: "timed out"; switched to
+    # post-copy: it then completes at once)
+    dom = FakeDom(copy_s=600.0)
     source, target = fake_libvirt_pair(dom)
     params = MigrationParams(postcopy=postcopy, timeout_s=0.5, timeout_action=action)
-    t0 = time.monotonic()
     if action == "abort":
         with pytest.raises(DriverError, match="timed out"):
             source.migrate(DOMAIN, target, params)
-        assert dom.aborted.is_set() and time.monotonic() - t0 < 2.5
+        assert dom.aborted.is_set()
     else:
         stats = source.migrate(DOMAIN, target, params)
         assert dom.postcopy and not dom.aborted.is_set() and stats.extra["deadline"] == "postcopy"

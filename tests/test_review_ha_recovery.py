@@ -170,6 +170,7 @@ def test_fence_confirm_off_on_a_host_left_fenced_starts_a_recovery(ha, monkeypat
     answer = o.ha.fence("h1", confirm_off=True)
     assert answer["operation"]          # a new recovery, not a 409
     wait_for(lambda: o.vm("a").state == "running", 30, "the HA VM to run again")
+    wait_for(lambda: recovery(o, "h1").state == "succeeded", 30, "the recovery to end")   # (else: "runs already")
     with pytest.raises(Conflict, match="nothing is left to recover"):
         o.ha.fence("h1", confirm_off=True)
 
@@ -187,6 +188,7 @@ def test_host_recover_runs_a_failed_recovery_again_and_refuses_when_nothing_is_l
     assert r.status_code == 200, r.text
     assert r.json()["operation"] and r.json()["state"] == "fenced"
     wait_for(lambda: o.vm("a").state == "running", 30, "the HA VM to run again")
+    wait_for(lambda: recovery(o, "h1").state == "succeeded", 30, "the recovery to end")   # (else: "runs already")
     with pytest.raises(Conflict, match="nothing is left to recover"):
         o.ha.recover("h1")
 

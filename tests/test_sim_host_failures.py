@@ -1,7 +1,10 @@
 """Sim hosts that fail as local hosts do (drivers/simhosts.py): power, daemon and network failures seen
 through SimDriver calls of another fabric instance on the same file (another process's view), their
 recovery, migrations that meet a failed end, fault-mode flaps, partitions and reboots, and the sim fence
-agent (fencing/sim.py) with its broken modes and the sim liveness signal."""
+agent (fencing/sim.py) with its broken modes and the sim liveness signal.
+
+No test waits on the machine's speed: a copy "still under way" is held by the test (`held_copy`), a fault
+that ends by itself ends on a fake clock (tests/fakeclock.py) the test moves."""
 
 import subprocess
 import sys
@@ -10,13 +13,17 @@ import time
 
 import pytest
 
+from vmplane.drivers import simhosts
 from vmplane.drivers.base import DomainSpec, DriverError, HostInfo, MigrationParams
 from vmplane.drivers.sim import SimDriver
 from vmplane.drivers.simfabric import STOPPED, SimFabric
 from vmplane.drivers.simfaults import KINDS, SimFaults
 from vmplane.drivers.simstorage import SimStorageError
+from vmplane.fencing import sim as sim_fencing
 from vmplane.fencing.base import FenceError
 from vmplane.fencing.sim import SimAgent, sim_signal
+
+from . import fakeclock
 
 INFO = HostInfo(16, 2400, 65536)
 
@@ -44,6 +51,31 @@ def fabrics(path):
 
 def drivers(fabric, *hosts):
     return [SimDriver(h, INFO, fabric) for h in hosts]
+
+
+def wait_until(predicate, what: str, timeout_s: float = 60.0) -> None:
+    """A bounded wait on a condition (generous: a loaded machine is slow, never wrong)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"still waiting after {timeout_s:g} s for {what}"
+        time.sleep(0.02)
+
+
+def copy_ended(h1) -> None:
+    wait_until(lambda: not h1._copies, "the copy going on without the client to end")
+
+
+def held_copy(fabric: SimFabric, monkeypatch) -> threading.Event:
+    """The next copy that goes on without its client (SimFaults.lost_connection) waits before it lands
+    until the returned event is set: what the test does meanwhile happens while that copy is under way."""
+    release = threading.Event()
+
+    def copied(plan, mib):
+        assert release.wait(60), "the test never let the copy land"
+        return SimFabric.copied(fabric, plan, mib)
+
+    monkeypatch.setattr(fabric, "copied", copied)
+    return release
 
 
 def alive(signal) -> bool:
@@ -146,7 +178,7 @@ def test_a_migration_to_or_from_a_failed_host_is_refused_and_the_domain_stays(fa
 def test_an_end_failing_mid_copy_fails_the_migration_and_the_target_keeps_nothing(fabrics, dies, mode, left):
     a, b = fabrics
     h1, h2 = drivers(a, "h1", "h2")
-    h1.copy_rate_mib_s = 1024.0                  # 1 GiB: a one-second copy
+    h1.copy_rate_mib_s = 8.0                     # 1 GiB: a two-minute copy, failed long before it ends
     h1.start(spec("d1"))
     errors = []
 
@@ -156,60 +188,66 @@ def test_an_end_failing_mid_copy_fails_the_migration_and_the_target_keeps_nothin
         except DriverError as e:
             errors.append(str(e))
 
-    t = threading.Thread(target=migrate)
+    t = threading.Thread(target=migrate, daemon=True)
     t.start()
-    time.sleep(0.2)
+    wait_until(lambda: b.domain("h2", "d1") is not None, "the copy to begin (its incoming domain on h2)")
     b.fail_host(dies, mode)
-    t.join(5)
-    assert errors and "does not answer" in errors[0], errors
+    t.join(60)
+    assert not t.is_alive() and errors and "does not answer" in errors[0], errors
     assert a.hosts_of("d1") == left
     assert a.domains("h2") == [] or dies == "h2"
 
 
-def test_a_copy_going_on_without_the_client_dies_with_its_source_or_completes_through_a_partition(fabrics):
+def test_a_copy_going_on_without_the_client_dies_with_its_source_or_completes_through_a_partition(
+        fabrics, monkeypatch):
     a, b = fabrics
-    a.faults = SimFaults(seed=3, lost_connection=1.0, copy_delay_s=(0.3, 0.3))
+    a.faults = SimFaults(seed=3, lost_connection=1.0, copy_delay_s=(0.01, 0.01))
     h1, h2 = drivers(a, "h1", "h2")
     h1.start(spec("d1"))
     h1.start(spec("d2"))
+    release = held_copy(a, monkeypatch)
     with pytest.raises(DriverError, match="lost mid-copy"):
         h1.migrate("d1", h2, MigrationParams())
     b.fail_host("h1", "power")                    # the source dies during the copy: the guest is lost
-    time.sleep(0.5)
-    assert a.hosts_of("d1") == [] and a.domains("h2") == [] and not h1._copies
+    release.set()
+    copy_ended(h1)
+    assert a.hosts_of("d1") == [] and a.domains("h2") == []
 
     a.recover_host("h1")
     h1.start(spec("d1"))
+    release = held_copy(a, monkeypatch)
     with pytest.raises(DriverError, match="lost mid-copy"):
         h1.migrate("d1", h2, MigrationParams())
     b.fail_host("h1", "network")                  # the control plane loses the source: the hosts copy on
-    time.sleep(0.5)
+    release.set()
+    copy_ended(h1)
     assert a.hosts_of("d1") == ["h2"]
 
 
-def test_a_copy_going_on_without_the_client_lands_nowhere_if_its_target_was_power_cycled_meanwhile(fabrics):
+def test_a_copy_going_on_without_the_client_lands_nowhere_if_its_target_was_power_cycled_meanwhile(
+        fabrics, monkeypatch):
     """The incoming domain lives in the target's QEMU, under its libvirtd: a target whose power (or daemon)
     failed during the copy lost it, even if it answers again before the copy would have ended. The guest
     stays on its source, as with libvirt."""
     a, b = fabrics
-    a.faults = SimFaults(seed=3, lost_connection=1.0, copy_delay_s=(0.3, 0.3))
+    a.faults = SimFaults(seed=3, lost_connection=1.0, copy_delay_s=(0.01, 0.01))
     h1, h2 = drivers(a, "h1", "h2")
     for mode in ("power", "daemon"):
+        release = held_copy(a, monkeypatch)
         h1.start(spec("d1"))
         with pytest.raises(DriverError, match="lost mid-copy"):
             h1.migrate("d1", h2, MigrationParams())
         b.fail_host("h2", mode)
         b.recover_host("h2")                      # back (empty after a power cut) before the copy ends
-        deadline = time.monotonic() + 10
-        while h1._copies:                         # the copy going on without the client has ended
-            assert time.monotonic() < deadline, mode
-            time.sleep(0.05)
+        release.set()
+        copy_ended(h1)
         assert a.hosts_of("d1") == ["h1"] and a.domains("h2") == [], mode
         h1.stop("d1", timeout_s=0)
 
 
-def test_the_sim_agent_powers_a_host_off_and_reads_it_back_from_another_view(fabrics):
+def test_the_sim_agent_powers_a_host_off_and_reads_it_back_from_another_view(fabrics, monkeypatch):
     a, b = fabrics
+    clock = fakeclock.install(monkeypatch, sim_fencing)       # the agent's polls, counted
     (h1,) = drivers(a, "h1")
     h1.start(spec("d1"))
     agent, other = SimAgent(a), SimAgent(b)
@@ -218,15 +256,17 @@ def test_the_sim_agent_powers_a_host_off_and_reads_it_back_from_another_view(fab
     assert other.status("h1") == "on"
 
     fenced = agent.power_off("h1")
-    assert (fenced.agent, fenced.host) == ("sim", "h1") and "off" in fenced.detail and fenced.seconds < 1
+    assert (fenced.agent, fenced.host) == ("sim", "h1") and "off" in fenced.detail
+    assert clock.slept == [] and fenced.seconds == 0        # confirmed by its first read-back: no poll
     assert other.status("h1") == "off" and b.domains("h1") == []
     assert agent.power_off("h1").host == "h1"    # off already: confirmed again
     b.recover_host("h1")
     assert agent.status("h1") == "on"
 
 
-def test_broken_fencing_fails_and_changes_nothing(fabrics):
+def test_broken_fencing_fails_and_changes_nothing(fabrics, monkeypatch):
     a, b = fabrics
+    clock = fakeclock.install(monkeypatch, sim_fencing)       # the agent's wait for its read-back
     (h1,) = drivers(a, "h1")
     h1.start(spec("d1"))
     a.fail_host("h1", "network")
@@ -240,10 +280,10 @@ def test_broken_fencing_fails_and_changes_nothing(fabrics):
     assert [d.name for d in b.domains("h1")] == ["d1"] and b.host_state("h1").power == "on"
 
     b.set_fence_broken("h1", "the BMC ignores power-off", mode="ignores")
-    t0 = time.monotonic()
+    t0 = clock.monotonic()
     with pytest.raises(FenceError, match="still on after 0.2 s.*ignores"):
         agent.power_off("h1", timeout_s=0.2)
-    assert 0.2 <= time.monotonic() - t0 < 1
+    assert clock.monotonic() - t0 >= 0.2 and len(clock.slept) >= 0.2 / sim_fencing.POLL_S - 1   # read back till then
     assert agent.status("h1") == "on" and [d.name for d in b.domains("h1")] == ["d1"]
 
     b.set_fence_broken("h1", None)
@@ -269,8 +309,9 @@ def test_host_faults_are_off_by_default_even_when_nasty():
     assert {"host_flap", "host_partition", "host_reboot", "host_call"} <= set(KINDS)
 
 
-def test_a_flap_is_a_short_blip_counted_seen_by_every_view_and_ends_by_itself(fabrics):
+def test_a_flap_is_a_short_blip_counted_seen_by_every_view_and_ends_by_itself(fabrics, monkeypatch):
     a, b = fabrics
+    clock = fakeclock.install(monkeypatch, simhosts)          # when the flap ends: moved by the test
     (h1,) = drivers(a, "h1")
     h1.start(spec("d1"))
     faults = a.faults = SimFaults(seed=4, host_flap=1.0, flap_s=(0.3, 0.3))
@@ -284,15 +325,15 @@ def test_a_flap_is_a_short_blip_counted_seen_by_every_view_and_ends_by_itself(fa
     with pytest.raises(DriverError):
         h1.domains()
     assert faults.counts["host_call"] == 2      # the two refused calls of this process's fault mode
-    deadline = time.monotonic() + 2
-    while not a.settled() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert not a.settled()
+    clock.advance(0.3)                          # the flap's length
     assert a.settled() and b.host_state("h1").reachable
     assert [d.name for d in h1.domains()] == ["d1"]     # its guests ran on
 
 
-def test_partitions_and_reboots_are_counted_and_end_by_themselves(fabrics):
+def test_partitions_and_reboots_are_counted_and_end_by_themselves(fabrics, monkeypatch):
     a, b = fabrics
+    clock = fakeclock.install(monkeypatch, simhosts)          # when they end: moved by the test
     h1, h2 = drivers(a, "h1", "h2")
     h1.start(spec("d1"))
     h2.start(spec("d2"))
@@ -307,7 +348,8 @@ def test_partitions_and_reboots_are_counted_and_end_by_themselves(fabrics):
     assert b.host_state("h2").power == "off" and b.domains("h2") == []
     assert set(b.failed_hosts()) == {"h1", "h2"}
     faults.enabled = False
-    time.sleep(0.35)
+    assert set(b.failed_hosts()) == {"h1", "h2"} and not a.settled()
+    clock.advance(0.3)                          # their length
     assert b.failed_hosts() == {} and a.settled()
     assert [d.name for d in h1.domains()] == ["d1"] and h2.domains() == []   # a rebooted host is back empty
 

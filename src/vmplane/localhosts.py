@@ -433,9 +433,51 @@ def _remove_run_dir(host: LocalHost) -> None:
         run_dir(host).parent.parent.rmdir()     # the cluster's folder, once its last host is gone
 
 
+def capabilities_cache() -> Path:
+    """This machine's copy of libvirt's QEMU capabilities cache (the XML libvirtd writes after probing the
+    QEMU binary, 3-8 s of its first call), shared by every local host: VMPLANE_CAPS_CACHE, or
+    ~/.cache/vmplane/libvirt-qemu-capabilities."""
+    return Path(os.environ.get("VMPLANE_CAPS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")), "vmplane", "libvirt-qemu-capabilities"))
+
+
+def _host_capabilities(host: LocalHost) -> Path:
+    return host.dir / "cache" / "qemu" / "capabilities"
+
+
+def _seed_capabilities(host: LocalHost) -> None:
+    """A new host starts with the machine's probed QEMU capabilities, so its first call does not probe QEMU
+    again. libvirtd checks each cached file (QEMU's and its own build times and versions, the kernel, the
+    CPU microcode) and probes afresh whatever no longer matches, so a stale copy costs only the probe."""
+    cached, own = capabilities_cache(), _host_capabilities(host)
+    if own.exists() and any(own.iterdir()):
+        return
+    with contextlib.suppress(OSError):
+        own.mkdir(parents=True, exist_ok=True)
+        for f in cached.glob("*.xml"):
+            shutil.copy2(f, own / f.name)
+
+
+def _keep_capabilities(host: LocalHost) -> None:
+    """Copy what the host probed into the machine's cache (for the next host), if newer there."""
+    with contextlib.suppress(OSError):
+        files = list(_host_capabilities(host).glob("*.xml"))
+        if not files:
+            return
+        cached = capabilities_cache()
+        cached.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            target = cached / f.name
+            if not target.exists() or target.stat().st_mtime < f.stat().st_mtime:
+                tmp = target.with_suffix(".tmp")
+                shutil.copy2(f, tmp)
+                os.replace(tmp, target)
+
+
 def _write_config(host: LocalHost, base: Path) -> None:
     for sub in ("etc/qemu", "lib", "cache", "log"):
         (host.dir / sub).mkdir(parents=True, exist_ok=True)
+    _seed_capabilities(host)
     _link_run_dir(host)
     mounts = storage_dirs(base, host.name)
     for folder in mounts.values():
@@ -852,6 +894,7 @@ def stop(host: LocalHost, remove_files: bool = False) -> None:
     namespace."""
     pid = host.pid()
     _let_go(pid)                        # a partitioned daemon (fail "network") answers again
+    _keep_capabilities(host)
     if pid is not None:
         _destroy_domains(host)
         _terminate(pid)
