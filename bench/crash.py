@@ -1,12 +1,15 @@
-"""The long crash run on sim hosts: the control plane is SIGKILLed at random points of a random
-workload (every named crash point, and random moments), restarted, and checked after each kill
-(tests/crashkit.py). Several clusters, one per seed; counts per cluster and in total.
+"""The long crash run on sim hosts: the control plane is SIGKILLed at every named crash point (its workload
+steered toward it) and at random moments, cycle after cycle of crashkit.schedule, restarted, and checked after
+each kill (tests/crashkit.py). Several clusters, one per seed (--seed S: seeds S, S+1, ...; the same seed
+replays the same schedule and workload choices); counts per cluster and in total. The suite's version
+(tests/test_crash_sim.py) runs one cycle.
 
-usage: .venv/bin/python bench/crash.py [rounds per cluster, default 250] [clusters, default 4]
+usage: .venv/bin/python bench/crash.py [rounds per cluster, default 250] [clusters, default 4] [--seed S, default 1]
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import sys
 import tempfile
@@ -18,16 +21,16 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from common import table, write_section  # noqa: E402
 
 from tests import crashkit  # noqa: E402
-from vmplane import failpoints  # noqa: E402
 
 
-def main(rounds: int, clusters: int) -> None:
+def main(rounds: int, clusters: int, first_seed: int = 1) -> None:
     rows, total = [], collections.Counter()
     per_point: collections.Counter = collections.Counter()
-    for seed in range(1, clusters + 1):
+    points = crashkit.crash_points()
+    for seed in range(first_seed, first_seed + clusters):
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.monotonic()
-            report = crashkit.run(Path(tmp), rounds, seed=seed, stop_at_problem=False)
+            report = crashkit.run(Path(tmp), seed=seed, rounds=rounds, stop_at_problem=False)
             seconds = time.monotonic() - t0
         kills = report.kills
         timed = sum(1 for r in kills if r.kill == "timed")
@@ -37,7 +40,7 @@ def main(rounds: int, clusters: int) -> None:
         counts = dict(rounds=len(report.rounds), kills=len(kills), at_points=len(kills) - timed, timed=timed,
                       unchecked=unchecked, checks=checks, problems=len(report.problems()))
         total.update(counts)
-        rows.append([seed, *counts.values(), f"{len(report.points_hit())}/{len(failpoints.POINTS)}",
+        rows.append([seed, *counts.values(), f"{len(report.points_hit())}/{len(points)}",
                      max(r.vms for r in report.rounds), f"{seconds:.0f}"])
         for p in report.problems()[:10]:
             print("PROBLEM", p)
@@ -47,10 +50,13 @@ def main(rounds: int, clusters: int) -> None:
                   "restarted unchecked", "checks after restart", "problems found", "points hit", "max VMs",
                   "seconds"], rows)
     body += ("\n\nKills per crash point (all clusters): "
-             + ", ".join(f"{p} {per_point[p]}" for p in (*failpoints.POINTS, "timed")) + "\n\n"
-             "A round: a forked control plane recovers, runs 60 random operations (create/start, stop, delete, "
-             "migrate, cancel, scale incl. past a full host, drain, quota changes) and is SIGKILLed at its armed "
-             "crash point or after 0-150 ms. \"Restarted unchecked\": the next control plane recovers with a "
+             + ", ".join(f"{p} {per_point[p]}" for p in (*points, "timed")) + "\n\n"
+             "A round: a forked control plane recovers, runs up to 60 operations (create/start, stop, delete, "
+             "migrate, cancel, scale incl. past a full host, drain, quota changes, volumes, HA VMs and host "
+             "failures; most of them steps toward its armed crash point) and is SIGKILLed at that point or after "
+             "0-150 ms; each cycle of rounds arms every point once and has "
+             f"{crashkit.TIMED_KILLS} kills at a random moment, in an order drawn from the seed. "
+             "\"Restarted unchecked\": the next control plane recovers with a "
              "crash point armed (a crash "
              "during recovery). A check: a fresh control plane starts, waits for nothing to be in flight (30 s "
              "at most), then every VM runs exactly once where and at the size the store says, ledgers == "
@@ -59,4 +65,9 @@ def main(rounds: int, clusters: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 250, int(sys.argv[2]) if len(sys.argv) > 2 else 4)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rounds", nargs="?", type=int, default=250)
+    ap.add_argument("clusters", nargs="?", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=1, help="the first cluster's seed (the next: +1, ...)")
+    a = ap.parse_args()
+    main(a.rounds, a.clusters, a.seed)

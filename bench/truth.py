@@ -4,7 +4,12 @@ Several clusters, one per seed; injected faults by kind, problems found. With --
 of the code under test is broken (truthkit.MUTANTS) and the run says after how many rounds the
 harness caught it. With --migration-faults, lost connections mid-copy and post-copy failures too.
 
-usage: .venv/bin/python bench/truth.py [rounds per cluster, default 40] [clusters, default 3]
+Each run forces every kind of fault once (truthkit.ScheduledFaults), then goes on at the rates; --seed S
+(default 1) is the first cluster's seed (the next: S+1, ...): the same seed replays the same schedule and
+workload choices (threads still decide which call meets each fault). The suite's versions
+(tests/test_truth_sim.py) are one bounded run each.
+
+usage: .venv/bin/python bench/truth.py [rounds per cluster, default 40] [clusters, default 3] [--seed S]
        .venv/bin/python bench/truth.py --mutants [rounds, default 20]     (every mutant, 3 seeds each)
        .venv/bin/python bench/truth.py --mutant NAME [rounds] [--migration-faults]
        .venv/bin/python bench/truth.py --ha [rounds per cluster, default 20] [clusters]   (HA mode, issue 12)
@@ -38,15 +43,17 @@ def one(rounds: int, seed: int, migration_faults: bool, mutant: str | None = Non
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
         report = truthkit.run(Path(tmp), rounds, seed=seed, migration_faults=migration_faults, mutant=mutant,
-                              stop_at_problem=stop_at_problem, ha=ha, storage=not (mutant and ha))
+                              stop_at_problem=stop_at_problem, ha=ha, storage=not (mutant and ha),
+                              scheduled=mutant not in truthkit.MUTANT_UNSCHEDULED,
+                              steer=truthkit.MUTANT_STEER.get(mutant, ()) if mutant else ())
         return report, time.monotonic() - t0
 
 
-def clean(rounds: int, clusters: int) -> None:
+def clean(rounds: int, clusters: int, first_seed: int = 1) -> None:
     rows, total = [], collections.Counter()
     findings = []
     for migration_faults in (False, True):
-        for seed in range(1, clusters + 1):
+        for seed in range(first_seed, first_seed + clusters):
             report, seconds = one(rounds, seed, migration_faults)
             total.update(report.counts)
             rows.append([seed, "on" if migration_faults else "off", len(report.rounds), *report.counts.values(),
@@ -74,10 +81,10 @@ def clean(rounds: int, clusters: int) -> None:
     write_section("Truth harness (bench/truth.py, sim hosts in fault mode)", body)
 
 
-def mutants(rounds: int, seeds: int) -> None:
+def mutants(rounds: int, seeds: int, first_seed: int = 1) -> None:
     rows = []
     for name in truthkit.MUTANTS:
-        for seed in range(1, seeds + 1):
+        for seed in range(first_seed, first_seed + seeds):
             mf = name in truthkit.MUTANT_FAULTS
             report, seconds = one(rounds, seed, mf, mutant=name, stop_at_problem=True)
             caught = report.first_caught()
@@ -101,11 +108,11 @@ def mutants(rounds: int, seeds: int) -> None:
     write_section("Truth harness mutants (bench/truth.py --mutants)", body)
 
 
-def ha_runs(rounds: int, clusters: int) -> None:
+def ha_runs(rounds: int, clusters: int, first_seed: int = 1) -> None:
     """HA mode: hosts failing during the random operations (truthkit.HaMode); per cluster the failures,
     fences, HA restarts, running-twice samples and problems."""
     rows, findings = [], []
-    for seed in range(1, clusters + 1):
+    for seed in range(first_seed, first_seed + clusters):
         report, seconds = one(rounds, seed, False, ha=truthkit.HaMode())
         h = report.ha
         failures = sum(n for k, n in h.items() if k.startswith(("power ", "daemon ", "network ")))
@@ -138,12 +145,13 @@ if __name__ == "__main__":
     ap.add_argument("--mutants", action="store_true")
     ap.add_argument("--migration-faults", action="store_true")
     ap.add_argument("--ha", action="store_true")
+    ap.add_argument("--seed", type=int, default=1, help="the first cluster's seed (the next: +1, ...)")
     a = ap.parse_args()
     if a.ha:
-        ha_runs(a.rounds or 20, a.clusters)
+        ha_runs(a.rounds or 20, a.clusters, a.seed)
         sys.exit(0)
     if a.mutant:
-        report, seconds = one(a.rounds or 20, 1, a.migration_faults or a.mutant in truthkit.MUTANT_FAULTS,
+        report, seconds = one(a.rounds or 20, a.seed, a.migration_faults or a.mutant in truthkit.MUTANT_FAULTS,
                               mutant=a.mutant, stop_at_problem=True)
         caught = report.first_caught()
         print(f"mutant {a.mutant}: " + (f"caught after {caught + 1} round(s)" if caught is not None else
@@ -153,6 +161,6 @@ if __name__ == "__main__":
             print("  ", p)
         sys.exit(0 if caught is not None else 1)
     if a.mutants:
-        mutants(a.rounds or 20, a.clusters)
+        mutants(a.rounds or 20, a.clusters, a.seed)
     else:
-        clean(a.rounds or 40, a.clusters)
+        clean(a.rounds or 40, a.clusters, a.seed)

@@ -36,21 +36,19 @@ VMPLANE = str(Path(sys.executable).with_name("vmplane"))
 
 def pytest_addoption(parser):
     parser.addoption("--store-suite", action="store_true",
-                     help="with --db postgresql: only the files that exercise the store hardest (STORE_SUITE)")
+                     help="only the files that exercise the store hardest (STORE_SUITE): the PostgreSQL pass")
     parser.addoption("--no-guests", action="store_true",
-                     help="leave out the tests that boot real QEMU guests (tests/*_real.py, test_real_guests.py): "
-                          "with --db postgresql, every other test on PostgreSQL (their time is QEMU's; the store "
-                          "code they reach is what the other tests reach, and test_multiprocess_real.py runs "
-                          "real guests on PostgreSQL in the SQLite pass)")
+                     help="leave out the tests that boot real QEMU guests (tests/*_real.py, test_real_guests.py)")
     parser.addoption("--only-guests", action="store_true",
-                     help="only the tests that boot real QEMU guests (the others: --no-guests), so that the two "
-                          "parts can run apart: the guests' one at a time, the rest spread over the cores (-n)")
+                     help="only the tests that boot real QEMU guests (the others: --no-guests); with -n 2 --dist "
+                          "loadfile, two modules at once, each on its own cluster")
     parser.addoption("--seed", type=int, default=None,
                      help="the seed of the fault harnesses (crash, truth, HA): the same seed replays the same fault "
                           "schedule and workload; default: each harness's own fixed seed")
     parser.addoption("--db", choices=stores.KINDS, default="sqlite",
                      help="the store every test runs on: sqlite (a file per test, the default) or postgresql "
-                          "(a fresh database per store on a PostgreSQL server the session starts)")
+                          "(a fresh database per store on a PostgreSQL server the session starts; the tests that reach "
+                          "PostgreSQL in every pass run in the default one only)")
 
 
 def pytest_configure(config):
@@ -91,9 +89,10 @@ STORE_SUITE = {
 }
 
 
-# The fast tier (`pytest -m "not slow" -n 2`, under 5 minutes) leaves out, besides the tests that boot real
-# guests and those marked @pytest.mark.slow in their files, these (node ids up to "::" or "[" or whole files):
-# several processes, PostgreSQL races, browsers, hypothesis state machines, `vmplane up` restarts.
+# The fast tier (`pytest -m "not slow" -n 2`, under 5 minutes) leaves out the tests that boot real guests, the
+# fault harnesses (those taking `harness_seed`), those marked @pytest.mark.slow in their files, and these (node
+# ids up to "::" or "[", or whole files): several processes, PostgreSQL races, browsers, hypothesis state
+# machines, `vmplane up` restarts.
 SLOW = (
     "test_multiprocess.py", "test_review_pg_frozen.py", "test_review_migration_multiprocess.py", "test_ui_browser.py",
     "test_ledger.py::TestLedgerMachine", "test_storage_ledger.py::TestStorageLedgerMachine",
@@ -106,8 +105,9 @@ SLOW = (
 
 def is_slow(item) -> bool:
     node = item.nodeid.split("/")[-1]
-    return boots_guests(item) or item.get_closest_marker("slow") is not None or any(
-        node == s or node.startswith(s + "::") or node.startswith(s + "[") for s in SLOW)
+    if boots_guests(item) or "harness_seed" in item.fixturenames or item.get_closest_marker("slow") is not None:
+        return True
+    return any(node == s or node.startswith(s + "::") or node.startswith(s + "[") for s in SLOW)
 
 
 def on_postgres_anyway(item) -> bool:

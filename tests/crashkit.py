@@ -9,8 +9,12 @@ root disks on small local and shared pools, and volumes created, attached (hot-p
 detached, grown and deleted against small storage quotas; with HA (the default), VMs with `--ha restart`
 and hosts failing (power, daemon, network; `vmplane.ha.grace` 0, so each is declared, fenced and its HA
 VMs restarted at once: the ha.* crash points) and repaired later. The round ends with a kill:
-- at a named crash point (vmplane.failpoints), armed for its N-th pass, or
+- at a named crash point (vmplane.failpoints), armed for its N-th pass; the workload steps toward it
+  (`toward`: the step that passes it, or the one that makes the cluster allow it) most of the time, or
 - at a random moment, by the harness, after 0-150 ms.
+A run follows a schedule (`schedule`): each cycle arms every crash point once and kills at a random moment
+TIMED_KILLS times, in an order drawn from the seed, so that one cycle meets every point by construction (a
+point not reached is armed again in the next round).
 Then a new control plane starts on the same store and hosts (its start-up reconciles and resumes),
 is given time to finish what was in flight, and is checked:
 - every VM runs exactly once, on the host the store says, at the size the store says;
@@ -28,10 +32,20 @@ is given time to finish what was in flight, and is checked:
   fenced host (each HA VM runs exactly once elsewhere, or is in error), every HA restart in the event log
   came after its host was fenced, and a watch that read the fabric file every 5 ms during the whole run
   (killed control planes included) never saw a domain running on two hosts.
+
+Determinism: the seed fixes every choice of the harness: the schedule, each round's crash point and the pass
+it kills at, the moment of a timed kill, whether the restart is checked, each control plane's workload seed;
+every workload step draws from a stream of its own (one draw a step), so a step's choices do not depend on
+what the steps before it drew. What a step does still depends on the cluster it finds, which threads shape
+(the control plane's pool and loops, the copies under way): which VM a step picks, where a timed kill lands
+and the findings' VM names can differ between two runs of one seed; the schedule and the points armed do
+not. A failing run keeps its evidence (`assert_clean`, `keep_evidence`) in a folder its message names.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import faulthandler
 import logging
 import multiprocessing
@@ -59,7 +73,7 @@ from sqlalchemy import select
 
 from vmplane.store import Database
 
-from . import stores
+from . import evidence, stores
 
 GIB = 1024
 PROJECTS = {"alpha": (12, 20 * GIB, 8), "beta": (8, 12 * GIB, 6), "gamma": (6, 10 * GIB, 5)}
@@ -404,24 +418,230 @@ def ha_problems(o: Orchestrator) -> list[str]:
             if v.host and v.host.name in fenced and v.state not in ("stopped", "error")]
 
 
-def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "", ha: bool = False) -> None:
-    """Random actions; with a crash point armed (`focus`), the actions that reach it are made likelier;
-    `ha`: HA VMs are created and hosts fail (HA_ACTIONS)."""
-    # a volume step needs a volume in the state before it: what makes one is made likelier too (a run missed
-    # volume.before-detach in all 8 rounds armed for it, no data volume attached at the right time)
-    boost = {"scale.migrating": (_scale_where_full,), "scale.after-migration": (_scale_where_full,),
-             "drain.mid": (_drain,), "volume.before-create": (_create_volume,),
-             "volume.after-create": (_create_volume,), "volume.before-attach": (_create_volume, _attach),
-             "volume.before-detach": (_attach, _detach),
-             "volume.before-delete": (_detach, _delete_volume)}.get(focus, ())
-    boost = (_create_ha, _fail_host) if focus.startswith("ha.") else boost
-    actions, weights = zip(*((a, w * 3 if a in boost else w) for a, w in ACTIONS + (HA_ACTIONS if ha else ())))
-    for n in range(steps):
+# -- steps forced towards an armed crash point ------------------------------------------------------------
+# Each `_toward_*` takes, from the cluster as it is, the next step on the way to its crash point: the step
+# that passes the point when the cluster allows it (trying a few candidates in turn), else the one that makes
+# it allow it (a VM to start, a volume to make, room made by stopping a VM). A round armed at a point takes
+# such a step most of the time (STEER), so that it reaches the point within a few steps instead of by luck
+# (135 random rounds once missed volume.before-detach in all 8 rounds armed for it).
+STEER = 0.75
+TRIES = 5           # candidates a forced step tries before it makes room instead
+
+
+def _first_accepted(attempts) -> bool:
+    """Each attempt (a callable) in turn, until one is not refused."""
+    for attempt in attempts:
         try:
-            rng.choices(actions, weights)[0](o, rng, n)
+            attempt()
+            return True
+        except VmplaneError:
+            continue
+    return False
+
+
+def _tidy(o) -> None:
+    """A host left in maintenance brought back and a host out of service repaired: room to admit again (before
+    each forced step of the crash harness; not in the truth harness, whose nemesis keeps hosts failed)."""
+    for h in o.hosts():
+        if h.state == "maintenance":
+            o.maintenance.exit(h.name)
+    for host in out_of_service(o):
+        repair(o, host)
+
+
+def _make_room(o, rng, project: str | None = None, off: str | None = None) -> None:
+    """A running VM (of `project`; not on host `off`) stopped, and a stopped one deleted: quota, hosts' room
+    and the count of VMs freed for the next step."""
+    running = [v.name for v in o.vms() if v.state == "running" and (project is None or v.project.name == project)
+               and not (off and v.host and v.host.name == off)]
+    if running:
+        _first_accepted([lambda: o.stop_vm(rng.choice(running), force=True)])
+    if stopped := _vms(o, "stopped"):
+        _first_accepted([lambda: o.delete_vm(rng.choice(stopped))])
+
+
+def _room(vm) -> tuple[int, int]:
+    """What the quota of `vm`'s project leaves: vCPUs, MiB."""
+    p = vm.project
+    return p.quota_vcpus - p.used_vcpus, p.quota_memory_mib - p.used_memory_mib
+
+
+def _shuffled(rng, items) -> list:
+    items = list(items)
+    rng.shuffle(items)
+    return items
+
+
+def _toward_start(o, rng, n):
+    """A stopped VM started, else a small VM created and started; else room made."""
+    starts = [lambda x=x: o.start_vm(x) for x in _shuffled(rng, _vms(o, "stopped"))[:TRIES]]
+    creates = [lambda p=p: o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", p, OFFERINGS[0][0], "t", start=True)
+               for p in _shuffled(rng, PROJECTS)]
+    if not _first_accepted(starts + creates):
+        _make_room(o, rng)
+
+
+def _toward_stop(o, rng, n):
+    _stop(o, rng, n) if _vms(o, "running") else _toward_start(o, rng, n)
+
+
+def _toward_migrate(o, rng, n):
+    """A running VM migrated (where the planner says); else a VM started, or room made."""
+    running = _vms(o, "running")
+    if not running:
+        return _toward_start(o, rng, n)
+    if not _first_accepted([lambda x=x: o.migrator.migrate(x) for x in _shuffled(rng, running)[:TRIES]]):
+        _make_room(o, rng)
+
+
+def _toward_scale(o, rng, n):
+    """A running VM grown to a larger offering its quota allows (its memory grows: scale.after-memory)."""
+    running = [v for v in o.vms() if v.state == "running" and v.host]
+    if not running:
+        return _toward_start(o, rng, n)
+    pairs = [(v.name, name) for v in running for name, vcpus, memory in OFFERINGS
+             if memory > v.memory_mib and vcpus - v.vcpus <= _room(v)[0] and memory - v.memory_mib + 400 <= _room(v)[1]]
+    if not _first_accepted([lambda p=p: o.scaler.scale(p[0], offering=p[1]) for p in _shuffled(rng, pairs)[:TRIES]]):
+        _make_room(o, rng, project=rng.choice(running).project.name)
+
+
+def _toward_scale_where_full(o, rng, n):
+    """A scale that must migrate first: a VM whose quota allows the largest offering, its host packed (other
+    VMs migrated to it) until that offering no longer fits there, then the VM grown to it."""
+    name, vcpus, memory = OFFERINGS[-1]
+    running = [v for v in o.vms() if v.state == "running" and v.host and v.offering.name != name]
+    growable = [v for v in running if _room(v)[0] >= vcpus - v.vcpus and _room(v)[1] >= memory - v.memory_mib + 400]
+    if not growable:
+        return _make_room(o, rng) if running else _toward_start(o, rng, n)
+    hosts = {h.name: h for h in o.hosts()}
+    vm = min(growable, key=lambda v: (hosts[v.host.name].memory_mib - hosts[v.host.name].used_memory_mib, v.name))
+    home = hosts[vm.host.name]
+    if home.memory_mib - home.used_memory_mib < memory - vm.memory_mib or home.cores - home.used_vcpus < vcpus - vm.vcpus:
+        try:
+            o.scaler.scale(vm.name, offering=name)        # no room beside it: it migrates first
+        except VmplaneError:
+            _make_room(o, rng, off=home.name)          # (no other host has room for it)
+            raise
+        return
+    others = [v.name for v in running if v.host.name != home.name]
+    packed = _first_accepted([lambda x=x: o.migrator.migrate(x, to=home.name) for x in _shuffled(rng, others)[:TRIES]])
+    creates = [lambda p=p: o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", p, OFFERINGS[2][0], "t", start=True)
+               for p in _shuffled(rng, PROJECTS)]
+    if not packed and not _first_accepted(creates):
+        _make_room(o, rng, off=home.name)
+
+
+def _toward_drain(o, rng, n):
+    """The host that runs the most VMs into maintenance (a host left in maintenance brought back first);
+    none of its VMs admitted to migrate: room made elsewhere."""
+    if back := [h.name for h in o.hosts() if h.state == "maintenance"]:
+        o.maintenance.exit(back[0])
+        return
+    for host in out_of_service(o):
+        repair(o, host)
+    running = [v.host.name for v in o.vms() if v.state == "running" and v.host]
+    if not running:
+        return _toward_start(o, rng, n)
+    host = max(sorted(set(running)), key=running.count)
+    if not o.maintenance.enter(host)["migrations"]:
+        _make_room(o, rng, off=host)
+
+
+def _toward_create_volume(o, rng, n):
+    """A volume created (one deleted first when several wait: the storage quotas are small)."""
+    if len(_volumes(o, "available")) > 3:
+        _delete_volume(o, rng, n)
+    else:
+        _create_volume(o, rng, n)
+
+
+def _opens(volume, vm) -> bool:
+    """Whether `vm`'s host can open `volume` (a local pool's volume: only on its own host)."""
+    pool = volume.pool_name or ""
+    return not pool.startswith("local-") or (vm.host is not None and pool == f"local-{vm.host.name}")
+
+
+def _toward_attach(o, rng, n):
+    """A volume attached to a VM of its project whose host opens it; else a volume made on the shared pool
+    for a project that has a VM."""
+    vms = [v for v in o.vms() if v.state in ("running", "stopped")]
+    if not vms:
+        return _toward_start(o, rng, n)
+    pairs = [(vol.name, vm.name) for vol in _volumes(o, "available") for vm in vms
+             if vm.project.name == vol.project and _opens(vol, vm)]
+    if not _first_accepted([lambda p=p: o.volumes.attach(*p) for p in _shuffled(rng, pairs)[:TRIES]]):
+        o.volumes.create(f"vol-{n}-{rng.randrange(10**6)}", rng.choice(vms).project.name, 64, pool="shared")
+
+
+def _toward_detach(o, rng, n):
+    """A data volume detached (of a running VM first: unplugged live; a few tried in turn); else one attached."""
+    running = set(_vms(o, "running"))
+    attached = sorted(_volumes(o, "attached", role="data"), key=lambda v: (v.vm_name not in running, v.name))
+    if not attached:
+        return _toward_attach(o, rng, n)
+    if not _first_accepted([lambda v=v: o.volumes.detach(v.name) for v in attached[:TRIES]]):
+        _toward_attach(o, rng, n)
+
+
+def _toward_delete_volume(o, rng, n):
+    if _volumes(o, "available"):
+        _delete_volume(o, rng, n)
+    elif _volumes(o, "attached", role="data"):
+        _detach(o, rng, n)
+    else:
+        _create_volume(o, rng, n)
+
+
+def _toward_ha(o, rng, n):
+    """A host out of service repaired; else the host of a running HA VM fails (power: declared, fenced and
+    its HA VMs restarted at once, grace 0) and its recovery is given time to run; else an HA VM made (room
+    made when it is refused)."""
+    if out := out_of_service(o):
+        repair(o, rng.choice(out))
+        return
+    ha_hosts = sorted({v.host.name for v in o.vms() if v.ha_policy == "restart" and v.state == "running" and v.host})
+    if not ha_hosts:
+        try:
+            return _create_ha(o, rng, n)
+        except VmplaneError:
+            _make_room(o, rng)
+            raise
+    fabric_of(o).fail_host(rng.choice(ha_hosts), "power")
+    o.check_hosts()
+    o.ha.check()
+    settle(o, 10.0)         # the recovery runs in the pool: its crash points are passed meanwhile
+
+
+TOWARD = {"start": _toward_start, "stop": _toward_stop, "migrate": _toward_migrate, "scale": _toward_scale,
+          "scale.migrating": _toward_scale_where_full, "scale.after-migration": _toward_scale_where_full,
+          "drain": _toward_drain, "volume.before-create": _toward_create_volume,
+          "volume.after-create": _toward_create_volume, "volume.before-attach": _toward_attach,
+          "volume.before-detach": _toward_detach, "volume.before-delete": _toward_delete_volume, "ha": _toward_ha}
+
+
+def toward(point: str):
+    """The forced step of `point` (by its full name, else by its prefix: start, stop, migrate...)."""
+    return TOWARD.get(point) or TOWARD[point.split(".")[0]]
+
+
+def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "", ha: bool = False) -> None:
+    """Random actions; with a crash point armed (`focus`), the step toward it (`toward`) is taken STEER of the
+    time; `ha`: HA VMs are created and hosts fail (HA_ACTIONS). Each step draws from a stream of its own
+    (derived from `rng`, one draw a step): which action a step takes, and its arguments' choices, do not
+    depend on what the steps before it drew, only on the cluster they find."""
+    actions, weights = zip(*(ACTIONS + (HA_ACTIONS if ha else ())))
+    forced = toward(focus) if focus else None
+    for n in range(steps):
+        step = random.Random(rng.getrandbits(64))
+        steer = step.random() < STEER
+        action = forced if forced and steer else step.choices(actions, weights)[0]
+        try:
+            if action is forced:
+                _tidy(o)
+            action(o, step, n)
         except VmplaneError:
             pass                       # refused (quota, capacity, state): as a user would be
-        time.sleep(rng.uniform(0, 0.01))
+        time.sleep(step.uniform(0, 0.01))
 
 
 def _control_plane(url: str, seed: int, armed: dict[str, int], steps: int, ha: bool = False) -> None:
@@ -549,7 +769,19 @@ class Round:
     kill: str                     # the failpoint, or "timed"
     killed: bool                  # the control plane died by SIGKILL (not: finished its workload)
     problems: list[str]
-    vms: int
+    vms: int                      # -1: the next control plane started without a check in between
+    armed_at: int = 0             # the pass of its crash point that kills (1 or 2); 0: a timed kill
+    after_ms: int = 0             # a timed kill: when, after the fork
+    seed: int = 0                 # the seed of the killed control plane's workload
+    hung: bool = False            # it neither died nor finished in 60 s
+
+    def line(self) -> str:
+        """The round in the fault log."""
+        how = f"kill at {self.kill}, its pass {self.armed_at}" if self.armed_at else \
+            f"kill {self.after_ms} ms after the fork"
+        end = "killed" if self.killed else "not reached (the control plane finished its workload)"
+        check = "restarted without a check" if self.vms < 0 else f"checked: {self.vms} VMs, {len(self.problems)} problem(s)"
+        return f"round {self.number}: {how} (workload seed {self.seed}): {end}; {check}"
 
 
 @dataclass
@@ -557,6 +789,10 @@ class Report:
     rounds: list[Round] = field(default_factory=list)
     watch: "TwiceWatch | None" = None       # the running-twice watch (its samples)
     order: "FenceOrder | None" = None       # the event-order check (fences and HA restarts seen)
+    seed: int = 0
+    url: str = ""
+    home: Path | None = None
+    schedule: list[str] = field(default_factory=list)       # the kills of the first cycle, in order
 
     @property
     def kills(self) -> list[Round]:
@@ -568,99 +804,174 @@ class Report:
     def problems(self) -> list[str]:
         return [f"round {r.number} (kill {r.kill}): {p}" for r in self.rounds for p in r.problems]
 
+    def fault_log(self) -> str:
+        return (f"seed {self.seed}; the first cycle's kills, in order: {', '.join(self.schedule)}\n"
+                + "".join(r.line() + "\n" for r in self.rounds))
+
 
 # A target's libvirtd notices a power-cut source by its keepalive (libvirt's default ~30 s: the sim's
 # incoming_linger_s). Until then a copy whose source came back empty is "asked again" (review N1); the
 # harnesses give their sim hosts a 3 s keepalive so that it settles within their 30 s quiet period.
 INCOMING_LINGER_S = 3.0
 
+DEFAULT_SEED = 20261129
+TIMED_KILLS = 4         # kills at a random moment, per cycle (beside one at each crash point)
+MISS_RETRIES = 3        # a crash point the workload did not reach is armed again in the next round, this often
+EXTRA_ROUNDS = 8        # the most rounds a one-cycle run adds for points armed again
 
-def run(home: Path, rounds: int, seed: int, steps: int = 60, timed_share: float = 0.4, unchecked_share: float = 0.25,
-        log=lambda line: None, stop_at_problem: bool = True, ha: bool = True) -> Report:
-    """`rounds` crash-and-restart rounds on one cluster; failpoints are cycled so each is armed. After
-    a share of the kills the next control plane starts without a check in between, so that its own
-    start-up (the recovery) runs with a crash point armed too. `ha`: HA VMs, and hosts failing during
-    the workload (power, daemon, network; repaired later), so that recoveries are killed too; a watch
-    reads the fabric all along for a domain running on two hosts at once, and each check also asks:
-    every HA restart came after its host was fenced, no VM left charged on a fenced host."""
+
+def schedule(seed: int, cycle: int = 0, ha: bool = True, timed: int = TIMED_KILLS) -> list[str]:
+    """One cycle of kills: every crash point once, and `timed` kills at a random moment, in an order drawn
+    from the seed (cycle N of a longer run: its own order)."""
+    kills = [*crash_points(ha), *["timed"] * timed]
+    random.Random(f"{seed}/schedule/{cycle}").shuffle(kills)
+    return kills
+
+
+def run(home: Path, seed: int | None = None, rounds: int | None = None, steps: int = 60, timed: int = TIMED_KILLS,
+        unchecked_share: float = 0.25, log=lambda line: None, stop_at_problem: bool = True, ha: bool = True) -> Report:
+    """Crash-and-restart rounds on one cluster, following `schedule`: each round arms the next crash point of
+    the cycle (at its 1st or 2nd pass) and its workload steps toward it (`toward`), or kills at a random
+    moment. `rounds=None`: one cycle (every point once; a point not reached is armed again, EXTRA_ROUNDS at
+    most); else `rounds` rounds, cycle after cycle. After a share of the kills the next control plane starts
+    without a check in between, so that its own start-up (the recovery) runs with a crash point armed too.
+    `ha`: HA VMs, and hosts failing during the workload (power, daemon, network; repaired later), so that
+    recoveries are killed too; a watch reads the fabric all along for a domain running on two hosts at once,
+    and each check also asks: every HA restart came after its host was fenced, no VM left charged on a fenced
+    host. The seed fixes every choice of the harness (module docstring: what it does not fix)."""
+    seed = DEFAULT_SEED if seed is None else seed
     with stores.sim_hosts_env(home), stores.env("VMPLANE_SIM_INCOMING_LINGER_S", INCOMING_LINGER_S):
-        return _run(home, rounds, seed, steps, timed_share, unchecked_share, log, stop_at_problem, ha)
+        return _run(home, seed, rounds, steps, timed, unchecked_share, log, stop_at_problem, ha)
 
 
-def _run(home, rounds, seed, steps, timed_share, unchecked_share, log, stop_at_problem, ha) -> Report:
+def _run(home, seed, rounds, steps, timed, unchecked_share, log, stop_at_problem, ha) -> Report:
     url = stores.store_url(home)
     seed_cluster(url, ha_grace=0 if ha else None)
     simfabric.forget_shared()
     logging.getLogger("vmplane").setLevel(logging.CRITICAL)     # recoveries log what they undo; rounds say it
-    rng = random.Random(seed)
-    ctx = multiprocessing.get_context("fork")
-    report = Report()
-    points, next_point, misses = list(crash_points(ha)), 0, 0
-    order = FenceOrder()
-    watch = TwiceWatch(simfabric.SimFabric.for_store(url).path).__enter__()
-    report.watch, report.order = watch, order
+    report = Report(seed=seed, url=url, home=home, schedule=schedule(seed, 0, ha, timed))
+    report.order, report.watch = FenceOrder(), TwiceWatch(simfabric.SimFabric.for_store(url).path).__enter__()
     try:
-        _rounds(url, home, rounds, rng, ctx, report, points, next_point, misses, steps, timed_share, unchecked_share,
-                log, stop_at_problem, ha, watch, order)
+        _rounds(report, rounds, steps, timed, unchecked_share, log, stop_at_problem, ha)
     finally:
-        watch.__exit__()
+        report.watch.__exit__()
         simfabric.forget_shared()
     return report
 
 
-def _rounds(url, home, rounds, rng, ctx, report, points, next_point, misses, steps, timed_share, unchecked_share, log,
-            stop_at_problem, ha, watch, order) -> None:
-    for number in range(rounds):
-        timed = rng.random() < timed_share
-        armed = {} if timed else {points[next_point % len(points)]: rng.randint(1, 2)}
-        child = ctx.Process(target=_control_plane, args=(url, rng.randrange(2**32), armed, steps, ha))
-        with watch.paused():
-            child.start()
-        if timed:
-            child.join(rng.uniform(0.0, 0.15))
-            if child.exitcode is None:
-                os.kill(child.pid, signal.SIGKILL)
-        child.join(60)
-        hung = child.exitcode is None      # its workload and 20 s of settling are long over: a finding
-        if hung:
-            os.kill(child.pid, signal.SIGKILL)
-            child.join()
-        killed = child.exitcode == -signal.SIGKILL and not hung
-        for f in home.glob("hung-*.txt"):
-            if f.stat().st_size == 0:       # only a hung control plane's stacks are kept
-                f.unlink()
-        kill = "timed" if timed else next(iter(armed))
-        if not timed:       # a point the workload did not reach is armed again, a few times
-            misses = 0 if killed else misses + 1
-            if killed or misses >= 8:
-                next_point, misses = next_point + 1, 0
-        if killed and number < rounds - 1 and rng.random() < unchecked_share:
-            report.rounds.append(Round(number, kill, killed, [], -1))
+def _rounds(report, rounds, steps, timed, unchecked_share, log, stop_at_problem, ha) -> None:
+    queue, cycle, misses = list(report.schedule), 0, collections.Counter()
+    limit = len(queue) + EXTRA_ROUNDS if rounds is None else rounds
+    for number in range(limit):
+        if not queue:
+            if rounds is None:
+                break
+            cycle += 1
+            queue = schedule(report.seed, cycle, ha, timed)
+        kill = queue.pop(0)
+        r = _kill_round(report, number, kill, steps, ha)
+        if kill != "timed" and not r.killed and misses[kill] < MISS_RETRIES:
+            misses[kill] += 1
+            queue.insert(0, kill)           # armed again: the next round steps toward it from where this one left
+        # the round's own stream decides whether its restart is checked (drawn whatever the outcome)
+        unchecked = random.Random(f"{report.seed}/unchecked/{number}").random() < unchecked_share
+        last = number == limit - 1 or (rounds is None and not queue)       # the last round is always checked
+        if r.killed and not last and unchecked:
+            report.rounds.append(r)
             log(f"round {number}: kill {kill} (killed), restarted without a check")
             continue
-        db = Database(url)
-        o = Orchestrator(db, ThreadPoolExecutor(4))
-        try:
-            o.load()
-            if ha:          # what its monitor and HA loops do first: a host failed meanwhile is declared
-                o.check_hosts()
-                o.ha.check()
-            problems = ["the control plane hung for 60 s"] * hung + check(o)
-            if ha:
-                problems += ha_problems(o) + order.check(db)
-            problems += watch.take()
-            vms = len(o.vms())
-        finally:
-            o.close()
-            db.dispose()
-            simfabric.forget_shared()
-        report.rounds.append(Round(number, kill, killed, problems, vms))
-        log(f"round {number}: kill {kill} {'(killed)' if killed else '(not reached)'}, {vms} VMs, "
-            f"{len(problems)} problem(s)" + (f": {problems[:3]}" if problems else ""))
-        if problems and stop_at_problem:      # the store is left as the check found it, to be looked at
+        r.problems, r.vms = _check_round(report, r.hung, ha)
+        report.rounds.append(r)
+        log(f"round {number}: kill {kill} {'(killed)' if r.killed else '(not reached)'}, {r.vms} VMs, "
+            f"{len(r.problems)} problem(s)" + (f": {r.problems[:3]}" if r.problems else ""))
+        if r.problems and stop_at_problem:      # the store is left as the check found it, to be looked at
             break
-        if problems and not any(r.problems for r in report.rounds[:-1]):
-            keep = home / f"first-problem-round-{number}"     # the store as the first problem left it
+        if r.problems and not any(x.problems for x in report.rounds[:-1]):
+            keep = report.home / f"first-problem-round-{number}"     # the store as the first problem left it
             keep.mkdir()
-            for f in home.glob("vmplane.db*"):
+            for f in report.home.glob("vmplane.db*"):
                 shutil.copy(f, keep / f.name)
+
+
+def _kill_round(report: Report, number: int, kill: str, steps: int, ha: bool) -> Round:
+    """Fork a control plane armed at `kill` (or kill it at a random moment), wait for it to die or finish
+    (60 s at most: then it hung, a finding)."""
+    rr = random.Random(f"{report.seed}/round/{number}")      # every draw made, whichever is used
+    at, child_seed, after = rr.randint(1, 2), rr.getrandbits(64), rr.uniform(0.0, 0.15)
+    timed = kill == "timed"
+    armed = {} if timed else {kill: at}
+    child = multiprocessing.get_context("fork").Process(target=_control_plane,
+                                                        args=(report.url, child_seed, armed, steps, ha))
+    with report.watch.paused():
+        child.start()
+    if timed:
+        child.join(after)
+        if child.exitcode is None:
+            os.kill(child.pid, signal.SIGKILL)
+    child.join(60)
+    hung = child.exitcode is None      # its workload and 20 s of settling are long over: a finding
+    if hung:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    for f in report.home.glob("hung-*.txt"):
+        if f.stat().st_size == 0:       # only a hung control plane's stacks are kept
+            f.unlink()
+    return Round(number, kill, child.exitcode == -signal.SIGKILL and not hung, [], -1, 0 if timed else at,
+                 int(after * 1000) if timed else 0, child_seed, hung)
+
+
+def _check_round(report: Report, hung: bool, ha: bool) -> tuple[list[str], int]:
+    """A fresh control plane on the store the kill left: every invariant (`check`), with HA what its monitor
+    and HA loops do first (a host failed meanwhile is declared) and the HA checks."""
+    db = Database(report.url)
+    o = Orchestrator(db, ThreadPoolExecutor(4))
+    try:
+        o.load()
+        if ha:
+            o.check_hosts()
+            o.ha.check()
+        problems = ["the control plane hung for 60 s"] * hung + check(o)
+        if ha:
+            problems += ha_problems(o) + report.order.check(db)
+        return problems + report.watch.take(), len(o.vms())
+    finally:
+        o.close()
+        db.dispose()
+        simfabric.forget_shared()
+
+
+# -- a failure keeps its evidence ------------------------------------------------------------------------
+def replay_command(nodeid: str, seed: int) -> str:
+    """The pytest command that runs `nodeid` again with `seed` (on the store kind of this run)."""
+    db = " --db postgresql" if stores.is_postgres() else ""
+    return f".venv/bin/pytest '{nodeid}' --seed {seed}{db} -p no:cacheprovider"
+
+
+def keep_evidence(name: str, url: str, home: Path, seed: int, fault_log: str, findings: list[str],
+                  replay: str) -> Path:
+    """Into `evidence.folder(name)`: the store and its event log, the sim hosts' state, seed.txt (the seed and
+    the command that replays it), faults.txt (what was injected where), findings.txt, a hung control plane's
+    stacks. Returns the folder."""
+    dest = evidence.folder(name)
+    evidence.keep_store(url, dest)
+    hosts = stores.sim_hosts_file(home) or Path(url.removeprefix("sqlite:///") + ".sim-hosts")
+    if hosts.exists() and not (dest / hosts.name).exists():      # (PostgreSQL: the file keep_store does not see)
+        with contextlib.closing(sqlite3.connect(hosts, timeout=30)) as src, \
+                contextlib.closing(sqlite3.connect(dest / hosts.name)) as out:
+            src.backup(out)
+    for f in home.glob("hung-*.txt"):
+        shutil.copy2(f, dest / f.name)
+    evidence.write(dest, "seed.txt", f"seed {seed}\nreplay: {replay}\n")
+    evidence.write(dest, "faults.txt", fault_log)
+    evidence.write(dest, "findings.txt", "".join(f"{p}\n" for p in findings))
+    return dest
+
+
+def assert_clean(report: Report, nodeid: str) -> None:
+    """No problem found; else the evidence is kept and the assertion names its folder."""
+    problems = report.problems()
+    if problems:
+        dest = keep_evidence(nodeid, report.url, report.home, report.seed, report.fault_log(), problems,
+                             replay_command(nodeid, report.seed))
+        shown = "\n  ".join(problems[:10])
+        raise AssertionError(f"{len(problems)} problem(s) (seed {report.seed}; evidence kept in {dest}):\n  {shown}")

@@ -1,6 +1,8 @@
-"""Crash safety on sim hosts: the control plane is SIGKILLed at every crash point and at random
-moments of a random workload, at least 100 times, and each restart must leave a consistent cluster
-(see tests/crashkit.py for the workload and the checks). The long run is bench/crash.py."""
+"""Crash safety on sim hosts: the control plane is SIGKILLed at every crash point (its workload steered toward
+it) and at random moments, and each restart must leave a consistent cluster (see tests/crashkit.py for the
+workload, the schedule and the checks). One cycle of the schedule here, its seed `--seed N` (default
+crashkit.DEFAULT_SEED); the long run (1,000 rounds, several seeds) is bench/crash.py. A failing run keeps its
+evidence (store, sim hosts, seed and replay command, fault log) in the folder its message names."""
 
 import pytest
 
@@ -9,13 +11,17 @@ from vmplane import failpoints
 from . import crashkit
 
 
-def test_more_than_100_kills_at_every_crash_point_leave_a_consistent_cluster(tmp_path):
-    report = crashkit.run(tmp_path, rounds=135, seed=20261129, log=print)      # (HA: its points are missed more)
-    assert report.problems() == []
-    assert len(report.kills) >= 100
-    assert report.points_hit() == set(crashkit.crash_points()), "a crash point was never reached by the workload"
-    assert sum(1 for r in report.kills if r.kill == "timed") >= 20
-    assert max(r.vms for r in report.rounds) >= 10      # the cluster was busy, not empty
+def test_a_kill_at_every_crash_point_and_at_random_moments_leaves_a_consistent_cluster(tmp_path, harness_seed, request):
+    """One cycle of crashkit.schedule: a round armed at each crash point (its workload steps toward it) and
+    crashkit.TIMED_KILLS kills at a random moment, in an order drawn from the seed; a share of the restarts
+    recover with the next point armed (no check in between)."""
+    report = crashkit.run(tmp_path, seed=harness_seed, log=print)
+    crashkit.assert_clean(report, request.node.nodeid)
+    missed = set(crashkit.crash_points()) - report.points_hit()
+    assert not missed, f"crash points never reached (seed {report.seed}): {sorted(missed)}\n{report.fault_log()}"
+    assert sum(1 for r in report.kills if r.kill == "timed") == crashkit.TIMED_KILLS, report.fault_log()
+    assert any(r.vms < 0 for r in report.kills), "no restart recovered with a crash point armed"
+    assert max(r.vms for r in report.rounds) >= 5      # the cluster was busy, not empty
 
 
 def test_failpoint_specs_are_checked():
@@ -102,30 +108,29 @@ def test_a_failed_scale_that_leaves_its_vm_running_where_no_domain_is_settles_it
 def test_an_ha_vm_that_fits_nowhere_is_in_error_right_after_its_last_attempt(db):
     """Round 107 of seed 20261129 (local): the last attempt failed, then the recovery waited its 30 s
     backoff before giving up (and a pass that only waited for a migration lengthened the backoff): the
-    recovery was still in flight 30 s later. Now: attempts after 0, 1 and 3 s, then error at once."""
-    import time
+    recovery was still in flight 30 s later. Now: attempts after 0, 1 and 3 s, then error at once (the waits
+    the recovery asked for are recorded: no 10 or 30 s backoff before the error)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from vmplane.model import HostState
 
     o = _sim_cluster(db, ThreadPoolExecutor(4))
+    waits: list[float] = []             # the recovery's waits between its passes, in order
+    wait = o.ha.recovery._wait
+    o.ha.recovery._wait = lambda seconds: (waits.append(seconds), wait(seconds))[1]
     try:
         o.catalog.set_setting("vmplane.ha.grace", "0")
         o.create_vm("a", "p", "one", "t", start=True, ha_policy="restart")
-        deadline = time.monotonic() + 10
-        while o.vm("a").state != "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        _until(lambda: o.vm("a").state == "running", lambda: o.vm("a"), 60)
         host = o.vm("a").host.name
         other = next(h for h in o.drivers if h != host)
         o.set_host_state(other, HostState.disabled)          # no room anywhere
         o.drivers[host].fabric.fail_host(host, "power")
         o.check_hosts()
-        t0 = time.monotonic()
         assert o.ha.check()
-        while o.vm("a").state != "error":
-            assert time.monotonic() - t0 < 9, o.operations(state="running")
-            time.sleep(0.05)
+        _until(lambda: o.vm("a").state == "error", lambda: o.operations(state="running"), 120)
+        # attempts after 0, 1 and 3 s; no backoff of 10 or 30 s waited before the error
+        assert [w for w in waits if w >= 1] == [1.0, 3.0], waits
         assert o.vm("a").charged_vcpus == 0
     finally:
         o.drivers["h1"].fabric.recover_host("h1")
@@ -138,7 +143,6 @@ def test_a_migration_into_a_fenced_host_is_settled_by_its_recovery_before_it_end
     could not ask the target (down, not yet fenced), and the recovery of the target only waited for the
     migrations out of it: it ended with this one still copying (the VM left migrating, two claims), for
     the settle loop to find later. Now the recovery settles it once the target is fenced."""
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     from vmplane.drivers.base import DriverError
@@ -147,10 +151,7 @@ def test_a_migration_into_a_fenced_host_is_settled_by_its_recovery_before_it_end
     try:
         o.catalog.set_setting("vmplane.ha.grace", "0")
         o.create_vm("a", "p", "one", "t", start=True, ha_policy="restart")
-        t0 = time.monotonic()
-        while o.vm("a").state != "running":
-            assert time.monotonic() - t0 < 10
-            time.sleep(0.02)
+        _until(lambda: o.vm("a").state == "running", lambda: o.vm("a"))
         source = o.vm("a").host.name
         target = next(h for h in o.drivers if h != source)
         src = o.drivers[source]
@@ -161,10 +162,7 @@ def test_a_migration_into_a_fenced_host_is_settled_by_its_recovery_before_it_end
 
         monkeypatch.setattr(src, "migrate", target_dies)
         mig = o.migrator.migrate("a", to=target)
-        t0 = time.monotonic()
-        while "does not answer" not in o.migrator.get(mig["id"])["waiting_for"]:
-            assert time.monotonic() - t0 < 10, o.migrator.get(mig["id"])
-            time.sleep(0.02)
+        _until(lambda: "does not answer" in o.migrator.get(mig["id"])["waiting_for"], lambda: o.migrator.get(mig["id"]))
         o.check_hosts()
         assert o.ha.check()          # the target holds an HA VM's claim: declared, fenced, recovered
         _until(lambda: _recoveries_over(o), lambda: [(x.kind, x.target, x.message) for x in o.operations()])
@@ -178,7 +176,8 @@ def test_a_migration_into_a_fenced_host_is_settled_by_its_recovery_before_it_end
         o.close()
 
 
-def _until(predicate, what, timeout_s: float = 10.0) -> None:
+def _until(predicate, what, timeout_s: float = 60.0) -> None:
+    """Wait for `predicate` (a generous bound: the machine may be loaded; `what` says what was seen)."""
     import time
 
     t0 = time.monotonic()
@@ -358,8 +357,6 @@ def test_a_hot_plug_cut_short_on_a_host_that_then_fails_is_settled_from_the_vms_
     (`attaching`) and asking the host; the host failed, so the next start's recovery could not ask it and
     left the volume attaching (unknown is not absent); HA then fenced the host and restarted the VM
     elsewhere. The storage-settle pass after that (its loop runs every 10 s) reads the new host back."""
-    import time
-
     from .test_storage_sim import setup
 
     class Killed(BaseException):
@@ -386,10 +383,8 @@ def test_a_hot_plug_cut_short_on_a_host_that_then_fails_is_settled_from_the_vms_
         assert orch.volumes.row("data").state == "attaching"        # its host does not answer: not guessed
         orch.check_hosts()
         assert orch.ha.check()
-        deadline = time.monotonic() + 10
-        while (vm := orch.vm("a")).state != "running" or vm.host.name == host:
-            assert time.monotonic() < deadline, vm.state
-            time.sleep(0.05)
+        _until(lambda: orch.vm("a").state == "running" and orch.vm("a").host.name != host, lambda: orch.vm("a"))
+        vm = orch.vm("a")
         assert orch.storage_settle.run_once(min_age_s=0) == ["data"]
         v = orch.volumes.row("data")
         assert (v.state, v.vm_name) == ("attached", "a")
