@@ -1,5 +1,7 @@
 """Real guests on a local libvirt host: how long from the API call until the VM runs, and until its guest
-answers on the console (boot), repeated; the stop latency and the QEMU process's memory.
+answers on the console (boot), repeated; the stop latency and the QEMU process's memory; and how long until
+a domain destroyed behind vmplane's back (virsh destroy) is recorded stopped by its libvirt lifecycle event
+(the periodic full sync off), which tests/test_host_events_real.py checks without timing it.
 
 usage: .venv/bin/python bench/guest.py [--runs 5]
 """
@@ -39,17 +41,42 @@ def qemu_rss_mib(domain: str) -> float:
     return float("nan")
 
 
+def destroyed_recorded_s(c, cluster, name: str) -> float:
+    """Start the VM again, destroy its domain with virsh, and time until vmplane records it stopped."""
+    import json
+    import subprocess
+
+    from vmplane import localhosts
+
+    op = wait_operation(c, c.post(f"/vms/{name}/start").json()["operation"]["id"])
+    assert op["state"] == "succeeded", op
+    host = c.get(f"/vms/{name}").json()["host"]
+    hosts = Path(cluster.tmp.name) / "hosts"
+    saved = json.loads((hosts / host / "host.json").read_text())
+    uri = localhosts.describe(hosts, host, saved["index"], saved["netns"]).uri
+    t0 = time.perf_counter()
+    subprocess.run(["virsh", "-c", uri, "destroy", f"vmplane-{name}"], check=True, capture_output=True, timeout=30)
+    while c.get(f"/vms/{name}").json()["state"] != "stopped":
+        if time.perf_counter() - t0 > 120:
+            return float("nan")
+        time.sleep(0.02)
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     cluster = LocalCluster("libvirt", hosts=1)
     rows = {"create -> running (domain started)": [], "create -> guest answers (boot)": [],
-            "stop --force -> stopped": [], "QEMU RSS after boot, MiB": []}
+            "stop --force -> stopped": [], "QEMU RSS after boot, MiB": [],
+            "virsh destroy -> recorded stopped (event)": []}
     try:
         cluster.wait_ready()
         with cluster.client() as c:
             c.post("/projects", json={"name": "b", "vcpus": 8, "memory_mib": 8192}).raise_for_status()
+            # the full sync (default 30 s) must not be what records a destroy: only the lifecycle event
+            c.put("/settings/vmplane.host.sync.interval", json={"value": "3600"}).raise_for_status()
             c.post("/offerings", json={"name": "o", "kind": "fixed", "vcpus": 1, "memory_mib": 512}).raise_for_status()
             # warm-up: libvirt probes QEMU on its first start, and the accelerator is probed once
             c.post("/vms", json={"name": "warm", "project": "b", "offering": "o", "template": "tiny-linux",
@@ -71,11 +98,12 @@ def main() -> None:
                 t1 = time.perf_counter()
                 op = wait_operation(c, c.post(f"/vms/{name}/stop", json={"force": True}).json()["operation"]["id"])
                 t_stop = time.perf_counter() - t1
+                t_event = destroyed_recorded_s(c, cluster, name)
                 c.delete(f"/vms/{name}")
-                for key, value in zip(rows, (t_running, t_boot, t_stop, rss)):
+                for key, value in zip(rows, (t_running, t_boot, t_stop, rss, t_event)):
                     rows[key].append(value)
                 print(f"run {i}: running {t_running:.2f} s, guest answers {t_boot:.2f} s, stop {t_stop:.2f} s, "
-                      f"RSS {rss:.0f} MiB", flush=True)
+                      f"RSS {rss:.0f} MiB, destroy recorded {t_event:.2f} s", flush=True)
     finally:
         cluster.stop()
     body = table(["measure", "runs", "p50", "p95", "min", "max"],

@@ -12,6 +12,9 @@ from vmplane.drivers.base import DomainSpec
 from .realguest import require_libvirt
 
 
+GUEST = DomainSpec("g1", 1, 1, 128, 128, "tiny-linux")
+
+
 class OneGuestHost:
     def __init__(self, base: Path):
         from vmplane.drivers.libvirt import LibvirtDriver
@@ -19,8 +22,19 @@ class OneGuestHost:
         self.base = base
         self.host = localhosts.start(base, "h1", 0)
         self.driver = LibvirtDriver("h1", self.host.uri)
-        self.driver.start(DomainSpec("g1", 1, 1, 128, 128, "tiny-linux"))
+        self.driver.start(GUEST)
         self.qemu = self.driver.qemu_pid("g1")
+
+    def restore(self) -> None:
+        """Undo what a test broke, so that tests can share one host: a failed, stopped or partitioned
+        daemon is recovered (a daemon that runs is adopted as it is), and a guest lost with it (power cut,
+        stop) is started again."""
+        procs = self.processes()
+        if localhosts.failed(self.host) or not all(procs[role] for role in ("libvirtd", "virtlockd", "heartbeat")):
+            localhosts.recover(self.host)
+        if self.qemu not in self.processes()["qemu"] or not alive(self.qemu):
+            self.driver.start(GUEST)
+            self.qemu = self.driver.qemu_pid("g1")
 
     def close(self) -> None:
         localhosts.stop(self.host)          # first: a partitioned daemon is let go before the driver says bye

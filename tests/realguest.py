@@ -76,8 +76,10 @@ def domains_on(live: LiveServer, host: str) -> list[str]:
         conn.close()
 
 
-def qemu_pids(domain: str) -> list[int]:
-    """QEMU processes whose command line names this domain (there must be at most one)."""
+def qemu_pids(domain: str, home: Path | None = None) -> list[int]:
+    """QEMU processes whose command line names this domain (there must be at most one). With `home` (a
+    cluster's `live.home`), only those of that cluster's local hosts: modules run side by side (-n 2) and
+    another one's VM may have the same name."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -86,9 +88,24 @@ def qemu_pids(domain: str) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmdline and cmdline[0].endswith(b"qemu-system-x86_64") and f"guest={domain},".encode() in b" ".join(cmdline):
+        if cmdline and cmdline[0].endswith(b"qemu-system-x86_64") and f"guest={domain},".encode() in b" ".join(cmdline) \
+                and (home is None or _in_cluster(int(entry), home)):
             pids.append(int(entry))
     return pids
+
+
+def _in_cluster(pid: int, home: Path) -> bool:
+    """A process runs in the namespace of one of `home`'s local hosts: its /etc/libvirt is a bind mount of
+    `home`/hosts/NAME/etc (mountinfo's root is relative to its file system, so a suffix of that path)."""
+    try:
+        mounts = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    for line in mounts:
+        fields = line.split()
+        if len(fields) > 4 and fields[4] == "/etc/libvirt" and "/hosts/" in fields[3]:
+            return str(home).endswith(fields[3].rsplit("/hosts/", 1)[0])
+    return False
 
 
 def cpu_seconds(pid: int) -> float:
@@ -169,3 +186,86 @@ def settled(live, timeout: float = 300) -> None:
                 return
             assert time.monotonic() < deadline, f"still in flight after {timeout} s: {busy}"
             time.sleep(0.5)
+
+
+def wait_until(predicate, timeout: float, what: str):
+    """Poll `predicate` until it returns a true value (returned); a generous bound, not a speed expected."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.5)
+    return value
+
+
+# -- a CPU cap, read where the kernel keeps it: under load a CPU share can only be bounded from above, while
+# the cgroup's quota and its throttling counters say the same whatever else the machine runs
+
+def cpu_cgroup(pid: int) -> Path:
+    """The cgroup (v1, cpu controller) libvirt made for the domain of this QEMU process:
+    /sys/fs/cgroup/cpu/machine/qemu-ID-NAME.libvirt-qemu/, holding the domain's whole-domain cap and,
+    under vcpuN/, each vCPU thread's cap. QEMU's main thread sits in its emulator/ child."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            where = Path("/sys/fs/cgroup", controllers, path.lstrip("/"))
+            return where.parent if where.name == "emulator" else where
+    raise AssertionError(f"no cpu cgroup for process {pid}: {Path(f'/proc/{pid}/cgroup').read_text()}")
+
+
+def cfs(cgroup: Path) -> tuple[int, int]:
+    """(cpu.cfs_quota_us, cpu.cfs_period_us): a quota of -1 is no cap."""
+    return int((cgroup / "cpu.cfs_quota_us").read_text()), int((cgroup / "cpu.cfs_period_us").read_text())
+
+
+def cap_cpus(cgroup: Path) -> float | None:
+    """The cgroup's cap in CPUs (quota / period); None when it has none (a quota of -1, or the kernel's
+    largest, 2^44 - 1 us, which libvirt writes for 'unlimited')."""
+    quota, period = cfs(cgroup)
+    return None if quota < 0 or quota >= 2 ** 44 - 1 else quota / period
+
+
+def throttled(cgroup: Path) -> int:
+    """How many periods the kernel held this cgroup back at its quota (cpu.stat nr_throttled)."""
+    stat = dict(line.split() for line in (cgroup / "cpu.stat").read_text().splitlines())
+    return int(stat["nr_throttled"])
+
+
+def throttled_during(cgroup: Path, seconds: float = 3.0) -> int:
+    """How many times the kernel held this cgroup back at its quota within a window of `seconds` (0 for a
+    cgroup without a cap, whatever the machine's load: the window's length decides nothing)."""
+    before = throttled(cgroup)
+    time.sleep(seconds)
+    return throttled(cgroup) - before
+
+
+def vcpu_cpu_use(pid: int, seconds: float = 4.0) -> float:
+    """CPUs used by a QEMU process's vCPU threads (those in its domain's vcpuN cgroups) over `seconds`."""
+    group = cpu_cgroup(pid)
+    tids = [t for d in group.glob("vcpu*") for t in (d / "tasks").read_text().split()]
+
+    def used() -> float:
+        return sum(cpu_seconds_of(Path(f"/proc/{pid}/task/{t}/stat")) for t in tids)
+
+    c0, t0 = used(), time.monotonic()
+    time.sleep(seconds)
+    return (used() - c0) / (time.monotonic() - t0)
+
+
+def cpu_seconds_of(stat_file: Path) -> float:
+    stat = stat_file.read_text()
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def busy(live: LiveServer, vm: str, loops: int = 1) -> None:
+    """Start `loops` endless shell loops in the guest (each keeps one vCPU busy); calm() ends them."""
+    guest(live, vm, f"for i in $(seq {loops}); do (while :; do :; done) >/dev/null 2>&1 & echo $! >> /tmp/busy; "
+                    "done", timeout=240)
+
+
+CALM = "kill $(cat /tmp/busy 2>/dev/null) 2>/dev/null; rm -f /tmp/busy; true"    # the list goes: no pid is reused
+
+
+def calm(live: LiveServer, vm: str) -> None:
+    """End the loops busy() started (a busy guest would load the shared machine for the tests after)."""
+    guest(live, vm, CALM)

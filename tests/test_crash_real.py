@@ -37,7 +37,7 @@ def consistent(live) -> dict:
     for name, vm in vms.items():
         domain = f"vmplane-{name}"
         if vm["state"] == "running":
-            assert len(qemu_pids(domain)) == 1, f"{name}: QEMU processes {qemu_pids(domain)}"
+            assert len(qemu_pids(domain, live.home)) == 1, f"{name}: QEMU processes {qemu_pids(domain, live.home)}"
             assert [h for h in ("lv1", "lv2") if domain in domains_on(live, h)] == [vm["host"]]
             out = guest(live, name, "nproc; grep MemTotal /proc/meminfo").split()
             assert int(out[0]) == vm["vcpus"], f"{name}: the guest has {out[0]} vCPUs, the store {vm['vcpus']}"
@@ -48,7 +48,7 @@ def consistent(live) -> dict:
             assert BOOT_MEMTOTAL.setdefault(name, base) == base, (
                 f"{name}: the guest's MemTotal {out[2]} KiB is not its boot MemTotal + DIMMs {dimms}")
         else:
-            assert qemu_pids(domain) == [], f"{name} is {vm['state']} but QEMU runs"
+            assert qemu_pids(domain, live.home) == [], f"{name} is {vm['state']} but QEMU runs"
     return vms
 
 

@@ -34,7 +34,7 @@ def test_a_killed_libvirtd_makes_its_host_down_and_its_vms_unknown_until_it_retu
                   "tiny-linux", "--start")
     guest(live, "survivor", "echo alive > /tmp/marker")
     host = host_of(live, vm["host"])
-    [qemu] = qemu_pids("vmplane-survivor")
+    [qemu] = qemu_pids("vmplane-survivor", live.home)
     usage_before = run_json(live, "project", "usage", "p")
 
     os.kill(host.pid(), signal.SIGKILL)                 # the hypervisor's daemon dies; QEMU keeps running
@@ -52,18 +52,18 @@ def test_a_killed_libvirtd_makes_its_host_down_and_its_vms_unknown_until_it_retu
     other = run_json(live, "vm", "create", "newcomer", "--project", "p", "--offering", "one", "--template",
                      "tiny-linux", "--start")
     assert other["host"] != vm["host"]
-    assert qemu_pids("vmplane-survivor") == [qemu]       # nobody started it again
+    assert qemu_pids("vmplane-survivor", live.home) == [qemu]       # nobody started it again
 
     localhosts.start(host.dir.parent, host.name, json.loads((host.dir / "host.json").read_text())["index"],
                      netns=host.netns is not None)        # the daemon comes back and finds its QEMU
     wait_for(lambda: run_json(live, "vm", "show", "survivor")["state"] == "running", what="vm running again")
     assert run_json(live, "host", "show", vm["host"])["state"] == "enabled"
-    assert qemu_pids("vmplane-survivor") == [qemu]       # the same QEMU: not restarted
+    assert qemu_pids("vmplane-survivor", live.home) == [qemu]       # the same QEMU: not restarted
     assert guest(live, "survivor", "cat /tmp/marker").strip() == "alive"
     assert run_json(live, "audit")["ok"]
     # what was refused while the host was down is safe to retry now
     stopped = run_json(live, "vm", "stop", "survivor", "--force", "--wait")
-    assert stopped["state"] == "stopped" and qemu_pids("vmplane-survivor") == []
+    assert stopped["state"] == "stopped" and qemu_pids("vmplane-survivor", live.home) == []
     assert run_json(live, "audit")["ok"]
 
 

@@ -16,10 +16,22 @@ from vmplane.fencing import FenceError, agent_for, validate
 from .bmckit import IpmiSim, SushyEmulator
 from .hakit import alive, one_guest_host
 
+# how long an agent may take to confirm the power is off: generous (a loaded machine), never a speed check;
+# the fencing time is measured by bench/ha.py (its "fence" phase)
+CONFIRM_S = 60
+
+
+@pytest.fixture(scope="module")
+def shared_host(tmp_path_factory):
+    """One host and guest for the module (~8 s to start): each test gets it healthy (guest_host)."""
+    yield from one_guest_host(tmp_path_factory)
+
 
 @pytest.fixture
-def guest_host(tmp_path_factory):
-    yield from one_guest_host(tmp_path_factory)
+def guest_host(shared_host):
+    """The module's host with its guest running: the power the test before cut is brought back first."""
+    shared_host.restore()
+    return shared_host
 
 
 def test_agent_configs_are_normalised_and_bad_fields_named():
@@ -53,9 +65,9 @@ def test_the_local_agent_cuts_daemon_guest_lockd_and_heartbeat(guest_host):
     assert liveness.local_signal(h.host.uri).alive is True
     agent = agent_for({"agent": "local"}, h.host.uri, "h1")
     assert agent.status("h1") == "on"
-    fenced = agent.power_off("h1", timeout_s=10)
+    fenced = agent.power_off("h1", timeout_s=CONFIRM_S)
     print(f"local agent: {fenced}")
-    assert fenced.agent == "local" and fenced.seconds < 10
+    assert fenced.agent == "local"
     _assert_powered_off(h, before)
     assert agent.status("h1") == "off"
     assert localhosts.failed(h.host) == "power"
@@ -81,7 +93,7 @@ def test_the_ipmi_agent_powers_the_host_off_through_ipmi_sim(guest_host, tmp_pat
         agent = agent_for({**config, "password": "s3cret"}, None, "h1")
         assert agent.status("h1") == "on"
         before, t0 = h.processes(), time.monotonic()
-        fenced = agent.power_off("h1", timeout_s=20)
+        fenced = agent.power_off("h1", timeout_s=CONFIRM_S)
         print(f"ipmi agent: {fenced} ({time.monotonic() - t0:.1f} s)")
         _assert_powered_off(h, before)
         assert agent.status("h1") == "off"
@@ -103,7 +115,7 @@ def test_the_redfish_agent_powers_the_host_off_through_sushy_emulator(guest_host
         agent = agent_for({**config, "password": "s3cret"}, None, "h1")
         assert agent.status("h1") == "on"
         before, t0 = h.processes(), time.monotonic()
-        fenced = agent.power_off("h1", timeout_s=20)
+        fenced = agent.power_off("h1", timeout_s=CONFIRM_S)
         print(f"redfish agent: {fenced} ({time.monotonic() - t0:.1f} s)")
         _assert_powered_off(h, before)
         assert agent.status("h1") == "off"

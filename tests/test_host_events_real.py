@@ -1,6 +1,6 @@
 """Real guests: a domain destroyed with virsh behind vmplane's back, and a guest that powers itself off, are
-recorded stopped within 5 s (libvirt lifecycle events), with their charge and host claim given back, and
-each appears in the event log."""
+recorded stopped by libvirt lifecycle events (not by the periodic full sync), with their charge and host claim
+given back, and each appears in the event log. How fast is measured in bench/guest.py, not here."""
 
 import subprocess
 import time
@@ -9,13 +9,16 @@ import pytest
 
 from .realguest import guest, host_of, libvirt_cluster, run_json
 
-LIMIT_S = 5.0
+# a generous bound (a loaded machine), never a speed check. The full sync is set off (3600 s), but its first
+# pass still runs 30 s after the server started (loops.every waits the interval it read before the setting):
+# the cause in the event log, not the time, tells that the lifecycle event recorded the stop
+WAIT_S = 120.0
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     server = libvirt_cluster(tmp_path_factory.mktemp("hostevents"))
-    # the safety net (full sync, default 30 s) must not be what records it: events must, within 5 s
+    # the safety net (full sync, default 30 s) must not be what records it: events must
     run_json(server, "setting", "set", "vmplane.host.sync.interval", "3600")
     run_json(server, "offering", "create", "tiny", "--kind", "fixed", "--vcpus", "1", "--memory", "256MiB")
     yield server
@@ -29,7 +32,7 @@ def _state(live, name: str) -> str:
 
 def _wait_stopped(live, name: str, t0: float) -> float:
     while (state := _state(live, name)) != "stopped":
-        assert time.monotonic() - t0 < 30, f"vm {name} still {state} after 30 s"
+        assert time.monotonic() - t0 < WAIT_S, f"vm {name} still {state} after {WAIT_S:.0f} s"
         time.sleep(0.1)
     return time.monotonic() - t0
 
@@ -63,7 +66,7 @@ def _start(live, name: str) -> dict:
     return vm
 
 
-def test_a_domain_destroyed_with_virsh_is_recorded_stopped_within_5_s_with_charge_and_claim_released(live):
+def test_a_domain_destroyed_with_virsh_is_recorded_stopped_by_its_event_with_charge_and_claim_released(live):
     vm = _start(live, "victim")
     usage, used = _usage(live), _used(live, vm["host"])
     t0 = time.monotonic()
@@ -71,7 +74,6 @@ def test_a_domain_destroyed_with_virsh_is_recorded_stopped_within_5_s_with_charg
                    capture_output=True, text=True, timeout=30)
     took = _wait_stopped(live, "victim", t0)
     print(f"\nvirsh destroy -> recorded stopped in {took:.2f} s")
-    assert took <= LIMIT_S
     after = _usage(live)
     assert after["vcpus"]["used"] == usage["vcpus"]["used"] - 1
     assert after["memory_mib"]["used"] < usage["memory_mib"]["used"] and after["consistent"]
@@ -86,7 +88,7 @@ def test_a_domain_destroyed_with_virsh_is_recorded_stopped_within_5_s_with_charg
     _check_events(live, "victim", ("destroyed",))
 
 
-def test_a_guest_that_powers_itself_off_is_recorded_stopped_within_5_s_with_charge_and_claim_released(live):
+def test_a_guest_that_powers_itself_off_is_recorded_stopped_by_its_event_with_charge_and_claim_released(live):
     vm = _start(live, "quitter")
     usage, used = _usage(live), _used(live, vm["host"])
     t0 = time.monotonic()
@@ -96,7 +98,6 @@ def test_a_guest_that_powers_itself_off_is_recorded_stopped_within_5_s_with_char
     took = _wait_stopped(live, "quitter", t0)
     print(f"\nguest poweroff -f -> recorded stopped {took:.2f} s after the exec began "
           f"(the exec itself returned after {returned:.2f} s)")
-    assert took <= LIMIT_S
     after = _usage(live)
     assert after["vcpus"]["used"] == usage["vcpus"]["used"] - 1
     assert after["memory_mib"]["used"] < usage["memory_mib"]["used"] and after["consistent"]

@@ -46,7 +46,7 @@ def test_a_process_killed_mid_migration_of_a_real_guest_leaves_it_once_where_the
               f"(lease {LEASE_S:g} s): {row['state']} ({row['reason']})")
         assert vm["state"] == "running"
         assert vm["host"] == (row["target"] if row["state"] == "succeeded" else source)
-        assert len(qemu_pids("vmplane-k1")) == 1                      # one QEMU
+        assert len(qemu_pids("vmplane-k1", live.home)) == 1                      # one QEMU
         assert [h for h in ("lv1", "lv2") if "vmplane-k1" in domains_on(live, h)] == [vm["host"]]
         assert guest(live, "k1", "nproc").split()[0] == "1"
     finally:

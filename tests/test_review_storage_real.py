@@ -33,7 +33,9 @@ def test_a_new_vm_of_a_deleted_vm_s_name_never_gets_the_file_it_left(live):
     run_json(live, "vm", "create", "web1", "--project", "p", "--offering", "disk", "--template", "tiny-linux",
              "--pool", "local-lv1", "--start")
     guest(live, "web1", f"echo {MARKER} > /data/marker && sync")
-    run_json(live, "vm", "stop", "web1")
+    # forced: the data is synced, and the guest's init ignores ACPI, so a clean stop would wait out
+    # vmplane.vm.shutdown.timeout (30 s) and then force it anyway
+    run_json(live, "vm", "stop", "web1", "--force")
     conn = libvirt.open(host_of(live, "lv1").uri)
     try:
         pool = conn.storagePoolLookupByName("local-lv1")

@@ -26,6 +26,12 @@ CPU_MODEL = "qemu64"         # `-cpu host` crashes under these machines' KVM bac
 DISK_CACHE = "none"          # see the module docstring
 HOTPLUG_PORTS = 4            # free pcie-root-ports: on q35 every hot-plugged disk needs one
 DISK_FORMATS = ("qcow2", "raw")
+CONSOLE_LOG_DIR = "/var/log/libvirt/qemu"     # each local host's own log folder (mounted in its namespace)
+
+
+def console_log(domain: str) -> str:
+    """Where QEMU writes what a domain's serial console printed (next to libvirt's `DOMAIN.log`)."""
+    return f"{CONSOLE_LOG_DIR}/{domain}.console.log"
 
 
 def disk_xml(disk: DiskSpec, indent: str = "") -> str:
@@ -99,7 +105,10 @@ def domain_xml(spec: DomainSpec, kernel: str | None, initrd: str | None, cmdline
     lines.append("    <controller type='usb' model='none'/>")
     lines.append("    <controller type='pci' index='0' model='pcie-root'/>")
     lines += ["    <controller type='pci' model='pcie-root-port'/>"] * HOTPLUG_PORTS
-    lines += ["    <serial type='pty'><target port='0'/></serial>",
+    # The serial console is also logged by QEMU (appended across restarts), so a guest that panics or
+    # powers off leaves its last words on its host (tests/evidence.py keeps log/qemu/*.log)
+    serial = f"<log file={quoteattr(console_log(spec.name))} append='on'/><target port='0'/>"
+    lines += [f"    <serial type='pty'>{serial}</serial>",
               "    <console type='pty'><target type='serial' port='0'/></console>",
               "    <memballoon model='virtio'><stats period='5'/></memballoon>",
               "  </devices>",

@@ -475,7 +475,8 @@ def _keep_capabilities(host: LocalHost) -> None:
 
 
 def _write_config(host: LocalHost, base: Path) -> None:
-    for sub in ("etc/qemu", "lib", "cache", "log"):
+    # log/qemu: QEMU writes each domain's console log there (domainxml.console_log) before libvirtd made it
+    for sub in ("etc/qemu", "lib", "cache", "log/qemu"):
         (host.dir / sub).mkdir(parents=True, exist_ok=True)
     _seed_capabilities(host)
     _link_run_dir(host)

@@ -445,33 +445,31 @@ class LibvirtDriver(StorageMixin, Driver):
             return self._resized(dom, self._vcpus_up(dom, name, vcpus, plugged, online))
         if self._domain_type(dom) in self.UNPLUG_SAFE_ACCELS and online == plugged:
             return self._resized(dom, self._vcpus_unplug(dom, name, vcpus))
-        extra = " ".join(f"cpu{i}" for i in range(vcpus, plugged))
-        self.guest_run(name, f"for c in {extra}; do echo $c; done > /run/vmplane-offline; for c in {extra}; do "
-                             f"echo 0 > /sys/devices/system/cpu/$c/online; done", 30)
+        extra = [f"cpu{i}" for i in range(vcpus, plugged)]
+        self._offline(name, extra)
         self._set_domain_cap(dom, vcpus)
-        self._wait_online(name, vcpus)
+        self._wait_online(name, vcpus, keep_off=extra)
         return self._resized(dom, "soft")
 
     def _vcpus_up(self, dom, name: str, vcpus: int, plugged: int, online: int) -> str:
         """Online soft-offlined vCPUs (up to `vcpus`), then hot-plug the rest. The whole-domain cap rises
         to the new count before the guest onlines (never above it) and is put back in a finally if the
         guest does not come up: the guest never uses more than it is charged for."""
-        method, done = [], False
+        method, done, keep_off = [], False, []
         old_cap = self._domain_cap_cpus(dom)
         try:
             if online < plugged:
                 back = min(vcpus, plugged)
                 self._set_domain_cap(dom, back if back < plugged else None)
-                keep_off = " ".join(f"cpu{i}" for i in range(back, plugged))
-                listing = (f"for c in {keep_off}; do echo $c; done > /run/vmplane-offline" if keep_off
-                           else "rm -f /run/vmplane-offline")
-                self.guest_run(name, f"{listing}; for c in {' '.join(f'cpu{i}' for i in range(1, back))}; do "
+                keep_off = [f"cpu{i}" for i in range(back, plugged)]
+                self.guest_run(name, f"{self._offline_list(keep_off)}; for c in "
+                                     f"{' '.join(f'cpu{i}' for i in range(1, back))}; do "
                                      f"echo 1 > /sys/devices/system/cpu/$c/online; done", 30)
                 method.append("online")
             if vcpus > plugged:
                 self._call(f"set {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
                 method.append("hotplug")
-            self._wait_online(name, vcpus)
+            self._wait_online(name, vcpus, keep_off=keep_off)
             done = True
         finally:
             if not done and old_cap is not None:
@@ -508,11 +506,43 @@ class LibvirtDriver(StorageMixin, Driver):
     def _online_vcpus(self, name: str) -> int:
         return count_cpu_list(self.guest_exec(name, "cat /sys/devices/system/cpu/online", 30).strip().splitlines()[-1])
 
-    def _wait_online(self, name: str, vcpus: int, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while (online := self._online_vcpus(name)) != vcpus:
+    @staticmethod
+    def _offline_list(cpus: list[str]) -> str:
+        """Guest shell: list the vCPUs the guest's onliner (guest/init.sh) must leave offline; written aside
+        and renamed, so that the onliner never reads a half-written (empty) list."""
+        if not cpus:
+            return "rm -f /run/vmplane-offline"
+        return (f"printf '%s\\n' {' '.join(cpus)} > /run/vmplane-offline.new && "
+                "mv /run/vmplane-offline.new /run/vmplane-offline")
+
+    def _offline(self, name: str, cpus: list[str]) -> tuple[int, int]:
+        """One console round trip: list `cpus` for the guest's onliner, offline those of them still online;
+        (vCPUs online afterwards, how many of `cpus` had to be offlined). Safe to repeat."""
+        out = self.guest_exec(name, f"{self._offline_list(cpus)}; n=0; for c in {' '.join(cpus)}; do "
+                                    "f=/sys/devices/system/cpu/$c/online; "
+                                    "[ \"$(cat $f 2>/dev/null)\" = 1 ] || continue; "
+                                    "echo 0 > $f 2>/dev/null; n=$((n+1)); done; echo $n; "
+                                    "cat /sys/devices/system/cpu/online", 60)
+        offlined, online = out.strip().splitlines()[-2:]
+        return count_cpu_list(online), int(offlined)
+
+    # Each look is a console round trip (seconds on a loaded machine) and a TCG guest offlines a vCPU
+    # under stop_machine: a bound for a slow machine, not a speed expected
+    VCPU_WAIT_S = 180.0
+
+    def _wait_online(self, name: str, vcpus: int, keep_off: list[str] = (), timeout_s: float | None = None) -> None:
+        """Until the guest shows `vcpus` vCPUs online. With `keep_off`, each look offlines again those of
+        them found online: the guest's onliner (a loop every 0.2 s) may have read the list just before it
+        was written and onlined one after it was offlined (once: its next read finds the list). Done at a
+        look that finds `vcpus` online with nothing left to offline, a round trip after the last offline."""
+        deadline = time.monotonic() + (self.VCPU_WAIT_S if timeout_s is None else timeout_s)
+        while True:
+            online, offlined = self._offline(name, list(keep_off)) if keep_off else (self._online_vcpus(name), 0)
+            if online == vcpus and not offlined:
+                return
             if time.monotonic() > deadline:
-                raise DriverError(self.host, f"the guest shows {online} vCPUs online, not {vcpus}")
+                again = f" ({offlined} of {' '.join(keep_off)} came online again)" if offlined else ""
+                raise DriverError(self.host, f"the guest shows {online} vCPUs online, not {vcpus}{again}")
             time.sleep(0.2)
 
     def _set_domain_cap(self, dom, cpus: int | None) -> None:

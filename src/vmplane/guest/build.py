@@ -30,7 +30,7 @@ IMAGE_NAME = "tiny-linux"
 MODULES = ["virtio_pci", "virtio_balloon", "virtio_mem", "virtio_blk", "ext4"]
 ROOT_DISK_MIB = 256
 # Needed for memory unplug (DIMM detach, virtio-mem shrink): hot-added memory must be movable.
-KERNEL_CMDLINE = "console=ttyS0 panic=-1 quiet loglevel=1 memhp_default_state=online_movable"
+KERNEL_CMDLINE = "console=ttyS0 panic=-1 quiet loglevel=1 memhp_default_state=online_movable no_timer_check"
 
 
 @dataclass(frozen=True)
