@@ -128,7 +128,7 @@ def test_the_guest_live_migrates_peer_to_peer_over_tls(cluster):
     assert any(address == source_host.address for address, _ in seen), seen
     assert run_json(live, "vm", "show", "tv")["host"] == target
     assert guest(live, "tv", "cat /tmp/marker").strip().splitlines()[-1] == "over-tls"   # the same guest
-    assert len(qemu_pids("vmplane-tv", live.home)) == 1
+    assert len(qemu_pids("vmplane-tv")) == 1
 
 
 def test_the_guest_scales_up_live_on_a_tls_host(cluster):
@@ -161,7 +161,7 @@ def test_a_host_added_by_ssh_uri_takes_the_guest_peer_to_peer_over_ssh(cluster):
     # peer to peer over ssh: the source daemon itself logged in, from its own address
     assert f"Accepted publickey for root from {source.address} " in (host.dir / "ssh" / "sshd.log").read_text()
     run_json(live, "vm", "stop", "tv", "--force")
-    assert run_json(live, "vm", "show", "tv")["state"] == "stopped" and qemu_pids("vmplane-tv", live.home) == []
+    assert run_json(live, "vm", "show", "tv")["state"] == "stopped" and qemu_pids("vmplane-tv") == []
     assert run_json(live, "audit")["ok"]
 
 

@@ -80,7 +80,7 @@ def scale(live, vm, *args):
 
 
 def domain_group(vm: str):
-    [pid] = qemu_pids(f"vmplane-{vm}", live.home)
+    [pid] = qemu_pids(f"vmplane-{vm}")
     return pid, cpu_cgroup(pid)
 
 
@@ -110,7 +110,7 @@ def test_a_fixed_offering_vm_scales_up_and_down_live_seen_in_the_guest(live, fx)
     out = scale(live, fx, "--offering", "f2")                                      # back up
     vcpus, mem3, up3 = guest_size(live, fx)
     assert vcpus == 2 and mem3 == mem1 and up3 > up2
-    assert qemu_pids("vmplane-fx", live.home) == [pid]                                        # the same QEMU, alive
+    assert qemu_pids("vmplane-fx", live.home) == [pid]                              # the same QEMU, alive
     assert cap_cpus(group) is None                                                 # both busy vCPUs may run again
     before = throttled(group)
     record_agrees_with_host(live, fx)
