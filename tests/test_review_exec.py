@@ -147,6 +147,9 @@ class _Conn:
     def newStream(self, flags):
         raise self.error
 
+    def close(self):
+        self.closed = True
+
 
 def test_a_console_stream_that_can_not_be_opened_is_a_driver_error():
     import libvirt
@@ -154,5 +157,8 @@ def test_a_console_stream_that_can_not_be_opened_is_a_driver_error():
     driver = LibvirtDriver.__new__(LibvirtDriver)
     driver.host, driver._console_locks, driver._conn_lock = "lv1", {}, threading.Lock()
     driver._conn = _Conn(libvirt.libvirtError("connection dropped"))
+    console = _Conn(libvirt.libvirtError("connection dropped"))      # the exchange's own connection
+    driver._console_conn = lambda: console
     with pytest.raises(DriverError, match="lv1: open a console stream"):
         driver.guest_run("vmplane-v1", "true", 5)
+    assert console.closed           # let go after the failure
