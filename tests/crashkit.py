@@ -45,7 +45,6 @@ not. A failing run keeps its evidence (`assert_clean`, `keep_evidence`) in a fol
 from __future__ import annotations
 
 import collections
-import contextlib
 import faulthandler
 import logging
 import multiprocessing
@@ -953,12 +952,7 @@ def keep_evidence(name: str, url: str, home: Path, seed: int, fault_log: str, fi
     the command that replays it), faults.txt (what was injected where), findings.txt, a hung control plane's
     stacks. Returns the folder."""
     dest = evidence.folder(name)
-    evidence.keep_store(url, dest)
-    hosts = stores.sim_hosts_file(home) or Path(url.removeprefix("sqlite:///") + ".sim-hosts")
-    if hosts.exists() and not (dest / hosts.name).exists():      # (PostgreSQL: the file keep_store does not see)
-        with contextlib.closing(sqlite3.connect(hosts, timeout=30)) as src, \
-                contextlib.closing(sqlite3.connect(dest / hosts.name)) as out:
-            src.backup(out)
+    evidence.keep_store(url, dest, stores.sim_hosts_file(home))
     for f in home.glob("hung-*.txt"):
         shutil.copy2(f, dest / f.name)
     evidence.write(dest, "seed.txt", f"seed {seed}\nreplay: {replay}\n")

@@ -6,7 +6,8 @@ A failing harness or real-guest test copies, into a folder of its own under `tes
   events.txt             the event log, oldest first, one line per event (read from that store)
   seed.txt, faults.txt   a harness's seed and fault log (harnesses write them through `write`)
   server.log             the control plane's log
-  hosts/NAME/            each local host's libvirtd and virtlockd logs and its domains' live XML
+  hosts/NAME/            each local host's libvirtd, virtlockd and QEMU logs (the guests' serial consoles
+                         included) and its domains' live XML
 and names the folder in the failure message (conftest's report hook, or the harness's own assertion).
 `.ci/run` prints the folder and the last lines of its logs when a pass fails.
 """
@@ -20,6 +21,8 @@ import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
+
+from sqlalchemy.engine import make_url
 
 ROOT = Path(os.environ.get("VMPLANE_EVIDENCE") or Path(__file__).resolve().parent.parent / "test-artifacts" / "evidence")
 
@@ -38,30 +41,35 @@ def write(dest: Path, name: str, text: str) -> None:
     (dest / name).write_text(text)
 
 
-def keep_store(url: str, dest: Path) -> None:
-    """A copy of the store at `url` and its event log as text, in `dest`."""
+def keep_store(url: str, dest: Path, sim_hosts: Path | None = None) -> None:
+    """A copy of the store at `url` and its event log as text, in `dest`; and of the sim hosts' file: the one
+    beside a SQLite store, or `sim_hosts` (on PostgreSQL, the file VMPLANE_SIM_HOSTS names)."""
     try:
         if url.startswith("sqlite"):
-            source = url.split("///", 1)[1]
-            with contextlib.closing(sqlite3.connect(source, timeout=30)) as src, \
-                    contextlib.closing(sqlite3.connect(dest / "store.db")) as out:
-                src.backup(out)
-            for side in Path(source).parent.glob(Path(source).name + ".sim-hosts*"):
-                shutil.copy2(side, dest / side.name)
+            source = Path(make_url(url).database)
+            _backup(source, dest / "store.db")
+            sim_hosts = sim_hosts or source.with_name(source.name + ".sim-hosts")
         else:
             _pg_dump(url, dest / "store.sql")
+        if sim_hosts is not None and sim_hosts.exists():
+            _backup(sim_hosts, dest / sim_hosts.name)
     except Exception as e:        # noqa: BLE001 (evidence is best effort: say what could not be kept)
         write(dest, "store.error.txt", f"the store at {url} could not be copied: {e!r}\n")
         return
     write(dest, "events.txt", _events(url))
 
 
+def _backup(source: Path, target: Path) -> None:
+    """A consistent copy of a SQLite file (its WAL included) that opens by itself."""
+    with contextlib.closing(sqlite3.connect(source, timeout=30)) as src, \
+            contextlib.closing(sqlite3.connect(target)) as out:
+        src.backup(out)
+
+
 def _pg_dump(url: str, out: Path) -> None:
-    m = re.match(r"postgresql\+psycopg://(?P<user>[^@]*)@/(?P<db>[^?]+)\?host=(?P<host>[^&]+)&port=(?P<port>\d+)", url)
-    if not m:
-        raise ValueError(f"not a test PostgreSQL URL: {url}")
-    subprocess.run(["pg_dump", "-h", m["host"], "-p", m["port"], "-U", m["user"], "-f", str(out), m["db"]],
-                   check=True, capture_output=True, timeout=120)
+    u = make_url(url)
+    subprocess.run(["pg_dump", "-h", u.query["host"], "-p", u.query["port"], "-U", u.username, "-f", str(out),
+                    u.database], check=True, capture_output=True, timeout=120)
 
 
 def _events(url: str) -> str:
@@ -88,10 +96,10 @@ def keep_hosts(hosts_dir: Path, dest: Path) -> None:
         for log in ("log/libvirtd.log", "log/virtlockd.log", "daemon.out"):
             if (host / log).exists():
                 shutil.copy2(host / log, out / Path(log).name)
-        for qemu_log in (host / "log" / "qemu").glob("*.log") if (host / "log" / "qemu").is_dir() else []:
+        for qemu_log in (host / "log" / "qemu").glob("*.log"):
             shutil.copy2(qemu_log, out / qemu_log.name)
-        sock = _socket(host)
-        if sock is None:
+        sock = host / "run" / "libvirt-sock"         # (localhosts.LocalHost.socket)
+        if not sock.exists():
             continue
         uri = f"qemu+unix:///system?socket={sock}"
         try:
@@ -105,23 +113,11 @@ def keep_hosts(hosts_dir: Path, dest: Path) -> None:
             write(out, "domains.error.txt", f"virsh did not answer: {e!r}\n")
 
 
-def _socket(host: Path) -> Path | None:
-    for candidate in (host / "run" / "libvirt-sock",):
-        if candidate.exists():
-            return candidate
-    found = list(host.glob("run/**/libvirt-sock"))
-    return found[0] if found else None
-
-
 def keep_live(live, dest: Path) -> None:
     """Everything of a `vmplane up` of the tests (conftest.LiveServer)."""
-    keep_store(live.db_url, dest)
+    sim_hosts = live.extra_env.get("VMPLANE_SIM_HOSTS")
+    keep_store(live.db_url, dest, Path(sim_hosts) if sim_hosts else None)
     if live.log.exists():
         shutil.copy2(live.log, dest / "server.log")
     keep_hosts(live.home / "hosts", dest)
 
-
-def tail(path: Path, lines: int = 30) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    return ""
