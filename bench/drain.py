@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import table, write_section  # noqa: E402
 
-from vmplane.model import HostState, Offering, OfferingKind  # noqa: E402
+from vmplane.core.model import HostState, Offering, OfferingKind  # noqa: E402
 from vmplane.orchestrator import Orchestrator  # noqa: E402
 from vmplane.store import Database  # noqa: E402
 

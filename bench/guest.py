@@ -46,7 +46,7 @@ def destroyed_recorded_s(c, cluster, name: str) -> float:
     import json
     import subprocess
 
-    from vmplane import localhosts
+    from vmplane.hosts import localhosts
 
     op = wait_operation(c, c.post(f"/vms/{name}/start").json()["operation"]["id"])
     assert op["state"] == "succeeded", op

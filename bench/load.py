@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from common import table, write_section  # noqa: E402
 
-from vmplane.model import Offering, OfferingKind  # noqa: E402
+from vmplane.core.model import Offering, OfferingKind  # noqa: E402
 from vmplane.orchestrator import InlineExecutor, Orchestrator  # noqa: E402
 from vmplane.store import Database  # noqa: E402
 

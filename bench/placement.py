@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from common import table, write_section  # noqa: E402
 
-from vmplane.errors import VmplaneError  # noqa: E402
-from vmplane.model import Offering, OfferingKind, PlacementRequest, Size  # noqa: E402
+from vmplane.core.errors import VmplaneError  # noqa: E402
+from vmplane.core.model import Offering, OfferingKind, PlacementRequest, Size  # noqa: E402
 from vmplane.orchestrator import InlineExecutor, Orchestrator  # noqa: E402
-from vmplane.placement import choose, lower_bound_hosts  # noqa: E402
-from vmplane.quota import host_footprint_mib  # noqa: E402
+from vmplane.core.placement import choose, lower_bound_hosts  # noqa: E402
+from vmplane.core.quota import host_footprint_mib  # noqa: E402
 from vmplane.store import Database  # noqa: E402
 
 HOST_CORES, HOST_MEMORY = 32, 131072
@@ -279,7 +279,7 @@ def pg_run(url: str, hosts: int, vms: int, procs: int, threads: int) -> dict:
     admitted, refused, batches = (sum(r[i] for r in results) for i in (2, 3, 4))
     check = Orchestrator(Database(url), InlineExecutor())
     check.load(recover=False)
-    from vmplane import audit as audit_rules
+    from vmplane.controllers import audit as audit_rules
     problems = audit_rules.audit(check.db, check.catalog.recomputed_usage, check.index)
     over = [p.name for p in check.catalog.projects() if p.used_vms > p.quota_vms or p.used_vcpus > p.quota_vcpus]
     check.db.dispose()

@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from common import table, write_section  # noqa: E402
 
 from tests.conftest import add_basics, add_sim_hosts  # noqa: E402
-from vmplane import scaler as scaler_module  # noqa: E402
-from vmplane.drivers.base import DiskSpec, DomainSpec, HostInfo, PoolSpec  # noqa: E402
-from vmplane.drivers.sim import SimDriver  # noqa: E402
-from vmplane.drivers.simfabric import SimFabric  # noqa: E402
-from vmplane.model import Offering, OfferingKind  # noqa: E402
+from vmplane.controllers import scaler as scaler_module  # noqa: E402
+from vmplane.core.driver import DiskSpec, DomainSpec, HostInfo, PoolSpec  # noqa: E402
+from vmplane.hosts.drivers.sim import SimDriver  # noqa: E402
+from vmplane.hosts.drivers.simfabric import SimFabric  # noqa: E402
+from vmplane.core.model import Offering, OfferingKind  # noqa: E402
 from vmplane.orchestrator import InlineExecutor, Orchestrator  # noqa: E402
 from vmplane.store import Database  # noqa: E402
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from common import table, write_section  # noqa: E402
 
 from tests import truthkit  # noqa: E402
-from vmplane.drivers.simfaults import KINDS  # noqa: E402
+from vmplane.hosts.drivers.simfaults import KINDS  # noqa: E402
 
 SHORT = {"transient": "transient", "transient_call": "in restart", "partial": "partial", "unplug_late": "unplug late",
          "unplug_never": "unplug never", "lost_connection": "conn lost", "postcopy_failed": "postcopy fail",

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from vmplane import localhosts
+from vmplane.hosts import localhosts
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 
 from vmplane.api.app import create_app
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 
@@ -319,7 +319,7 @@ class LiveServer:
 
     def sim_fabric(self):
         """The server's sim hosts, as this process sees them (on PostgreSQL: through its sim hosts file)."""
-        from vmplane.drivers.simfabric import SimFabric
+        from vmplane.hosts.drivers.simfabric import SimFabric
 
         with stores.env("VMPLANE_SIM_HOSTS", self.extra_env.get("VMPLANE_SIM_HOSTS")):
             return SimFabric.for_store(self.db_url)

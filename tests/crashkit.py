@@ -60,13 +60,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmplane import failpoints
-from vmplane.drivers import simfabric
-from vmplane.drivers.sim import SimDriver
-from vmplane.drivers.simstorage import SHARED
-from vmplane.errors import VmplaneError
-from vmplane.events import EVENTS
-from vmplane.model import Offering, OfferingKind
+from vmplane.core import failpoints
+from vmplane.hosts.drivers import simfabric
+from vmplane.hosts.drivers.sim import SimDriver
+from vmplane.hosts.drivers.simstorage import SHARED
+from vmplane.core.errors import VmplaneError
+from vmplane.store.events import EVENTS
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from sqlalchemy import select
 
@@ -707,7 +707,7 @@ def check(o: Orchestrator) -> list[str]:
 
 def answering_hosts(o: Orchestrator) -> list[str]:
     """The hosts recorded in service (not down, fencing or fenced) whose hypervisor answers now."""
-    from vmplane.hostmonitor import probe
+    from vmplane.controllers.hostmonitor import probe
 
     return [h.name for h in o.hosts() if h.state not in ("down", "fencing", "fenced") and h.name in o.drivers
             and probe(o.drivers[h.name]) is None]

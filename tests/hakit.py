@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 
-from vmplane import localhosts
-from vmplane.drivers.base import DomainSpec
+from vmplane.hosts import localhosts
+from vmplane.core.driver import DomainSpec
 
 from .realguest import require_libvirt
 
@@ -17,7 +17,7 @@ GUEST = DomainSpec("g1", 1, 1, 128, 128, "tiny-linux")
 
 class OneGuestHost:
     def __init__(self, base: Path):
-        from vmplane.drivers.libvirt import LibvirtDriver
+        from vmplane.hosts.drivers.libvirt import LibvirtDriver
 
         self.base = base
         self.host = localhosts.start(base, "h1", 0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vmplane import localhosts
+from vmplane.hosts import localhosts
 
 from .conftest import LiveServer
 

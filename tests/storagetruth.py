@@ -4,10 +4,10 @@ sim fabric itself (not through the drivers, their faults or the audit's code): e
 
 from __future__ import annotations
 
-from vmplane.drivers.sim import SimDriver
-from vmplane.drivers.simstorage import SimStorageError
+from vmplane.hosts.drivers.sim import SimDriver
+from vmplane.hosts.drivers.simstorage import SimStorageError
 from vmplane.orchestrator import Orchestrator
-from vmplane.storageaudit import unowned_files
+from vmplane.controllers.storageaudit import unowned_files
 from vmplane.store import storageledger as SL
 
 

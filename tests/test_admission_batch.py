@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert, select
 
-from vmplane import events, ownership
-from vmplane.admission import Batcher
-from vmplane.controllers import CONTROLLERS
-from vmplane.errors import Conflict, VmplaneError
+from vmplane.store import events, ownership
+from vmplane.store.admission import Batcher
+from vmplane.plane.membership import CONTROLLERS
+from vmplane.core.errors import Conflict, VmplaneError
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 from vmplane.store.schema import Event, Zone
@@ -239,7 +239,7 @@ def test_each_request_of_a_batch_is_fenced_by_its_own_owner_not_by_the_thread_th
 def _requests(*fns) -> list:
     import contextvars
 
-    from vmplane.admission import _Request
+    from vmplane.store.admission import _Request
     return [_Request(fn, contextvars.copy_context()) for fn in fns]
 
 

@@ -16,7 +16,7 @@ def test_the_docs_page_needs_no_cdn(api):
 
 
 def test_metrics_count_migrations_scales_and_drains(orch, api):
-    from vmplane.model import Offering, OfferingKind
+    from vmplane.core.model import Offering, OfferingKind
 
     from .conftest import add_sim_hosts
 

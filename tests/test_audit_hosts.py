@@ -1,9 +1,9 @@
 """The audit's comparison of the store with what the hosts run (a pure function)."""
 
-from vmplane.audit import StoredVm, placement_problems
-from vmplane.drivers.base import DomainInfo
-from vmplane.model import VmState
-from vmplane.scaling import cap_for_share
+from vmplane.controllers.audit import StoredVm, placement_problems
+from vmplane.core.driver import DomainInfo
+from vmplane.core.model import VmState
+from vmplane.core.scaling import cap_for_share
 
 P = "vmplane-"
 

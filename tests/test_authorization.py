@@ -2,7 +2,7 @@
 
 import pytest
 
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.model import Offering, OfferingKind
 
 from .conftest import ADMIN_TOKEN, add_sim_hosts
 
@@ -143,7 +143,7 @@ def test_tokens_are_stored_hashed(orch, api):
 
 
 def test_up_token_reuse_never_promotes_a_member_token(orch, api):
-    from vmplane.errors import Conflict
+    from vmplane.core.errors import Conflict
     orch.catalog.create_project("p", 1, 1, 1)
     member = orch.catalog.create_token("dev", "member", "p")
     with pytest.raises(Conflict, match="member token 'dev'"):

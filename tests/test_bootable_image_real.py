@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from vmplane.guest import bootable
+from vmplane.hosts.guest import bootable
 
 from .realguest import guest, host_of, libvirt_cluster, require_libvirt, run_json
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from vmplane.drivers.base import DomainSpec
+from vmplane.core.driver import DomainSpec
 
 from .conftest import LiveServer, free_port
 

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from vmplane.errors import QuotaExceeded
+from vmplane.core.errors import QuotaExceeded
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 
@@ -103,7 +103,7 @@ def test_eight_control_planes_racing_never_overrun_quota_or_hosts(db_url):
         t.join()
     assert errors == []
     assert len(started) == 40 and len(refused) == 80
-    from vmplane.audit import audit
+    from vmplane.controllers.audit import audit
     assert audit(db_a, a.catalog.recomputed_usage) == []
     assert sum(h.used_vcpus for h in a.hosts()) == 40
     for o in [a, *others]:

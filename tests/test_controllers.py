@@ -10,9 +10,9 @@ from concurrent.futures import Executor
 import pytest
 from sqlalchemy import create_engine, func, select, update
 
-from vmplane import ownership
-from vmplane.controllers import CONTROLLERS, mark_lapsed
-from vmplane.events import EVENTS, record
+from vmplane.store import ownership
+from vmplane.plane.membership import CONTROLLERS, mark_lapsed
+from vmplane.store.events import EVENTS, record
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 from vmplane.store import ledger as L

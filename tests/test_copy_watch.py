@@ -9,9 +9,9 @@ import time
 
 import libvirt
 
-from vmplane import events, ownership
-from vmplane.drivers.base import MigrationParams
-from vmplane.drivers.libvirt import _CopyWatch
+from vmplane.store import events, ownership
+from vmplane.core.driver import MigrationParams
+from vmplane.hosts.drivers.libvirt import _CopyWatch
 
 
 class _Domain:

@@ -6,7 +6,7 @@ evidence (store, sim hosts, seed and replay command, fault log) in the folder it
 
 import pytest
 
-from vmplane import failpoints
+from vmplane.core import failpoints
 
 from . import crashkit
 
@@ -35,7 +35,7 @@ GIB = 1024
 
 
 def _sim_cluster(db, executor=None):
-    from vmplane.model import Offering, OfferingKind
+    from vmplane.core.model import Offering, OfferingKind
     from vmplane.orchestrator import InlineExecutor, Orchestrator
 
     from .conftest import add_sim_hosts
@@ -57,7 +57,7 @@ def test_a_migration_whose_domain_is_on_neither_host_records_the_vm_stopped_not_
     """Round 49 of seed 20261129 (CI): a VM migrating out of a host that lost power, settled once the
     host answered again (empty): the domain on neither host. It was recorded running on its source
     (for the next full sync to fix, 30 s later); now stopped at once, charge and claims given back."""
-    from vmplane.drivers.base import DriverError
+    from vmplane.core.driver import DriverError
 
     from .conftest import ledger_usage
 
@@ -112,7 +112,7 @@ def test_an_ha_vm_that_fits_nowhere_is_in_error_right_after_its_last_attempt(db)
     the recovery asked for are recorded: no 10 or 30 s backoff before the error)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from vmplane.model import HostState
+    from vmplane.core.model import HostState
 
     o = _sim_cluster(db, ThreadPoolExecutor(4))
     waits: list[float] = []             # the recovery's waits between its passes, in order
@@ -145,7 +145,7 @@ def test_a_migration_into_a_fenced_host_is_settled_by_its_recovery_before_it_end
     the settle loop to find later. Now the recovery settles it once the target is fenced."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from vmplane.drivers.base import DriverError
+    from vmplane.core.driver import DriverError
 
     o = _sim_cluster(db, ThreadPoolExecutor(4))
     try:
@@ -200,7 +200,7 @@ def test_a_queued_migration_into_a_host_fenced_and_powered_on_again_is_not_copie
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from vmplane.model import HostState
+    from vmplane.core.model import HostState
 
     from .conftest import add_sim_hosts
 
@@ -308,7 +308,7 @@ def test_a_migration_into_a_fenced_host_powered_on_again_is_settled_by_asking_it
     there and recorded running there, once; not recorded stopped while it runs."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from vmplane.drivers.base import DriverError
+    from vmplane.core.driver import DriverError
 
     o = _sim_cluster(db, ThreadPoolExecutor(4))
     try:

@@ -10,9 +10,9 @@ import pytest
 from alembic import command
 from sqlalchemy import inspect
 
-from vmplane.drivers.base import DomainInfo, DomainSpec, DriverError
-from vmplane.drivers.simfabric import SimFabric
-from vmplane.model import HostState, Offering, OfferingKind
+from vmplane.core.driver import DomainInfo, DomainSpec, DriverError
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.core.model import HostState, Offering, OfferingKind
 from vmplane.store import Database
 from vmplane.store.migrate import alembic_config
 
@@ -244,7 +244,7 @@ def test_a_vm_keeps_its_last_host_across_a_stop_and_a_new_start(cluster):
 
 # -- leftover probe domains (review minor item) -------------------------------------------------------------
 def test_the_audit_names_a_leftover_accelerator_probe_as_such_not_as_an_unknown_vm():
-    from vmplane.audit import placement_problems
+    from vmplane.controllers.audit import placement_problems
 
     seen = {"h1": [DomainInfo("vmplane-probe-1a2b3c4d", True, 1, 256)]}
     [problem] = placement_problems([], seen, "vmplane-")
@@ -252,7 +252,7 @@ def test_the_audit_names_a_leftover_accelerator_probe_as_such_not_as_an_unknown_
 
 
 def test_a_new_probe_first_removes_probe_domains_an_interrupted_one_left():
-    libvirt_driver = pytest.importorskip("vmplane.drivers.libvirt")
+    libvirt_driver = pytest.importorskip("vmplane.hosts.drivers.libvirt")
 
     class Dom:
         def __init__(self, name):

@@ -5,10 +5,10 @@ import itertools
 
 import pytest
 
-from vmplane.domainxml import domain_xml
-from vmplane.drivers.base import CpuCap
-from vmplane.model import Offering, OfferingKind
-from vmplane.scaling import ScalingFlags, cpu_cap
+from vmplane.hosts.drivers.domainxml import domain_xml
+from vmplane.core.driver import CpuCap
+from vmplane.core.model import Offering, OfferingKind
+from vmplane.core.scaling import ScalingFlags, cpu_cap
 from vmplane.store import ledger as L
 
 from .conftest import add_sim_hosts
@@ -90,6 +90,6 @@ def test_cpu_cap_formula(vm_mhz, host_mhz, cap):
 
 
 def test_names_are_escaped_in_xml():
-    from vmplane.drivers.base import DomainSpec
+    from vmplane.core.driver import DomainSpec
     xml = domain_xml(DomainSpec("a<b>&'\"", 1, 1, 256, 256, "x"), "/k'<", "/i", "x&y")
     assert "<name>a&lt;b&gt;&amp;'\"</name>" in xml and "/k'&lt;" in xml and "x&amp;y" in xml

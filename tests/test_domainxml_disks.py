@@ -4,9 +4,9 @@ from xml.etree import ElementTree
 
 import pytest
 
-from vmplane.domainxml import HOTPLUG_PORTS, disk_xml, domain_xml
-from vmplane.drivers.base import DiskSpec, DomainSpec, PoolSpec
-from vmplane.drivers.libvirtstorage import disks_of, pool_xml, volume_xml
+from vmplane.hosts.drivers.domainxml import HOTPLUG_PORTS, disk_xml, domain_xml
+from vmplane.core.driver import DiskSpec, DomainSpec, PoolSpec
+from vmplane.hosts.drivers.libvirtstorage import disks_of, pool_xml, volume_xml
 
 ROOT = DiskSpec("local", "vm1-root.qcow2", "/var/lib/vmplane/local/vm1-root.qcow2", "vda")
 DATA = DiskSpec("shared", "data.qcow2", "/var/lib/vmplane/shared/p/data.qcow2", "vdb", readonly=True)
@@ -86,7 +86,7 @@ def test_pool_and_volume_xml():
 
 # -- the pure driver side of a migration with storage (no host is asked) ---------------------------
 def _drivers():
-    from vmplane.drivers.libvirt import LibvirtDriver
+    from vmplane.hosts.drivers.libvirt import LibvirtDriver
 
     source = LibvirtDriver("src", "qemu+tcp://10.0.0.1/system", accel="qemu")
     target = LibvirtDriver("dst", "qemu+tcp://10.0.0.2/system", accel="qemu")
@@ -97,7 +97,7 @@ def _drivers():
 def test_copied_disks_ask_for_an_incremental_nbd_copy_at_the_targets_migration_address():
     import libvirt
 
-    from vmplane.drivers.base import MigrationParams
+    from vmplane.core.driver import MigrationParams
 
     source, target = _drivers()
     flags, params = source._migration_args(target, MigrationParams(copy_disks=("vda", "vdb")))
@@ -113,8 +113,8 @@ def test_copied_disks_ask_for_an_incremental_nbd_copy_at_the_targets_migration_a
 
 
 def test_progress_counts_disk_bytes_and_never_goes_back():
-    from vmplane.drivers.base import MigrationParams
-    from vmplane.drivers.libvirt import _CopyWatch
+    from vmplane.core.driver import MigrationParams
+    from vmplane.hosts.drivers.libvirt import _CopyWatch
 
     class Dom:
         def info(self):

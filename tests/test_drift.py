@@ -4,13 +4,13 @@
 import pytest
 from sqlalchemy import select
 
-from vmplane import adopt
-from vmplane.drift import host_size, vcpus_match
-from vmplane.drivers.base import CpuCap, DomainInfo, DomainSpec
-from vmplane.drivers.simfabric import SimFabric
-from vmplane.errors import Conflict, Invalid, QuotaExceeded
-from vmplane.model import Offering, OfferingKind, Size, Usage
-from vmplane.quota import overhead_mib
+from vmplane.controllers import adopt
+from vmplane.core.drift import host_size, vcpus_match
+from vmplane.core.driver import CpuCap, DomainInfo, DomainSpec
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.core.errors import Conflict, Invalid, QuotaExceeded
+from vmplane.core.model import Offering, OfferingKind, Size, Usage
+from vmplane.core.quota import overhead_mib
 from vmplane.store.schema import Event
 
 from .conftest import add_sim_hosts

@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from vmplane import events
+from vmplane.store import events
 from vmplane.api.app import create_app
-from vmplane.drivers.base import DriverError
-from vmplane.listing import Page
-from vmplane.model import HostState, Offering, OfferingKind
+from vmplane.core.driver import DriverError
+from vmplane.store.listing import Page
+from vmplane.core.model import HostState, Offering, OfferingKind
 from vmplane.orchestrator import Orchestrator, domain_name
 
 from .conftest import ADMIN_TOKEN, VMPLANE, add_sim_hosts

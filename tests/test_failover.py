@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmplane.failover import Load, assess, breaking_mask, reserve_message, would_break
-from vmplane.model import HostCapacity, HostState
+from vmplane.core.failover import Load, assess, breaking_mask, reserve_message, would_break
+from vmplane.core.model import HostCapacity, HostState
 
 
 def host(name, cores=8, memory=8192, used_vcpus=0, used_memory=0, state=HostState.enabled):
@@ -148,10 +148,10 @@ def test_already_failed_hosts_neither_fail_again_nor_give_room():
        st.lists(st.tuples(st.integers(1, 4), st.integers(1, 8), st.booleans()), max_size=25))
 def test_placement_with_the_reserve_never_breaks_it(shapes, k, vms):
     """Random starts through choose(): every placement made keeps the cluster surviving k failures."""
-    from vmplane.errors import InsufficientCapacity
-    from vmplane.failover import Reserve
-    from vmplane.model import PlacementRequest, Size
-    from vmplane.placement import CapacityIndex, choose
+    from vmplane.core.errors import InsufficientCapacity
+    from vmplane.core.failover import Reserve
+    from vmplane.core.model import PlacementRequest, Size
+    from vmplane.core.placement import CapacityIndex, choose
 
     index = CapacityIndex([host(f"h{i}", cores, mem * 1024) for i, (cores, mem) in enumerate(shapes)])
     ha: dict[str, Load] = {}

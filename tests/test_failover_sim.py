@@ -3,8 +3,8 @@ keeps it when a host can, `cluster show` reports it."""
 
 import pytest
 
-from vmplane.errors import InsufficientCapacity
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.errors import InsufficientCapacity
+from vmplane.core.model import Offering, OfferingKind
 
 from .conftest import add_basics, add_sim_hosts
 
@@ -75,7 +75,7 @@ def test_cluster_show_reports_the_reserve(three, api):
     r = api.post("/api/v1/vms/web-3/start")
     assert r.status_code == 409 and "vmplane.ha.host.failures.tolerated=1" in r.json()["message"]
     # the cluster loses a host's room (maintenance): it no longer survives one failure, and says which
-    three.set_host_state("h3", __import__("vmplane.model", fromlist=["HostState"]).HostState.maintenance)
+    three.set_host_state("h3", __import__("vmplane.core.model", fromlist=["HostState"]).HostState.maintenance)
     f = api.get("/api/v1/clusters/c1").json()["failover"]
     assert f["survives"] is False and f["worst_case"] == ["h1"] and f["shortfall_vcpus"] == 2
 

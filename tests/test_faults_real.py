@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from vmplane import localhosts
+from vmplane.hosts import localhosts
 
 from .realguest import guest, host_of, libvirt_cluster, qemu_pids, run_json
 

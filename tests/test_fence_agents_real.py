@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from vmplane import liveness, localhosts
-from vmplane.fencing import FenceError, agent_for, validate
+from vmplane.hosts import liveness, localhosts
+from vmplane.hosts.fencing import FenceError, agent_for, validate
 
 from .bmckit import IpmiSim, SushyEmulator
 from .hakit import alive, one_guest_host

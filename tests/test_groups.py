@@ -5,11 +5,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
 
-from vmplane import groupstore
-from vmplane.errors import Conflict, InsufficientCapacity, NotFound
-from vmplane.groups import AFFINITY, ANTI_AFFINITY, GroupRule, breaks, preference, refusal
-from vmplane.model import HostCapacity, HostState, PlacementRequest, Size
-from vmplane.placement import CapacityIndex, choose, explain
+from vmplane.store import groupstore
+from vmplane.core.errors import Conflict, InsufficientCapacity, NotFound
+from vmplane.core.groups import AFFINITY, ANTI_AFFINITY, GroupRule, breaks, preference, refusal
+from vmplane.core.model import HostCapacity, HostState, PlacementRequest, Size
+from vmplane.core.placement import CapacityIndex, choose, explain
 from vmplane.store.schema import Vm
 
 from .conftest import add_basics, add_sim_hosts
@@ -187,7 +187,7 @@ def _force_state(o, host: str, state) -> None:
 
 
 def test_members_on_a_failed_host_do_not_hold_the_group(cluster):
-    from vmplane.model import HostState
+    from vmplane.core.model import HostState
     groupstore.create(cluster.db, "db", "a", AFFINITY, hard=True)
     hosts = _start_members(cluster, "db", 2)
     _force_state(cluster, hosts[0], HostState.fenced)       # as HA records it
@@ -203,7 +203,7 @@ def test_members_on_a_failed_host_do_not_hold_the_group(cluster):
 @settings(max_examples=200, deadline=None)
 @given(rules())
 def test_the_soft_group_weigher_is_groups_preference_for_every_host(rule):
-    from vmplane.placement import _group_score, demand_for
+    from vmplane.core.placement import _group_score, demand_for
     index = CapacityIndex([_host(h) for h in HOSTS])
     request = PlacementRequest(Size(1, 512), group=rule)
     got = _group_score(index, request, demand_for(index, request))

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from vmplane.guest import build
+from vmplane.hosts.guest import build
 
 
 def _need(*tools: str) -> None:
@@ -55,7 +55,7 @@ def _cpio_files(initrd) -> dict[str, bytes]:
 def test_the_initramfs_loads_the_disk_modules_after_their_dependencies():
     image = build.cached_image()
     if image is None:
-        pytest.skip("the guest image is not built (python -m vmplane.guest.build)")
+        pytest.skip("the guest image is not built (python -m vmplane.hosts.guest.build)")
     files = _cpio_files(image.initrd)
     order = files["lib/modules/load-order"].decode().split()
     assert all(f"lib/modules/{m}.ko" in files for m in order)

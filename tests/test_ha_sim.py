@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vmplane.model import HostState, Offering, OfferingKind
+from vmplane.core.model import HostState, Offering, OfferingKind
 from vmplane.orchestrator import Orchestrator, domain_name
 from vmplane.store import ledger as L
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from vmplane import events
-from vmplane.model import Offering, OfferingKind
+from vmplane.store import events
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.store import ledger as L
 
 from .conftest import add_sim_hosts

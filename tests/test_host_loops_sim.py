@@ -12,12 +12,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from vmplane import server
-from vmplane.drivers.base import DriverError
-from vmplane.drivers.sim import SimDriver
-from vmplane.drivers.simfabric import SimFabric
-from vmplane.hostevents import STOPPED
-from vmplane.migration import MigrationState
-from vmplane.model import HostState, Offering, OfferingKind
+from vmplane.core.driver import DriverError
+from vmplane.hosts.drivers.sim import SimDriver
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.controllers.hostevents import STOPPED
+from vmplane.core.migration import MigrationState
+from vmplane.core.model import HostState, Offering, OfferingKind
 from vmplane.store import ledger as L
 
 from .conftest import ADMIN_TOKEN, add_sim_hosts, ledger_usage
@@ -41,7 +41,7 @@ def run(o, name: str) -> str:
 
 
 def vm_events(o, vm: str) -> list:
-    from vmplane.events import EVENTS
+    from vmplane.store.events import EVENTS
 
     with o.db.read() as s:
         return s.connection().execute(EVENTS.select().where(EVENTS.c.vm == vm).order_by(EVENTS.c.id)).all()
@@ -99,7 +99,7 @@ def test_the_sync_reports_a_domain_running_where_the_record_says_stopped_and_doe
     o.stop_vm("ghost", force=True)
     assert o.vm("ghost").state == "stopped"
     fabric = SimFabric.for_store(o.db.url)
-    from vmplane.drivers.base import DomainSpec
+    from vmplane.core.driver import DomainSpec
 
     fabric.put(host, DomainSpec("vmplane-ghost", 1, 1, 1024, 1024, "tiny-linux"))   # started by hand
     findings = o.sync.sync()
@@ -194,7 +194,7 @@ def test_a_stop_that_fails_because_its_host_went_down_leaves_the_vm_unknown_not_
 
 def test_a_probe_that_never_returns_counts_as_no_answer_at_its_deadline_and_holds_no_other_host(cluster,
                                                                                                 monkeypatch):
-    from vmplane import hostmonitor
+    from vmplane.controllers import hostmonitor
 
     o = cluster
     run(o, "x")

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from vmplane.api.app import create_app
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
-from vmplane.settings import KEYS as SETTING_KEYS
+from vmplane.core.settings import KEYS as SETTING_KEYS
 from vmplane.store import Database
 
 from .stores import store_url

@@ -3,7 +3,7 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vmplane import leases
+from vmplane.core import leases
 
 names = st.lists(st.text("abcdefgh:0123456789", min_size=1, max_size=8), min_size=1, max_size=6, unique=True)
 hosts = st.lists(st.text("hxyz0123456789-", min_size=1, max_size=10), max_size=60, unique=True)

@@ -7,10 +7,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from vmplane.errors import Conflict, InsufficientCapacity, QuotaExceeded, VmplaneError
-from vmplane.model import Size, Usage
+from vmplane.core.errors import Conflict, InsufficientCapacity, QuotaExceeded, VmplaneError
+from vmplane.core.model import Size, Usage
 from vmplane.orchestrator import InlineExecutor, Orchestrator
-from vmplane.quota import overhead_mib
+from vmplane.core.quota import overhead_mib
 from vmplane.store import Database
 
 from .conftest import add_basics, add_sim_hosts
@@ -209,6 +209,6 @@ def test_two_control_planes_on_one_database_never_overfill_a_host(db, orch):
     with pytest.raises(InsufficientCapacity, match="vcpus 4 of 4 allocated"):
         orch.create_vm("a1", "p", "small", "tiny", start=True)
     assert orch.host_capacity("h1").used_vcpus == 4
-    from vmplane.audit import audit
+    from vmplane.controllers.audit import audit
     assert audit(db, orch.catalog.recomputed_usage) == []
     other.close()

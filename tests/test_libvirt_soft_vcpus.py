@@ -4,8 +4,8 @@ Its guest console is faked here; tests/test_scaling_real.py scales real guests."
 
 import pytest
 
-from vmplane.drivers import libvirt as lv
-from vmplane.drivers.base import DriverError
+from vmplane.hosts.drivers import libvirt as lv
+from vmplane.core.driver import DriverError
 
 
 class Guest:

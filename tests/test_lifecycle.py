@@ -3,7 +3,7 @@ offerings and templates in use can be retired (no new VMs)."""
 
 import pytest
 
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.model import Offering, OfferingKind
 
 from .conftest import add_basics, add_sim_hosts
 
@@ -183,8 +183,8 @@ def test_an_offering_another_process_retired_or_made_again_is_read_from_the_stor
     """This process's cache of offerings is not the truth: another control-plane process (here a second
     catalog on the same store) may retire an offering, or delete it and make a new one under its name;
     a new VM is checked against the store in its own admission."""
-    from vmplane import lifecycle
-    from vmplane.catalog import Catalog
+    from vmplane.store import lifecycle
+    from vmplane.store.catalog import Catalog
 
     orch, api = world
     other = Catalog(orch.db)
@@ -216,7 +216,7 @@ def test_an_offering_another_process_retired_or_made_again_is_read_from_the_stor
 def test_a_create_whose_offering_keeps_changing_gives_up_with_409_after_a_few_reads(world, monkeypatch):
     """Each admission that finds its offering changed reads it again; one that keeps finding it so (another
     process remaking it each time) ends with a 409 naming the field, nothing created, not a loop."""
-    from vmplane.catalog import Outdated
+    from vmplane.store.catalog import Outdated
     from vmplane.orchestrator import OUTDATED_TRIES
 
     orch, api = world

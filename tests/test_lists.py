@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from typer.testing import CliRunner
 
-from vmplane.client import Client
+from vmplane.cli.client import Client
 from vmplane.store import ledger as L
 
 from .conftest import ADMIN_TOKEN, add_basics, add_sim_hosts

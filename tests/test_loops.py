@@ -5,7 +5,7 @@ import logging
 import threading
 import time
 
-from vmplane.loops import every
+from vmplane.plane.loops import every
 
 
 def test_a_loop_goes_on_after_a_failed_pass_and_an_interval_it_could_not_read():

@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event
 
 from vmplane.api.app import create_app
-from vmplane.metricscollect import StateCollector
-from vmplane.model import Offering, OfferingKind
+from vmplane.api.metricscollect import StateCollector
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 from vmplane.store import ledger as L

@@ -19,10 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from vmplane import failpoints
+from vmplane.core import failpoints
 from vmplane.api.app import create_app
-from vmplane.drivers.base import DomainInfo, DriverError
-from vmplane.migration import (
+from vmplane.core.driver import DomainInfo, DriverError
+from vmplane.core.migration import (
     ACTIVE,
     TRANSITIONS,
     MigrationState,
@@ -31,7 +31,7 @@ from vmplane.migration import (
     settle_outcome,
     transition,
 )
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 
 from .conftest import ADMIN_TOKEN, add_sim_hosts
@@ -217,7 +217,7 @@ def test_a_failed_copy_keeps_the_target_claim_until_libvirt_ends_its_job_then_re
 
 # -- (c) post-copy failure: paused on both sides ----------------------------------------------------------
 def test_a_postcopy_failure_keeps_both_claims_shows_it_and_settles_as_moved_once_resumed(o, monkeypatch):
-    from vmplane import migrator as migrator_module
+    from vmplane.controllers import migrator as migrator_module
 
     source, target = hosts(o)
     src, tgt = o.drivers[source], o.drivers[target]
@@ -552,7 +552,7 @@ class FakeConn:
 
 
 def fake_libvirt_pair(dom: FakeDom):
-    from vmplane.drivers.libvirt import LibvirtDriver
+    from vmplane.hosts.drivers.libvirt import LibvirtDriver
 
     source = LibvirtDriver("src", "qemu+tcp://10.0.0.1/system", accel="qemu")
     source._conn = FakeConn(dom)
@@ -560,7 +560,7 @@ def fake_libvirt_pair(dom: FakeDom):
 
 
 def test_libvirt_a_cancel_asked_before_the_job_exists_aborts_it_once_it_does():
-    from vmplane.drivers.base import MigrationParams
+    from vmplane.core.driver import MigrationParams
 
     dom = FakeDom(copy_s=600.0, held=True)          # the job begins once the cancel was asked
     source, target = fake_libvirt_pair(dom)
@@ -583,7 +583,7 @@ def test_libvirt_a_cancel_asked_before_the_job_exists_aborts_it_once_it_does():
 
 
 def test_libvirt_an_abort_with_no_copy_of_this_driver_leaves_nothing_behind_and_real_errors_raise():
-    from vmplane.drivers.base import MigrationParams
+    from vmplane.core.driver import MigrationParams
 
     dom = FakeDom(copy_s=0.2)
     source, target = fake_libvirt_pair(dom)
@@ -601,7 +601,7 @@ def test_libvirt_an_abort_with_no_copy_of_this_driver_leaves_nothing_behind_and_
 
 @pytest.mark.parametrize("action,postcopy", [("abort", False), ("postcopy", True)])
 def test_libvirt_a_copy_in_precopy_at_its_deadline_is_aborted_or_switched_to_postcopy(action, postcopy):
-    from vmplane.drivers.base import MigrationParams
+    from vmplane.core.driver import MigrationParams
 
     # a copy of 10 minutes: it ends early only by what its deadline does (aborted: "timed out"; switched to
     # post-copy: it then completes at once)

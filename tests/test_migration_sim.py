@@ -5,8 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vmplane.errors import Conflict, InsufficientCapacity
-from vmplane.migration import (
+from vmplane.core.errors import Conflict, InsufficientCapacity
+from vmplane.core.migration import (
     Limits,
     MigrationSlot,
     MigrationState,
@@ -15,9 +15,9 @@ from vmplane.migration import (
     startable,
     transition,
 )
-from vmplane.model import HostState, Offering, OfferingKind, Size, Usage
+from vmplane.core.model import HostState, Offering, OfferingKind, Size, Usage
 from vmplane.orchestrator import Orchestrator
-from vmplane.quota import overhead_mib
+from vmplane.core.quota import overhead_mib
 
 from .conftest import add_sim_hosts
 from .conftest import ledger_usage as usage
@@ -254,7 +254,7 @@ def test_a_drain_lists_the_vms_that_fit_nowhere_and_leaves_them_running(threaded
 def test_a_migration_cancelled_while_the_queue_decides_to_start_it_is_not_started(orch, monkeypatch):
     """Found by the crash harness: the queue read `queued`, a cancel ended it, and the queue started
     it anyway; the copy then moved the VM on a claim the cancel had given back."""
-    from vmplane import migrator as migrator_module
+    from vmplane.controllers import migrator as migrator_module
 
     add_sim_hosts(orch, 2)
     orch.catalog.create_offering(Offering("one", OfferingKind.fixed, vcpus=1, memory_mib=GIB))

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from vmplane import liveness, localhosts
-from vmplane.drivers.base import DriverError
+from vmplane.hosts import liveness, localhosts
+from vmplane.core.driver import DriverError
 
 from .hakit import alive, one_guest_host
 

@@ -1,8 +1,8 @@
 import pytest
 
-from vmplane.errors import Invalid
-from vmplane.model import Offering, OfferingKind, Size
-from vmplane.offerings import size_for, validate_offering
+from vmplane.core.errors import Invalid
+from vmplane.core.model import Offering, OfferingKind, Size
+from vmplane.core.offerings import size_for, validate_offering
 
 FIXED = Offering("f", OfferingKind.fixed, vcpus=2, memory_mib=2048)
 RANGED = Offering("r", OfferingKind.custom_constrained, min_vcpus=1, max_vcpus=4, min_memory_mib=512,

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmplane.errors import InsufficientCapacity
-from vmplane.model import HostCapacity, HostState, PlacementRequest, Size
-from vmplane.placement import CapacityIndex, choose, explain, lower_bound_hosts
-from vmplane.quota import overhead_mib
+from vmplane.core.errors import InsufficientCapacity
+from vmplane.core.model import HostCapacity, HostState, PlacementRequest, Size
+from vmplane.core.placement import CapacityIndex, choose, explain, lower_bound_hosts
+from vmplane.core.quota import overhead_mib
 
 
 def host(name, cores=16, memory=65536, used_vcpus=0, used_memory=0, strategy="spread", state=HostState.enabled,

@@ -6,10 +6,10 @@ without the scope filters would pick them: each test here fails without the fix.
 
 import pytest
 
-from vmplane.errors import Conflict, InsufficientCapacity, Invalid
-from vmplane.model import HostCapacity, HostState, Offering, OfferingKind, PlacementRequest, Size
-from vmplane.placement import CapacityIndex, choose, explain, fit_on
-from vmplane.scope import Scope, vm_scope
+from vmplane.core.errors import Conflict, InsufficientCapacity, Invalid
+from vmplane.core.model import HostCapacity, HostState, Offering, OfferingKind, PlacementRequest, Size
+from vmplane.core.placement import CapacityIndex, choose, explain, fit_on
+from vmplane.core.scope import Scope, vm_scope
 
 from .conftest import ledger_usage as usage
 

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vmplane.errors import Conflict, QuotaExceeded
-from vmplane.model import Quota, Size, Usage, VmState
-from vmplane.quota import (
+from vmplane.core.errors import Conflict, QuotaExceeded
+from vmplane.core.model import Quota, Size, Usage, VmState
+from vmplane.core.quota import (
     check_admission,
     check_quota_change,
     first_exceeded,

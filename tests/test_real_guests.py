@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vmplane.scaling import cpu_cap
+from vmplane.core.scaling import cpu_cap
 
 from .realguest import (
     busy,
@@ -114,7 +114,7 @@ def test_a_cpu_cap_of_a_quarter_cpu_holds_a_busy_guest_and_lifting_it_frees_it(l
     used = vcpu_cpu_use(pid)
     assert used <= cap.quota_us / cap.period_us + 0.05, f"the capped vCPU used {used:.2f} CPU"   # holds under load
 
-    from vmplane.drivers.libvirt import LibvirtDriver
+    from vmplane.hosts.drivers.libvirt import LibvirtDriver
     driver = LibvirtDriver(vm["host"], host_of(live, vm["host"]).uri)
     try:
         assert driver.domain("vmplane-capped").cpu_cap == cap                     # libvirt reports the same

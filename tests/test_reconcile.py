@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
-from vmplane.drivers.base import DriverError
-from vmplane.drivers.simfabric import SimFabric
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.driver import DriverError
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.store import ledger as L
 
 from .conftest import add_sim_hosts, ledger_usage
@@ -46,7 +46,7 @@ def used(o, host: str) -> tuple[int, int]:
 
 
 def vm_events(o, vm: str) -> list:
-    from vmplane.events import EVENTS
+    from vmplane.store.events import EVENTS
 
     with o.db.read() as s:
         return s.connection().execute(EVENTS.select().where(EVENTS.c.vm == vm).order_by(EVENTS.c.id)).all()
@@ -90,7 +90,7 @@ def test_a_vm_that_runs_on_a_host_without_room_is_set_unknown_naming_both_and_ke
     assert source in note and target in note and "no room" in note
     ledger_usage(o, "p")
     # its old host answering again (the monitor, the sync) must not record it stopped: it runs elsewhere
-    from vmplane.settle import settle_vm
+    from vmplane.plane.settle import settle_vm
     assert settle_vm(o, "v", source, "monitor", f"host {source} is back") is None
     assert o.vm("v").state == "unknown" and used(o, source) == footprint
 

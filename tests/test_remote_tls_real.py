@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vmplane import localhosts, tlscerts
+from vmplane import tlscerts
+from vmplane.hosts import localhosts
 
 from .conftest import LiveServer
 from .realguest import guest, qemu_pids, run_json
@@ -186,7 +187,7 @@ def test_a_host_whose_certificate_comes_from_another_ca_is_refused(cluster):
 def test_remote_uris_are_passed_to_the_source_daemon_as_added_and_name_the_incoming_address():
     """No daemon needed: what the driver makes of qemu+tls:// and qemu+ssh:// URIs for a migration."""
     pytest.importorskip("libvirt")
-    from vmplane.drivers.libvirt import LibvirtDriver
+    from vmplane.hosts.drivers.libvirt import LibvirtDriver
 
     tls = LibvirtDriver("h", "qemu+tls://kvm2.example.com/system?pkipath=/etc/vmplane/pki")
     ssh = LibvirtDriver("h", "qemu+ssh://root@kvm3.example.com:2222/system?keyfile=/root/.ssh/id_ed25519")
@@ -195,7 +196,7 @@ def test_remote_uris_are_passed_to_the_source_daemon_as_added_and_name_the_incom
 
 
 def test_a_refused_certificate_is_named_in_the_error():
-    from vmplane.drivers.libvirt import probe_words
+    from vmplane.hosts.drivers.libvirt import probe_words
 
     stderr = ("2026-12-01 05:49:27.039+0000: 23949: warning : virNetTLSContextCheckCertificate:1086 : Certificate "
               "check failed Certificate failed validation: The certificate hasn't got a known issuer.\n"

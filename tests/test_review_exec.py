@@ -18,14 +18,14 @@ import uuid
 
 import pytest
 
-from vmplane.drivers.base import DriverError
-from vmplane.guestexec import argv_line, cli_command, command_line, exec_lines, exec_result
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.driver import DriverError
+from vmplane.core.guestexec import argv_line, cli_command, command_line, exec_lines, exec_result
+from vmplane.core.model import Offering, OfferingKind
 
 from .conftest import add_sim_hosts
 
 pytest.importorskip("libvirt")
-from vmplane.drivers.libvirt import _MARK, LibvirtDriver  # noqa: E402
+from vmplane.hosts.drivers.libvirt import _MARK, LibvirtDriver  # noqa: E402
 
 RUNNER = LibvirtDriver._EXEC_RUNNER
 

@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import text, update
 from sqlalchemy.exc import OperationalError
 
-from vmplane.admission import ADMISSION_LOCK
-from vmplane.errors import Conflict
-from vmplane.harecovery import HostRecovery
-from vmplane.model import HostState
+from vmplane.store.admission import ADMISSION_LOCK
+from vmplane.core.errors import Conflict
+from vmplane.controllers.harecovery import HostRecovery
+from vmplane.core.model import HostState
 from vmplane.store import Database
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
@@ -266,7 +266,7 @@ def test_past_the_lock_release_window_the_restart_spends_its_attempts(ha):
 
 
 def test_lock_refusals_are_told_from_other_failures():
-    from vmplane.harecovery import lock_refusal, within_lock_window
+    from vmplane.controllers.harecovery import lock_refusal, within_lock_window
     assert lock_refusal('restart on h2 failed: internal error: Failed to get "write" lock')
     assert lock_refusal("resource busy: Lockspace resource '/s/d.qcow2' is locked")
     assert not lock_refusal("no host has room for 1 vCPU(s)")
@@ -280,8 +280,8 @@ def test_a_failed_restart_whose_host_stumbles_once_is_tried_again_not_left_unkno
     the host is asked again, the domain is found gone there, and the recovery restarts the VM: it runs.
     Before, the VM was left `unknown` on the new host, the recovery counted it as done, and the HA VM was
     never restarted."""
-    from vmplane.drivers.base import DriverError
-    from vmplane.drivers.sim import SimDriver
+    from vmplane.core.driver import DriverError
+    from vmplane.hosts.drivers.sim import SimDriver
     o = ha
     on_h1(o, [("a", "restart", 0)])
     start, domain = SimDriver.start, SimDriver.domain

@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vmplane import migrator as migrator_module
-from vmplane.drivers.base import DomainInfo
-from vmplane.migration import POSTCOPY_BANDWIDTH_FLOOR_MIB_S, MigrationState, Outcome, settle_outcome, tuning_refusal
-from vmplane.model import HostState, Offering, OfferingKind
+from vmplane.controllers import migrator as migrator_module
+from vmplane.core.driver import DomainInfo
+from vmplane.core.migration import POSTCOPY_BANDWIDTH_FLOOR_MIB_S, MigrationState, Outcome, settle_outcome, tuning_refusal
+from vmplane.core.model import HostState, Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator, domain_name
 from vmplane.store import ledger as L
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from vmplane.drivers.libvirt import dimms_to_release
-from vmplane.localhosts import qemu_runs_domain
-from vmplane.model import Offering, OfferingKind
+from vmplane.hosts.drivers.libvirt import dimms_to_release
+from vmplane.hosts.localhosts import qemu_runs_domain
+from vmplane.core.model import Offering, OfferingKind
 
 from .conftest import add_sim_hosts
 from .conftest import ledger_usage as usage
@@ -44,7 +44,7 @@ def test_a_reused_pid_is_not_ours(cmdline):
 
 
 def test_kill_orphaned_qemu_spares_a_reused_pid(tmp_path, monkeypatch):
-    from vmplane import localhosts
+    from vmplane.hosts import localhosts
 
     run = tmp_path / "h1" / "run" / "qemu"
     run.mkdir(parents=True)

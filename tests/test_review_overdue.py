@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from vmplane import failpoints
-from vmplane.model import Offering, OfferingKind
+from vmplane.core import failpoints
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import Orchestrator
-from vmplane.overdue import InFlight, backoff, overdue
+from vmplane.plane.overdue import InFlight, backoff, overdue
 from vmplane.store import ledger as L
 
 from .conftest import add_sim_hosts

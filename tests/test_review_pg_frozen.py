@@ -18,12 +18,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from vmplane import ownership
-from vmplane.admission import Batcher
+from vmplane.store import ownership
+from vmplane.store.admission import Batcher
 from vmplane.api.app import create_app
-from vmplane.controllers import CONTROLLERS, mark_lapsed
-from vmplane.events import EVENTS, record
-from vmplane.leases import session_limits
+from vmplane.plane.membership import CONTROLLERS, mark_lapsed
+from vmplane.store.events import EVENTS, record
+from vmplane.core.leases import session_limits
 from vmplane.store import Database, pgsessions
 
 from . import stores

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import typer
 
-from vmplane import localhosts
+from vmplane.hosts import localhosts
 from vmplane.cli import app
 
 from .conftest import VMPLANE, LiveServer

@@ -12,16 +12,16 @@ import pytest
 from alembic import command
 from sqlalchemy import select, update
 
-from vmplane.drivers.base import DriverError
-from vmplane.errors import AlreadyExists, Conflict
-from vmplane.events import EVENTS
-from vmplane.model import HostState, Offering, OfferingKind
+from vmplane.core.driver import DriverError
+from vmplane.core.errors import AlreadyExists, Conflict
+from vmplane.store.events import EVENTS
+from vmplane.core.model import HostState, Offering, OfferingKind
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import ledger as L
 from vmplane.store import storageledger as SL
 from vmplane.store.migrate import alembic_config
 from vmplane.store.schema import Volume
-from vmplane.volumes import disk_spec
+from vmplane.controllers.volumes import disk_spec
 
 from . import storagetruth
 from .conftest import add_sim_hosts

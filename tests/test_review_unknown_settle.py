@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from vmplane.adopt import sync_vm
-from vmplane.drivers.simfabric import SimFabric
-from vmplane.drivers.simfaults import SimFaults
-from vmplane.errors import Conflict, Invalid
-from vmplane.model import Offering, OfferingKind
-from vmplane.settings import parse_value
-from vmplane.settle import settle_vm
+from vmplane.controllers.adopt import sync_vm
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.hosts.drivers.simfaults import SimFaults
+from vmplane.core.errors import Conflict, Invalid
+from vmplane.core.model import Offering, OfferingKind
+from vmplane.core.settings import parse_value
+from vmplane.plane.settle import settle_vm
 
 from .conftest import add_sim_hosts, ledger_usage
 
@@ -152,7 +152,7 @@ def test_the_libvirt_driver_removes_only_a_shut_off_definition_and_keeps_one_sta
     """On libvirt's own test driver (no QEMU): a running domain is left alone; a shut-off one is undefined; one
     started between the check and the undefine keeps running and is defined again (persistent as before)."""
     libvirt = pytest.importorskip("libvirt")
-    from vmplane.drivers.libvirt import LibvirtDriver
+    from vmplane.hosts.drivers.libvirt import LibvirtDriver
 
     driver = LibvirtDriver("t", "test:///default")
     driver._conn = conn = libvirt.open("test:///default")      # (the test driver has no keepalive)

@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vmplane import scaler as scaler_module
-from vmplane import settings as settings_rules
-from vmplane.model import Offering, OfferingKind
+from vmplane.controllers import scaler as scaler_module
+from vmplane.core import settings as settings_rules
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import Orchestrator
 
 from .conftest import add_sim_hosts, ledger_usage

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from vmplane.scaling import cpu_cap
+from vmplane.core.scaling import cpu_cap
 
 from .realguest import (CALM, busy, calm, cap_cpus, cfs, cpu_cgroup, cpu_use, domain_memory, guest, qemu_pids,
                         record_agrees_with_host, run_json, scalable_cluster, throttled,

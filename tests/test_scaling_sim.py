@@ -5,9 +5,9 @@ from concurrent.futures import Executor
 
 import pytest
 
-from vmplane.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded
-from vmplane.model import Offering, OfferingKind, Size, Usage
-from vmplane.quota import overhead_mib
+from vmplane.core.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded
+from vmplane.core.model import Offering, OfferingKind, Size, Usage
+from vmplane.core.quota import overhead_mib
 
 from .conftest import add_sim_hosts
 from .conftest import ledger_usage as usage

@@ -4,7 +4,7 @@ nothing is saved; `setting unset` goes back to the inherited value; a lower fact
 import pytest
 from typer.testing import CliRunner
 
-from vmplane.settings import KEYS
+from vmplane.core.settings import KEYS
 
 from .conftest import ADMIN_TOKEN, add_basics, add_sim_hosts
 

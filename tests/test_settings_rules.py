@@ -1,7 +1,7 @@
 import pytest
 
-from vmplane.errors import Invalid, NotFound
-from vmplane.settings import KEYS, parse_value, resolve
+from vmplane.core.errors import Invalid, NotFound
+from vmplane.core.settings import KEYS, parse_value, resolve
 
 
 def test_cluster_beats_zone_beats_global_beats_default():

@@ -13,15 +13,15 @@ import time
 
 import pytest
 
-from vmplane.drivers import simhosts
-from vmplane.drivers.base import DomainSpec, DriverError, HostInfo, MigrationParams
-from vmplane.drivers.sim import SimDriver
-from vmplane.drivers.simfabric import STOPPED, SimFabric
-from vmplane.drivers.simfaults import KINDS, SimFaults
-from vmplane.drivers.simstorage import SimStorageError
-from vmplane.fencing import sim as sim_fencing
-from vmplane.fencing.base import FenceError
-from vmplane.fencing.sim import SimAgent, sim_signal
+from vmplane.hosts.drivers import simhosts
+from vmplane.core.driver import DomainSpec, DriverError, HostInfo, MigrationParams
+from vmplane.hosts.drivers.sim import SimDriver
+from vmplane.hosts.drivers.simfabric import STOPPED, SimFabric
+from vmplane.hosts.drivers.simfaults import KINDS, SimFaults
+from vmplane.hosts.drivers.simstorage import SimStorageError
+from vmplane.hosts.fencing import sim as sim_fencing
+from vmplane.hosts.fencing.base import FenceError
+from vmplane.hosts.fencing.sim import SimAgent, sim_signal
 
 from . import fakeclock
 
@@ -145,7 +145,7 @@ def test_another_process_fails_and_recovers_a_host(path):
     fabric = SimFabric(path)
     (h1,) = drivers(fabric, "h1")
     h1.start(spec("d1"))
-    script = ("import sys; from pathlib import Path; from vmplane.drivers.simfabric import SimFabric; "
+    script = ("import sys; from pathlib import Path; from vmplane.hosts.drivers.simfabric import SimFabric; "
               "f = SimFabric(Path(sys.argv[1])); f.fail_host('h1', sys.argv[2]); print(len(f.domains('h1')))")
 
     out = subprocess.run([sys.executable, "-c", script, str(path), "network"], capture_output=True, text=True,
@@ -155,7 +155,7 @@ def test_another_process_fails_and_recovers_a_host(path):
         h1.domains()
     subprocess.run([sys.executable, "-c", script, str(path), "power"], check=True, capture_output=True)
     assert fabric.host_state("h1").power == "off" and fabric.domains("h1") == []
-    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from vmplane.drivers.simfabric "
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from vmplane.hosts.drivers.simfabric "
                     "import SimFabric; SimFabric(Path(sys.argv[1])).recover_host('h1')", str(path)], check=True)
     assert h1.domains() == []
     fabric.close()

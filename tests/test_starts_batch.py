@@ -12,8 +12,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from vmplane import events
-from vmplane.drivers.simfabric import SimFabric
+from vmplane.store import events
+from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
 from vmplane.store.schema import Event, Operation

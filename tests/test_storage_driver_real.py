@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from vmplane import localhosts
-from vmplane.drivers.base import DiskSpec, DomainSpec, DriverError, MigrationParams, PoolSpec
-from vmplane.guest import build as guest
+from vmplane.hosts import localhosts
+from vmplane.core.driver import DiskSpec, DomainSpec, DriverError, MigrationParams, PoolSpec
+from vmplane.hosts.guest import build as guest
 
 from .realguest import require_libvirt
 
@@ -36,7 +36,7 @@ def _mounted(host: localhosts.LocalHost, path: str) -> bool:
 
 class Cluster:
     def __init__(self, base: Path):
-        from vmplane.drivers.libvirt import LibvirtDriver
+        from vmplane.hosts.drivers.libvirt import LibvirtDriver
 
         netns = localhosts.netns_available()
         self.base = base

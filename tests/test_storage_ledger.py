@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from vmplane.drivers.simfabric import SimFabric
-from vmplane.drivers.simstorage import SHARED
-from vmplane.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded, VmplaneError
-from vmplane.model import Offering, OfferingKind
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.hosts.drivers.simstorage import SHARED
+from vmplane.core.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded, VmplaneError
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 
@@ -372,7 +372,7 @@ def _cluster(tmp_path) -> Orchestrator:
 def test_a_root_disk_on_a_shared_pool_starts_on_a_host_that_never_had_its_image(tmp_path):
     """The root disk was made through h1 (its template image put in h1's image pool only); a start on
     h2 failed with "Cannot access backing file": the start now puts the image on its host first."""
-    from vmplane.model import HostState
+    from vmplane.core.model import HostState
 
     o = _cluster(tmp_path)
     try:
@@ -390,7 +390,7 @@ def test_a_root_disk_on_a_shared_pool_starts_on_a_host_that_never_had_its_image(
 def test_a_hot_plug_whose_vm_stopped_before_it_was_settled_is_finished_cold(tmp_path):
     """The host did not say whether the domain got the disk (the volume stays attaching), then the VM
     stopped: resolve() left it attaching forever (and said it was done); the VM could not start again."""
-    from vmplane.drivers.base import DriverError
+    from vmplane.core.driver import DriverError
 
     o = _cluster(tmp_path)
     try:
@@ -441,7 +441,7 @@ def test_a_grow_past_a_full_pool_says_so(tmp_path):
 def test_a_kept_root_disk_that_was_never_confirmed_is_not_made_available(tmp_path):
     """Found by the truth harness: the host did not say whether it made the root disk (left creating);
     `vm delete --keep-disk` then recorded it available, a volume whose file no pool had."""
-    from vmplane.drivers.base import DriverError
+    from vmplane.core.driver import DriverError
 
     o = _cluster(tmp_path)
     try:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from vmplane import localhosts
-from vmplane.guest import build as guest
+from vmplane.hosts import localhosts
+from vmplane.hosts.guest import build as guest
 
 LOCKD_REFUSAL = "resource busy: lockspace resource"        # virtlockd's words
 QEMU_REFUSAL = 'failed to get "write" lock'                # QEMU's image locking
@@ -112,7 +112,7 @@ def _virsh(host, *args: str, xml: str | None = None, tmp: Path | None = None) ->
 
 
 def _exec(host, domain: str, command: str) -> str:
-    from vmplane.drivers.libvirt import LibvirtDriver
+    from vmplane.hosts.drivers.libvirt import LibvirtDriver
 
     return LibvirtDriver(host.name, host.uri).guest_exec(domain, command, timeout_s=120)
 

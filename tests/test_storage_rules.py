@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vmplane import storagerules as R
-from vmplane.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded
-from vmplane.model import Quota, Usage
-from vmplane.quota import check_admission, check_quota_change, storage_usage
+from vmplane.core import storagerules as R
+from vmplane.core.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded
+from vmplane.core.model import Quota, Usage
+from vmplane.core.quota import check_admission, check_quota_change, storage_usage
 
 
 def pool(name, kind="local", host="h1", cluster="c1", capacity=1000, used=0, state="running", path=None):

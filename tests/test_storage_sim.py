@@ -5,8 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vmplane.errors import Conflict, InsufficientCapacity, Invalid, NotFound, QuotaExceeded
-from vmplane.model import HostState, Offering, OfferingKind
+from vmplane.core.errors import Conflict, InsufficientCapacity, Invalid, NotFound, QuotaExceeded
+from vmplane.core.model import HostState, Offering, OfferingKind
 from vmplane.orchestrator import Orchestrator
 from vmplane.store.schema import Pool
 

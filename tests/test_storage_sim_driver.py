@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from vmplane.drivers import base as driver_base
-from vmplane.drivers import sim as sim_module
-from vmplane.drivers import simfabric as simfabric_module
-from vmplane.drivers import simstorage as simstorage_module
-from vmplane.drivers.base import (
+from vmplane.core import driver as driver_base
+from vmplane.hosts.drivers import sim as sim_module
+from vmplane.hosts.drivers import simfabric as simfabric_module
+from vmplane.hosts.drivers import simstorage as simstorage_module
+from vmplane.core.driver import (
     DiskSpec,
     DomainSpec,
     DriverError,
@@ -22,10 +22,10 @@ from vmplane.drivers.base import (
     MigrationParams,
     PoolSpec,
 )
-from vmplane.drivers.sim import SimDriver
-from vmplane.drivers.simfabric import SimFabric
-from vmplane.drivers.simfaults import SimFaults
-from vmplane.drivers.simstorage import SHARED, SHARED_ROOT
+from vmplane.hosts.drivers.sim import SimDriver
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.hosts.drivers.simfaults import SimFaults
+from vmplane.hosts.drivers.simstorage import SHARED, SHARED_ROOT
 
 from . import fakeclock
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.model import Offering, OfferingKind
 
 from . import stores, truthkit
 from .conftest import add_sim_hosts, ledger_usage

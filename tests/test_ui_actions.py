@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from vmplane.errors import NotFound
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.errors import NotFound
+from vmplane.core.model import Offering, OfferingKind
 
 from .ui_serverkit import ADMIN, ALPHA, BETA, bars, build, csrf, error, text
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vmplane.model import HostState
-from vmplane.quota import overhead_mib
+from vmplane.core.model import HostState
+from vmplane.core.quota import overhead_mib
 from vmplane.ui.render import PAGE_SIZE, mib
 from vmplane.ui.session import COOKIE
 
@@ -175,7 +175,7 @@ def test_overview_shows_counts_host_bars_with_the_overhead_apart_and_project_quo
 
 def overhead_mib_of(o, vm: str) -> int:
     v = o.vm(vm)
-    from vmplane.model import Size
+    from vmplane.core.model import Size
     assert v.overhead_mib == overhead_mib(Size(v.vcpus, v.memory_mib))
     return v.overhead_mib
 

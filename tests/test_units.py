@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vmplane.units import format_mib, parse_mib
+from vmplane.core.units import format_mib, parse_mib
 
 
 @pytest.mark.parametrize("text,mib", [("512MiB", 512), ("16GiB", 16384), ("2048", 2048), (" 1 TiB ", 1048576),

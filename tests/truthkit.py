@@ -61,11 +61,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmplane.drivers import base, simfabric
-from vmplane.drivers.sim import SimDriver
-from vmplane.drivers.simfabric import SimFabric
-from vmplane.drivers.simfaults import KINDS, SimFaults
-from vmplane.errors import VmplaneError
+from vmplane.core import driver as base
+from vmplane.hosts.drivers import simfabric
+from vmplane.hosts.drivers.sim import SimDriver
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.hosts.drivers.simfaults import KINDS, SimFaults
+from vmplane.core.errors import VmplaneError
 from sqlalchemy.exc import DBAPIError
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
@@ -556,7 +557,8 @@ def _no_unplug_wait_only():
 
 def _unknown_is_absent():
     """A DriverError on a lookup taken as "the domain is gone" (settle and a failed start/stop)."""
-    from vmplane import hostevents, hostmonitor, hostsync, settle
+    from vmplane.controllers import hostevents, hostmonitor, hostsync
+    from vmplane.plane import settle
 
     settle_vm = _rewrite(settle.settle_vm, r"(except DriverError as exc:\n\s+)log\.info\(.*?\n\s+return None",
                          r"\1info = None")
@@ -569,7 +571,7 @@ def _unknown_is_absent():
 def _copy_error_stays():
     """A copy that raised is taken as "the VM stayed on its source": no settle step, the target claim given
     back unasked (what the migrator did before its failure path asked both hosts)."""
-    from vmplane.migrator import Migrator
+    from vmplane.controllers.migrator import Migrator
 
     run = _rewrite(Migrator._run, r"self\.settle\(migration_id, why=str\(exc\), wait_s=SETTLE_WAIT_S\)",
                    'self._finish(migration_id, "copy-failed", reason=str(exc))')
@@ -579,7 +581,7 @@ def _copy_error_stays():
 def _ha_no_fence():
     """A failed host is taken as fenced without asking its agent: its HA VMs restart while a host whose
     daemon died or that is cut off still runs them (caught by the running-twice watch)."""
-    from vmplane.harecovery import HostRecovery
+    from vmplane.controllers.harecovery import HostRecovery
 
     fence = _rewrite(HostRecovery._fence, r"fenced, errors = self\._try_agents\(host, row\)",
                      "return self._fenced(op_id, host, None)")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fastapi.testclient import TestClient
 
 from vmplane.api.app import create_app
-from vmplane.model import Offering, OfferingKind
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.ui.session import COOKIE, csrf_token
 

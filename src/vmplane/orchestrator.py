@@ -20,9 +20,11 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
-from . import audit as audit_rules
-from . import admission, events, failpoints, metrics
-from .catalog import (
+from vmplane.controllers import audit as audit_rules
+from vmplane.store import admission, events
+from vmplane.core import failpoints
+from vmplane.plane import metrics
+from vmplane.store.catalog import (
     Catalog,
     Outdated,
     ensure_new,
@@ -30,11 +32,11 @@ from .catalog import (
     ledger_of,
     quota_of,
 )
-from .adopt import drift_view
-from .drivers.base import DomainSpec, Driver, DriverError, HostInfo
-from .drivers.sim import SimDriver
-from .drivers.simfabric import SimFabric
-from .errors import (
+from vmplane.controllers.adopt import drift_view
+from vmplane.core.driver import DomainSpec, Driver, DriverError, HostInfo
+from vmplane.hosts.drivers.sim import SimDriver
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.core.errors import (
     AlreadyExists,
     Conflict,
     InsufficientCapacity,
@@ -43,14 +45,14 @@ from .errors import (
     NotFound,
     VmplaneError,
 )
-from .lifecycle import delete_host_row
-from .hostevents import HostEvents
-from .hostmonitor import HostMonitor
-from .hostsync import HostSync
-from .migrationsettle import MigrationSettle
-from .maintenance import Maintenance
-from .migrator import Migrator
-from .model import (
+from vmplane.store.lifecycle import delete_host_row
+from vmplane.controllers.hostevents import HostEvents
+from vmplane.controllers.hostmonitor import HostMonitor
+from vmplane.controllers.hostsync import HostSync
+from vmplane.controllers.migrationsettle import MigrationSettle
+from vmplane.controllers.maintenance import Maintenance
+from vmplane.controllers.migrator import Migrator
+from vmplane.core.model import (
     IN_FLIGHT_OPERATION_STATES,
     UNREACHABLE_HOST_STATES,
     ClaimKind,
@@ -62,34 +64,34 @@ from .model import (
     Usage,
     VmState,
 )
-from .names import DOMAIN_PREFIX, check_name
-from .offerings import size_for
-from .listing import Page, by_prefix, order_by, run_page
-from .placement import CapacityIndex, Placement, choose
-from .quota import check_admission, running_charge
-from .reconcile import reconcile as reconcile_running
-from .settle import after_failed_operation as settle_after_failure
-from .groupstore import resolve_group
-from .reserves import placement_rules
-from .ha import HaController, check_ha, default_agents
-from .recovery import Recovery
-from .overdue import OverdueOperations, carrying
-from .scaler import Scaler
-from .scaling import ScalingFlags, cap_for_share, cap_share, ceiling
-from .scope import Scope
-from .diskmoves import DiskMoves
-from .pools import Pools
-from .storageaudit import storage_problems
-from .starts import Starts
-from .storagesettle import StorageSettle
-from .volumes import Volumes
-from .store import Database
-from .controllers import DEFAULT_LEASE_S, Controllers
-from . import ownership
-from .store import ledger as L
-from .store import storageledger as SL
-from .store.prepared import prepared
-from .store.schema import Cluster, Host, Operation, Project, Vm, Zone
+from vmplane.core.names import DOMAIN_PREFIX, check_name
+from vmplane.core.offerings import size_for
+from vmplane.store.listing import Page, by_prefix, order_by, run_page
+from vmplane.core.placement import CapacityIndex, Placement, choose
+from vmplane.core.quota import check_admission, running_charge
+from vmplane.controllers.reconcile import reconcile as reconcile_running
+from vmplane.plane.settle import after_failed_operation as settle_after_failure
+from vmplane.store.groupstore import resolve_group
+from vmplane.plane.reserves import placement_rules
+from vmplane.controllers.ha import HaController, check_ha, default_agents
+from vmplane.controllers.recovery import Recovery
+from vmplane.plane.overdue import OverdueOperations, carrying
+from vmplane.controllers.scaler import Scaler
+from vmplane.core.scaling import ScalingFlags, cap_for_share, cap_share, ceiling
+from vmplane.core.scope import Scope
+from vmplane.controllers.diskmoves import DiskMoves
+from vmplane.controllers.pools import Pools
+from vmplane.controllers.storageaudit import storage_problems
+from vmplane.controllers.starts import Starts
+from vmplane.controllers.storagesettle import StorageSettle
+from vmplane.controllers.volumes import Volumes
+from vmplane.store import Database
+from vmplane.plane.membership import DEFAULT_LEASE_S, Controllers
+from vmplane.store import ownership
+from vmplane.store import ledger as L
+from vmplane.store import storageledger as SL
+from vmplane.store.prepared import prepared
+from vmplane.store.schema import Cluster, Host, Operation, Project, Vm, Zone
 
 log = logging.getLogger("vmplane.orchestrator")
 
@@ -105,7 +107,7 @@ def domain_name(vm_name: str) -> str:
 
 def libvirt_driver(host: str, uri: str | None) -> Driver:
     try:
-        from .drivers.libvirt import LibvirtDriver
+        from vmplane.hosts.drivers.libvirt import LibvirtDriver
     except ImportError:
         raise Invalid("libvirt hosts need the libvirt-python package (scripts/setup.sh installs it)",
                       field="driver") from None
@@ -778,7 +780,7 @@ class Orchestrator:
                 # neither _commit nor _roll_back ended it (one of them raised): the ledger still holds the
                 # increase charged at admission. Unknown is not "as before": once the driver may have been
                 # called, the VM stays recorded, charged and claimed at the larger of its two sizes
-                from .scaler import Admitted, settle_at_size
+                from vmplane.controllers.scaler import Admitted, settle_at_size
                 a = Admitted.from_record(op.result["admitted"])
                 old, new = a.plan.current, a.plan.target
                 claimed = a.path == "in-place" or op.step == "resizing"

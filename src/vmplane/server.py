@@ -14,14 +14,14 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import update
 
-from . import localhosts
-from .api.app import create_app
-from .errors import Invalid, NotFound
-from .guest import build as guest
-from .controllers import DEFAULT_LEASE_S
-from .orchestrator import Orchestrator
-from .store import Database
-from .store.schema import Host
+from vmplane.hosts import localhosts
+from vmplane.api.app import create_app
+from vmplane.core.errors import Invalid, NotFound
+from vmplane.hosts.guest import build as guest
+from vmplane.plane.membership import DEFAULT_LEASE_S
+from vmplane.orchestrator import Orchestrator
+from vmplane.store import Database
+from vmplane.store.schema import Host
 
 DEFAULT_PORT = 8470
 UP_ZONE, UP_CLUSTER = "zone1", "cluster1"

@@ -9,18 +9,19 @@ from fastapi_offline import FastAPIOffline
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .. import __version__, events
-from ..errors import VmplaneError
-from ..metricscollect import StateCollector
-from ..orchestrator import Orchestrator
-from .deps import Admin, Caller, caller
-from .errors import install_error_handlers
-from .paging import StrictQueryRoute
-from .routers import events as event_routes
-from .routers import controllers as controller_routes
-from .routers import groups, hosts, offerings, operations, projects, settings, storage, tokens, vms, zones
-from .schemas import ErrorBody
-from .timing import RequestTiming
+from vmplane import __version__
+from vmplane.store import events
+from vmplane.core.errors import VmplaneError
+from vmplane.api.metricscollect import StateCollector
+from vmplane.orchestrator import Orchestrator
+from vmplane.api.deps import Admin, Caller, caller
+from vmplane.api.errors import install_error_handlers
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.api.routers import events as event_routes
+from vmplane.api.routers import controllers as controller_routes
+from vmplane.api.routers import groups, hosts, offerings, operations, projects, settings, storage, tokens, vms, zones
+from vmplane.api.schemas import ErrorBody
+from vmplane.api.timing import RequestTiming
 
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 409, 422, 500)}
 PLAIN_ERRORS = {code: {"model": ErrorBody} for code in (422, 500)}       # /healthz: no token
@@ -133,7 +134,7 @@ def create_app(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
             status["pending_vms"] = len(status["vms"])
         return status
     app.include_router(api)
-    from ..ui import install as install_console     # the web console at /ui (same process, same rules)
+    from vmplane.ui import install as install_console  # the web console at /ui (same process, same rules)
     install_console(app)
 
     state = app.state.metrics_state = StateCollector(orch)     # this app's: never on the process-wide registry

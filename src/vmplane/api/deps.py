@@ -10,8 +10,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from ..errors import Forbidden, NotFound, Unauthorized
-from ..orchestrator import Orchestrator
+from vmplane.core.errors import Forbidden, NotFound, Unauthorized
+from vmplane.orchestrator import Orchestrator
 
 
 async def orchestrator(request: Request) -> Orchestrator:

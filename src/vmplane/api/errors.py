@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import VmplaneError
+from vmplane.core.errors import VmplaneError
 
 
 def _field_of(loc: tuple) -> str | None:

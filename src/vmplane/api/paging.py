@@ -8,8 +8,8 @@ from fastapi import Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from ..errors import Invalid
-from ..listing import Page
+from vmplane.core.errors import Invalid
+from vmplane.store.listing import Page
 
 TOTAL_HEADER = "X-Total-Count"
 

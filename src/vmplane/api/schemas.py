@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, StrictBool, StrictInt
 
-from ..model import STORE_INT_MAX
+from vmplane.core.model import STORE_INT_MAX
 
 Name = Annotated[str, Field(min_length=1, max_length=63, description="lowercase letters, digits and '-'")]
 INT_MAX = STORE_INT_MAX

@@ -13,7 +13,7 @@ from time import perf_counter
 
 from starlette.routing import Mount
 
-from ..metrics import API_REQUEST_SECONDS
+from vmplane.plane.metrics import API_REQUEST_SECONDS
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from sqlalchemy import bindparam, func, select
 
-from ..errors import NotFound
-from ..orchestrator import Orchestrator
-from ..store import Database
-from ..store.prepared import prepared
-from ..store.schema import Cluster, Host, Offering, Operation, Project, Template, Vm, Zone
-from . import schemas
+from vmplane.core.errors import NotFound
+from vmplane.orchestrator import Orchestrator
+from vmplane.store import Database
+from vmplane.store.prepared import prepared
+from vmplane.store.schema import Cluster, Host, Offering, Operation, Project, Template, Vm, Zone
+from vmplane.api import schemas
 
 
 def host_out(orch: Orchestrator, h: Host) -> schemas.HostOut:

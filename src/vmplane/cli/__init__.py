@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import faulthandler
 
-from . import catalog, events, groups, infra, local, storage, vms  # noqa: F401  (each registers its commands)
-from .common import app
+from vmplane.cli import catalog, events, groups, infra, local, storage, vms  # noqa: F401  (each registers its commands)
+from vmplane.cli.common import app
 
 
 def main() -> None:

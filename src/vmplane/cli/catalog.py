@@ -6,9 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..client import Client
-from ..output import Col, note
-from .common import (
+from vmplane.cli.client import Client
+from vmplane.cli.output import Col, note
+from vmplane.cli.common import (
     Size,
     api_command,
     groups,

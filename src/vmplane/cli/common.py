@@ -11,9 +11,9 @@ from typing import Annotated, NoReturn, Optional
 
 import typer
 
-from ..client import ApiError, Client
-from ..output import Col, err_console, error, note, render
-from ..units import parse_mib
+from vmplane.cli.client import ApiError, Client
+from vmplane.cli.output import Col, err_console, error, note, render
+from vmplane.core.units import parse_mib
 
 app = typer.Typer(help="vmplane: a control plane for KVM clusters.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -32,7 +32,7 @@ for _name, _group in groups.items():
 
 def _version(show: bool) -> None:
     if show:
-        from .. import __version__
+        from vmplane import __version__
 
         typer.echo(f"vmplane {__version__}")
         raise typer.Exit()

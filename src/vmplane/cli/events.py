@@ -17,9 +17,9 @@ from typing import Optional
 
 import typer
 
-from ..client import Client
-from ..output import console, note
-from .common import Limit, Offset, api_command, app
+from vmplane.cli.client import Client
+from vmplane.cli.output import console, note
+from vmplane.cli.common import Limit, Offset, api_command, app
 
 WIDTH = 80
 INDENT = 4                  # a message's lines start here

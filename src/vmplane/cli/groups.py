@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from ..client import Client
-from ..output import Col, note
-from .common import api_command, app, groups
+from vmplane.cli.client import Client
+from vmplane.cli.output import Col, note
+from vmplane.cli.common import api_command, app, groups
 
 group_app = typer.Typer(help="Placement groups: a project's VMs together on one host (affinity) or apart "
                              "(anti-affinity).", no_args_is_help=True)

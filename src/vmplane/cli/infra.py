@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 
-from ..client import Client
-from ..output import Col, console, note, render
-from .common import (
+from vmplane.cli.client import Client
+from vmplane.cli.output import Col, console, note, render
+from vmplane.cli.common import (
     Limit,
     Offset,
     Sort,

@@ -6,9 +6,9 @@ from typing import Optional
 
 import typer
 
-from ..output import console
-from ..units import format_mib
-from .common import (
+from vmplane.cli.output import console
+from vmplane.core.units import format_mib
+from vmplane.cli.common import (
     app,
     mib,
     size_help,
@@ -42,8 +42,8 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
                                                 "less 1 GiB or 10 % for the control plane, split evenly; at most "
                                                 "that in all. Simulated hosts: default 64GiB)"))):
     """Run a local cluster: the API and HOSTS hosts on this machine (libvirtd daemons, or simulated)."""
-    from .. import server
-    from ..errors import VmplaneError
+    from vmplane import server
+    from vmplane.core.errors import VmplaneError
 
     server.exit_on_sigterm()
     try:
@@ -60,7 +60,7 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
     except VmplaneError as exc:
         console.print(f"[red]error[/red] {exc.message}")
         raise typer.Exit(1)
-    from ..controllers import default_name
+    from vmplane.plane.membership import default_name
 
     plane = server.build(db, recover=False, name=name or default_name(port), lease_s=lease, api_url=f"http://{bind}:{port}",
                          insecure_cookies=insecure_cookies)
@@ -108,7 +108,7 @@ def say(line: str) -> None:
 @app.command()
 def down():
     """Stop the local libvirt hosts of `vmplane up --keep-hosts` (and their VMs)."""
-    from .. import server
+    from vmplane import server
 
     stopped = server.stop_local_hosts()
     console.print(f"stopped local hosts: {', '.join(stopped) or 'none running'}")
@@ -129,9 +129,9 @@ def serve(db: Optional[str] = typer.Option(None, help="SQLAlchemy URL"),
           insecure_cookies: bool = typer.Option(False, help=INSECURE_COOKIES_HELP),
           forwarded_allow_ips: Optional[str] = typer.Option(None, help=FORWARDED_HELP)):
     """Run the API alone, on an existing database (several of them may share one PostgreSQL database)."""
-    from .. import server
-    from ..controllers import default_name
-    from ..errors import VmplaneError
+    from vmplane import server
+    from vmplane.plane.membership import default_name
+    from vmplane.core.errors import VmplaneError
 
     plane = server.build(db, name=name or default_name(port), lease_s=lease, api_url=f"http://{bind}:{port}",
                          insecure_cookies=insecure_cookies)

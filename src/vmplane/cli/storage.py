@@ -6,9 +6,9 @@ from typing import Optional
 
 import typer
 
-from ..client import Client
-from ..output import Col, note
-from .common import api_command, groups, mib, size_help
+from vmplane.cli.client import Client
+from vmplane.cli.output import Col, note
+from vmplane.cli.common import api_command, groups, mib, size_help
 
 POOL_COLUMNS = ["name", "kind", Col("host/cluster", lambda p: p["host"] or p["cluster"]), "state",
                 Col("free MiB", "free_mib"), Col("capacity MiB", "capacity_mib"), "path"]

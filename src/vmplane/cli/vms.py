@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..client import ApiError, Client
-from ..guestexec import cli_command
-from ..output import note, render
-from .common import (
+from vmplane.cli.client import ApiError, Client
+from vmplane.core.guestexec import cli_command
+from vmplane.cli.output import note, render
+from vmplane.cli.common import (
     Limit,
     Offset,
     Sort,

@@ -1,5 +1,5 @@
 """Persistence: SQLAlchemy tables, the database handle, Alembic migrations."""
 
-from .db import Database
+from vmplane.store.db import Database
 
 __all__ = ["Database"]

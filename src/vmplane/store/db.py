@@ -11,10 +11,10 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from .. import ownership
-from ..leases import DEFAULT_LEASE_S, SessionLimits, session_limits
-from . import pgsessions
-from .prepared import as_sqlalchemy_error
+from vmplane.store import ownership
+from vmplane.core.leases import DEFAULT_LEASE_S, SessionLimits, session_limits
+from vmplane.store import pgsessions
+from vmplane.store.prepared import as_sqlalchemy_error
 
 DEFAULT_DB_URL = "sqlite:///var/vmplane.db"
 
@@ -138,7 +138,7 @@ class Database:
                 yield conn
 
     def migrate(self) -> None:
-        from .migrate import upgrade_to_head
+        from vmplane.store.migrate import upgrade_to_head
 
         upgrade_to_head(self.engine)
 

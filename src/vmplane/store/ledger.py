@@ -16,12 +16,12 @@ import uuid
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
-from .. import events
-from ..errors import NotFound
-from ..ownership import owner_of
-from ..model import ClaimKind, OperationState, Quota, Usage, VmState
-from . import prepared
-from .schema import (
+from vmplane.store import events
+from vmplane.core.errors import NotFound
+from vmplane.store.ownership import owner_of
+from vmplane.core.model import ClaimKind, OperationState, Quota, Usage, VmState
+from vmplane.store import prepared
+from vmplane.store.schema import (
     Claim,
     Cluster,
     Host,

@@ -24,8 +24,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from ..leases import SessionLimits
-from .prepared import as_sqlalchemy_error
+from vmplane.core.leases import SessionLimits
+from vmplane.store.prepared import as_sqlalchemy_error
 
 log = logging.getLogger("vmplane.store")
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
-from .. import events
-from ..errors import Conflict, NotFound
-from ..model import Usage
-from . import ledger as L
-from .prepared import prepared
-from .schema import Cluster, Host, Pool, Project, Template, Vm, Volume, utcnow
+from vmplane.store import events
+from vmplane.core.errors import Conflict, NotFound
+from vmplane.core.model import Usage
+from vmplane.store import ledger as L
+from vmplane.store.prepared import prepared
+from vmplane.store.schema import Cluster, Host, Pool, Project, Template, Vm, Volume, utcnow
 
 POOLS, VOLUMES = Pool.__table__, Volume.__table__
 _PL, _VO = POOLS.c, VOLUMES.c

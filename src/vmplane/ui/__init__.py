@@ -11,10 +11,10 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import VmplaneError
-from . import actions, auth, pages, stream
-from .render import HERE, is_htmx, render
-from .session import LoginRequired
+from vmplane.core.errors import VmplaneError
+from vmplane.ui import actions, auth, pages, stream
+from vmplane.ui.render import HERE, is_htmx, render
+from vmplane.ui.session import LoginRequired
 
 
 def install(app: FastAPI) -> None:

@@ -12,15 +12,15 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from ..api.paging import StrictQueryRoute
-from ..api.deps import require_admin
-from ..api.errors import validation_body
-from ..api.routers import hosts as api_hosts
-from ..api.routers import vms as api_vms
-from ..api.schemas import MaintenanceRequest, MigrateRequest, ScaleRequest, VmStop
-from ..errors import Invalid, VmplaneError
-from .render import error_fragment, render
-from .session import Actor, Viewer
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.api.deps import require_admin
+from vmplane.api.errors import validation_body
+from vmplane.api.routers import hosts as api_hosts
+from vmplane.api.routers import vms as api_vms
+from vmplane.api.schemas import MaintenanceRequest, MigrateRequest, ScaleRequest, VmStop
+from vmplane.core.errors import Invalid, VmplaneError
+from vmplane.ui.render import error_fragment, render
+from vmplane.ui.session import Actor, Viewer
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 

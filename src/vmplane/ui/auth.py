@@ -9,11 +9,11 @@ from fastapi import APIRouter, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse
 
-from ..api.paging import StrictQueryRoute
-from ..errors import VmplaneError
-from .consolesessions import SESSION_MAX_AGE_S, cookie_secure, end_session, open_session
-from .render import render
-from .session import COOKIE, Actor, session_id
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.core.errors import VmplaneError
+from vmplane.ui.consolesessions import SESSION_MAX_AGE_S, cookie_secure, end_session, open_session
+from vmplane.ui.render import render
+from vmplane.ui.session import COOKIE, Actor, session_id
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 

@@ -23,11 +23,11 @@ from typing import Mapping
 
 from sqlalchemy import bindparam, delete, select
 
-from ..catalog import hash_token
-from ..errors import Unauthorized
-from ..store import Database
-from ..store.prepared import prepared
-from ..store.schema import ConsoleSession, Token, utcnow
+from vmplane.store.catalog import hash_token
+from vmplane.core.errors import Unauthorized
+from vmplane.store import Database
+from vmplane.store.prepared import prepared
+from vmplane.store.schema import ConsoleSession, Token, utcnow
 
 SESSION_MAX_AGE_S = 12 * 3600        # a session ends this long after its login (the browser forgets it too)
 FORWARDED = ("forwarded", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-real-ip")

@@ -8,14 +8,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from ..api.paging import StrictQueryRoute
-from .. import events
-from ..errors import Forbidden, Invalid, VmplaneError
-from ..listing import Page
-from ..model import VmState
-from . import queries
-from .render import PAGE_SIZE, error_fragment, render
-from .session import Viewer
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.store import events
+from vmplane.core.errors import Forbidden, Invalid, VmplaneError
+from vmplane.store.listing import Page
+from vmplane.core.model import VmState
+from vmplane.ui import queries
+from vmplane.ui.render import PAGE_SIZE, error_fragment, render
+from vmplane.ui.session import Viewer
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from ..migration import ACTIVE as MIGRATION_ACTIVE
-from ..model import VmState
-from ..store.schema import Claim, Host, Migration, Operation, Project, Vm
+from vmplane.core.migration import ACTIVE as MIGRATION_ACTIVE
+from vmplane.core.model import VmState
+from vmplane.store.schema import Claim, Host, Migration, Operation, Project, Vm
 
 ACTIVE_MIGRATIONS = [s.value for s in MIGRATION_ACTIVE]
 IN_FLIGHT_OPERATIONS = ("pending", "running")

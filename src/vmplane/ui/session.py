@@ -17,10 +17,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from ..api.deps import Caller
-from ..catalog import hash_token
-from ..errors import Forbidden
-from .consolesessions import session_caller
+from vmplane.api.deps import Caller
+from vmplane.store.catalog import hash_token
+from vmplane.core.errors import Forbidden
+from vmplane.ui.consolesessions import session_caller
 
 COOKIE = "vmplane_session"
 CSRF_FIELD = "csrf"

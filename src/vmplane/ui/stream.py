@@ -13,11 +13,11 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from ..api.paging import StrictQueryRoute
-from .pages import events_context, tasks_context
-from .consolesessions import session_caller
-from .render import templates
-from .session import Viewer, session_id
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.ui.pages import events_context, tasks_context
+from vmplane.ui.consolesessions import session_caller
+from vmplane.ui.render import templates
+from vmplane.ui.session import Viewer, session_id
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 INTERVAL_S = 1.0

@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from ..paging import StrictQueryRoute
-from ..deps import Admin, Orch
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.api.deps import Admin, Orch
 
 router = APIRouter(tags=["health"], route_class=StrictQueryRoute)
 

@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 
-from ... import events
-from ...errors import Invalid
-from ..deps import AnyCaller, Orch
-from ..paging import Paging, StrictQueryRoute, paged
-from ..schemas import EventOut
+from vmplane.store import events
+from vmplane.core.errors import Invalid
+from vmplane.api.deps import AnyCaller, Orch
+from vmplane.api.paging import Paging, StrictQueryRoute, paged
+from vmplane.api.schemas import EventOut
 
 router = APIRouter(tags=["events"], route_class=StrictQueryRoute)
 

@@ -7,10 +7,10 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import Field, StrictBool
 
-from ..paging import StrictQueryRoute
-from ... import groupstore
-from ..deps import AnyCaller, Orch
-from ..schemas import Name, Request, Response, UtcDatetime
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.store import groupstore
+from vmplane.api.deps import AnyCaller, Orch
+from vmplane.api.schemas import Name, Request, Response, UtcDatetime
 
 router = APIRouter(tags=["placement groups"], route_class=StrictQueryRoute)
 

@@ -2,12 +2,12 @@
 
 from fastapi import APIRouter, Response
 
-from ..deps import Admin, Caller, Orch
-from ...errors import Conflict
-from ..schemas import FenceAgents, FenceRequest, HostCreate, HostFailure, HostOut, MaintenanceRequest
-from ...model import HostState
-from ..paging import Paging, StrictQueryRoute, paged
-from ..views import host_out
+from vmplane.api.deps import Admin, Caller, Orch
+from vmplane.core.errors import Conflict
+from vmplane.api.schemas import FenceAgents, FenceRequest, HostCreate, HostFailure, HostOut, MaintenanceRequest
+from vmplane.core.model import HostState
+from vmplane.api.paging import Paging, StrictQueryRoute, paged
+from vmplane.api.views import host_out
 
 router = APIRouter(tags=["hosts"], route_class=StrictQueryRoute)
 

@@ -2,13 +2,13 @@
 
 from fastapi import APIRouter
 
-from ..paging import StrictQueryRoute
-from ... import lifecycle
-from ...model import Offering, OfferingKind
-from ...store.schema import Offering as OfferingRow
-from ...store.schema import Template as TemplateRow
-from ..deps import Admin, AnyCaller, Orch
-from ..schemas import OfferingCreate, OfferingOut, TemplateCreate, TemplateOut
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.store import lifecycle
+from vmplane.core.model import Offering, OfferingKind
+from vmplane.store.schema import Offering as OfferingRow
+from vmplane.store.schema import Template as TemplateRow
+from vmplane.api.deps import Admin, AnyCaller, Orch
+from vmplane.api.schemas import OfferingCreate, OfferingOut, TemplateCreate, TemplateOut
 
 router = APIRouter(tags=["offerings and templates"], route_class=StrictQueryRoute)
 

@@ -4,10 +4,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 
-from ..deps import Admin, AnyCaller, Orch
-from ..schemas import AuditOut, OperationOut
-from ..paging import Paging, StrictQueryRoute, paged
-from ..views import operation_out
+from vmplane.api.deps import Admin, AnyCaller, Orch
+from vmplane.api.schemas import AuditOut, OperationOut
+from vmplane.api.paging import Paging, StrictQueryRoute, paged
+from vmplane.api.views import operation_out
 
 router = APIRouter(tags=["operations"], route_class=StrictQueryRoute)
 

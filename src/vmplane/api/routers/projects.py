@@ -2,12 +2,12 @@
 
 from fastapi import APIRouter
 
-from ..paging import StrictQueryRoute
-from ... import lifecycle
-from ...quota import describe_usage
-from ..deps import Admin, AnyCaller, Orch
-from ..schemas import ProjectCreate, ProjectOut, QuotaUpdate, UsageOut
-from ..views import project_out
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.store import lifecycle
+from vmplane.core.quota import describe_usage
+from vmplane.api.deps import Admin, AnyCaller, Orch
+from vmplane.api.schemas import ProjectCreate, ProjectOut, QuotaUpdate, UsageOut
+from vmplane.api.views import project_out
 
 router = APIRouter(tags=["projects"], route_class=StrictQueryRoute)
 

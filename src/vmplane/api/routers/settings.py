@@ -4,10 +4,10 @@ from typing import Literal
 
 from fastapi import APIRouter
 
-from ..paging import StrictQueryRoute
-from ...orchestrator import Orchestrator
-from ..deps import Admin, Orch
-from ..schemas import SettingOut, SettingSet
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.orchestrator import Orchestrator
+from vmplane.api.deps import Admin, Orch
+from vmplane.api.schemas import SettingOut, SettingSet
 
 router = APIRouter(tags=["settings"], route_class=StrictQueryRoute)
 Scope = Literal["global", "zone", "cluster"]

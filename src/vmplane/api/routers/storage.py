@@ -2,10 +2,10 @@
 
 from fastapi import APIRouter
 
-from ..paging import StrictQueryRoute
-from ..deps import Admin, AnyCaller, Orch
-from ..schemas import PoolCreate, PoolOut, VolumeAttach, VolumeCreate, VolumeOut, VolumeResize
-from ..views import pool_out, volume_out
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.api.deps import Admin, AnyCaller, Orch
+from vmplane.api.schemas import PoolCreate, PoolOut, VolumeAttach, VolumeCreate, VolumeOut, VolumeResize
+from vmplane.api.views import pool_out, volume_out
 
 router = APIRouter(tags=["storage"], route_class=StrictQueryRoute)
 

@@ -2,9 +2,9 @@
 
 from fastapi import APIRouter
 
-from ..paging import StrictQueryRoute
-from ..deps import Admin, AnyCaller, Orch
-from ..schemas import TokenCreate, TokenInfo, TokenOut
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.api.deps import Admin, AnyCaller, Orch
+from vmplane.api.schemas import TokenCreate, TokenInfo, TokenOut
 
 router = APIRouter(tags=["tokens"], route_class=StrictQueryRoute)
 

@@ -3,15 +3,15 @@
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
-from ... import adopt
-from ...guestexec import command_line
-from ...errors import Forbidden, Invalid
-from ...migration import MigrationState
-from ...migration import POSTCOPY_FLOOR_KEY, tuning_refusal as migration_tuning_refusal
-from ...model import VmState
-from ...orchestrator import Admitted
-from ..deps import AnyCaller, Caller, Orch
-from ..schemas import (
+from vmplane.controllers import adopt
+from vmplane.core.guestexec import command_line
+from vmplane.core.errors import Forbidden, Invalid
+from vmplane.core.migration import MigrationState
+from vmplane.core.migration import POSTCOPY_FLOOR_KEY, tuning_refusal as migration_tuning_refusal
+from vmplane.core.model import VmState
+from vmplane.orchestrator import Admitted
+from vmplane.api.deps import AnyCaller, Caller, Orch
+from vmplane.api.schemas import (
     ExecRequest,
     ExecResult,
     MigrateRequest,
@@ -25,8 +25,8 @@ from ..schemas import (
     VmSyncOut,
     VmUpdate,
 )
-from ..paging import Paging, StrictQueryRoute, paged, paged_json
-from ..views import migration_out, operation_out, vm_body, vm_out
+from vmplane.api.paging import Paging, StrictQueryRoute, paged, paged_json
+from vmplane.api.views import migration_out, operation_out, vm_body, vm_out
 
 router = APIRouter(tags=["vms"], route_class=StrictQueryRoute)
 

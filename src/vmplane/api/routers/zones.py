@@ -2,12 +2,13 @@
 
 from fastapi import APIRouter
 
-from ..paging import StrictQueryRoute
-from ... import lifecycle, reserves
-from ...errors import NotFound
-from ..deps import Admin, Orch
-from .groups import ClusterDetail
-from ..schemas import ClusterCreate, ClusterOut, ZoneCreate, ZoneOut
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.store import lifecycle
+from vmplane.plane import reserves
+from vmplane.core.errors import NotFound
+from vmplane.api.deps import Admin, Orch
+from vmplane.api.routers.groups import ClusterDetail
+from vmplane.api.schemas import ClusterCreate, ClusterOut, ZoneCreate, ZoneOut
 
 router = APIRouter(tags=["zones and clusters"], route_class=StrictQueryRoute)
 

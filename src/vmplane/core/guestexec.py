@@ -1,0 +1,63 @@
+"""`vm exec`: what a command given to the API becomes on the guest's console, and what its answer means.
+
+Pure rules, used by the libvirt driver (drivers/libvirt.py, `guest_run`) and the API:
+- an argv (a list: `vm exec NAME -- ARG ARG...` sends one) keeps its argument boundaries, as `kubectl
+  exec` does: each argument is quoted for the guest's POSIX shell (`argv_line`); a string is a shell
+  command line, run by `sh -c` in the guest (`vm exec NAME -- 'LINE'`, one argument, sends one);
+- the command travels in base64 over the console (`exec_lines`), so that any byte, a quote or a newline
+  arrives as sent and a long command spans several console lines (a tty line holds at most 4095);
+- the runner (the driver's) prints a timeout marker when it killed the command at its time limit;
+  `exec_result` turns that into a DriverError that says so, with the output so far.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+
+from vmplane.core.driver import DriverError
+
+VAR = "_vmpc"          # the console shell's variable that holds a long command's base64 while it arrives
+
+
+def argv_line(argv: list[str]) -> str:
+    """The shell line that runs exactly `argv` (no word splitting, no globbing, no expansion)."""
+    return shlex.join(argv)
+
+
+def command_line(command: str | list[str]) -> str:
+    """The API's `command`: a list is an argv, a string a shell line as it is."""
+    return argv_line(command) if isinstance(command, list) else command
+
+
+def cli_command(args: list[str]) -> str | list[str]:
+    """What `vm exec NAME -- ARGS...` sends: two or more arguments are an argv, each kept whole (as
+    `kubectl exec`); a single one is a shell line, as ssh runs it (`vm exec web1 -- 'nproc; free -m'`)."""
+    return args[0] if len(args) == 1 else list(args)
+
+
+def exec_lines(command: str, tag: str, limit_s: int, runner: str, chunk: int) -> list[str]:
+    """The console lines that run `command` under `runner` (args: seconds, base64, tag) between the
+    begin and end markers of `tag`; a base64 longer than `chunk` arrives first in VAR, piece by piece."""
+    encoded = base64.b64encode(command.encode()).decode()
+    lines = []
+    if len(encoded) > chunk:
+        pieces = [encoded[i:i + chunk] for i in range(0, len(encoded), chunk)]
+        lines = [f"{VAR}={pieces[0]}\n"] + [f"{VAR}=${{{VAR}}}{p}\n" for p in pieces[1:]]
+        encoded = f'"${VAR}"'
+    # the quotes in the markers keep an echoed command line from matching them
+    lines.append(f"echo __VMP''_B{tag}__; sh -c '{runner}' vmp {limit_s} {encoded} {tag}; "
+                 f"echo __VMP''_E{tag}_$?__; unset {VAR}\n")
+    return lines
+
+
+def exec_result(output: bytes, code: int, tag: str, command: str, host: str) -> tuple[str, int]:
+    """(output, exit code) of a command's answer between its markers; DriverError when the runner
+    killed it at its time limit."""
+    text = output.decode(errors="replace").replace("\r", "")
+    marker = f"\n__VMP_T{tag}__\n"
+    if marker in text:
+        so_far = text.split(marker)[0]
+        raise DriverError(host, f"{command!r} did not end in time: it was stopped in the guest (the console is "
+                                f"free again); its output so far: {so_far[-300:]!r}")
+    return text, code

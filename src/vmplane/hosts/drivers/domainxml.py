@@ -1,0 +1,116 @@
+"""The libvirt domain XML of a VM, as a pure function of its spec (DESIGN sections 5 and 8).
+
+Prepared for live scaling (the ceiling is above the current size) means `<vcpu current='N'>MAX`,
+`<maxMemory slots=...>MAX` and a NUMA cell (libvirt needs one for memory hot-plug); otherwise current
+== max and there is no maxMemory. Values are escaped: names are validated upstream, but the XML
+never trusts them.
+
+Disks are virtio-blk, `cache='none'` (O_DIRECT: the host's page cache is bypassed, so what the guest
+flushed is on the file system, and a host that takes the domain over on shared storage can not read
+stale cached pages; the pools are on ext4, which supports O_DIRECT; tmpfs does not) with `io='native'`
+(Linux AIO, which needs O_DIRECT) and `discard='unmap'` (a guest's fstrim frees space in the pool).
+A spec with `image == ""` boots from its first disk (`<boot dev='hd'/>`, no kernel); else the kernel
+and initrd are booted directly and the disks are only data disks.
+"""
+
+from __future__ import annotations
+
+import re
+from xml.sax.saxutils import escape, quoteattr
+
+from vmplane.core.driver import DiskSpec, DomainSpec
+
+MEMORY_SLOTS = 16
+EMULATOR = "/usr/bin/qemu-system-x86_64"
+CPU_MODEL = "qemu64"         # `-cpu host` crashes under these machines' KVM backend; a named model is portable
+DISK_CACHE = "none"          # see the module docstring
+HOTPLUG_PORTS = 4            # free pcie-root-ports: on q35 every hot-plugged disk needs one
+DISK_FORMATS = ("qcow2", "raw")
+CONSOLE_LOG_DIR = "/var/log/libvirt/qemu"     # each local host's own log folder (mounted in its namespace)
+
+
+def console_log(domain: str) -> str:
+    """Where QEMU writes what a domain's serial console printed (next to libvirt's `DOMAIN.log`)."""
+    return f"{CONSOLE_LOG_DIR}/{domain}.console.log"
+
+
+def disk_xml(disk: DiskSpec, indent: str = "") -> str:
+    """One virtio disk as libvirt's <disk> element (also what attach and detach send)."""
+    if disk.format not in DISK_FORMATS:
+        raise ValueError(f"disk format must be one of {', '.join(DISK_FORMATS)}, not {disk.format!r}")
+    if not re.fullmatch(r"vd[a-z]{1,2}", disk.target):
+        raise ValueError(f"a virtio disk target is vd + letters (vda, vdb, ...), not {disk.target!r}")
+    lines = ["<disk type='file' device='disk'>",
+             f"  <driver name='qemu' type={quoteattr(disk.format)} cache='{DISK_CACHE}' io='native' discard='unmap'/>",
+             f"  <source file={quoteattr(disk.path)}/>",
+             f"  <target dev={quoteattr(disk.target)} bus='virtio'/>"]
+    if disk.readonly:
+        lines.append("  <readonly/>")
+    lines.append("</disk>")
+    return "\n".join(indent + line for line in lines)
+
+
+def domain_xml(spec: DomainSpec, kernel: str | None, initrd: str | None, cmdline: str | None,
+               accel: str = "qemu", partition: str | None = None) -> str:
+    """`kernel`/`initrd`/`cmdline` are for a direct kernel boot; all None when `spec.image` is "" (boot
+    from the first disk)."""
+    if accel not in ("qemu", "kvm"):
+        raise ValueError(f"accel must be qemu (TCG) or kvm, not {accel!r}")
+    from_disk = spec.image == ""
+    if from_disk and not spec.disks:
+        raise ValueError(f"{spec.name} boots from its first disk but has none")
+    if from_disk != (kernel is None):
+        raise ValueError("a kernel is booted exactly when the spec names an image")
+    targets = [d.target for d in spec.disks]
+    if len(set(targets)) != len(targets):
+        raise ValueError(f"two disks of {spec.name} have the same target: {', '.join(targets)}")
+    prepared = spec.prepared
+    lines = [f"<domain type={quoteattr(accel)}>",
+             f"  <name>{escape(spec.name)}</name>"]
+    if prepared:
+        lines.append(f"  <maxMemory slots='{MEMORY_SLOTS}' unit='MiB'>{spec.max_memory_mib}</maxMemory>")
+    lines += [f"  <memory unit='MiB'>{spec.memory_mib}</memory>",
+              f"  <currentMemory unit='MiB'>{spec.memory_mib}</currentMemory>"]
+    if prepared:
+        lines.append(f"  <vcpu placement='static' current='{spec.vcpus}'>{spec.max_vcpus}</vcpu>")
+    else:
+        lines.append(f"  <vcpu placement='static'>{spec.vcpus}</vcpu>")
+    if spec.cpu_cap is not None:
+        lines.append(f"  <cputune><period>{spec.cpu_cap.period_us}</period>"
+                     f"<quota>{spec.cpu_cap.quota_us}</quota></cputune>")
+    if partition:
+        lines.append(f"  <resource><partition>{escape(partition)}</partition></resource>")
+    lines += ["  <os>",
+              "    <type arch='x86_64' machine='q35'>hvm</type>"]
+    if from_disk:
+        lines.append("    <boot dev='hd'/>")
+    else:
+        lines += [f"    <kernel>{escape(kernel)}</kernel>",
+                  f"    <initrd>{escape(initrd)}</initrd>",
+                  f"    <cmdline>{escape(cmdline or '')}</cmdline>"]
+    lines += ["  </os>",
+              "  <features><acpi/><apic/></features>",
+              "  <cpu mode='custom' match='exact' check='none'>",
+              f"    <model fallback='forbid'>{CPU_MODEL}</model>"]
+    if prepared:
+        lines.append(f"    <numa><cell id='0' cpus='0-{spec.max_vcpus - 1}' memory='{spec.memory_mib}' "
+                     f"unit='MiB'/></numa>")
+    lines += ["  </cpu>",
+              "  <on_poweroff>destroy</on_poweroff>",
+              "  <on_reboot>destroy</on_reboot>",
+              "  <on_crash>destroy</on_crash>",
+              "  <devices>",
+              f"    <emulator>{EMULATOR}</emulator>"]
+    lines += [disk_xml(d, "    ") for d in spec.disks]
+    lines.append("    <controller type='usb' model='none'/>")
+    lines.append("    <controller type='pci' index='0' model='pcie-root'/>")
+    lines += ["    <controller type='pci' model='pcie-root-port'/>"] * HOTPLUG_PORTS
+    # The serial console is also logged by QEMU (appended across restarts), so a guest that panics or
+    # powers off leaves its last words on its host (tests/evidence.py keeps log/qemu/*.log)
+    serial = f"<log file={quoteattr(console_log(spec.name))} append='on'/><target port='0'/>"
+    lines += [f"    <serial type='pty'>{serial}</serial>",
+              "    <console type='pty'><target type='serial' port='0'/></console>",
+              "    <memballoon model='virtio'><stats period='5'/></memballoon>",
+              "  </devices>",
+              "</domain>"]
+    return "\n".join(lines) + "\n"
