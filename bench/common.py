@@ -13,16 +13,16 @@ RESULTS = Path(__file__).with_name("RESULTS.md")
 def table(headers: list[str], rows: list[list]) -> str:
     cells = [headers] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
     def fmt(r):
         return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
-    return "\n".join([fmt(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-                     + [fmt(r) for r in cells[1:]])
+
+    return "\n".join([fmt(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [fmt(r) for r in cells[1:]])
 
 
 def write_section(name: str, body: str) -> None:
     """Replace (or add) the section `## name` of RESULTS.md with `body`."""
-    stamp = f"_{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, " \
-            f"Python {platform.python_version()}_"
+    stamp = f"_{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, Python {platform.python_version()}_"
     section = f"## {name}\n\n{stamp}\n\n{body.strip()}\n"
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nWritten by the scripts in bench/.\n"
     pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
@@ -58,15 +58,19 @@ class LocalCluster:
         self.token = "bench-token"
         self.env = {**os.environ, "VMPLANE_HOME": self.tmp.name, "VMPLANE_API": self.url, "VMPLANE_TOKEN": self.token}
         vmplane = str(Path(sys.executable).with_name("vmplane"))
-        self.proc = subprocess.Popen([vmplane, "up", "--driver", driver, "--hosts", str(hosts), "--port", str(port)],
-                                     env=self.env, stdout=open(Path(self.tmp.name) / "up.log", "w"),
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [vmplane, "up", "--driver", driver, "--hosts", str(hosts), "--port", str(port)],
+            env=self.env,
+            stdout=open(Path(self.tmp.name) / "up.log", "w"),  # noqa: SIM115 (the server writes it for its whole life)
+            stderr=subprocess.STDOUT,
+        )
 
     def client(self):
         import httpx
 
-        return httpx.Client(base_url=self.url + "/api/v1", headers={"Authorization": f"Bearer {self.token}"},
-                            timeout=300)
+        return httpx.Client(
+            base_url=self.url + "/api/v1", headers={"Authorization": f"Bearer {self.token}"}, timeout=300
+        )
 
     def wait_ready(self, timeout_s: float = 180) -> None:
         import time

@@ -18,9 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from common import table, write_section  # noqa: E402
-
-from tests import crashkit  # noqa: E402
+from common import table, write_section
+from tests import crashkit
 
 
 def main(rounds: int, clusters: int, first_seed: int = 1) -> None:
@@ -37,30 +36,67 @@ def main(rounds: int, clusters: int, first_seed: int = 1) -> None:
         unchecked = sum(1 for r in report.rounds if r.vms < 0)
         checks = len(report.rounds) - unchecked
         per_point.update(r.kill for r in kills)
-        counts = dict(rounds=len(report.rounds), kills=len(kills), at_points=len(kills) - timed, timed=timed,
-                      unchecked=unchecked, checks=checks, problems=len(report.problems()))
+        counts = dict(
+            rounds=len(report.rounds),
+            kills=len(kills),
+            at_points=len(kills) - timed,
+            timed=timed,
+            unchecked=unchecked,
+            checks=checks,
+            problems=len(report.problems()),
+        )
         total.update(counts)
-        rows.append([seed, *counts.values(), f"{len(report.points_hit())}/{len(points)}",
-                     max(r.vms for r in report.rounds), f"{seconds:.0f}"])
+        rows.append(
+            [
+                seed,
+                *counts.values(),
+                f"{len(report.points_hit())}/{len(points)}",
+                max(r.vms for r in report.rounds),
+                f"{seconds:.0f}",
+            ]
+        )
         for p in report.problems()[:10]:
             print("PROBLEM", p)
-    rows.append(["total", *(total[k] for k in ("rounds", "kills", "at_points", "timed", "unchecked", "checks",
-                                               "problems")), "", "", ""])
-    body = table(["cluster (seed)", "rounds", "SIGKILLs", "at a crash point", "at a random moment",
-                  "restarted unchecked", "checks after restart", "problems found", "points hit", "max VMs",
-                  "seconds"], rows)
-    body += ("\n\nKills per crash point (all clusters): "
-             + ", ".join(f"{p} {per_point[p]}" for p in (*points, "timed")) + "\n\n"
-             "A round: a forked control plane recovers, runs up to 60 operations (create/start, stop, delete, "
-             "migrate, cancel, scale incl. past a full host, drain, quota changes, volumes, HA VMs and host "
-             "failures; most of them steps toward its armed crash point) and is SIGKILLed at that point or after "
-             "0-150 ms; each cycle of rounds arms every point once and has "
-             f"{crashkit.TIMED_KILLS} kills at a random moment, in an order drawn from the seed. "
-             "\"Restarted unchecked\": the next control plane recovers with a "
-             "crash point armed (a crash "
-             "during recovery). A check: a fresh control plane starts, waits for nothing to be in flight (30 s "
-             "at most), then every VM runs exactly once where and at the size the store says, ledgers == "
-             "recomputed and within quota, host usage == claims == what runs.")
+    rows.append(
+        [
+            "total",
+            *(total[k] for k in ("rounds", "kills", "at_points", "timed", "unchecked", "checks", "problems")),
+            "",
+            "",
+            "",
+        ]
+    )
+    body = table(
+        [
+            "cluster (seed)",
+            "rounds",
+            "SIGKILLs",
+            "at a crash point",
+            "at a random moment",
+            "restarted unchecked",
+            "checks after restart",
+            "problems found",
+            "points hit",
+            "max VMs",
+            "seconds",
+        ],
+        rows,
+    )
+    body += (
+        "\n\nKills per crash point (all clusters): "
+        + ", ".join(f"{p} {per_point[p]}" for p in (*points, "timed"))
+        + "\n\n"
+        "A round: a forked control plane recovers, runs up to 60 operations (create/start, stop, delete, "
+        "migrate, cancel, scale incl. past a full host, drain, quota changes, volumes, HA VMs and host "
+        "failures; most of them steps toward its armed crash point) and is SIGKILLed at that point or after "
+        "0-150 ms; each cycle of rounds arms every point once and has "
+        f"{crashkit.TIMED_KILLS} kills at a random moment, in an order drawn from the seed. "
+        '"Restarted unchecked": the next control plane recovers with a '
+        "crash point armed (a crash "
+        "during recovery). A check: a fresh control plane starts, waits for nothing to be in flight (30 s "
+        "at most), then every VM runs exactly once where and at the size the store says, ledgers == "
+        "recomputed and within quota, host usage == claims == what runs."
+    )
     write_section("Crash safety (bench/crash.py, sim hosts)", body)
 
 

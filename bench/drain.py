@@ -15,13 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import table, write_section  # noqa: E402
+from common import table, write_section
+from vmplane.core.model import HostState, Offering, OfferingKind
+from vmplane.orchestrator import Orchestrator
+from vmplane.store import Database
 
-from vmplane.core.model import HostState, Offering, OfferingKind  # noqa: E402
-from vmplane.orchestrator import Orchestrator  # noqa: E402
-from vmplane.store import Database  # noqa: E402
-
-VMS, HOSTS, VM_MIB, RATE_MIB_S = 16, 9, 2048, 8192        # 0.25 s per VM copy
+VMS, HOSTS, VM_MIB, RATE_MIB_S = 16, 9, 2048, 8192  # 0.25 s per VM copy
 POLICIES = {
     "one at a time (Nova default)": {"per_cluster": 1, "outbound": 1, "inbound": 1},
     "KubeVirt defaults (5/cluster, 2 out)": {"per_cluster": 5, "outbound": 2, "inbound": 1000},
@@ -37,9 +36,11 @@ def drain(name: str, limits: dict, tmp: str) -> dict:
     o.load()
     o.catalog.create_zone("z")
     o.catalog.create_cluster("c", "z")
-    for key, value in (("vmplane.migration.max.per.cluster", limits["per_cluster"]),
-                       ("vmplane.migration.max.outbound.per.host", limits["outbound"]),
-                       ("vmplane.migration.max.inbound.per.host", limits["inbound"])):
+    for key, value in (
+        ("vmplane.migration.max.per.cluster", limits["per_cluster"]),
+        ("vmplane.migration.max.outbound.per.host", limits["outbound"]),
+        ("vmplane.migration.max.inbound.per.host", limits["inbound"]),
+    ):
         o.catalog.set_setting(key, str(value), "cluster", "c")
     for i in range(HOSTS):
         o.add_host(f"h{i}", "c", "sim", 64, 2400, 256 * 1024)
@@ -78,13 +79,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = {name: drain(name, limits, tmp) for name, limits in POLICIES.items()}
     base = results["one at a time (Nova default)"]["seconds"]
-    rows = [[name, f"{r['seconds']:.2f}", f"{base / r['seconds']:.2f}x", r["peak"], f"{r['ok']}/{VMS}", r["audit"]]
-            for name, r in results.items()]
+    rows = [
+        [name, f"{r['seconds']:.2f}", f"{base / r['seconds']:.2f}x", r["peak"], f"{r['ok']}/{VMS}", r["audit"]]
+        for name, r in results.items()
+    ]
     body = table(["limits", "drain s", "speed-up vs one at a time", "peak copies", "migrated", "ledger audit"], rows)
-    body += (f"\n\n{VMS} VMs of {VM_MIB} MiB on one sim host, {HOSTS - 1} empty targets, each copy at "
-             f"{RATE_MIB_S} MiB/s (so {VM_MIB / RATE_MIB_S:.2f} s per VM). Drain = `host maintenance enter` until "
-             f"every migration ended. The per-host outbound limit sets the pace: vmplane's defaults match "
-             f"KubeVirt's there (the inbound limit of 2 does not bind with 8 targets).")
+    body += (
+        f"\n\n{VMS} VMs of {VM_MIB} MiB on one sim host, {HOSTS - 1} empty targets, each copy at "
+        f"{RATE_MIB_S} MiB/s (so {VM_MIB / RATE_MIB_S:.2f} s per VM). Drain = `host maintenance enter` until "
+        f"every migration ended. The per-host outbound limit sets the pace: vmplane's defaults match "
+        f"KubeVirt's there (the inbound limit of 2 does not bind with 8 targets)."
+    )
     write_section("Host drain: limits side by side (bench/drain.py)", body)
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import LocalCluster, percentile, table, write_section  # noqa: E402
+from common import LocalCluster, percentile, table, write_section
 
 
 def wait_operation(c, op_id: str) -> dict:
@@ -68,9 +68,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     cluster = LocalCluster("libvirt", hosts=1)
-    rows = {"create -> running (domain started)": [], "create -> guest answers (boot)": [],
-            "stop --force -> stopped": [], "QEMU RSS after boot, MiB": [],
-            "virsh destroy -> recorded stopped (event)": []}
+    rows = {
+        "create -> running (domain started)": [],
+        "create -> guest answers (boot)": [],
+        "stop --force -> stopped": [],
+        "QEMU RSS after boot, MiB": [],
+        "virsh destroy -> recorded stopped (event)": [],
+    }
     try:
         cluster.wait_ready()
         with cluster.client() as c:
@@ -79,15 +83,18 @@ def main() -> None:
             c.put("/settings/vmplane.host.sync.interval", json={"value": "3600"}).raise_for_status()
             c.post("/offerings", json={"name": "o", "kind": "fixed", "vcpus": 1, "memory_mib": 512}).raise_for_status()
             # warm-up: libvirt probes QEMU on its first start, and the accelerator is probed once
-            c.post("/vms", json={"name": "warm", "project": "b", "offering": "o", "template": "tiny-linux",
-                                 "start": True}).raise_for_status()
+            c.post(
+                "/vms", json={"name": "warm", "project": "b", "offering": "o", "template": "tiny-linux", "start": True}
+            ).raise_for_status()
             c.post("/vms/warm/exec", json={"command": "true", "timeout_s": 120}).raise_for_status()
             c.post("/vms/warm/stop", json={"force": True})
             for i in range(args.runs):
                 name = f"g{i}"
                 t0 = time.perf_counter()
-                r = c.post("/vms", json={"name": name, "project": "b", "offering": "o", "template": "tiny-linux",
-                                         "start": True})
+                r = c.post(
+                    "/vms",
+                    json={"name": name, "project": "b", "offering": "o", "template": "tiny-linux", "start": True},
+                )
                 r.raise_for_status()
                 op = wait_operation(c, r.json()["operation"]["id"])
                 assert op["state"] == "succeeded", op
@@ -102,17 +109,26 @@ def main() -> None:
                 c.delete(f"/vms/{name}")
                 for key, value in zip(rows, (t_running, t_boot, t_stop, rss, t_event)):
                     rows[key].append(value)
-                print(f"run {i}: running {t_running:.2f} s, guest answers {t_boot:.2f} s, stop {t_stop:.2f} s, "
-                      f"RSS {rss:.0f} MiB, destroy recorded {t_event:.2f} s", flush=True)
+                print(
+                    f"run {i}: running {t_running:.2f} s, guest answers {t_boot:.2f} s, stop {t_stop:.2f} s, "
+                    f"RSS {rss:.0f} MiB, destroy recorded {t_event:.2f} s",
+                    flush=True,
+                )
     finally:
         cluster.stop()
-    body = table(["measure", "runs", "p50", "p95", "min", "max"],
-                 [[k, len(v), f"{percentile(v, 50):.2f}", f"{percentile(v, 95):.2f}", f"{min(v):.2f}", f"{max(v):.2f}"]
-                  for k, v in rows.items()])
-    body += ("\n\nSeconds unless stated. One local libvirtd host (own mount and network namespace), the tiny-linux "
-             "guest (Debian cloud kernel + busybox initramfs), 1 vCPU / 512 MiB, TCG (this machine's KVM can not "
-             "boot Linux). 'guest answers' = the API call until a command run through the serial console "
-             "(virDomainOpenConsole) returns. A warm-up VM runs first (libvirt's one-time QEMU probe).")
+    body = table(
+        ["measure", "runs", "p50", "p95", "min", "max"],
+        [
+            [k, len(v), f"{percentile(v, 50):.2f}", f"{percentile(v, 95):.2f}", f"{min(v):.2f}", f"{max(v):.2f}"]
+            for k, v in rows.items()
+        ],
+    )
+    body += (
+        "\n\nSeconds unless stated. One local libvirtd host (own mount and network namespace), the tiny-linux "
+        "guest (Debian cloud kernel + busybox initramfs), 1 vCPU / 512 MiB, TCG (this machine's KVM can not "
+        "boot Linux). 'guest answers' = the API call until a command run through the serial console "
+        "(virDomainOpenConsole) returns. A warm-up VM runs first (libvirt's one-time QEMU probe)."
+    )
     write_section("Real guests: boot and start latency (bench/guest.py)", body)
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import LocalCluster, percentile, table, write_section  # noqa: E402
+from common import LocalCluster, percentile, table, write_section
 
 
 def wait(predicate, timeout_s: float, what: str):
@@ -39,11 +39,21 @@ def one_run(c, run: int, vms: int) -> dict:
     for other in ("lv2", "lv3"):
         c.post(f"/hosts/{other}/maintenance", json={"action": "enter"}).raise_for_status()
     for name in names:
-        c.post("/vms", json={"name": name, "project": "b", "offering": "o", "template": "tiny-linux", "pool": "shared",
-                             "ha_policy": "restart", "start": True}).raise_for_status()
+        c.post(
+            "/vms",
+            json={
+                "name": name,
+                "project": "b",
+                "offering": "o",
+                "template": "tiny-linux",
+                "pool": "shared",
+                "ha_policy": "restart",
+                "start": True,
+            },
+        ).raise_for_status()
     for name in names:
-        wait(lambda: c.get(f"/vms/{name}").json()["state"] == "running", 120, f"{name} running")
-        wait(lambda: answers(c, name), 120, f"{name} answering")
+        wait(lambda name=name: c.get(f"/vms/{name}").json()["state"] == "running", 120, f"{name} running")
+        wait(lambda name=name: answers(c, name), 120, f"{name} answering")
     for other in ("lv2", "lv3"):
         c.post(f"/hosts/{other}/maintenance", json={"action": "exit"}).raise_for_status()
     marks: dict[str, float] = {}
@@ -54,8 +64,13 @@ def one_run(c, run: int, vms: int) -> dict:
         state = c.get("/hosts/lv1").json()["state"]
         now = time.monotonic() - t0
         for phase in ("down", "fencing", "fenced"):
-            if phase not in marks and state in {"down": ("down", "fencing", "fenced"),
-                                                "fencing": ("fencing", "fenced"), "fenced": ("fenced",)}[phase]:
+            if (
+                phase not in marks
+                and state
+                in {"down": ("down", "fencing", "fenced"), "fencing": ("fencing", "fenced"), "fenced": ("fenced",)}[
+                    phase
+                ]
+            ):
                 marks[phase] = now
         for name in list(pending):
             vm = c.get(f"/vms/{name}").json()
@@ -69,10 +84,15 @@ def one_run(c, run: int, vms: int) -> dict:
     wait(lambda: c.get("/hosts/lv1").json()["state"] == "enabled", 120, "lv1 back")
     for name in names:
         c.post(f"/vms/{name}/stop", json={"force": True})
-        wait(lambda: c.get(f"/vms/{name}").json()["state"] == "stopped", 60, f"{name} stopped")
+        wait(lambda name=name: c.get(f"/vms/{name}").json()["state"] == "stopped", 60, f"{name} stopped")
         c.delete(f"/vms/{name}")
-    return {"detect": marks["down"], "declare": marks["fencing"] - marks["down"],
-            "fence": marks["fenced"] - marks["fencing"], "restart": total - marks["fenced"], "total": total}
+    return {
+        "detect": marks["down"],
+        "declare": marks["fencing"] - marks["down"],
+        "fence": marks["fenced"] - marks["fencing"],
+        "restart": total - marks["fenced"],
+        "total": total,
+    }
 
 
 def main() -> None:
@@ -85,8 +105,10 @@ def main() -> None:
     try:
         cluster.wait_ready()
         with cluster.client() as c:
-            c.put("/settings/cpu.overprovisioning.factor", json={"value": "4", "scope": "cluster",
-                                                                 "scope_name": "cluster1"}).raise_for_status()
+            c.put(
+                "/settings/cpu.overprovisioning.factor",
+                json={"value": "4", "scope": "cluster", "scope_name": "cluster1"},
+            ).raise_for_status()
             c.post("/projects", json={"name": "b", "vcpus": 64, "memory_mib": 65536, "vms": 100}).raise_for_status()
             c.post("/offerings", json={"name": "o", "kind": "fixed", "vcpus": 1, "memory_mib": 384}).raise_for_status()
             for run in range(args.runs):
@@ -95,15 +117,24 @@ def main() -> None:
     finally:
         cluster.stop()
     phases = ["detect", "declare", "fence", "restart", "total"]
-    rows = [[phase, f"{percentile([r[phase] for r in results], 50):.1f}",
-             f"{percentile([r[phase] for r in results], 95):.1f}",
-             f"{min(r[phase] for r in results):.1f}", f"{max(r[phase] for r in results):.1f}"] for phase in phases]
-    body = (f"{args.runs} runs, {args.vms} HA VMs (1 vCPU, 384 MiB, root disk on the shared pool) on lv1 of 3 local "
-            f"hosts; lv1's power cut (`host fail --mode power`); seconds from the cut. detect: until the monitor "
-            f"marks lv1 down (check every 5 s); declare: down for vmplane.ha.grace (10 s) until fencing; fence: the "
-            f"local agent until confirmed off; restart: until every HA VM answers `vm exec` on its new host; "
-            f"total: cut to the last VM answering. Goal: total p95 under 60 s.\n\n"
-            + table(["phase", "p50 s", "p95 s", "min s", "max s"], rows))
+    rows = [
+        [
+            phase,
+            f"{percentile([r[phase] for r in results], 50):.1f}",
+            f"{percentile([r[phase] for r in results], 95):.1f}",
+            f"{min(r[phase] for r in results):.1f}",
+            f"{max(r[phase] for r in results):.1f}",
+        ]
+        for phase in phases
+    ]
+    body = (
+        f"{args.runs} runs, {args.vms} HA VMs (1 vCPU, 384 MiB, root disk on the shared pool) on lv1 of 3 local "
+        f"hosts; lv1's power cut (`host fail --mode power`); seconds from the cut. detect: until the monitor "
+        f"marks lv1 down (check every 5 s); declare: down for vmplane.ha.grace (10 s) until fencing; fence: the "
+        f"local agent until confirmed off; restart: until every HA VM answers `vm exec` on its new host; "
+        f"total: cut to the last VM answering. Goal: total p95 under 60 s.\n\n"
+        + table(["phase", "p50 s", "p95 s", "min s", "max s"], rows)
+    )
     write_section("High availability: power failure to HA VMs answering elsewhere (bench/ha.py)", body)
 
 

@@ -25,11 +25,10 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import table, write_section  # noqa: E402
-
-from vmplane.core.model import Offering, OfferingKind  # noqa: E402
-from vmplane.orchestrator import InlineExecutor, Orchestrator  # noqa: E402
-from vmplane.store import Database  # noqa: E402
+from common import table, write_section
+from vmplane.core.model import Offering, OfferingKind
+from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.store import Database
 
 TOKEN = "load-token"
 PER_PROJECT = 100
@@ -61,8 +60,8 @@ def copy_store(src: Path, dst: Path) -> None:
     """The store with the files beside it (the sim hosts' state: `load.db.sim-hosts`)."""
     for f in src.parent.glob(src.name + "*"):
         if f.name.endswith(("-wal", "-shm", "-journal")):
-            continue                                # SQLite's backup API copies what they hold
-        source, target = sqlite3.connect(f), sqlite3.connect(dst.with_name(dst.name + f.name[len(src.name):]))
+            continue  # SQLite's backup API copies what they hold
+        source, target = sqlite3.connect(f), sqlite3.connect(dst.with_name(dst.name + f.name[len(src.name) :]))
         try:
             source.backup(target)
         finally:
@@ -137,17 +136,47 @@ end
     logs = {name: Path(tmp.name) / f"{name}.log" for name in ("vmplane", "minimal")}
     try:
         port = free_port()
-        servers["vmplane"] = (subprocess.Popen(
-            [str(bin_dir / "vmplane"), "serve", "--db", f"sqlite:///{db_path}", "--port", str(port),
-             "--token", TOKEN], env={**os.environ, "VMPLANE_HOME": tmp.name},
-            stdout=open(logs["vmplane"], "w"), stderr=subprocess.STDOUT), f"http://127.0.0.1:{port}")
+        servers["vmplane"] = (
+            subprocess.Popen(
+                [
+                    str(bin_dir / "vmplane"),
+                    "serve",
+                    "--db",
+                    f"sqlite:///{db_path}",
+                    "--port",
+                    str(port),
+                    "--token",
+                    TOKEN,
+                ],
+                env={**os.environ, "VMPLANE_HOME": tmp.name},
+                stdout=open(logs["vmplane"], "w"),  # noqa: SIM115 (the server writes it for its whole life)
+                stderr=subprocess.STDOUT,
+            ),
+            f"http://127.0.0.1:{port}",
+        )
         port = free_port()
         # the settings of `vmplane serve` (server.serve): one worker, default loop and parser, no access log
-        servers["minimal"] = (subprocess.Popen(
-            [str(bin_dir / "uvicorn"), "--app-dir", str(Path(__file__).parent), "minimal_app:app",
-             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"],
-            env={**os.environ, "VMPLANE_DB": str(db_path)},
-            stdout=open(logs["minimal"], "w"), stderr=subprocess.STDOUT), f"http://127.0.0.1:{port}")
+        servers["minimal"] = (
+            subprocess.Popen(
+                [
+                    str(bin_dir / "uvicorn"),
+                    "--app-dir",
+                    str(Path(__file__).parent),
+                    "minimal_app:app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                    "--no-access-log",
+                ],
+                env={**os.environ, "VMPLANE_DB": str(db_path)},
+                stdout=open(logs["minimal"], "w"),  # noqa: SIM115 (the server writes it for its whole life)
+                stderr=subprocess.STDOUT,
+            ),
+            f"http://127.0.0.1:{port}",
+        )
         for name, (proc, url) in servers.items():
             wait_healthy(url, proc, logs[name])
         endpoints = {
@@ -155,20 +184,23 @@ end
             "GET /healthz": ("/healthz", None),
             "GET /api/v1/vms?limit=50": ("/api/v1/vms?limit=50", None),
         }
-        for _, (_, url) in servers.items():        # warm up both (first requests import and compile)
+        for _, (_, url) in servers.items():  # warm up both (first requests import and compile)
             for path, _ in endpoints.values():
                 httpx.get(url + path, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).raise_for_status()
         rates: dict[str, dict[str, list[float]]] = {e: {"vmplane": [], "minimal": []} for e in endpoints}
         errors = 0
         for r in range(args.rounds):
             for endpoint, (path, lua) in endpoints.items():
-                order = ("vmplane", "minimal") if r % 2 == 0 else ("minimal", "vmplane")   # A,B then B,A
+                order = ("vmplane", "minimal") if r % 2 == 0 else ("minimal", "vmplane")  # A,B then B,A
                 for name in order:
                     rate, bad = wrk(servers[name][1], path, lua, args.seconds, args.connections, args.threads)
                     rates[endpoint][name].append(rate)
                     errors += bad
-                print(f"round {r + 1} {endpoint}: vmplane {rates[endpoint]['vmplane'][-1]:.0f}/s, "
-                      f"minimal {rates[endpoint]['minimal'][-1]:.0f}/s", flush=True)
+                print(
+                    f"round {r + 1} {endpoint}: vmplane {rates[endpoint]['vmplane'][-1]:.0f}/s, "
+                    f"minimal {rates[endpoint]['minimal'][-1]:.0f}/s",
+                    flush=True,
+                )
     finally:
         for proc, _ in servers.values():
             proc.terminate()
@@ -182,14 +214,16 @@ end
         a, b = statistics.median(by_app["vmplane"]), statistics.median(by_app["minimal"])
         rows.append([f"**{endpoint}**", "median", f"**{a:,.0f}**", f"**{b:,.0f}**", f"**{a / b:.2f}x**"])
     body = table(["endpoint", "round", "vmplane req/s", "minimal app req/s", "ratio"], rows)
-    body += (f"\n\nwrk -t{args.threads} -c{args.connections}, {args.seconds} s per run, on loopback; the two apps "
-             f"interleaved in each round (A,B then B,A), {errors} non-2xx or socket errors. Store: {args.vms} VMs "
-             f"(half running) in {projects} projects on {HOSTS} sim hosts, SQLite (ready in {populate_s:.0f} s). "
-             f"vmplane: `vmplane serve`; the minimal app: bench/minimal_app.py (plain sqlite3, the same token "
-             f"check: SHA-256 and one indexed read; the same VM row with its names), both one uvicorn worker, "
-             f"default loop and parser, access log off, on this {os.cpu_count()}-core machine shared with wrk. "
-             f"The goal (issue 14): vmplane at least {GOAL}x of the minimal app on `/api/v1/vms/{{name}}` and "
-             f"`/healthz`.")
+    body += (
+        f"\n\nwrk -t{args.threads} -c{args.connections}, {args.seconds} s per run, on loopback; the two apps "
+        f"interleaved in each round (A,B then B,A), {errors} non-2xx or socket errors. Store: {args.vms} VMs "
+        f"(half running) in {projects} projects on {HOSTS} sim hosts, SQLite (ready in {populate_s:.0f} s). "
+        f"vmplane: `vmplane serve`; the minimal app: bench/minimal_app.py (plain sqlite3, the same token "
+        f"check: SHA-256 and one indexed read; the same VM row with its names), both one uvicorn worker, "
+        f"default loop and parser, access log off, on this {os.cpu_count()}-core machine shared with wrk. "
+        f"The goal (issue 14): vmplane at least {GOAL}x of the minimal app on `/api/v1/vms/{{name}}` and "
+        f"`/healthz`."
+    )
     if args.no_results:
         print(body)
     else:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import LocalCluster, percentile, table, write_section  # noqa: E402
+from common import LocalCluster, percentile, table, write_section
 
 GUEST_MIB = 512
 BUSY = "(while :; do dd if=/dev/urandom of=/dev/shm/x bs=1M count=50 2>/dev/null; done) >/dev/null 2>&1 &"
@@ -78,27 +78,41 @@ def main() -> None:
         with cluster.client() as c:
             c.put("/settings/cpu.overprovisioning.factor", json={"value": "4"}).raise_for_status()
             c.post("/projects", json={"name": "b", "vcpus": 16, "memory_mib": 32768}).raise_for_status()
-            c.post("/offerings", json={"name": "o", "kind": "fixed", "vcpus": 1,
-                                       "memory_mib": GUEST_MIB}).raise_for_status()
+            c.post(
+                "/offerings", json={"name": "o", "kind": "fixed", "vcpus": 1, "memory_mib": GUEST_MIB}
+            ).raise_for_status()
             for run in range(args.runs):
-                for load, policy in cases:        # interleaved: both policies see the same machine state
+                for load, policy in cases:  # interleaved: both policies see the same machine state
                     vm = f"{load}-{policy[:3]}-{run}"
-                    c.post("/vms", json={"name": vm, "project": "b", "offering": "o", "template": "tiny-linux",
-                                         "start": True}).raise_for_status()
-                    c.post(f"/vms/{vm}/exec", json={"command": "echo m > /tmp/marker", "timeout_s": 120}
-                           ).raise_for_status()
+                    c.post(
+                        "/vms",
+                        json={"name": vm, "project": "b", "offering": "o", "template": "tiny-linux", "start": True},
+                    ).raise_for_status()
+                    c.post(
+                        f"/vms/{vm}/exec", json={"command": "echo m > /tmp/marker", "timeout_s": 120}
+                    ).raise_for_status()
                     if load == "busy":
                         c.post(f"/vms/{vm}/exec", json={"command": BUSY}).raise_for_status()
                         time.sleep(1.5)
                     mig = migrate(c, vm, policy, args.timeout)
                     marker = c.post(f"/vms/{vm}/exec", json={"command": "cat /tmp/marker", "timeout_s": 30})
                     stats = mig.get("stats") or {}
-                    healthy = (mig["state"] == "succeeded" and mig["stats"]["guest_check"].startswith("answered")
-                               and marker.status_code == 200 and marker.json()["output"].strip() == "m")
-                    converged = bool(stats.get("total_ms")) and not mig.get("timed_out")   # the copy completed
-                    results[(load, policy)].append({"converged": converged, "healthy": healthy,
-                                                    "total": stats.get("total_ms"), "down": stats.get("downtime_ms"),
-                                                    "mib": (stats.get("bytes") or 0) >> 20})
+                    healthy = (
+                        mig["state"] == "succeeded"
+                        and mig["stats"]["guest_check"].startswith("answered")
+                        and marker.status_code == 200
+                        and marker.json()["output"].strip() == "m"
+                    )
+                    converged = bool(stats.get("total_ms")) and not mig.get("timed_out")  # the copy completed
+                    results[(load, policy)].append(
+                        {
+                            "converged": converged,
+                            "healthy": healthy,
+                            "total": stats.get("total_ms"),
+                            "down": stats.get("downtime_ms"),
+                            "mib": (stats.get("bytes") or 0) >> 20,
+                        }
+                    )
                     print(load, policy, mig["state"], stats, flush=True)
                     c.post(f"/vms/{vm}/stop", json={"force": True})
                     time.sleep(2.5)
@@ -110,16 +124,30 @@ def main() -> None:
         values = [r[key] for r in rows if r[key] is not None and r["converged"]]
         return f"{percentile(values, 50):.0f}" if values else "-"
 
-    rows = [[load, policy, f"{sum(r['converged'] for r in rs)}/{len(rs)}", f"{sum(r['healthy'] for r in rs)}/{len(rs)}",
-             med(rs, "total"), med(rs, "down"), med(rs, "mib")] for (load, policy), rs in results.items()]
-    body = table(["guest", "parameters", "converged", "guest healthy", "total ms (p50)", "downtime ms (p50)",
-                  "MiB sent (p50)"], rows)
-    body += (f"\n\nCopy floor: {GUEST_MIB} MiB guest / {floor_rate:.0f} MiB/s measured TCP copy rate on loopback = "
-             f"{1000 * GUEST_MIB / floor_rate:.0f} ms. Guests: tiny-linux, 1 vCPU / {GUEST_MIB} MiB, TCG; 'busy' writes "
-             f"50 MiB of random data into /dev/shm in a loop. 'hypervisor-default' = libvirt/QEMU defaults (pre-copy, "
-             f"no bandwidth cap); 'vmplane' = the TCG policy: pre-copy capped at 64 MiB/s, post-copy switched on 1 s "
-             f"into the first pass. Healthy = vmplane's check answered on the target (uptime, no kernel oops) and a "
-             f"marker file survived. A migration not done in {args.timeout:.0f} s is cancelled (not converged).")
+    rows = [
+        [
+            load,
+            policy,
+            f"{sum(r['converged'] for r in rs)}/{len(rs)}",
+            f"{sum(r['healthy'] for r in rs)}/{len(rs)}",
+            med(rs, "total"),
+            med(rs, "down"),
+            med(rs, "mib"),
+        ]
+        for (load, policy), rs in results.items()
+    ]
+    body = table(
+        ["guest", "parameters", "converged", "guest healthy", "total ms (p50)", "downtime ms (p50)", "MiB sent (p50)"],
+        rows,
+    )
+    body += (
+        f"\n\nCopy floor: {GUEST_MIB} MiB guest / {floor_rate:.0f} MiB/s measured TCP copy rate on loopback = "
+        f"{1000 * GUEST_MIB / floor_rate:.0f} ms. Guests: tiny-linux, 1 vCPU / {GUEST_MIB} MiB, TCG; 'busy' writes "
+        f"50 MiB of random data into /dev/shm in a loop. 'hypervisor-default' = libvirt/QEMU defaults (pre-copy, "
+        f"no bandwidth cap); 'vmplane' = the TCG policy: pre-copy capped at 64 MiB/s, post-copy switched on 1 s "
+        f"into the first pass. Healthy = vmplane's check answered on the target (uptime, no kernel oops) and a "
+        f"marker file survived. A migration not done in {args.timeout:.0f} s is cancelled (not converged)."
+    )
     write_section("Live migration of real guests (bench/migration.py)", body)
 
 

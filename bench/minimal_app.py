@@ -51,7 +51,7 @@ def _db() -> sqlite3.Connection:
 def _vm(row: sqlite3.Row) -> dict:
     vm = dict(row)
     vm["dynamic_scaling"] = bool(vm["dynamic_scaling"])
-    vm["created_at"] = dt.datetime.fromisoformat(vm["created_at"]).replace(tzinfo=dt.timezone.utc).isoformat()
+    vm["created_at"] = dt.datetime.fromisoformat(vm["created_at"]).replace(tzinfo=dt.UTC).isoformat()
     return vm
 
 
@@ -65,9 +65,13 @@ def _check(authorization: str | None) -> None:
 
 
 @app.get("/healthz")
-async def healthz():        # no I/O: async, as vmplane's (no threadpool hop in either)
-    return {"status": "ok", "version": "minimal", "hosts": 20,
-            "recovery": {"done": True, "phase": "done", "pending_vms": 0}}
+async def healthz():  # no I/O: async, as vmplane's (no threadpool hop in either)
+    return {
+        "status": "ok",
+        "version": "minimal",
+        "hosts": 20,
+        "recovery": {"done": True, "phase": "done", "pending_vms": 0},
+    }
 
 
 @app.get("/api/v1/vms/{name}")
@@ -80,8 +84,7 @@ def show_vm(name: str, authorization: str | None = Header(None)):
 
 
 @app.get("/api/v1/vms")
-def list_vms(response: Response, limit: int = 100, offset: int = 0,
-             authorization: str | None = Header(None)):
+def list_vms(response: Response, limit: int = 100, offset: int = 0, authorization: str | None = Header(None)):
     _check(authorization)
     conn = _db()
     rows = conn.execute(VM_SELECT + " ORDER BY v.name LIMIT ? OFFSET ?", (limit, offset)).fetchall()

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import LocalCluster, percentile, table, write_section  # noqa: E402
+from common import LocalCluster, percentile, table, write_section
 
 
 def guest(c, vm: str, command: str) -> str:
@@ -46,8 +46,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     cluster = LocalCluster("libvirt", hosts=1)
-    samples: dict[str, list[float]] = {"vCPU up 1 -> 2": [], "memory up 256 -> 512 MiB": [],
-                                       "memory down 512 -> 256 MiB": [], "vCPU down 2 -> 1": []}
+    samples: dict[str, list[float]] = {
+        "vCPU up 1 -> 2": [],
+        "memory up 256 -> 512 MiB": [],
+        "memory down 512 -> 256 MiB": [],
+        "vCPU down 2 -> 1": [],
+    }
     methods: dict[str, str] = {}
     try:
         cluster.wait_ready()
@@ -56,16 +60,37 @@ def main() -> None:
             c.put("/settings/kvm.cpu.dynamic.scaling.capacity", json={"value": "4"}).raise_for_status()
             c.put("/settings/kvm.memory.dynamic.scaling.capacity", json={"value": "2048"}).raise_for_status()
             c.post("/projects", json={"name": "b", "vcpus": 8, "memory_mib": 8192}).raise_for_status()
-            c.post("/offerings", json={"name": "flex", "kind": "custom-constrained", "min_vcpus": 1, "max_vcpus": 4,
-                                       "min_memory_mib": 256, "max_memory_mib": 2048, "dynamic_scaling": True}
-                   ).raise_for_status()
-            c.post("/vms", json={"name": "s", "project": "b", "offering": "flex", "template": "tiny-linux",
-                                 "vcpus": 1, "memory_mib": 256, "start": True}).raise_for_status()
+            c.post(
+                "/offerings",
+                json={
+                    "name": "flex",
+                    "kind": "custom-constrained",
+                    "min_vcpus": 1,
+                    "max_vcpus": 4,
+                    "min_memory_mib": 256,
+                    "max_memory_mib": 2048,
+                    "dynamic_scaling": True,
+                },
+            ).raise_for_status()
+            c.post(
+                "/vms",
+                json={
+                    "name": "s",
+                    "project": "b",
+                    "offering": "flex",
+                    "template": "tiny-linux",
+                    "vcpus": 1,
+                    "memory_mib": 256,
+                    "start": True,
+                },
+            ).raise_for_status()
             base = int(guest(c, "s", "grep MemTotal /proc/meminfo").split()[1])
-            steps = [("vCPU up 1 -> 2", {"vcpus": 2}, lambda n, m: n == 2),
-                     ("memory up 256 -> 512 MiB", {"memory_mib": 512}, lambda n, m: m >= base + 256 * 1024),
-                     ("memory down 512 -> 256 MiB", {"memory_mib": 256}, lambda n, m: m <= base),
-                     ("vCPU down 2 -> 1", {"vcpus": 1}, lambda n, m: n == 1)]
+            steps = [
+                ("vCPU up 1 -> 2", {"vcpus": 2}, lambda n, m: n == 2),
+                ("memory up 256 -> 512 MiB", {"memory_mib": 512}, lambda n, m: m >= base + 256 * 1024),
+                ("memory down 512 -> 256 MiB", {"memory_mib": 256}, lambda n, m: m <= base),
+                ("vCPU down 2 -> 1", {"vcpus": 1}, lambda n, m: n == 1),
+            ]
             for run in range(args.runs):
                 for name, body, visible in steps:
                     seconds, message = timed(c, "s", body, visible)
@@ -74,14 +99,26 @@ def main() -> None:
                     print(f"run {run}: {name}: {seconds:.2f} s ({message})", flush=True)
     finally:
         cluster.stop()
-    rows = [[name, len(v), f"{percentile(v, 50):.2f}", f"{percentile(v, 95):.2f}", f"{min(v):.2f}", f"{max(v):.2f}",
-             methods.get(name, "")] for name, v in samples.items()]
+    rows = [
+        [
+            name,
+            len(v),
+            f"{percentile(v, 50):.2f}",
+            f"{percentile(v, 95):.2f}",
+            f"{min(v):.2f}",
+            f"{max(v):.2f}",
+            methods.get(name, ""),
+        ]
+        for name, v in samples.items()
+    ]
     body = table(["change", "runs", "p50 s", "p95 s", "min s", "max s", "how (libvirt)"], rows)
-    body += ("\n\nFrom `POST /vms/s/scale` until the guest itself reports the new size (nproc, MemTotal through the "
-             "serial console, polled; each poll costs ~0.1-0.2 s under TCG, included). One guest (tiny-linux, TCG) "
-             "prepared with a ceiling of 4 vCPUs / 2048 MiB. vCPU down is 'soft' under TCG (the guest offlines the "
-             "vCPU, a domain CPU cap of one CPU holds it), since real vCPU unplug is broken in QEMU 7.2 under TCG; "
-             "vCPU up after a soft down onlines it again.")
+    body += (
+        "\n\nFrom `POST /vms/s/scale` until the guest itself reports the new size (nproc, MemTotal through the "
+        "serial console, polled; each poll costs ~0.1-0.2 s under TCG, included). One guest (tiny-linux, TCG) "
+        "prepared with a ceiling of 4 vCPUs / 2048 MiB. vCPU down is 'soft' under TCG (the guest offlines the "
+        "vCPU, a domain CPU cap of one CPU holds it), since real vCPU unplug is broken in QEMU 7.2 under TCG; "
+        "vCPU up after a soft down onlines it again."
+    )
     write_section("Live scaling latency on a real guest (bench/scale.py)", body)
 
 

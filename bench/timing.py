@@ -28,16 +28,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from common import table, write_section  # noqa: E402
-
-from tests.conftest import add_basics, add_sim_hosts  # noqa: E402
-from vmplane.controllers import scaler as scaler_module  # noqa: E402
-from vmplane.core.driver import DiskSpec, DomainSpec, HostInfo, PoolSpec  # noqa: E402
-from vmplane.hosts.drivers.sim import SimDriver  # noqa: E402
-from vmplane.hosts.drivers.simfabric import SimFabric  # noqa: E402
-from vmplane.core.model import Offering, OfferingKind  # noqa: E402
-from vmplane.orchestrator import InlineExecutor, Orchestrator  # noqa: E402
-from vmplane.store import Database  # noqa: E402
+from common import table, write_section
+from tests.conftest import add_basics, add_sim_hosts
+from vmplane.controllers import scaler as scaler_module
+from vmplane.core.driver import DiskSpec, DomainSpec, HostInfo, PoolSpec
+from vmplane.core.model import Offering, OfferingKind
+from vmplane.hosts.drivers.sim import SimDriver
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.store import Database
 
 LEASE_S = 2.0
 POLL_S = 0.01
@@ -95,7 +94,7 @@ def lease_takeover(folder: Path) -> float:
         for o in (a, b, a):
             o.controllers.balance()
         a.create_vm("v1", "p", "small", "tiny", start=True)
-        a.controllers._stop.set()                   # paused: no renewal from here
+        a.controllers._stop.set()  # paused: no renewal from here
         t0 = time.monotonic()
         until(lambda: b.vm("v1").state == "running", "takeover")
         return time.monotonic() - t0
@@ -125,7 +124,7 @@ def migration_deadline(folder: Path) -> float:
         o.create_vm("v", "p", "small", "tiny", start=True)
         o.catalog.set_setting("vmplane.migration.timeout", "1", "cluster", "c1")
         for d in o.drivers.values():
-            d.copy_rate_mib_s = 4                   # 1 GiB: minutes, unless aborted
+            d.copy_rate_mib_s = 4  # 1 GiB: minutes, unless aborted
         t0 = time.monotonic()
         row = o.migrator.get(o.migrator.migrate("v")["id"])
         took = time.monotonic() - t0
@@ -145,10 +144,20 @@ def scale_deadline(folder: Path) -> float:
         add_sim_hosts(o, 2, cores=8, memory_mib=8 * 1024)
         o.catalog.set_setting("enable.dynamic.scale.vm", "true", "zone", "z1")
         o.catalog.create_offering(Offering("f1", OfferingKind.fixed, vcpus=1, memory_mib=256, dynamic_scaling=True))
-        o.catalog.create_offering(Offering("big", OfferingKind.fixed, vcpus=4, memory_mib=6 * 1024,
-                                           dynamic_scaling=True))
-        o.catalog.create_offering(Offering("flex", OfferingKind.custom_constrained, min_vcpus=1, max_vcpus=8,
-                                           min_memory_mib=256, max_memory_mib=8 * 1024, dynamic_scaling=True))
+        o.catalog.create_offering(
+            Offering("big", OfferingKind.fixed, vcpus=4, memory_mib=6 * 1024, dynamic_scaling=True)
+        )
+        o.catalog.create_offering(
+            Offering(
+                "flex",
+                OfferingKind.custom_constrained,
+                min_vcpus=1,
+                max_vcpus=8,
+                min_memory_mib=256,
+                max_memory_mib=8 * 1024,
+                dynamic_scaling=True,
+            )
+        )
         o.catalog.create_template("t", "tiny-linux", dynamic_scaling=True)
         o.catalog.create_project("p", 16, 32 * 1024, 10, count_overhead=True)
 
@@ -161,7 +170,7 @@ def scale_deadline(folder: Path) -> float:
         started("filler2", "flex", "t", vcpus=1, memory_mib=5 * 1024)
         stop = o.stop_vm("filler").operation_id
         until(lambda: o.operation(stop).state not in ("pending", "running"), "filler stopped")
-        o.drivers[o.vm("v").host.name].copy_rate_mib_s = 0.01       # the copy would take hours
+        o.drivers[o.vm("v").host.name].copy_rate_mib_s = 0.01  # the copy would take hours
         scaler_module.Scaler._migration_timeout = lambda self, host: 1
         scaler_module.MIGRATE_FIRST_SLACK_S = 0
         t0 = time.monotonic()
@@ -186,15 +195,28 @@ def sim_fabric(folder: Path) -> float:
             d = SimDriver(f"h{i}", HostInfo(16, 2400, 65536), fabric)
             d.define_pool(local)
             d.create_volume("local", "root", 8192)
-            d.start(DomainSpec(f"v{i}", 1, 1, 1024, 1024, "", disks=(
-                DiskSpec("local", "root", f"{local.path}/root", "vda", "qcow2", False),)))
+            d.start(
+                DomainSpec(
+                    f"v{i}",
+                    1,
+                    1,
+                    1024,
+                    1024,
+                    "",
+                    disks=(DiskSpec("local", "root", f"{local.path}/root", "vda", "qcow2", False),),
+                )
+            )
         return time.monotonic() - t0
     finally:
         fabric.close()
 
 
 MEASURES = [
-    ("lease takeover: pause -> start finished by the other", lease_takeover, f"at most {2 * LEASE_S:g} (2 leases of {LEASE_S:g} s)"),
+    (
+        "lease takeover: pause -> start finished by the other",
+        lease_takeover,
+        f"at most {2 * LEASE_S:g} (2 leases of {LEASE_S:g} s)",
+    ),
     ("sync loop: domain gone -> VM stopped (interval 1 s)", sync_loop, "1 to 2 (an interval and a pass)"),
     ("migration deadline: migrate -> aborted, failed (timeout 1 s)", migration_deadline, "about 1 (its timeout)"),
     ("scale deadline: scale -> failed (2 x 1-s migration timeout)", scale_deadline, "about 2 (twice the timeout)"),
@@ -216,9 +238,11 @@ def main() -> None:
         rows.append([label, args.trials, f"{statistics.median(runs):.2f}", f"{max(runs):.2f}", promise])
         print(rows[-1], flush=True)
     body = table(["measure (seconds)", "trials", "median", "max", "promised"], rows)
-    body += ("\n\nEach trial in a fresh store (SQLite) with sim hosts, in this process; the tests named in "
-             "bench/timing.py assert these behaviours without the clock. 'promised': what the settings make of it; "
-             "a median far above it on an idle machine is a regression.")
+    body += (
+        "\n\nEach trial in a fresh store (SQLite) with sim hosts, in this process; the tests named in "
+        "bench/timing.py assert these behaviours without the clock. 'promised': what the settings make of it; "
+        "a median far above it on an idle machine is a regression."
+    )
     if args.dry:
         print(body)
     else:

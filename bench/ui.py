@@ -8,8 +8,9 @@ and a few others, requested one after another:
 - `uvicorn`: a real uvicorn server on loopback (in a thread of this process) asked by an httpx client, so the
   HTTP parsing and the socket are in too.
 
-usage: .venv/bin/python bench/ui.py [--hosts 500] [--vms 10000] [--requests 100] [--mode asgi,uvicorn] [--no-write] [--reuse FILE]
-       [--profile PAGE]  (cProfile one page's requests, the top functions printed; nothing written)
+usage: .venv/bin/python bench/ui.py [--hosts 500] [--vms 10000] [--requests 100] [--mode asgi,uvicorn]
+       [--no-write] [--reuse FILE] [--profile PAGE]
+  --profile: cProfile one page's requests, the top functions printed; nothing written
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import percentile, table, write_section  # noqa: E402
-
-from vmplane.api.app import create_app  # noqa: E402
-from vmplane.core.model import Offering, OfferingKind  # noqa: E402
-from vmplane.orchestrator import InlineExecutor, Orchestrator  # noqa: E402
-from vmplane.store import Database  # noqa: E402
+from common import percentile, table, write_section
+from vmplane.api.app import create_app
+from vmplane.core.model import Offering, OfferingKind
+from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.store import Database
 
 TOKEN = "ui-bench-token"
 HOST_CORES, HOST_MEMORY = 32, 131072
@@ -43,7 +43,7 @@ GOAL_MS = 200
 
 
 def populate(tmp: str, hosts: int, vms: int, reuse: str | None = None) -> tuple[Orchestrator, dict]:
-    if reuse and Path(reuse).exists():          # a store an earlier run kept (profiling runs)
+    if reuse and Path(reuse).exists():  # a store an earlier run kept (profiling runs)
         db = Database(f"sqlite:///{reuse}")
         o = Orchestrator(db, InlineExecutor())
         o.load()
@@ -77,6 +77,7 @@ def count_events(db) -> int:
     from sqlalchemy import func, select
 
     from vmplane.store.schema import Event
+
     with db.read() as s:
         return s.execute(select(func.count()).select_from(Event)).scalar_one()
 
@@ -86,8 +87,9 @@ def pages(projects: int, hosts: int) -> dict:
     return {
         "overview /ui": lambda r: "/ui",
         "VM list, first page /ui/vms": lambda r: "/ui/vms",
-        "VM list, filtered (project + state + name prefix)":
-            lambda r: f"/ui/vms?project=p{(p := r.randrange(projects))}&state=running&name=p{p}-v1",
+        "VM list, filtered (project + state + name prefix)": lambda r: (
+            f"/ui/vms?project=p{(p := r.randrange(projects))}&state=running&name=p{p}-v1"
+        ),
         "VM list, all running, by -memory, page 50": lambda r: "/ui/vms?state=running&sort=-memory_mib&offset=2500",
         "VM list fragment, host filter /ui/f/vms?host=": lambda r: f"/ui/f/vms?host=h{r.randrange(hosts):04d}",
         "VM detail /ui/vms/{name}": lambda r: f"/ui/vms/p{r.randrange(projects)}-v{r.randrange(PER_PROJECT)}",
@@ -131,8 +133,9 @@ class ThreadedUvicorn:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="off"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):
@@ -164,8 +167,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vmplane-ui-bench-") as tmp:
         t0 = time.perf_counter()
         o, built = populate(tmp, args.hosts, args.vms, args.reuse)
-        print(f"populated in {time.perf_counter() - t0:.0f} s: {args.hosts} hosts in {built['hosts_s']:.0f} s, "
-              f"{args.vms} VMs in {built['vms_s']:.0f} s, {built['events']} events", flush=True)
+        print(
+            f"populated in {time.perf_counter() - t0:.0f} s: {args.hosts} hosts in {built['hosts_s']:.0f} s, "
+            f"{args.vms} VMs in {built['vms_s']:.0f} s, {built['events']} events",
+            flush=True,
+        )
         app = create_app(o)
         urls = pages(-(-args.vms // PER_PROJECT), args.hosts)
         cookies = {"vmplane_session": TOKEN}
@@ -204,14 +210,16 @@ def main() -> None:
         rows.append(row + ["yes" if worst < GOAL_MS else "**no**"])
     headers = ["page"] + [f"{m} {p} ms" for m in modes for p in ("p50", "p95")] + [f"p95 < {GOAL_MS} ms"]
     body = table(headers, rows)
-    body += (f"\n\n{args.requests} requests per page and mode, one after another (pages interleaved, 3 unmeasured "
-             f"first), logged in as an admin (session cookie). `asgi`: through the ASGI app in-process (Starlette "
-             f"TestClient, no socket); `uvicorn`: one uvicorn server on loopback in a thread of this process, asked "
-             f"by an httpx client in another (the client's time is in the figure). Store: {args.hosts} sim hosts "
-             f"({HOST_CORES} cores / {HOST_MEMORY} MiB), {args.vms} VMs ({PER_PROJECT} per project, half running, "
-             f"sizes {[s[0] for s in SIZES]}) created through the orchestrator (`create_vm`, with start: quota, "
-             f"placement, claim, events) on SQLite in {built['vms_s']:.0f} s, {built['events']} events in the log. "
-             f"Random names per request (VM, host, project). This 2-core machine, other work running beside it.")
+    body += (
+        f"\n\n{args.requests} requests per page and mode, one after another (pages interleaved, 3 unmeasured "
+        f"first), logged in as an admin (session cookie). `asgi`: through the ASGI app in-process (Starlette "
+        f"TestClient, no socket); `uvicorn`: one uvicorn server on loopback in a thread of this process, asked "
+        f"by an httpx client in another (the client's time is in the figure). Store: {args.hosts} sim hosts "
+        f"({HOST_CORES} cores / {HOST_MEMORY} MiB), {args.vms} VMs ({PER_PROJECT} per project, half running, "
+        f"sizes {[s[0] for s in SIZES]}) created through the orchestrator (`create_vm`, with start: quota, "
+        f"placement, claim, events) on SQLite in {built['vms_s']:.0f} s, {built['events']} events in the log. "
+        f"Random names per request (VM, host, project). This 2-core machine, other work running beside it."
+    )
     if args.no_write:
         print(body)
         return

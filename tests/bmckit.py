@@ -57,7 +57,9 @@ class IpmiSim(_Emulator):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "state").mkdir(exist_ok=True)
         control = folder / "chassis.sh"
-        control.write_text(f"#!/bin/sh\ncd {ROOT} && exec {sys.executable} -m tests.bmckit chassis '{host.uri}' \"$@\"\n")
+        control.write_text(
+            f"#!/bin/sh\ncd {ROOT} && exec {sys.executable} -m tests.bmckit chassis '{host.uri}' \"$@\"\n"
+        )
         control.chmod(0o755)
         auths = "none md2 md5 straight"
         (folder / "lan.conf").write_text(f"""name "vmplane{self.port}"
@@ -74,15 +76,20 @@ set_working_mc 0x20
   chassis_control "{control}"
 user 2 true "{user}" "{password}" admin 10 {auths}
 """)
-        (folder / "cmds").write_text("mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02\n"
-                                     "mc_enable 0x20\n")
+        (folder / "cmds").write_text(
+            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02\nmc_enable 0x20\n"
+        )
         self.folder = folder
 
     def start(self) -> IpmiSim:
         f = self.folder
         with open(f / "sim.out", "wb") as out:
-            self.proc = subprocess.Popen(["ipmi_sim", "-c", f / "lan.conf", "-f", f / "cmds", "-s", f / "state", "-n"],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                ["ipmi_sim", "-c", f / "lan.conf", "-f", f / "cmds", "-s", f / "state", "-n"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         time.sleep(0.5)
         if self.proc.poll() is not None:
             raise RuntimeError(f"ipmi_sim did not start: {(f / 'sim.out').read_text()}")
@@ -107,9 +114,22 @@ class SushyEmulator(_Emulator):
 
         f = self.folder
         with open(f / "emulator.out", "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tests.bmckit", "redfish", self.host.uri, str(self.port),
-                                          str(f / "htpasswd"), str(f / "state")], cwd=ROOT,
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.bmckit",
+                    "redfish",
+                    self.host.uri,
+                    str(self.port),
+                    str(f / "htpasswd"),
+                    str(f / "state"),
+                ],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -127,7 +147,7 @@ def _chassis(uri: str, args: list[str]) -> int:
     host = localhosts.from_uri(uri)
     if "get" in args:
         print(f"power:{int(_powered(host))}")
-    elif args[args.index("set") + 1:args.index("set") + 2] == ["power"]:
+    elif args[args.index("set") + 1 : args.index("set") + 2] == ["power"]:
         _set_power(host, args[args.index("set") + 2].strip('"') != "0")
     return 0
 
@@ -152,10 +172,15 @@ def _redfish(uri: str, port: int, auth_file: str, state_dir: str) -> None:
             elif state in ("On", "ForceOn"):
                 _set_power(host, True)
 
-    main.app.configure(extra_config={
-        "SUSHY_EMULATOR_AUTH_FILE": auth_file, "SUSHY_EMULATOR_STATE_DIR": state_dir,
-        "SUSHY_EMULATOR_FAKE_SYSTEMS": [{"uuid": "6f7d2a5e-0c1b-4b7e-9a53-5c2f6d1e8a01", "name": host.name,
-                                         "power_state": "On", "nics": []}]})
+    main.app.configure(
+        extra_config={
+            "SUSHY_EMULATOR_AUTH_FILE": auth_file,
+            "SUSHY_EMULATOR_STATE_DIR": state_dir,
+            "SUSHY_EMULATOR_FAKE_SYSTEMS": [
+                {"uuid": "6f7d2a5e-0c1b-4b7e-9a53-5c2f6d1e8a01", "name": host.name, "power_state": "On", "nics": []}
+            ],
+        }
+    )
     systems = HostSystems.initialize(main.app.config, main.app.logger)()
     main.Application.systems = property(lambda self: systems)
     main.app.run(host="127.0.0.1", port=port)

@@ -50,8 +50,8 @@ import logging
 import multiprocessing
 import os
 import random
-import shutil
 import re
+import shutil
 import signal
 import sqlite3
 import threading
@@ -60,17 +60,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy import select
+
 from vmplane.core import failpoints
+from vmplane.core.errors import VmplaneError
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.hosts.drivers import simfabric
 from vmplane.hosts.drivers.sim import SimDriver
 from vmplane.hosts.drivers.simstorage import SHARED
-from vmplane.core.errors import VmplaneError
-from vmplane.store.events import EVENTS
-from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
-from sqlalchemy import select
-
 from vmplane.store import Database
+from vmplane.store.events import EVENTS
 
 from . import evidence, stores
 
@@ -78,13 +78,18 @@ GIB = 1024
 PROJECTS = {"alpha": (12, 20 * GIB, 8), "beta": (8, 12 * GIB, 6), "gamma": (6, 10 * GIB, 5)}
 OFFERINGS = (("s1", 1, 512), ("s2", 2, 1024), ("m4", 4, 2048), ("l6", 4, 6144))
 HOSTS = 4
-STORAGE_MIB = {"alpha": 3 * GIB, "beta": 2 * GIB, "gamma": 1536}     # storage quota per project
-LOCAL_POOL_MIB, SHARED_POOL_MIB = 2 * GIB, 3 * GIB                   # small pools: they fill up
+STORAGE_MIB = {"alpha": 3 * GIB, "beta": 2 * GIB, "gamma": 1536}  # storage quota per project
+LOCAL_POOL_MIB, SHARED_POOL_MIB = 2 * GIB, 3 * GIB  # small pools: they fill up
 POOLS = (None, "shared", *(f"local-h{i}" for i in range(1, HOSTS + 1)))
 # the crash points of the volume steps (failpoints.POINTS may not list them yet)
-VOLUME_POINTS = ("volume.before-create", "volume.after-create", "volume.before-attach", "volume.before-detach",
-                 "volume.before-delete")
-COPY_RATE_MIB_S = 12 * GIB          # a 1 GiB VM copies in ~80 ms: long enough to be killed mid-copy
+VOLUME_POINTS = (
+    "volume.before-create",
+    "volume.after-create",
+    "volume.before-attach",
+    "volume.before-detach",
+    "volume.before-delete",
+)
+COPY_RATE_MIB_S = 12 * GIB  # a 1 GiB VM copies in ~80 ms: long enough to be killed mid-copy
 SETTLE_S = 30.0
 
 
@@ -110,7 +115,7 @@ def seed_cluster(url: str, storage: bool = True, ha_grace: float | None = None) 
     c.create_zone("z1")
     c.create_cluster("c1", "z1")
     c.set_setting("enable.dynamic.scale.vm", "true", "zone", "z1")
-    if ha_grace is not None:        # the crash harness: 0, a failed host is declared at once
+    if ha_grace is not None:  # the crash harness: 0, a failed host is declared at once
         c.set_setting("vmplane.ha.grace", str(ha_grace))
     for i in range(1, HOSTS + 1):
         o.add_host(f"h{i}", "c1", "sim", 8, 2400, 8 * GIB)
@@ -118,8 +123,9 @@ def seed_cluster(url: str, storage: bool = True, ha_grace: float | None = None) 
         c.create_offering(Offering(name, OfferingKind.fixed, vcpus=vcpus, memory_mib=memory, dynamic_scaling=True))
     c.create_template("t", "tiny-linux", dynamic_scaling=True)
     for name, (vcpus, memory, vms) in PROJECTS.items():
-        c.create_project(name, vcpus, memory, vms, count_overhead=True,
-                         **({"storage_mib": STORAGE_MIB[name]} if storage else {}))
+        c.create_project(
+            name, vcpus, memory, vms, count_overhead=True, **({"storage_mib": STORAGE_MIB[name]} if storage else {})
+        )
     if storage:
         c.create_template("disk", "tiny-linux", disk="tiny-linux", dynamic_scaling=True)
         for i in range(1, HOSTS + 1):
@@ -137,8 +143,14 @@ def _vms(o: Orchestrator, *states: str) -> list[str]:
 def _create(o, rng, n):
     """A VM; half of them (when the cluster has storage) with a root disk on a random pool."""
     disk = _has_storage(o) and rng.random() < 0.5
-    o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", rng.choice(list(PROJECTS)), rng.choice(OFFERINGS)[0],
-                "disk" if disk else "t", start=rng.random() < 0.85, pool=rng.choice(POOLS) if disk else None)
+    o.create_vm(
+        f"vm-{n}-{rng.randrange(10**6)}",
+        rng.choice(list(PROJECTS)),
+        rng.choice(OFFERINGS)[0],
+        "disk" if disk else "t",
+        start=rng.random() < 0.85,
+        pool=rng.choice(POOLS) if disk else None,
+    )
 
 
 def _has_storage(o) -> bool:
@@ -151,8 +163,12 @@ def _volumes(o, *states: str, role: str | None = None) -> list:
 
 def _create_volume(o, rng, n):
     if _has_storage(o):
-        o.volumes.create(f"vol-{n}-{rng.randrange(10**6)}", rng.choice(list(PROJECTS)), rng.choice((64, 128, 512)),
-                         pool=rng.choice(POOLS))
+        o.volumes.create(
+            f"vol-{n}-{rng.randrange(10**6)}",
+            rng.choice(list(PROJECTS)),
+            rng.choice((64, 128, 512)),
+            pool=rng.choice(POOLS),
+        )
 
 
 def _attach(o, rng, n):
@@ -238,18 +254,33 @@ def _cancel(o, rng, n):
 def _quota(o, rng, n):
     """Move a project's quota (lowering below usage is refused) or flip whether overhead counts."""
     name = rng.choice(list(PROJECTS))
-    vcpus, memory, vms = PROJECTS[name]
+    vcpus, memory, _vms = PROJECTS[name]
     if rng.random() < 0.3:
         o.catalog.set_quota(name, count_overhead=rng.random() < 0.7)
     else:
         storage = {"storage_mib": STORAGE_MIB[name] - rng.randint(0, 2) * 256} if _has_storage(o) else {}
-        o.catalog.set_quota(name, vcpus=vcpus + rng.randint(-3, 0), memory_mib=memory + rng.randint(-4, 0) * GIB,
-                            **storage)
+        o.catalog.set_quota(
+            name, vcpus=vcpus + rng.randint(-3, 0), memory_mib=memory + rng.randint(-4, 0) * GIB, **storage
+        )
 
 
-ACTIONS = ((_create, 5), (_start, 2), (_stop, 2), (_delete, 1), (_migrate, 3), (_scale, 4), (_scale_where_full, 2), (_drain, 1),
-           (_cancel, 1), (_quota, 1), (_create_volume, 2), (_attach, 2), (_detach, 1), (_delete_volume, 1),
-           (_resize_volume, 1))
+ACTIONS = (
+    (_create, 5),
+    (_start, 2),
+    (_stop, 2),
+    (_delete, 1),
+    (_migrate, 3),
+    (_scale, 4),
+    (_scale_where_full, 2),
+    (_drain, 1),
+    (_cancel, 1),
+    (_quota, 1),
+    (_create_volume, 2),
+    (_attach, 2),
+    (_detach, 1),
+    (_delete_volume, 1),
+    (_resize_volume, 1),
+)
 
 
 # -- high availability (issue 12) -------------------------------------------------------------
@@ -257,8 +288,10 @@ HA_POINTS = ("ha.before-fenced", "ha.fenced", "ha.claimed", "ha.before-domain")
 HA_MODES = ("power", "daemon", "network")
 # a post-copy failure's two paused halves, and a migration's incoming domain on its target (paused, reason
 # `migration`: a QEMU that has not run the guest yet, drivers/simfabric.py begin_incoming) are not a VM running twice
-_ACTIVE_SQL = ("state NOT IN ('shutoff', 'crashed', 'nostate') AND NOT (state = 'paused' AND reason IN "
-               "('postcopy-failed', 'migration'))")
+_ACTIVE_SQL = (
+    "state NOT IN ('shutoff', 'crashed', 'nostate') AND NOT (state = 'paused' AND reason IN "
+    "('postcopy-failed', 'migration'))"
+)
 
 
 def fabric_of(o: Orchestrator):
@@ -269,9 +302,16 @@ def _create_ha(o, rng, n):
     """A VM restarted elsewhere when its host fails (no disk mostly: nothing but fencing keeps it from
     running twice; else its root disk on the shared pool), with a priority."""
     disk = _has_storage(o) and rng.random() < 0.3
-    o.create_vm(f"ha-{n}-{rng.randrange(10**6)}", rng.choice(list(PROJECTS)), rng.choice(OFFERINGS[:3])[0],
-                "disk" if disk else "t", start=True, pool="shared" if disk else None, ha_policy="restart",
-                ha_priority=rng.randint(0, 5))
+    o.create_vm(
+        f"ha-{n}-{rng.randrange(10**6)}",
+        rng.choice(list(PROJECTS)),
+        rng.choice(OFFERINGS[:3])[0],
+        "disk" if disk else "t",
+        start=True,
+        pool="shared" if disk else None,
+        ha_policy="restart",
+        ha_priority=rng.randint(0, 5),
+    )
 
 
 def out_of_service(o: Orchestrator) -> list[str]:
@@ -310,8 +350,9 @@ def running_twice(path) -> list[str]:
     plane can not reach included; a post-copy failure's two paused halves excluded)."""
     conn = sqlite3.connect(str(path), timeout=30)
     try:
-        rows = conn.execute(f"SELECT name, GROUP_CONCAT(host, ', ') FROM domains WHERE {_ACTIVE_SQL} GROUP BY name "
-                            f"HAVING COUNT(*) > 1").fetchall()
+        rows = conn.execute(
+            f"SELECT name, GROUP_CONCAT(host, ', ') FROM domains WHERE {_ACTIVE_SQL} GROUP BY name HAVING COUNT(*) > 1"
+        ).fetchall()
     finally:
         conn.close()
     return [f"domain {name} runs on {hosts} at once" for name, hosts in rows]
@@ -324,13 +365,13 @@ class TwiceWatch:
 
     def __init__(self, path, every_s: float = 0.005):
         self.path, self.every_s = path, every_s
-        self.found: dict[str, int] = {}         # finding -> times seen
+        self.found: dict[str, int] = {}  # finding -> times seen
         self.samples = 0
         self._stop = threading.Event()
-        self._busy = threading.Lock()       # held while sampling: a fork waits for it (paused())
+        self._busy = threading.Lock()  # held while sampling: a fork waits for it (paused())
         self._thread = threading.Thread(target=self._loop, name="twice-watch", daemon=True)
 
-    def __enter__(self) -> "TwiceWatch":
+    def __enter__(self) -> TwiceWatch:
         self._thread.start()
         return self
 
@@ -348,7 +389,7 @@ class TwiceWatch:
             with self._busy:
                 found = running_twice(self.path)
         except sqlite3.Error:
-            return []                           # the file is being created or locked: the next sample
+            return []  # the file is being created or locked: the next sample
         self.samples += 1
         for f in found:
             self.found[f] = self.found.get(f, 0) + 1
@@ -378,16 +419,23 @@ class FenceOrder:
     def __init__(self):
         self.last_id = 0
         self.hosts: dict[str, str] = {}
-        self.fenced: dict[str, bool] = {}       # fenced since it last went down
+        self.fenced: dict[str, bool] = {}  # fenced since it last went down
         self.fences = 0
         self.restarts = 0
-        self.lost: list[str] = []       # HA VMs (named ha-*) settled stopped from unknown: not restarted
+        self.lost: list[str] = []  # HA VMs (named ha-*) settled stopped from unknown: not restarted
 
     def check(self, db) -> list[str]:
         e = EVENTS.c
         with db.read() as s:
-            rows = s.connection().execute(select(e.id, e.kind, e.subject, e.vm, e.old_state, e.new_state, e.message)
-                                          .where(e.id > self.last_id).order_by(e.id)).all()
+            rows = (
+                s.connection()
+                .execute(
+                    select(e.id, e.kind, e.subject, e.vm, e.old_state, e.new_state, e.message)
+                    .where(e.id > self.last_id)
+                    .order_by(e.id)
+                )
+                .all()
+            )
         problems = []
         for row in rows:
             self.last_id = row.id
@@ -396,16 +444,23 @@ class FenceOrder:
                 self.fences += row.new_state == "fenced"
                 if row.new_state in ("down", "fenced"):
                     self.fenced[row.subject] = row.new_state == "fenced"
-            elif row.kind == "vm" and row.new_state == "stopped" and (row.vm or "").startswith("ha-") and \
-                    row.old_state == "unknown" and "not restarted after" not in (row.message or ""):
+            elif (
+                row.kind == "vm"
+                and row.new_state == "stopped"
+                and (row.vm or "").startswith("ha-")
+                and row.old_state == "unknown"
+                and "not restarted after" not in (row.message or "")
+            ):
                 self.lost.append(f"{row.vm} (event {row.id}: {row.message})")
             elif row.kind == "vm" and (m := _RESTART.search(row.message or "")):
                 self.restarts += 1
                 host = m.group(1)
                 state = self.hosts.get(host, "enabled")
                 if not self.fenced.get(host) or state not in ("fenced", "enabled"):
-                    problems.append(f"vm {row.vm}: restarted by HA (event {row.id}) while its host {host} was "
-                                    f"{state}, not fenced since it went down")
+                    problems.append(
+                        f"vm {row.vm}: restarted by HA (event {row.id}) while its host {host} was "
+                        f"{state}, not fenced since it went down"
+                    )
         return problems
 
 
@@ -413,8 +468,11 @@ def ha_problems(o: Orchestrator) -> list[str]:
     """After the recoveries ended: no VM charged on a fenced host (its HA VMs run elsewhere or are in
     error, the others stopped), no HA VM left starting/unknown on one."""
     fenced = {h.name for h in o.hosts() if h.state == "fenced"}
-    return [f"vm {v.name} (ha {v.ha_policy}) is {v.state} on the fenced host {v.host.name}" for v in o.vms()
-            if v.host and v.host.name in fenced and v.state not in ("stopped", "error")]
+    return [
+        f"vm {v.name} (ha {v.ha_policy}) is {v.state} on the fenced host {v.host.name}"
+        for v in o.vms()
+        if v.host and v.host.name in fenced and v.state not in ("stopped", "error")
+    ]
 
 
 # -- steps forced towards an armed crash point ------------------------------------------------------------
@@ -424,7 +482,7 @@ def ha_problems(o: Orchestrator) -> list[str]:
 # such a step most of the time (STEER), so that it reaches the point within a few steps instead of by luck
 # (135 random rounds once missed volume.before-detach in all 8 rounds armed for it).
 STEER = 0.75
-TRIES = 5           # candidates a forced step tries before it makes room instead
+TRIES = 5  # candidates a forced step tries before it makes room instead
 
 
 def _first_accepted(attempts) -> bool:
@@ -451,8 +509,13 @@ def _tidy(o) -> None:
 def _make_room(o, rng, project: str | None = None, off: str | None = None) -> None:
     """A running VM (of `project`; not on host `off`) stopped, and a stopped one deleted: quota, hosts' room
     and the count of VMs freed for the next step."""
-    running = [v.name for v in o.vms() if v.state == "running" and (project is None or v.project.name == project)
-               and not (off and v.host and v.host.name == off)]
+    running = [
+        v.name
+        for v in o.vms()
+        if v.state == "running"
+        and (project is None or v.project.name == project)
+        and not (off and v.host and v.host.name == off)
+    ]
     if running:
         _first_accepted([lambda: o.stop_vm(rng.choice(running), force=True)])
     if stopped := _vms(o, "stopped"):
@@ -474,8 +537,10 @@ def _shuffled(rng, items) -> list:
 def _toward_start(o, rng, n):
     """A stopped VM started, else a small VM created and started; else room made."""
     starts = [lambda x=x: o.start_vm(x) for x in _shuffled(rng, _vms(o, "stopped"))[:TRIES]]
-    creates = [lambda p=p: o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", p, OFFERINGS[0][0], "t", start=True)
-               for p in _shuffled(rng, PROJECTS)]
+    creates = [
+        lambda p=p: o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", p, OFFERINGS[0][0], "t", start=True)
+        for p in _shuffled(rng, PROJECTS)
+    ]
     if not _first_accepted(starts + creates):
         _make_room(o, rng)
 
@@ -498,8 +563,12 @@ def _toward_scale(o, rng, n):
     running = [v for v in o.vms() if v.state == "running" and v.host]
     if not running:
         return _toward_start(o, rng, n)
-    pairs = [(v.name, name) for v in running for name, vcpus, memory in OFFERINGS
-             if memory > v.memory_mib and vcpus - v.vcpus <= _room(v)[0] and memory - v.memory_mib + 400 <= _room(v)[1]]
+    pairs = [
+        (v.name, name)
+        for v in running
+        for name, vcpus, memory in OFFERINGS
+        if memory > v.memory_mib and vcpus - v.vcpus <= _room(v)[0] and memory - v.memory_mib + 400 <= _room(v)[1]
+    ]
     if not _first_accepted([lambda p=p: o.scaler.scale(p[0], offering=p[1]) for p in _shuffled(rng, pairs)[:TRIES]]):
         _make_room(o, rng, project=rng.choice(running).project.name)
 
@@ -515,17 +584,22 @@ def _toward_scale_where_full(o, rng, n):
     hosts = {h.name: h for h in o.hosts()}
     vm = min(growable, key=lambda v: (hosts[v.host.name].memory_mib - hosts[v.host.name].used_memory_mib, v.name))
     home = hosts[vm.host.name]
-    if home.memory_mib - home.used_memory_mib < memory - vm.memory_mib or home.cores - home.used_vcpus < vcpus - vm.vcpus:
+    if (
+        home.memory_mib - home.used_memory_mib < memory - vm.memory_mib
+        or home.cores - home.used_vcpus < vcpus - vm.vcpus
+    ):
         try:
-            o.scaler.scale(vm.name, offering=name)        # no room beside it: it migrates first
+            o.scaler.scale(vm.name, offering=name)  # no room beside it: it migrates first
         except VmplaneError:
-            _make_room(o, rng, off=home.name)          # (no other host has room for it)
+            _make_room(o, rng, off=home.name)  # (no other host has room for it)
             raise
         return
     others = [v.name for v in running if v.host.name != home.name]
     packed = _first_accepted([lambda x=x: o.migrator.migrate(x, to=home.name) for x in _shuffled(rng, others)[:TRIES]])
-    creates = [lambda p=p: o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", p, OFFERINGS[2][0], "t", start=True)
-               for p in _shuffled(rng, PROJECTS)]
+    creates = [
+        lambda p=p: o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", p, OFFERINGS[2][0], "t", start=True)
+        for p in _shuffled(rng, PROJECTS)
+    ]
     if not packed and not _first_accepted(creates):
         _make_room(o, rng, off=home.name)
 
@@ -566,8 +640,12 @@ def _toward_attach(o, rng, n):
     vms = [v for v in o.vms() if v.state in ("running", "stopped")]
     if not vms:
         return _toward_start(o, rng, n)
-    pairs = [(vol.name, vm.name) for vol in _volumes(o, "available") for vm in vms
-             if vm.project.name == vol.project and _opens(vol, vm)]
+    pairs = [
+        (vol.name, vm.name)
+        for vol in _volumes(o, "available")
+        for vm in vms
+        if vm.project.name == vol.project and _opens(vol, vm)
+    ]
     if not _first_accepted([lambda p=p: o.volumes.attach(*p) for p in _shuffled(rng, pairs)[:TRIES]]):
         o.volumes.create(f"vol-{n}-{rng.randrange(10**6)}", rng.choice(vms).project.name, 64, pool="shared")
 
@@ -608,14 +686,24 @@ def _toward_ha(o, rng, n):
     fabric_of(o).fail_host(rng.choice(ha_hosts), "power")
     o.check_hosts()
     o.ha.check()
-    settle(o, 10.0)         # the recovery runs in the pool: its crash points are passed meanwhile
+    settle(o, 10.0)  # the recovery runs in the pool: its crash points are passed meanwhile
 
 
-TOWARD = {"start": _toward_start, "stop": _toward_stop, "migrate": _toward_migrate, "scale": _toward_scale,
-          "scale.migrating": _toward_scale_where_full, "scale.after-migration": _toward_scale_where_full,
-          "drain": _toward_drain, "volume.before-create": _toward_create_volume,
-          "volume.after-create": _toward_create_volume, "volume.before-attach": _toward_attach,
-          "volume.before-detach": _toward_detach, "volume.before-delete": _toward_delete_volume, "ha": _toward_ha}
+TOWARD = {
+    "start": _toward_start,
+    "stop": _toward_stop,
+    "migrate": _toward_migrate,
+    "scale": _toward_scale,
+    "scale.migrating": _toward_scale_where_full,
+    "scale.after-migration": _toward_scale_where_full,
+    "drain": _toward_drain,
+    "volume.before-create": _toward_create_volume,
+    "volume.after-create": _toward_create_volume,
+    "volume.before-attach": _toward_attach,
+    "volume.before-detach": _toward_detach,
+    "volume.before-delete": _toward_delete_volume,
+    "ha": _toward_ha,
+}
 
 
 def toward(point: str):
@@ -639,7 +727,7 @@ def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "", h
                 _tidy(o)
             action(o, step, n)
         except VmplaneError:
-            pass                       # refused (quota, capacity, state): as a user would be
+            pass  # refused (quota, capacity, state): as a user would be
         time.sleep(step.uniform(0, 0.01))
 
 
@@ -651,8 +739,10 @@ def _control_plane(url: str, seed: int, armed: dict[str, int], steps: int, ha: b
     logging.disable(logging.CRITICAL)
     failpoints.arm(armed)
     # a control plane still alive after 55 s (the harness kills it at 60: "hung") says where each thread is
-    folder = Path(os.environ.get("VMPLANE_SIM_HOSTS") or url.removeprefix("sqlite:///")).parent   # (PostgreSQL: the sim hosts file's)
-    stacks = open(folder / f"hung-{os.getpid()}.txt", "w")   # noqa: SIM115
+    folder = Path(
+        os.environ.get("VMPLANE_SIM_HOSTS") or url.removeprefix("sqlite:///")
+    ).parent  # (PostgreSQL: the sim hosts file's)
+    stacks = open(folder / f"hung-{os.getpid()}.txt", "w")  # noqa: SIM115
     faulthandler.dump_traceback_later(55, file=stacks)
     db = Database(url)
     o = Orchestrator(db, ThreadPoolExecutor(4))
@@ -670,8 +760,9 @@ def _control_plane(url: str, seed: int, armed: dict[str, int], steps: int, ha: b
 
 # -- after the crash ---------------------------------------------------------------------------
 def in_flight(o: Orchestrator) -> list[str]:
-    ops = [f"operation {op.kind} {op.target} ({op.step})" for st in ("pending", "running")
-           for op in o.operations(state=st)]
+    ops = [
+        f"operation {op.kind} {op.target} ({op.step})" for st in ("pending", "running") for op in o.operations(state=st)
+    ]
     migs = [f"migration of {m['vm_name']} ({m['state']})" for m in o.migrator.list(active_only=True)]
     return ops + migs
 
@@ -690,7 +781,7 @@ def check(o: Orchestrator) -> list[str]:
     down = [h.name for h in o.hosts() if h.state == "down"]
     for host in down:
         repair(o, host)
-    if down:        # what waited for them, settled now that they answer (the loops do it every few s)
+    if down:  # what waited for them, settled now that they answer (the loops do it every few s)
         o.migration_settle.run_once()
         o.storage_settle.run_once(min_age_s=0)
     problems = [f"still in flight after {SETTLE_S:.0f} s: {x}" for x in settle(o, SETTLE_S)]
@@ -699,8 +790,9 @@ def check(o: Orchestrator) -> list[str]:
     # elsewhere) and deletes a migration's second disk copy whose deletion a kill interrupted (recovery
     # skips the VMs still migrating then). What it can not settle or delete stays a finding.
     o.storage_settle.run_once(min_age_s=0)
-    problems += [f"vm {v.name} left {v.state}" for v in o.vms()
-                 if v.state in ("starting", "stopping", "migrating", "scaling")]
+    problems += [
+        f"vm {v.name} left {v.state}" for v in o.vms() if v.state in ("starting", "stopping", "migrating", "scaling")
+    ]
     problems += unknown_left(o)
     return problems + storage_problems(o, waiting_for=out_of_service(o)) + o.audit()
 
@@ -709,8 +801,11 @@ def answering_hosts(o: Orchestrator) -> list[str]:
     """The hosts recorded in service (not down, fencing or fenced) whose hypervisor answers now."""
     from vmplane.controllers.hostmonitor import probe
 
-    return [h.name for h in o.hosts() if h.state not in ("down", "fencing", "fenced") and h.name in o.drivers
-            and probe(o.drivers[h.name]) is None]
+    return [
+        h.name
+        for h in o.hosts()
+        if h.state not in ("down", "fencing", "fenced") and h.name in o.drivers and probe(o.drivers[h.name]) is None
+    ]
 
 
 def unknown_on_answering_hosts(o: Orchestrator) -> list[tuple[str, str]]:
@@ -723,7 +818,7 @@ def unknown_on_answering_hosts(o: Orchestrator) -> list[tuple[str, str]]:
 def unknown_left(o: Orchestrator) -> list[str]:
     """After the settling: the monitor's pass over unknown VMs (hostmonitor.settle_unknown), run once as its
     loop would; an `unknown` VM whose host answers left after it is a finding."""
-    if o.monitor.settle_unknown(answering_hosts(o)):     # what they leave to the other loops, as those would
+    if o.monitor.settle_unknown(answering_hosts(o)):  # what they leave to the other loops, as those would
         o.sync.sync()
         o.storage_settle.run_once(min_age_s=0)
     return [f"vm {vm} left unknown on {host}, which answers" for vm, host in unknown_on_answering_hosts(o)]
@@ -733,12 +828,18 @@ def _volume_story(o: Orchestrator, v) -> str:
     """What a finding about a volume needs to be understood: its VM now, and its last events."""
     vm = next((x for x in o.vms() if x.name == v.vm_name), None) if v.vm_name else None
     with o.db.read() as s:
-        last = s.execute(select(EVENTS.c.old_state, EVENTS.c.new_state, EVENTS.c.cause, EVENTS.c.message)
-                         .where(EVENTS.c.kind == "volume", EVENTS.c.subject == v.name)
-                         .order_by(EVENTS.c.id.desc()).limit(4)).all()
+        last = s.execute(
+            select(EVENTS.c.old_state, EVENTS.c.new_state, EVENTS.c.cause, EVENTS.c.message)
+            .where(EVENTS.c.kind == "volume", EVENTS.c.subject == v.name)
+            .order_by(EVENTS.c.id.desc())
+            .limit(4)
+        ).all()
     where = f"vm {vm.name} {vm.state} on {vm.host.name if vm.host else None}" if vm else f"vm {v.vm_name}"
-    return where + "; last events: " + " | ".join(f"{r.old_state}->{r.new_state} by {r.cause}: {r.message}"
-                                                  for r in reversed(last))
+    return (
+        where
+        + "; last events: "
+        + " | ".join(f"{r.old_state}->{r.new_state} by {r.cause}: {r.message}" for r in reversed(last))
+    )
 
 
 def storage_problems(o: Orchestrator, waiting_for: list[str] = ()) -> list[str]:
@@ -747,51 +848,65 @@ def storage_problems(o: Orchestrator, waiting_for: list[str] = ()) -> list[str]:
     the local pool of a host that does not answer (`waiting_for`: failed, fenced) waits for it: not a
     finding."""
     waiting = {f"local-{h}" for h in waiting_for}
-    problems = [f"volume {v.name} left {v.state} ({_volume_story(o, v)})" for v in o.volumes.rows()
-                if v.state in ("creating", "attaching", "detaching", "deleting") and v.pool_name not in waiting]
-    problems += [f"volume {v.name} still has a copy on {v.copy_pool_name}" for v in o.volumes.rows()
-                 if v.copy_pool_name and v.copy_pool_name not in waiting]
+    problems = [
+        f"volume {v.name} left {v.state} ({_volume_story(o, v)})"
+        for v in o.volumes.rows()
+        if v.state in ("creating", "attaching", "detaching", "deleting") and v.pool_name not in waiting
+    ]
+    problems += [
+        f"volume {v.name} still has a copy on {v.copy_pool_name}"
+        for v in o.volumes.rows()
+        if v.copy_pool_name and v.copy_pool_name not in waiting
+    ]
     for project in PROJECTS:
         u = o.project_usage(project)
         if u["ledger"].storage_mib != u["recomputed"].storage_mib:
-            problems.append(f"project {project}: storage ledger {u['ledger'].storage_mib} MiB, recomputed "
-                            f"{u['recomputed'].storage_mib} MiB")
+            problems.append(
+                f"project {project}: storage ledger {u['ledger'].storage_mib} MiB, recomputed "
+                f"{u['recomputed'].storage_mib} MiB"
+            )
         if u["quota"].storage_mib is not None and u["ledger"].storage_mib > u["quota"].storage_mib:
-            problems.append(f"project {project}: {u['ledger'].storage_mib} MiB of storage > quota "
-                            f"{u['quota'].storage_mib} MiB")
+            problems.append(
+                f"project {project}: {u['ledger'].storage_mib} MiB of storage > quota {u['quota'].storage_mib} MiB"
+            )
     return problems
 
 
 @dataclass
 class Round:
     number: int
-    kill: str                     # the failpoint, or "timed"
-    killed: bool                  # the control plane died by SIGKILL (not: finished its workload)
+    kill: str  # the failpoint, or "timed"
+    killed: bool  # the control plane died by SIGKILL (not: finished its workload)
     problems: list[str]
-    vms: int                      # -1: the next control plane started without a check in between
-    armed_at: int = 0             # the pass of its crash point that kills (1 or 2); 0: a timed kill
-    after_ms: int = 0             # a timed kill: when, after the fork
-    seed: int = 0                 # the seed of the killed control plane's workload
-    hung: bool = False            # it neither died nor finished in 60 s
+    vms: int  # -1: the next control plane started without a check in between
+    armed_at: int = 0  # the pass of its crash point that kills (1 or 2); 0: a timed kill
+    after_ms: int = 0  # a timed kill: when, after the fork
+    seed: int = 0  # the seed of the killed control plane's workload
+    hung: bool = False  # it neither died nor finished in 60 s
 
     def line(self) -> str:
         """The round in the fault log."""
-        how = f"kill at {self.kill}, its pass {self.armed_at}" if self.armed_at else \
-            f"kill {self.after_ms} ms after the fork"
+        how = (
+            f"kill at {self.kill}, its pass {self.armed_at}"
+            if self.armed_at
+            else f"kill {self.after_ms} ms after the fork"
+        )
         end = "killed" if self.killed else "not reached (the control plane finished its workload)"
-        check = "restarted without a check" if self.vms < 0 else f"checked: {self.vms} VMs, {len(self.problems)} problem(s)"
+        check = (
+            "restarted without a check" if self.vms < 0 else f"checked: {self.vms} VMs, {len(self.problems)} problem(s)"
+        )
         return f"round {self.number}: {how} (workload seed {self.seed}): {end}; {check}"
 
 
 @dataclass
 class Report:
     rounds: list[Round] = field(default_factory=list)
-    watch: "TwiceWatch | None" = None       # the running-twice watch (its samples)
-    order: "FenceOrder | None" = None       # the event-order check (fences and HA restarts seen)
+    watch: TwiceWatch | None = None  # the running-twice watch (its samples)
+    order: FenceOrder | None = None  # the event-order check (fences and HA restarts seen)
     seed: int = 0
     url: str = ""
     home: Path | None = None
-    schedule: list[str] = field(default_factory=list)       # the kills of the first cycle, in order
+    schedule: list[str] = field(default_factory=list)  # the kills of the first cycle, in order
 
     @property
     def kills(self) -> list[Round]:
@@ -804,8 +919,9 @@ class Report:
         return [f"round {r.number} (kill {r.kill}): {p}" for r in self.rounds for p in r.problems]
 
     def fault_log(self) -> str:
-        return (f"seed {self.seed}; the first cycle's kills, in order: {', '.join(self.schedule)}\n"
-                + "".join(r.line() + "\n" for r in self.rounds))
+        return f"seed {self.seed}; the first cycle's kills, in order: {', '.join(self.schedule)}\n" + "".join(
+            r.line() + "\n" for r in self.rounds
+        )
 
 
 # A target's libvirtd notices a power-cut source by its keepalive (libvirt's default ~30 s: the sim's
@@ -814,9 +930,9 @@ class Report:
 INCOMING_LINGER_S = 3.0
 
 DEFAULT_SEED = 20261129
-TIMED_KILLS = 4         # kills at a random moment, per cycle (beside one at each crash point)
-MISS_RETRIES = 3        # a crash point the workload did not reach is armed again in the next round, this often
-EXTRA_ROUNDS = 8        # the most rounds a one-cycle run adds for points armed again
+TIMED_KILLS = 4  # kills at a random moment, per cycle (beside one at each crash point)
+MISS_RETRIES = 3  # a crash point the workload did not reach is armed again in the next round, this often
+EXTRA_ROUNDS = 8  # the most rounds a one-cycle run adds for points armed again
 
 
 def schedule(seed: int, cycle: int = 0, ha: bool = True, timed: int = TIMED_KILLS) -> list[str]:
@@ -827,8 +943,17 @@ def schedule(seed: int, cycle: int = 0, ha: bool = True, timed: int = TIMED_KILL
     return kills
 
 
-def run(home: Path, seed: int | None = None, rounds: int | None = None, steps: int = 60, timed: int = TIMED_KILLS,
-        unchecked_share: float = 0.25, log=lambda line: None, stop_at_problem: bool = True, ha: bool = True) -> Report:
+def run(
+    home: Path,
+    seed: int | None = None,
+    rounds: int | None = None,
+    steps: int = 60,
+    timed: int = TIMED_KILLS,
+    unchecked_share: float = 0.25,
+    log=lambda line: None,
+    stop_at_problem: bool = True,
+    ha: bool = True,
+) -> Report:
     """Crash-and-restart rounds on one cluster, following `schedule`: each round arms the next crash point of
     the cycle (at its 1st or 2nd pass) and its workload steps toward it (`toward`), or kills at a random
     moment. `rounds=None`: one cycle (every point once; a point not reached is armed again, EXTRA_ROUNDS at
@@ -847,7 +972,7 @@ def _run(home, seed, rounds, steps, timed, unchecked_share, log, stop_at_problem
     url = stores.store_url(home)
     seed_cluster(url, ha_grace=0 if ha else None)
     simfabric.forget_shared()
-    logging.getLogger("vmplane").setLevel(logging.CRITICAL)     # recoveries log what they undo; rounds say it
+    logging.getLogger("vmplane").setLevel(logging.CRITICAL)  # recoveries log what they undo; rounds say it
     report = Report(seed=seed, url=url, home=home, schedule=schedule(seed, 0, ha, timed))
     report.order, report.watch = FenceOrder(), TwiceWatch(simfabric.SimFabric.for_store(url).path).__enter__()
     try:
@@ -871,22 +996,24 @@ def _rounds(report, rounds, steps, timed, unchecked_share, log, stop_at_problem,
         r = _kill_round(report, number, kill, steps, ha)
         if kill != "timed" and not r.killed and misses[kill] < MISS_RETRIES:
             misses[kill] += 1
-            queue.insert(0, kill)           # armed again: the next round steps toward it from where this one left
+            queue.insert(0, kill)  # armed again: the next round steps toward it from where this one left
         # the round's own stream decides whether its restart is checked (drawn whatever the outcome)
         unchecked = random.Random(f"{report.seed}/unchecked/{number}").random() < unchecked_share
-        last = number == limit - 1 or (rounds is None and not queue)       # the last round is always checked
+        last = number == limit - 1 or (rounds is None and not queue)  # the last round is always checked
         if r.killed and not last and unchecked:
             report.rounds.append(r)
             log(f"round {number}: kill {kill} (killed), restarted without a check")
             continue
         r.problems, r.vms = _check_round(report, r.hung, ha)
         report.rounds.append(r)
-        log(f"round {number}: kill {kill} {'(killed)' if r.killed else '(not reached)'}, {r.vms} VMs, "
-            f"{len(r.problems)} problem(s)" + (f": {r.problems[:3]}" if r.problems else ""))
-        if r.problems and stop_at_problem:      # the store is left as the check found it, to be looked at
+        log(
+            f"round {number}: kill {kill} {'(killed)' if r.killed else '(not reached)'}, {r.vms} VMs, "
+            f"{len(r.problems)} problem(s)" + (f": {r.problems[:3]}" if r.problems else "")
+        )
+        if r.problems and stop_at_problem:  # the store is left as the check found it, to be looked at
             break
         if r.problems and not any(x.problems for x in report.rounds[:-1]):
-            keep = report.home / f"first-problem-round-{number}"     # the store as the first problem left it
+            keep = report.home / f"first-problem-round-{number}"  # the store as the first problem left it
             keep.mkdir()
             for f in report.home.glob("vmplane.db*"):
                 shutil.copy(f, keep / f.name)
@@ -895,12 +1022,13 @@ def _rounds(report, rounds, steps, timed, unchecked_share, log, stop_at_problem,
 def _kill_round(report: Report, number: int, kill: str, steps: int, ha: bool) -> Round:
     """Fork a control plane armed at `kill` (or kill it at a random moment), wait for it to die or finish
     (60 s at most: then it hung, a finding)."""
-    rr = random.Random(f"{report.seed}/round/{number}")      # every draw made, whichever is used
+    rr = random.Random(f"{report.seed}/round/{number}")  # every draw made, whichever is used
     at, child_seed, after = rr.randint(1, 2), rr.getrandbits(64), rr.uniform(0.0, 0.15)
     timed = kill == "timed"
     armed = {} if timed else {kill: at}
-    child = multiprocessing.get_context("fork").Process(target=_control_plane,
-                                                        args=(report.url, child_seed, armed, steps, ha))
+    child = multiprocessing.get_context("fork").Process(
+        target=_control_plane, args=(report.url, child_seed, armed, steps, ha)
+    )
     with report.watch.paused():
         child.start()
     if timed:
@@ -908,15 +1036,24 @@ def _kill_round(report: Report, number: int, kill: str, steps: int, ha: bool) ->
         if child.exitcode is None:
             os.kill(child.pid, signal.SIGKILL)
     child.join(60)
-    hung = child.exitcode is None      # its workload and 20 s of settling are long over: a finding
+    hung = child.exitcode is None  # its workload and 20 s of settling are long over: a finding
     if hung:
         os.kill(child.pid, signal.SIGKILL)
         child.join()
     for f in report.home.glob("hung-*.txt"):
-        if f.stat().st_size == 0:       # only a hung control plane's stacks are kept
+        if f.stat().st_size == 0:  # only a hung control plane's stacks are kept
             f.unlink()
-    return Round(number, kill, child.exitcode == -signal.SIGKILL and not hung, [], -1, 0 if timed else at,
-                 int(after * 1000) if timed else 0, child_seed, hung)
+    return Round(
+        number,
+        kill,
+        child.exitcode == -signal.SIGKILL and not hung,
+        [],
+        -1,
+        0 if timed else at,
+        int(after * 1000) if timed else 0,
+        child_seed,
+        hung,
+    )
 
 
 def _check_round(report: Report, hung: bool, ha: bool) -> tuple[list[str], int]:
@@ -946,8 +1083,7 @@ def replay_command(nodeid: str, seed: int) -> str:
     return f".venv/bin/pytest '{nodeid}' --seed {seed}{db} -p no:cacheprovider"
 
 
-def keep_evidence(name: str, url: str, home: Path, seed: int, fault_log: str, findings: list[str],
-                  replay: str) -> Path:
+def keep_evidence(name: str, url: str, home: Path, seed: int, fault_log: str, findings: list[str], replay: str) -> Path:
     """Into `evidence.folder(name)`: the store and its event log, the sim hosts' state, seed.txt (the seed and
     the command that replays it), faults.txt (what was injected where), findings.txt, a hung control plane's
     stacks. Returns the folder."""
@@ -965,7 +1101,14 @@ def assert_clean(report: Report, nodeid: str) -> None:
     """No problem found; else the evidence is kept and the assertion names its folder."""
     problems = report.problems()
     if problems:
-        dest = keep_evidence(nodeid, report.url, report.home, report.seed, report.fault_log(), problems,
-                             replay_command(nodeid, report.seed))
+        dest = keep_evidence(
+            nodeid,
+            report.url,
+            report.home,
+            report.seed,
+            report.fault_log(),
+            problems,
+            replay_command(nodeid, report.seed),
+        )
         shown = "\n  ".join(problems[:10])
         raise AssertionError(f"{len(problems)} problem(s) (seed {report.seed}; evidence kept in {dest}):\n  {shown}")

@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
-from vmplane.hosts import localhosts
 from vmplane.core.driver import DomainSpec
+from vmplane.hosts import localhosts
 
 from .realguest import require_libvirt
-
 
 GUEST = DomainSpec("g1", 1, 1, 128, 128, "tiny-linux")
 
@@ -37,7 +35,7 @@ class OneGuestHost:
             self.qemu = self.driver.qemu_pid("g1")
 
     def close(self) -> None:
-        localhosts.stop(self.host)          # first: a partitioned daemon is let go before the driver says bye
+        localhosts.stop(self.host)  # first: a partitioned daemon is let go before the driver says bye
         self.driver.close()
 
     def processes(self) -> dict[str, list[int]]:

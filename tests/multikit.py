@@ -28,13 +28,13 @@ class Process:
         self.env = env
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Process":
+    def start(self) -> Process:
         common = ["--db", self.db_url, "--port", str(self.port), "--token", ADMIN_TOKEN, "--lease", str(self.lease_s)]
         if self.index == 0:
             cmd = [VMPLANE, "up", "--driver", "sim", "--hosts", str(self.hosts), "--name", self.name, *common]
         else:
             cmd = [VMPLANE, "serve", "--name", self.name, *common]
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=self.env)
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=self.env)  # noqa: SIM115 (the child holds it)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -48,8 +48,9 @@ class Process:
         raise RuntimeError(f"{self.name} did not answer in 120 s: {self.log.read_text()}")
 
     def client(self, timeout: float = 60.0) -> httpx.Client:
-        return httpx.Client(base_url=self.url + "/api/v1", timeout=timeout,
-                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        return httpx.Client(
+            base_url=self.url + "/api/v1", timeout=timeout, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -99,7 +100,7 @@ class PgBouncer:
             return "pgbouncer is not installed (scripts/setup.sh --test installs it)"
         return None
 
-    def start(self) -> "PgBouncer":
+    def start(self) -> PgBouncer:
         user = self.postgres.user
         (self.dir / "users.txt").write_text(f'"{user}" ""\n')
         (self.dir / "pgbouncer.ini").write_text(f"""[databases]
@@ -123,7 +124,7 @@ logfile = {self.dir}/pgbouncer.log
         cmd = [self.binary, str(self.dir / "pgbouncer.ini")]
         if os.geteuid() == 0:
             cmd = ["runuser", "-u", user, "--"] + cmd
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr", "w"))
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr", "w"))  # noqa: SIM115 (the child holds it)
         deadline = time.monotonic() + 20
         import socket
 
@@ -153,10 +154,22 @@ logfile = {self.dir}/pgbouncer.log
 class Planes:
     """N control-plane processes on one store."""
 
-    def __init__(self, tmp: Path, db_url: str, count: int = 4, lease_s: float = 3.0, hosts: int = 6,
-                 failpoints: dict[int, str] | None = None, extra_env: dict[str, str] | None = None):
-        base = {**os.environ, "VMPLANE_HOME": str(tmp / "home"), "VMPLANE_SIM_HOSTS": str(tmp / "sim-hosts"),
-                **(extra_env or {})}
+    def __init__(
+        self,
+        tmp: Path,
+        db_url: str,
+        count: int = 4,
+        lease_s: float = 3.0,
+        hosts: int = 6,
+        failpoints: dict[int, str] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ):
+        base = {
+            **os.environ,
+            "VMPLANE_HOME": str(tmp / "home"),
+            "VMPLANE_SIM_HOSTS": str(tmp / "sim-hosts"),
+            **(extra_env or {}),
+        }
         base.pop("VMPLANE_FAILPOINTS", None)
         self.processes = []
         for i in range(count):
@@ -166,8 +179,8 @@ class Planes:
             self.processes.append(Process(tmp, i, db_url, lease_s, env, hosts))
         self.lease_s = lease_s
 
-    def start(self) -> "Planes":
-        self.processes[0].start()           # `up` makes the cluster; then the others join
+    def start(self) -> Planes:
+        self.processes[0].start()  # `up` makes the cluster; then the others join
         for p in self.processes[1:]:
             p.start()
         return self
@@ -184,24 +197,30 @@ class Planes:
 
     def logs(self, lines: int = 40) -> str:
         """The last lines of each process's log (for a failure's message)."""
-        return "\n".join(f"--- {p.name}\n" + "\n".join(p.log.read_text(errors="replace").splitlines()[-lines:])
-                         for p in self.processes if p.log.exists())
+        return "\n".join(
+            f"--- {p.name}\n" + "\n".join(p.log.read_text(errors="replace").splitlines()[-lines:])
+            for p in self.processes
+            if p.log.exists()
+        )
 
     def stop(self) -> None:
         for p in reversed(self.processes):
             p.stop()
 
 
-STORM_STOPPED = 30          # stopped VMs per storm project, NAME-s0.., which the storm starts and scales
+STORM_STOPPED = 30  # stopped VMs per storm project, NAME-s0.., which the storm starts and scales
 
 
-def storm_projects(c: httpx.Client, quotas: dict[str, tuple[int, int, int]],
-                   stopped_per_project: int = STORM_STOPPED) -> None:
+def storm_projects(
+    c: httpx.Client, quotas: dict[str, tuple[int, int, int]], stopped_per_project: int = STORM_STOPPED
+) -> None:
     """The storm's projects (quotas: vCPUs, MiB, VMs; q2 counts overhead), each with stopped VMs
     `NAME-s0..` of offering `one` to start or scale."""
     for name, (vcpus, memory, vms) in quotas.items():
-        c.post("/projects", json={"name": name, "vcpus": vcpus, "memory_mib": memory, "vms": vms,
-                                  "count_overhead": name == "q2"}).raise_for_status()
+        c.post(
+            "/projects",
+            json={"name": name, "vcpus": vcpus, "memory_mib": memory, "vms": vms, "count_overhead": name == "q2"},
+        ).raise_for_status()
         for i in range(stopped_per_project):
             c.post("/vms", json={"name": f"{name}-s{i}", "project": name, "offering": "one", "template": "t"})
 
@@ -214,8 +233,13 @@ def storm_requests(count: int = 1000, stopped: int = STORM_STOPPED) -> list[tupl
         project = ("q1", "q2", "q3")[i % 3]
         kind = i % 4
         if kind == 0:
-            requests.append(("POST", "/vms", {"name": f"{project}-c{i}", "project": project, "offering": "one",
-                                              "template": "t", "start": True}))
+            requests.append(
+                (
+                    "POST",
+                    "/vms",
+                    {"name": f"{project}-c{i}", "project": project, "offering": "one", "template": "t", "start": True},
+                )
+            )
         elif kind == 1:
             requests.append(("POST", f"/vms/{project}-s{i % stopped}/start", None))
         else:

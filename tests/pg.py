@@ -48,12 +48,15 @@ class Postgres:
             cmd = ["runuser", "-u", self.user, "--"] + cmd
         return subprocess.run(cmd, check=True, capture_output=True, text=True, **kwargs)
 
-    def start(self) -> "Postgres":
+    def start(self) -> Postgres:
         self._run(_bin("initdb"), "-D", self.data, "-A", "trust", "-U", self.user, "--no-sync")
-        opts = (f"-k {self.sock} -c listen_addresses='' -p {self.port} -c fsync=off -c max_connections=200 "
-                f"-c synchronous_commit=off")
-        self._run(_bin("pg_ctl"), "-D", self.data, "-o", opts, "-l", os.path.join(self.dir, "log"), "-w", "start",
-                  timeout=60)
+        opts = (
+            f"-k {self.sock} -c listen_addresses='' -p {self.port} -c fsync=off -c max_connections=200 "
+            f"-c synchronous_commit=off"
+        )
+        self._run(
+            _bin("pg_ctl"), "-D", self.data, "-o", opts, "-l", os.path.join(self.dir, "log"), "-w", "start", timeout=60
+        )
         return self
 
     def create_database(self, name: str) -> str:
@@ -63,9 +66,12 @@ class Postgres:
     def stop(self) -> None:
         pid_file = os.path.join(self.data, "postmaster.pid")
         if os.path.exists(pid_file):
-            subprocess.run((["runuser", "-u", self.user, "--"] if os.geteuid() == 0 else [])
-                           + [_bin("pg_ctl"), "-D", self.data, "-m", "fast", "-w", "stop"],
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                (["runuser", "-u", self.user, "--"] if os.geteuid() == 0 else [])
+                + [_bin("pg_ctl"), "-D", self.data, "-m", "fast", "-w", "stop"],
+                capture_output=True,
+                timeout=60,
+            )
         for _ in range(50):
             if not os.path.exists(pid_file):
                 break

@@ -26,25 +26,39 @@ def libvirt_cluster(tmp_path: Path, hosts: int = 2) -> LiveServer:
     live = LiveServer(tmp_path, hosts=hosts, driver="libvirt").start()
     with live.client() as c:
         # every local host sees this machine's 2 cores: overcommit so that a few guests fit
-        c.put("/settings/cpu.overprovisioning.factor", json={"value": "4", "scope": "cluster",
-                                                             "scope_name": "cluster1"}).raise_for_status()
+        c.put(
+            "/settings/cpu.overprovisioning.factor", json={"value": "4", "scope": "cluster", "scope_name": "cluster1"}
+        ).raise_for_status()
         c.post("/projects", json={"name": "p", "vcpus": 16, "memory_mib": 16384, "vms": 50}).raise_for_status()
     return live
 
 
-def scalable_cluster(tmp_path: Path, max_vcpus: int, max_memory_mib: int,
-                     offerings: dict[str, tuple[int, str]]) -> LiveServer:
+def scalable_cluster(
+    tmp_path: Path, max_vcpus: int, max_memory_mib: int, offerings: dict[str, tuple[int, str]]
+) -> LiveServer:
     """A libvirt cluster whose VMs are prepared for live scaling up to the given ceiling, with the
     template `scalable` and fixed offerings {name: (vCPUs, memory)} that allow scaling."""
     server = libvirt_cluster(tmp_path)
     run_json(server, "setting", "set", "enable.dynamic.scale.vm", "true", "--zone", "zone1")
     run_json(server, "setting", "set", "kvm.cpu.dynamic.scaling.capacity", str(max_vcpus), "--cluster", "cluster1")
-    run_json(server, "setting", "set", "kvm.memory.dynamic.scaling.capacity", str(max_memory_mib),
-             "--cluster", "cluster1")
+    run_json(
+        server, "setting", "set", "kvm.memory.dynamic.scaling.capacity", str(max_memory_mib), "--cluster", "cluster1"
+    )
     run_json(server, "template", "create", "scalable", "--image", "tiny-linux", "--dynamic-scaling")
     for name, (vcpus, memory) in offerings.items():
-        run_json(server, "offering", "create", name, "--kind", "fixed", "--vcpus", str(vcpus), "--memory", memory,
-                 "--dynamic-scaling")
+        run_json(
+            server,
+            "offering",
+            "create",
+            name,
+            "--kind",
+            "fixed",
+            "--vcpus",
+            str(vcpus),
+            "--memory",
+            memory,
+            "--dynamic-scaling",
+        )
     return server
 
 
@@ -88,8 +102,12 @@ def qemu_pids(domain: str, home: Path | None = None) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmdline and cmdline[0].endswith(b"qemu-system-x86_64") and f"guest={domain},".encode() in b" ".join(cmdline) \
-                and (home is None or _in_cluster(int(entry), home)):
+        if (
+            cmdline
+            and cmdline[0].endswith(b"qemu-system-x86_64")
+            and f"guest={domain},".encode() in b" ".join(cmdline)
+            and (home is None or _in_cluster(int(entry), home))
+        ):
             pids.append(int(entry))
     return pids
 
@@ -110,7 +128,7 @@ def _in_cluster(pid: int, home: Path) -> bool:
 
 def cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -132,8 +150,10 @@ def domain_memory(live: LiveServer, host: str, vm: str) -> tuple[int, list[int]]
         dom = conn.lookupByName(f"vmplane-{vm}")
         xml = dom.XMLDesc(0)
         current = int(re.search(r"<currentMemory unit='KiB'>(\d+)<", xml).group(1)) // 1024
-        dimms = [int(re.search(r"<size unit='KiB'>(\d+)</size>", d).group(1)) // 1024
-                 for d in re.findall(r"<memory model='dimm'.*?</memory>", xml, re.S)]
+        dimms = [
+            int(re.search(r"<size unit='KiB'>(\d+)</size>", d).group(1)) // 1024
+            for d in re.findall(r"<memory model='dimm'.*?</memory>", xml, re.S)
+        ]
         return current, dimms
     finally:
         conn.close()
@@ -151,11 +171,13 @@ def record_agrees_with_host(live: LiveServer, vm: str) -> dict:
     current, dimms = domain_memory(live, show["host"], vm)
     assert current == show["memory_mib"] == show["boot_memory_mib"] + sum(dimms), (show, current, dimms)
     usage = run_json(live, "project", "usage", show["project"])
-    assert usage["consistent"], usage                                   # ledger == recomputed from records
+    assert usage["consistent"], usage  # ledger == recomputed from records
     host = run_json(live, "host", "show", show["host"])
     placed = [v for v in vms_of(live) if v["host"] == show["host"] and v["state"] != "stopped"]
     assert (host["used_vcpus"], host["used_memory_mib"]) == (
-        sum(v["vcpus"] for v in placed), sum(v["memory_mib"] + v["overhead_mib"] for v in placed)), (host, placed)
+        sum(v["vcpus"] for v in placed),
+        sum(v["memory_mib"] + v["overhead_mib"] for v in placed),
+    ), (host, placed)
     return show
 
 
@@ -169,7 +191,7 @@ def crash_at(live, point: str, action) -> None:
         try:
             action(c)
         except httpx.TransportError:
-            pass                          # the control plane died while answering: that is the point
+            pass  # the control plane died while answering: that is the point
     code = live.proc.wait(180)
     assert code == -9, f"the control plane did not die at {point} (exit {code}): {live.log.read_text()[-2000:]}"
     live.extra_env = {}
@@ -200,6 +222,7 @@ def wait_until(predicate, timeout: float, what: str):
 # -- a CPU cap, read where the kernel keeps it: under load a CPU share can only be bounded from above, while
 # the cgroup's quota and its throttling counters say the same whatever else the machine runs
 
+
 def cpu_cgroup(pid: int) -> Path:
     """The cgroup (v1, cpu controller) libvirt made for the domain of this QEMU process:
     /sys/fs/cgroup/cpu/machine/qemu-ID-NAME.libvirt-qemu/, holding the domain's whole-domain cap and,
@@ -221,7 +244,7 @@ def cap_cpus(cgroup: Path) -> float | None:
     """The cgroup's cap in CPUs (quota / period); None when it has none (a quota of -1, or the kernel's
     largest, 2^44 - 1 us, which libvirt writes for 'unlimited')."""
     quota, period = cfs(cgroup)
-    return None if quota < 0 or quota >= 2 ** 44 - 1 else quota / period
+    return None if quota < 0 or quota >= 2**44 - 1 else quota / period
 
 
 def throttled(cgroup: Path) -> int:
@@ -253,17 +276,21 @@ def vcpu_cpu_use(pid: int, seconds: float = 4.0) -> float:
 
 def cpu_seconds_of(stat_file: Path) -> float:
     stat = stat_file.read_text()
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def busy(live: LiveServer, vm: str, loops: int = 1) -> None:
     """Start `loops` endless shell loops in the guest (each keeps one vCPU busy); calm() ends them."""
-    guest(live, vm, f"for i in $(seq {loops}); do (while :; do :; done) >/dev/null 2>&1 & echo $! >> /tmp/busy; "
-                    "done", timeout=240)
+    guest(
+        live,
+        vm,
+        f"for i in $(seq {loops}); do (while :; do :; done) >/dev/null 2>&1 & echo $! >> /tmp/busy; done",
+        timeout=240,
+    )
 
 
-CALM = "kill $(cat /tmp/busy 2>/dev/null) 2>/dev/null; rm -f /tmp/busy; true"    # the list goes: no pid is reused
+CALM = "kill $(cat /tmp/busy 2>/dev/null) 2>/dev/null; rm -f /tmp/busy; true"  # the list goes: no pid is reused
 
 
 def calm(live: LiveServer, vm: str) -> None:

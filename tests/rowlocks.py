@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from sqlalchemy import create_engine, text
 
 
 @contextlib.contextmanager
-def row_held(url: str, locking_select: str) -> Iterator["Probe"]:
+def row_held(url: str, locking_select: str) -> Iterator[Probe]:
     """`locking_select` (a SELECT ... FOR UPDATE) run in a transaction kept open for the block; the block gets
     a Probe to wait for a transaction to queue behind it and to try other rows' locks. Rolled back after."""
     engine = create_engine(url)
@@ -35,9 +35,13 @@ class Probe:
         """Until a session of this database waits for a lock (the vmplane transaction under test)."""
         deadline = time.monotonic() + timeout_s
         with self.engine.connect() as conn:
-            while not conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                        "AND datname = current_database()")).scalar():
-                conn.rollback()         # (the activity view is read once per transaction)
+            while not conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            ).scalar():
+                conn.rollback()  # (the activity view is read once per transaction)
                 assert time.monotonic() < deadline, "nothing waited for the held row"
                 time.sleep(0.05)
 

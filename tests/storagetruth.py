@@ -4,10 +4,10 @@ sim fabric itself (not through the drivers, their faults or the audit's code): e
 
 from __future__ import annotations
 
+from vmplane.controllers.storageaudit import unowned_files
 from vmplane.hosts.drivers.sim import SimDriver
 from vmplane.hosts.drivers.simstorage import SimStorageError
 from vmplane.orchestrator import Orchestrator
-from vmplane.controllers.storageaudit import unowned_files
 from vmplane.store import storageledger as SL
 
 
@@ -25,8 +25,8 @@ def unowned_pool_files(o: Orchestrator) -> list[str]:
             try:
                 files = [f.name for f in fabric.volumes(host, pool.name)]
             except SimStorageError:
-                continue                    # not defined (or not running) there: no file to judge
+                continue  # not defined (or not running) there: no file to judge
             problems += [f"truth: {p}" for p in unowned_files(pool.name, host, files, volumes)]
             if pool.kind == "shared":
-                break                       # every host sees the same files
+                break  # every host sees the same files
     return problems

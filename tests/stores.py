@@ -15,16 +15,16 @@ import atexit
 import contextlib
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 KINDS = ("sqlite", "postgresql")
-kind = "sqlite"                 # set by conftest from --db
+kind = "sqlite"  # set by conftest from --db
 
 _server = None
 _admin = None
 _numbers = itertools.count(1)
-_created: list[str] = []          # databases made so far, in order (conftest drops a test's own after it)
+_created: list[str] = []  # databases made so far, in order (conftest drops a test's own after it)
 
 
 def is_postgres() -> bool:
@@ -44,7 +44,7 @@ def server():
         if reason:
             pytest.skip(reason)
         _server = Postgres().start()
-        atexit.register(stop)           # (also when pytest_unconfigure is not reached)
+        atexit.register(stop)  # (also when pytest_unconfigure is not reached)
     return _server
 
 
@@ -93,7 +93,7 @@ def postgres_url(migrated: bool = False) -> str:
     name = f"t_{worker}_{next(_numbers)}"
     template = f' TEMPLATE "{_migrated_template()}"' if migrated else ""
     if _admin_conn().info.server_version >= 150000:
-        template += " STRATEGY FILE_COPY"       # (a copy of the files, no fsync: twice as fast as WAL_LOG)
+        template += " STRATEGY FILE_COPY"  # (a copy of the files, no fsync: twice as fast as WAL_LOG)
     _admin_conn().execute(f'CREATE DATABASE "{name}"{template}')
     _created.append(name)
     return _url(name)

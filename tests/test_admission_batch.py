@@ -12,12 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert, select
 
-from vmplane.store import events, ownership
-from vmplane.store.admission import Batcher
-from vmplane.plane.membership import CONTROLLERS
 from vmplane.core.errors import Conflict, VmplaneError
 from vmplane.orchestrator import InlineExecutor, Orchestrator
-from vmplane.store import Database
+from vmplane.plane.membership import CONTROLLERS
+from vmplane.store import Database, events, ownership
+from vmplane.store.admission import Batcher
 from vmplane.store.schema import Event, Zone
 
 from .conftest import add_basics, add_sim_hosts
@@ -31,7 +30,7 @@ def _orchestrator(folder: Path, name: str) -> Orchestrator:
     o.load()
     o.catalog.create_zone("z1")
     o.catalog.create_cluster("c1", "z1")
-    add_sim_hosts(o, 2, cores=4, memory_mib=65536)        # 8 vCPUs in all: capacity refuses too
+    add_sim_hosts(o, 2, cores=4, memory_mib=65536)  # 8 vCPUs in all: capacity refuses too
     add_basics(o)
     o.catalog.create_project("p", 6, 1 << 20, 5)
     o.catalog.create_project("q", 100, 1 << 20, 100)
@@ -58,16 +57,16 @@ def _batched(o: Orchestrator, requests: list[tuple[str, str, str]]) -> list[str]
             outcomes[i] = _create(o, requests[i])
 
     threads = []
-    with o._lock:
+    with o.capacity.lock:
         first = threading.Thread(target=call, args=(0,))
-        first.start()                   # the leader: it took the queue (itself) and waits for the lock
+        first.start()  # the leader: it took the queue (itself) and waits for the lock
         threads.append(first)
         _wait_for(lambda: o.admissions._busy and not o.admissions._queue)
         for i in range(1, len(requests)):
             t = threading.Thread(target=call, args=(i,))
             t.start()
             threads.append(t)
-            _wait_for(lambda: len(o.admissions._queue) == i)        # queued in order
+            _wait_for(lambda i=i: len(o.admissions._queue) == i)  # queued in order
     for t in threads:
         t.join(60)
     return outcomes  # type: ignore[return-value]
@@ -81,26 +80,34 @@ def _wait_for(cond, timeout_s: float = 20) -> None:
 
 
 def _state(o: Orchestrator) -> tuple:
-    return (sorted((v.name, v.state, v.vcpus, v.host.name if v.host else None) for v in o.vms()),
-            {p: o.project_usage(p)["ledger"] for p in ("p", "q")},
-            sorted((h.name, h.used_vcpus, h.used_memory_mib) for h in o.hosts()))
+    return (
+        sorted((v.name, v.state, v.vcpus, v.host.name if v.host else None) for v in o.vms()),
+        {p: o.project_usage(p)["ledger"] for p in ("p", "q")},
+        sorted((h.name, h.used_vcpus, h.used_memory_mib) for h in o.hosts()),
+    )
 
 
 def test_a_batch_admits_in_order_and_a_refused_request_changes_nothing(tmp_path):
     o, alone = _orchestrator(tmp_path, "batched.db"), _orchestrator(tmp_path, "alone.db")
     try:
-        requests = [("a1", "p", "small"), ("a2", "p", "large"), ("a3", "p", "large"),   # a3: quota (1+4+4 > 6)
-                    ("a4", "p", "small"), ("a1", "q", "small"),                        # a1 again: duplicate
-                    ("a5", "q", "large"), ("a6", "p", "small")]                        # a5: capacity; a6: quota
+        requests = [
+            ("a1", "p", "small"),
+            ("a2", "p", "large"),
+            ("a3", "p", "large"),  # a3: quota (1+4+4 > 6)
+            ("a4", "p", "small"),
+            ("a1", "q", "small"),  # a1 again: duplicate
+            ("a5", "q", "large"),
+            ("a6", "p", "small"),
+        ]  # a5: capacity; a6: quota
         before = o.admissions.batches
         got = _batched(o, requests)
-        expected = [_create(alone, r) for r in requests]        # the same requests, one after the other
+        expected = [_create(alone, r) for r in requests]  # the same requests, one after the other
         assert got == expected
         assert got[0] == "admitted" and got[2].startswith("quota_exceeded") and got[4].startswith("already_exists")
-        if not o.db.is_sqlite:      # the leader alone, then the other six together (a savepoint each)
+        if not o.db.is_sqlite:  # the leader alone, then the other six together (a savepoint each)
             assert o.admissions.batches - before == 2
-        else:   # no savepoints: the duplicate had written (its host, its ledger) when its name was refused, so
-            assert o.admissions.batches - before == 3       # the batch ran again: the three before it, the two after
+        else:  # no savepoints: the duplicate had written (its host, its ledger) when its name was refused, so
+            assert o.admissions.batches - before == 3  # the batch ran again: the three before it, the two after
         assert _state(o) == _state(alone)
         assert o.audit() == [] and alone.audit() == []
         # each admitted request's events name its own caller, not the thread that ran the batch
@@ -109,7 +116,7 @@ def test_a_batch_admits_in_order_and_a_refused_request_changes_nothing(tmp_path)
         for i, (name, _, _) in enumerate(requests):
             if got[i] == "admitted":
                 assert causes[name] == f"user u{i}"
-        assert set(causes) == {"a1", "a2", "a4"}            # none of a refused request's events is kept
+        assert set(causes) == {"a1", "a2", "a4"}  # none of a refused request's events is kept
     finally:
         o.close()
         alone.close()
@@ -120,17 +127,30 @@ def test_requests_refused_before_they_write_leave_the_batch_whole(tmp_path):
     without a savepoint: nothing to undo), and only the admitted requests' rows and events are kept."""
     o, alone = _orchestrator(tmp_path, "batched.db"), _orchestrator(tmp_path, "alone.db")
     try:
-        for each in (o, alone):     # 1 GiB of memory: a small VM fits it, not with its overhead counted
+        for each in (o, alone):  # 1 GiB of memory: a small VM fits it, not with its overhead counted
             each.catalog.create_project("m", 10, 1024, 5, count_overhead=True)
-        requests = [("c1", "p", "small"), ("c2", "p", "large"), ("c3", "p", "large"),   # c3: quota
-                    ("c7", "m", "small"),           # c7: quota, known once its host (and overhead) is chosen
-                    ("c4", "q", "large"), ("c5", "q", "small"), ("c6", "p", "small")]  # c4: capacity
+        requests = [
+            ("c1", "p", "small"),
+            ("c2", "p", "large"),
+            ("c3", "p", "large"),  # c3: quota
+            ("c7", "m", "small"),  # c7: quota, known once its host (and overhead) is chosen
+            ("c4", "q", "large"),
+            ("c5", "q", "small"),
+            ("c6", "p", "small"),
+        ]  # c4: capacity
         before = o.admissions.batches
         got = _batched(o, requests)
         assert got == [_create(alone, r) for r in requests]
-        assert [g.split(":")[0] for g in got] == ["admitted", "admitted", "quota_exceeded", "quota_exceeded",
-                                                  "insufficient_capacity", "admitted", "admitted"]
-        assert o.admissions.batches - before == 2               # the leader alone, then the other six together
+        assert [g.split(":")[0] for g in got] == [
+            "admitted",
+            "admitted",
+            "quota_exceeded",
+            "quota_exceeded",
+            "insufficient_capacity",
+            "admitted",
+            "admitted",
+        ]
+        assert o.admissions.batches - before == 2  # the leader alone, then the other six together
         assert _state(o) == _state(alone) and o.audit() == []
         with o.db.read() as s:
             vm_events = sorted(set(s.execute(select(Event.subject).where(Event.kind == "vm")).scalars()))
@@ -141,8 +161,17 @@ def test_requests_refused_before_they_write_leave_the_batch_whole(tmp_path):
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(["b1", "b2", "b3", "b4", "b5", "b6"]), st.sampled_from(["p", "q"]),
-                          st.sampled_from(["small", "large"])), min_size=2, max_size=9))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["b1", "b2", "b3", "b4", "b5", "b6"]),
+            st.sampled_from(["p", "q"]),
+            st.sampled_from(["small", "large"]),
+        ),
+        min_size=2,
+        max_size=9,
+    )
+)
 def test_batched_outcomes_equal_one_at_a_time(tmp_path_factory, requests):
     folder = tmp_path_factory.mktemp("batch")
     o, alone = _orchestrator(folder, "batched.db"), _orchestrator(folder, "alone.db")
@@ -162,18 +191,19 @@ def test_batched_outcomes_equal_one_at_a_time(tmp_path_factory, requests):
 def test_a_failed_commit_retries_each_request_alone_and_the_index_follows_the_store(tmp_path, monkeypatch):
     o = _orchestrator(tmp_path, "vmplane.db")
     try:
-        o.executor = _Parked()          # the starts are not run: only admissions open transactions
+        o.plane.executor = _Parked()  # the starts are not run: only admissions open transactions
         real = o.db.transaction
         calls = []
 
-        def flaky():        # the second transaction (the batch after the leader's) fails at its commit
+        def flaky():  # the second transaction (the batch after the leader's) fails at its commit
             calls.append(1)
             return _failing(real) if len(calls) == 2 else real()
+
         monkeypatch.setattr(o.db, "transaction", flaky)
         got = _batched(o, [("c1", "q", "small"), ("c2", "q", "small"), ("c3", "q", "small")])
         assert got == ["admitted"] * 3
-        assert len(calls) == 4          # the leader; the batch of two (failed); each of the two again alone
-        assert o.audit() == []          # the index was rebuilt from the store, then follows it
+        assert len(calls) == 4  # the leader; the batch of two (failed); each of the two again alone
+        assert o.audit() == []  # the index was rebuilt from the store, then follows it
         assert sorted(v.name for v in o.vms()) == ["c1", "c2", "c3"]
         assert o.project_usage("q")["ledger"].vcpus == 3
     finally:
@@ -188,6 +218,7 @@ def _failing(real):
         with real() as conn:
             yield conn
             raise RuntimeError("commit failed")
+
     return tx()
 
 
@@ -200,10 +231,19 @@ def test_each_request_of_a_batch_is_fenced_by_its_own_owner_not_by_the_thread_th
     o = _orchestrator(tmp_path, "fenced.db")
     try:
         live = o.controllers.epoch
-        with o.db.transaction() as conn:            # a process whose lease lapsed
-            lapsed = conn.execute(insert(CONTROLLERS).values(
-                name="gone", hostname="h", pid=1, state="lapsed", lease_s=1.0, started_at=0.0, renewed_at=0.0,
-                expires_at=0.0)).inserted_primary_key[0]
+        with o.db.transaction() as conn:  # a process whose lease lapsed
+            lapsed = conn.execute(
+                insert(CONTROLLERS).values(
+                    name="gone",
+                    hostname="h",
+                    pid=1,
+                    state="lapsed",
+                    lease_s=1.0,
+                    started_at=0.0,
+                    renewed_at=0.0,
+                    expires_at=0.0,
+                )
+            ).inserted_primary_key[0]
         batcher = Batcher(o.db, threading.RLock())
         outcomes: dict[str, str] = {}
 
@@ -211,6 +251,7 @@ def test_each_request_of_a_batch_is_fenced_by_its_own_owner_not_by_the_thread_th
             def fn(conn):
                 events.record(conn, "vm", tag, message="written")
                 return "landed"
+
             with ownership.owned(owner):
                 try:
                     outcomes[tag] = batcher.run(fn)
@@ -219,16 +260,21 @@ def test_each_request_of_a_batch_is_fenced_by_its_own_owner_not_by_the_thread_th
 
         requests = [("first", None), ("gone-1", lapsed), ("live", live), ("none", None), ("gone-2", lapsed)]
         threads = []
-        with batcher.lock:                  # the first leads and waits; the others queue behind it, in order
+        with batcher.lock:  # the first leads and waits; the others queue behind it, in order
             for i, (tag, owner) in enumerate(requests):
                 threads.append(threading.Thread(target=write, args=(tag, owner)))
                 threads[-1].start()
-                _wait_for(lambda: batcher._busy and len(batcher._queue) == i)
+                _wait_for(lambda i=i: batcher._busy and len(batcher._queue) == i)
         for t in threads:
             t.join(60)
-        assert batcher.batches == 2         # the first alone, then the four led by a lapsed owner's request
-        assert outcomes == {"first": "landed", "gone-1": "fenced", "live": "landed", "none": "landed",
-                            "gone-2": "fenced"}
+        assert batcher.batches == 2  # the first alone, then the four led by a lapsed owner's request
+        assert outcomes == {
+            "first": "landed",
+            "gone-1": "fenced",
+            "live": "landed",
+            "none": "landed",
+            "gone-2": "fenced",
+        }
         with o.db.read() as s:
             written = set(s.execute(select(Event.subject).where(Event.message == "written")).scalars())
         assert written == {"first", "live", "none"}
@@ -240,13 +286,16 @@ def _requests(*fns) -> list:
     import contextvars
 
     from vmplane.store.admission import _Request
+
     return [_Request(fn, contextvars.copy_context()) for fn in fns]
 
 
 def _zones_and_events(db: Database) -> tuple[list[str], list[str]]:
     with db.read() as s:
-        return (sorted(s.execute(select(Zone.name)).scalars()),
-                sorted(s.execute(select(Event.subject).where(Event.kind == "test")).scalars()))
+        return (
+            sorted(s.execute(select(Zone.name)).scalars()),
+            sorted(s.execute(select(Event.subject).where(Event.kind == "test")).scalars()),
+        )
 
 
 def _adds_zone(tag: str):
@@ -254,6 +303,7 @@ def _adds_zone(tag: str):
         conn.execute(insert(Zone).values(name=tag))
         events.record(conn, "test", tag, message="added")
         return tag
+
     return fn
 
 
@@ -263,9 +313,11 @@ def test_a_refused_requests_events_are_dropped_and_the_batch_keeps_the_others(tm
     db = Database(store_url(tmp_path, "events.db"))
     db.migrate()
     try:
+
         def refused(conn):
             events.record(conn, "test", "refused", message="recorded, then refused")
             raise Conflict("refused after recording an event", field="x")
+
         batch = _requests(_adds_zone("z1"), refused, _adds_zone("z3"))
         batcher = Batcher(db, threading.RLock())
         batcher._execute(batch)
@@ -284,6 +336,7 @@ def test_a_request_that_wrote_then_failed_reruns_its_batch_in_three_parts(tmp_pa
     db = Database(store_url(tmp_path, "partial.db"))
     db.migrate()
     try:
+
         def wrote_then_failed(conn):
             conn.execute(insert(Zone).values(name="lost"))
             raise Conflict("failed after writing", field="x")
@@ -292,6 +345,7 @@ def test_a_request_that_wrote_then_failed_reruns_its_batch_in_three_parts(tmp_pa
             if db.is_sqlite:
                 conn.connection.dbapi_connection.execute("ROLLBACK")
             raise Conflict("failed, its transaction rolled back by the database", field="x")
+
         for name, failing in (("wrote", wrote_then_failed), ("ended", ended_the_transaction)):
             batch = _requests(_adds_zone(f"{name}1"), _adds_zone(f"{name}2"), failing, _adds_zone(f"{name}4"))
             batcher = Batcher(db, threading.RLock())

@@ -14,8 +14,10 @@ def setup(orch, api):
 
 
 def snapshot(api):
-    return {noun: api.get(f"/api/v1/{noun}").json()
-            for noun in ("zones", "clusters", "hosts", "projects", "offerings", "templates", "vms")}
+    return {
+        noun: api.get(f"/api/v1/{noun}").json()
+        for noun in ("zones", "clusters", "hosts", "projects", "offerings", "templates", "vms")
+    }
 
 
 def assert_error(r, status, field=None, words=()):
@@ -52,21 +54,52 @@ BAD_REQUESTS = [
     ("post", "/offerings", {"name": "small", "kind": "fixed", "vcpus": 1, "memory_mib": 1}, 409, "name", []),
     ("post", "/offerings", {"name": "o2", "kind": "fixed", "vcpus": 1}, 422, "memory_mib", []),
     ("post", "/offerings", {"name": "o2", "kind": "huge"}, 422, "kind", []),
-    ("post", "/offerings", {"name": "o2", "kind": "custom-constrained", "min_vcpus": 4, "max_vcpus": 2,
-                            "min_memory_mib": 1, "max_memory_mib": 2}, 422, "min_vcpus", []),
+    (
+        "post",
+        "/offerings",
+        {
+            "name": "o2",
+            "kind": "custom-constrained",
+            "min_vcpus": 4,
+            "max_vcpus": 2,
+            "min_memory_mib": 1,
+            "max_memory_mib": 2,
+        },
+        422,
+        "min_vcpus",
+        [],
+    ),
     ("post", "/templates", {"name": "t2", "image": "<x/>"}, 422, "image", []),
     ("post", "/hosts", {"name": "h1", "cluster": "c1", "cores": 1, "cpu_mhz": 1, "memory_mib": 1}, 409, "name", []),
-    ("post", "/hosts", {"name": "h9", "cluster": "nope", "cores": 1, "cpu_mhz": 1, "memory_mib": 1}, 404,
-     "cluster", []),
+    (
+        "post",
+        "/hosts",
+        {"name": "h9", "cluster": "nope", "cores": 1, "cpu_mhz": 1, "memory_mib": 1},
+        404,
+        "cluster",
+        [],
+    ),
     ("post", "/hosts", {"name": "h9", "cluster": "c1", "cores": 0, "cpu_mhz": 1, "memory_mib": 1}, 422, "cores", []),
     ("post", "/hosts", {"name": "h9", "cluster": "c1", "cpu_mhz": 1, "memory_mib": 1}, 422, "cores", []),
     ("post", "/clusters", {"name": "c2", "zone": "nope"}, 404, "zone", []),
     ("put", "/settings/cpu.overprovisioning.factor", {"value": "-1"}, 422, "value", []),
     ("put", "/settings/no.such.key", {"value": "1"}, 404, "key", []),
-    ("put", "/settings/enable.dynamic.scale.vm", {"value": "true", "scope": "cluster", "scope_name": "c1"}, 422,
-     "scope", []),
-    ("put", "/settings/cpu.overprovisioning.factor", {"value": "2", "scope": "cluster", "scope_name": "nope"}, 404,
-     "cluster", []),
+    (
+        "put",
+        "/settings/enable.dynamic.scale.vm",
+        {"value": "true", "scope": "cluster", "scope_name": "c1"},
+        422,
+        "scope",
+        [],
+    ),
+    (
+        "put",
+        "/settings/cpu.overprovisioning.factor",
+        {"value": "2", "scope": "cluster", "scope_name": "nope"},
+        404,
+        "cluster",
+        [],
+    ),
     ("patch", "/projects/p/quota", {"vcpus": -1}, 422, "vcpus", []),
     ("patch", "/projects/nope/quota", {"vcpus": 1}, 404, "project", []),
     ("post", "/vms/nope/start", None, 404, "vm", []),
@@ -74,8 +107,11 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("method,path,body,status,field,words", BAD_REQUESTS,
-                         ids=[f"{m} {p} {status}-{f}" for m, p, _, status, f, _ in BAD_REQUESTS])
+@pytest.mark.parametrize(
+    "method,path,body,status,field,words",
+    BAD_REQUESTS,
+    ids=[f"{m} {p} {status}-{f}" for m, p, _, status, f, _ in BAD_REQUESTS],
+)
 def test_bad_input_is_refused_and_changes_nothing(setup, method, path, body, status, field, words):
     before = snapshot(setup)
     kwargs = {"json": body} if body is not None else {}
@@ -143,8 +179,9 @@ def test_a_second_vm_with_the_same_name_is_409_and_the_ledger_is_unchanged(setup
 
 def test_metrics_count_admissions_and_refusals(setup):
     setup.post("/api/v1/vms", json={**VM, "start": True})
-    setup.post("/api/v1/vms", json={**VM, "name": "big", "offering": "any", "vcpus": 64, "memory_mib": 512,
-                                    "start": True})
+    setup.post(
+        "/api/v1/vms", json={**VM, "name": "big", "offering": "any", "vcpus": 64, "memory_mib": 512, "start": True}
+    )
     text = setup.get("/metrics").text
     assert 'vmplane_admissions_total{result="admitted"}' in text
     assert 'vmplane_admissions_total{result="quota_exceeded"}' in text

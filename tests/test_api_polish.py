@@ -24,8 +24,17 @@ def test_metrics_count_migrations_scales_and_drains(orch, api):
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
     add_sim_hosts(orch, 3)
-    orch.catalog.create_offering(Offering("dyn", OfferingKind.custom_constrained, min_vcpus=1, max_vcpus=4,
-                                          min_memory_mib=256, max_memory_mib=8192, dynamic_scaling=True))
+    orch.catalog.create_offering(
+        Offering(
+            "dyn",
+            OfferingKind.custom_constrained,
+            min_vcpus=1,
+            max_vcpus=4,
+            min_memory_mib=256,
+            max_memory_mib=8192,
+            dynamic_scaling=True,
+        )
+    )
     orch.catalog.create_template("dt", "tiny-linux", dynamic_scaling=True)
     api.put("/api/v1/settings/enable.dynamic.scale.vm", json={"value": True, "scope": "zone", "scope_name": "z1"})
     orch.catalog.create_project("p", 64, 65536, 10)
@@ -36,6 +45,9 @@ def test_metrics_count_migrations_scales_and_drains(orch, api):
     host = api.get("/api/v1/vms/m1").json()["host"]
     assert api.post(f"/api/v1/hosts/{host}/maintenance", json={"action": "enter"}).status_code == 200
     after = api.get("/metrics").text
-    for series in ('vmplane_migrations_total{result="succeeded"}', 'vmplane_operations_total{kind="scale",state="succeeded"}',
-                   'vmplane_operations_total{kind="drain",state="succeeded"}'):
+    for series in (
+        'vmplane_migrations_total{result="succeeded"}',
+        'vmplane_operations_total{kind="scale",state="succeeded"}',
+        'vmplane_operations_total{kind="drain",state="succeeded"}',
+    ):
         assert counted(after, series) > counted(before, series), series

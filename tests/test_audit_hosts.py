@@ -1,6 +1,7 @@
 """The audit's comparison of the store with what the hosts run (a pure function)."""
 
-from vmplane.controllers.audit import StoredVm, placement_problems
+from vmplane.controllers.audit import placement_problems
+from vmplane.core.drift import StoredVm
 from vmplane.core.driver import DomainInfo
 from vmplane.core.model import VmState
 from vmplane.core.scaling import cap_for_share
@@ -13,8 +14,9 @@ def vm(name, state="running", host="h1", vcpus=1, memory=1024, cap=None, busy=Fa
 
 
 def dom(name, vcpus=1, memory=1024, cap=None, state="running", reason="", soft=None):
-    return DomainInfo(P + name, state in ("running", "blocked"), vcpus, memory, cap, state=state, reason=reason,
-                      soft_vcpus=soft)
+    return DomainInfo(
+        P + name, state in ("running", "blocked"), vcpus, memory, cap, state=state, reason=reason, soft_vcpus=soft
+    )
 
 
 def test_consistent_cluster_has_no_problem():
@@ -24,8 +26,10 @@ def test_consistent_cluster_has_no_problem():
 
 def test_each_broken_invariant_is_named():
     vms = [vm("twice"), vm("gone"), vm("moved"), vm("stopped", "stopped", None), vm("big")]
-    seen = {"h1": [dom("twice"), dom("big", 2, 2048), DomainInfo("other-guest", True, 1, 1)],
-            "h2": [dom("twice"), dom("moved"), dom("stopped"), dom("stranger")]}
+    seen = {
+        "h1": [dom("twice"), dom("big", 2, 2048), DomainInfo("other-guest", True, 1, 1)],
+        "h2": [dom("twice"), dom("moved"), dom("stopped"), dom("stranger")],
+    }
     problems = placement_problems(vms, seen, P)
     assert problems == [
         "vm twice: runs 2 times, on h1, h2",
@@ -56,23 +60,29 @@ def test_soft_scaled_vcpus_are_in_sync_when_the_domain_cap_holds_the_recorded_co
     """TCG soft scale-down: 4 plugged, the whole-domain cap holds it to 2 CPUs: the record's 2 is right."""
     assert placement_problems([vm("a", vcpus=2)], {"h1": [dom("a", vcpus=4, soft=2)]}, P) == []
     assert placement_problems([vm("a", vcpus=2)], {"h1": [dom("a", vcpus=4)]}, P) == [
-        "vm a: vcpus is 4 on h1, the record says 2"]
+        "vm a: vcpus is 4 on h1, the record says 2"
+    ]
     assert placement_problems([vm("a", vcpus=2)], {"h1": [dom("a", vcpus=4, soft=3)]}, P) == [
-        "vm a: vcpus is 4 plugged, capped to 3 CPUs on h1, the record says 2"]
+        "vm a: vcpus is 4 plugged, capped to 3 CPUs on h1, the record says 2"
+    ]
     assert placement_problems([vm("a", vcpus=4)], {"h1": [dom("a", vcpus=2)]}, P) == [
-        "vm a: vcpus is 2 on h1, the record says 4"]
+        "vm a: vcpus is 2 on h1, the record says 4"
+    ]
     # a leftover soft cap holds the domain below the record: the project pays for CPUs the guest can't use
     assert placement_problems([vm("a", vcpus=4)], {"h1": [dom("a", vcpus=4, soft=2)]}, P) == [
-        "vm a: vcpus is 4 plugged, capped to 2 CPUs on h1, the record says 4"]
+        "vm a: vcpus is 4 plugged, capped to 2 CPUs on h1, the record says 4"
+    ]
 
 
 def test_the_cpu_cap_is_compared_with_the_record():
     half = cap_for_share(0.5)
     assert placement_problems([vm("a", cap=50.0)], {"h1": [dom("a", cap=half)]}, P) == []
     assert placement_problems([vm("a", cap=50.0)], {"h1": [dom("a")]}, P) == [
-        "vm a: cpu_cap is off on h1, the record says 0.50 CPU per vCPU"]
+        "vm a: cpu_cap is off on h1, the record says 0.50 CPU per vCPU"
+    ]
     assert placement_problems([vm("a")], {"h1": [dom("a", cap=half)]}, P) == [
-        "vm a: cpu_cap is 0.50 CPU per vCPU on h1, the record says off"]
+        "vm a: cpu_cap is 0.50 CPU per vCPU on h1, the record says off"
+    ]
     # tiny shares stretch the period (quota 1000 us): still the same cap
     assert placement_problems([vm("a", cap=7.0)], {"h1": [dom("a", cap=cap_for_share(0.07))]}, P) == []
 
@@ -90,10 +100,10 @@ def test_the_two_copies_of_a_migration_in_flight_are_not_a_vm_running_twice():
     assert placement_problems([copying], incoming, P) == []
     assert placement_problems([copying], postcopy, P) == []
     # both executing, or a third host, or no migration copying: it runs twice
-    assert placement_problems([copying], {"h1": [dom("m")], "h2": [dom("m")]}, P) == [
-        "vm m: runs 2 times, on h1, h2"]
+    assert placement_problems([copying], {"h1": [dom("m")], "h2": [dom("m")]}, P) == ["vm m: runs 2 times, on h1, h2"]
     assert placement_problems([vm("m", "migrating", busy=True, migration=("h1", "h3"))], incoming, P) == [
-        "vm m: runs 2 times, on h1, h2"]
+        "vm m: runs 2 times, on h1, h2"
+    ]
     assert placement_problems([vm("m", busy=True)], incoming, P) == ["vm m: runs 2 times, on h1, h2"]
 
 

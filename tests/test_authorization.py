@@ -7,30 +7,84 @@ from vmplane.core.model import Offering, OfferingKind
 from .conftest import ADMIN_TOKEN, add_sim_hosts
 
 # every /api/v1 route is one of these; a new route must be classified here or the test fails
-ADMIN_ONLY = {("POST", "/zones"), ("GET", "/zones"), ("POST", "/clusters"), ("GET", "/clusters"),
-              ("POST", "/hosts"), ("GET", "/hosts"), ("GET", "/hosts/{name}"),
-              ("POST", "/hosts/{name}/maintenance"), ("POST", "/projects"), ("PATCH", "/projects/{name}/quota"),
-              ("POST", "/offerings"), ("POST", "/templates"), ("GET", "/settings"), ("GET", "/settings/{key}"),
-              ("PUT", "/settings/{key}"), ("GET", "/audit"), ("POST", "/tokens"), ("GET", "/controllers"),
-              ("DELETE", "/settings/{key}"), ("DELETE", "/projects/{name}"), ("DELETE", "/offerings/{name}"),
-              ("POST", "/offerings/{name}/retire"), ("DELETE", "/templates/{name}"), ("POST", "/templates/{name}/retire"),
-              ("DELETE", "/zones/{name}"), ("DELETE", "/clusters/{name}"), ("DELETE", "/hosts/{name}"),
-              ("POST", "/pools"), ("GET", "/pools"), ("GET", "/pools/{name}"), ("DELETE", "/pools/{name}"),
-              ("GET", "/clusters/{name}"), ("POST", "/hosts/{name}/fence"), ("PUT", "/hosts/{name}/fence-agents"),
-              ("POST", "/hosts/{name}/fail"), ("POST", "/hosts/{name}/recover")}
-MEMBER_SCOPED = {("GET", "/projects"), ("GET", "/projects/{name}"), ("GET", "/projects/{name}/usage"),
-                 ("GET", "/offerings"), ("GET", "/offerings/{name}"), ("GET", "/templates"),
-                 ("GET", "/templates/{name}"), ("POST", "/vms"), ("GET", "/vms"), ("GET", "/vms/{name}"),
-                 ("POST", "/vms/{name}/start"), ("POST", "/vms/{name}/stop"), ("DELETE", "/vms/{name}"),
-                 ("POST", "/vms/{name}/exec"), ("POST", "/vms/{name}/migrate"),
-                 ("POST", "/vms/{name}/migrate/cancel"), ("PATCH", "/vms/{name}"), ("POST", "/vms/{name}/scale"), ("POST", "/vms/{name}/sync"),
-                 ("GET", "/migrations"),
-                 ("GET", "/migrations/{migration_id}"), ("GET", "/operations"), ("GET", "/operations/{op_id}"),
-                 ("GET", "/tokens"), ("DELETE", "/tokens/{name}"), ("GET", "/events"), ("GET", "/recovery"),
-                 ("POST", "/volumes"), ("GET", "/volumes"), ("GET", "/volumes/{name}"), ("DELETE", "/volumes/{name}"),
-                 ("POST", "/volumes/{name}/attach"), ("POST", "/volumes/{name}/detach"),
-                 ("POST", "/volumes/{name}/resize"),
-                 ("POST", "/groups"), ("GET", "/groups"), ("GET", "/groups/{name}"), ("DELETE", "/groups/{name}")}
+ADMIN_ONLY = {
+    ("POST", "/zones"),
+    ("GET", "/zones"),
+    ("POST", "/clusters"),
+    ("GET", "/clusters"),
+    ("POST", "/hosts"),
+    ("GET", "/hosts"),
+    ("GET", "/hosts/{name}"),
+    ("POST", "/hosts/{name}/maintenance"),
+    ("POST", "/projects"),
+    ("PATCH", "/projects/{name}/quota"),
+    ("POST", "/offerings"),
+    ("POST", "/templates"),
+    ("GET", "/settings"),
+    ("GET", "/settings/{key}"),
+    ("PUT", "/settings/{key}"),
+    ("GET", "/audit"),
+    ("POST", "/tokens"),
+    ("GET", "/controllers"),
+    ("DELETE", "/settings/{key}"),
+    ("DELETE", "/projects/{name}"),
+    ("DELETE", "/offerings/{name}"),
+    ("POST", "/offerings/{name}/retire"),
+    ("DELETE", "/templates/{name}"),
+    ("POST", "/templates/{name}/retire"),
+    ("DELETE", "/zones/{name}"),
+    ("DELETE", "/clusters/{name}"),
+    ("DELETE", "/hosts/{name}"),
+    ("POST", "/pools"),
+    ("GET", "/pools"),
+    ("GET", "/pools/{name}"),
+    ("DELETE", "/pools/{name}"),
+    ("GET", "/clusters/{name}"),
+    ("POST", "/hosts/{name}/fence"),
+    ("PUT", "/hosts/{name}/fence-agents"),
+    ("POST", "/hosts/{name}/fail"),
+    ("POST", "/hosts/{name}/recover"),
+}
+MEMBER_SCOPED = {
+    ("GET", "/projects"),
+    ("GET", "/projects/{name}"),
+    ("GET", "/projects/{name}/usage"),
+    ("GET", "/offerings"),
+    ("GET", "/offerings/{name}"),
+    ("GET", "/templates"),
+    ("GET", "/templates/{name}"),
+    ("POST", "/vms"),
+    ("GET", "/vms"),
+    ("GET", "/vms/{name}"),
+    ("POST", "/vms/{name}/start"),
+    ("POST", "/vms/{name}/stop"),
+    ("DELETE", "/vms/{name}"),
+    ("POST", "/vms/{name}/exec"),
+    ("POST", "/vms/{name}/migrate"),
+    ("POST", "/vms/{name}/migrate/cancel"),
+    ("PATCH", "/vms/{name}"),
+    ("POST", "/vms/{name}/scale"),
+    ("POST", "/vms/{name}/sync"),
+    ("GET", "/migrations"),
+    ("GET", "/migrations/{migration_id}"),
+    ("GET", "/operations"),
+    ("GET", "/operations/{op_id}"),
+    ("GET", "/tokens"),
+    ("DELETE", "/tokens/{name}"),
+    ("GET", "/events"),
+    ("GET", "/recovery"),
+    ("POST", "/volumes"),
+    ("GET", "/volumes"),
+    ("GET", "/volumes/{name}"),
+    ("DELETE", "/volumes/{name}"),
+    ("POST", "/volumes/{name}/attach"),
+    ("POST", "/volumes/{name}/detach"),
+    ("POST", "/volumes/{name}/resize"),
+    ("POST", "/groups"),
+    ("GET", "/groups"),
+    ("GET", "/groups/{name}"),
+    ("DELETE", "/groups/{name}"),
+}
 
 
 @pytest.fixture
@@ -47,8 +101,10 @@ def tenants(orch, api):
         orch.create_vm(f"{project}-off", project, "o", "t")
         orch.volumes.create(f"{project}-vol", project, 64)
     mig = orch.migrator.migrate("b-run")
-    tokens = {p: api.post("/api/v1/tokens", json={"name": f"m-{p}", "role": "member", "project": p}).json()["token"]
-              for p in ("a", "b")}
+    tokens = {
+        p: api.post("/api/v1/tokens", json={"name": f"m-{p}", "role": "member", "project": p}).json()["token"]
+        for p in ("a", "b")
+    }
     return api, tokens, mig
 
 
@@ -59,8 +115,12 @@ def as_member(token):
 def test_every_api_route_is_classified(tenants):
     api, _, _ = tenants
     paths = api.get("/openapi.json").json()["paths"]
-    routes = {(method.upper(), path.removeprefix("/api/v1")) for path, ops in paths.items()
-              if path.startswith("/api/v1") for method in ops}
+    routes = {
+        (method.upper(), path.removeprefix("/api/v1"))
+        for path, ops in paths.items()
+        if path.startswith("/api/v1")
+        for method in ops
+    }
     assert routes == ADMIN_ONLY | MEMBER_SCOPED and not ADMIN_ONLY & MEMBER_SCOPED
 
 
@@ -70,7 +130,7 @@ def test_the_api_schema_says_every_route_needs_the_bearer_token_and_health_does_
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     for path, ops in schema["paths"].items():
         for method, op in ops.items():
-            needs = path.startswith("/api/v1/") or path == "/metrics"          # /metrics: an admin's (review)
+            needs = path.startswith("/api/v1/") or path == "/metrics"  # /metrics: an admin's (review)
             assert (op.get("security") == [{"HTTPBearer": []}]) == needs, (method, path)
 
 
@@ -79,26 +139,51 @@ def test_admin_only_routes_refuse_a_member_with_403_and_change_nothing(tenants, 
     api, tokens, _ = tenants
     before = api.get("/api/v1/hosts").json(), api.get("/api/v1/projects").json()
     url = "/api/v1" + path.format(name="h1", key="cpu.overprovisioning.factor")
-    body = {"name": "x", "zone": "z1", "action": "enter", "value": "2", "vcpus": 1, "memory_mib": 1, "kind": "fixed",
-            "image": "tiny-linux", "cluster": "c1", "cores": 1, "cpu_mhz": 1, "role": "admin", "mode": "power",
-            "agents": [{"agent": "sim"}], "confirm_off": True}
+    body = {
+        "name": "x",
+        "zone": "z1",
+        "action": "enter",
+        "value": "2",
+        "vcpus": 1,
+        "memory_mib": 1,
+        "kind": "fixed",
+        "image": "tiny-linux",
+        "cluster": "c1",
+        "cores": 1,
+        "cpu_mhz": 1,
+        "role": "admin",
+        "mode": "power",
+        "agents": [{"agent": "sim"}],
+        "confirm_off": True,
+    }
     r = api.request(method, url, json=body if method != "GET" else None, headers=as_member(tokens["a"]))
     assert r.status_code == 403 and r.json()["error"] == "forbidden", (method, path, r.text)
     assert (api.get("/api/v1/hosts").json(), api.get("/api/v1/projects").json()) == before
 
 
-@pytest.mark.parametrize("method,path,body", [
-    ("GET", "/vms/b-run", None), ("POST", "/vms/b-off/start", None), ("POST", "/vms/b-run/stop", {}),
-    ("DELETE", "/vms/b-off", None), ("POST", "/vms/b-run/exec", {"command": "true"}),
-    ("POST", "/vms/b-run/migrate", {}), ("POST", "/vms/b-run/migrate/cancel", None),
-    ("POST", "/vms/b-run/scale", {"offering": "o2"}), ("POST", "/vms/b-run/sync", None), ("GET", "/projects/b", None),
-    ("PATCH", "/vms/b-run", {"ha_priority": 5}),
-    ("GET", "/projects/b/usage", None),
-    ("POST", "/vms", {"name": "sneaky", "project": "b", "offering": "o", "template": "t"}),
-    ("GET", "/volumes/b-vol", None), ("POST", "/volumes/b-vol/attach", {"vm": "a-run"}),
-    ("POST", "/volumes/b-vol/resize", {"size_mib": 128}), ("DELETE", "/volumes/b-vol", None),
-    ("POST", "/volumes", {"name": "sneaky", "project": "b", "size_mib": 64}),
-])
+@pytest.mark.parametrize(
+    "method,path,body",
+    [
+        ("GET", "/vms/b-run", None),
+        ("POST", "/vms/b-off/start", None),
+        ("POST", "/vms/b-run/stop", {}),
+        ("DELETE", "/vms/b-off", None),
+        ("POST", "/vms/b-run/exec", {"command": "true"}),
+        ("POST", "/vms/b-run/migrate", {}),
+        ("POST", "/vms/b-run/migrate/cancel", None),
+        ("POST", "/vms/b-run/scale", {"offering": "o2"}),
+        ("POST", "/vms/b-run/sync", None),
+        ("GET", "/projects/b", None),
+        ("PATCH", "/vms/b-run", {"ha_priority": 5}),
+        ("GET", "/projects/b/usage", None),
+        ("POST", "/vms", {"name": "sneaky", "project": "b", "offering": "o", "template": "t"}),
+        ("GET", "/volumes/b-vol", None),
+        ("POST", "/volumes/b-vol/attach", {"vm": "a-run"}),
+        ("POST", "/volumes/b-vol/resize", {"size_mib": 128}),
+        ("DELETE", "/volumes/b-vol", None),
+        ("POST", "/volumes", {"name": "sneaky", "project": "b", "size_mib": 64}),
+    ],
+)
 def test_a_member_of_a_can_not_touch_project_b(tenants, method, path, body):
     api, tokens, _ = tenants
     before = api.get("/api/v1/vms").json(), api.get("/api/v1/projects/b/usage").json()
@@ -128,7 +213,7 @@ def test_a_member_runs_its_own_project(tenants):
     assert api.post("/api/v1/vms/a-run/scale", json={"offering": "o2"}, headers=member).status_code == 202
     hosts = [h["name"] for h in api.get("/api/v1/hosts").json()]
     refused = api.post("/api/v1/vms/a-run/migrate", json={"to": hosts[-1]}, headers=member)
-    assert refused.status_code == 403 and refused.json()["field"] == "to"        # tenants don't pick hypervisors
+    assert refused.status_code == 403 and refused.json()["field"] == "to"  # tenants don't pick hypervisors
     assert api.post("/api/v1/vms/a-run/migrate", json={}, headers=member).status_code == 202
     assert api.get("/api/v1/projects/a/usage", headers=member).json()["consistent"] is True
 
@@ -137,6 +222,7 @@ def test_tokens_are_stored_hashed(orch, api):
     from sqlalchemy import select
 
     from vmplane.store.schema import Token
+
     with orch.db.read() as s:
         stored = [t.token_hash for t in s.scalars(select(Token))]
     assert ADMIN_TOKEN not in stored and all(len(h) == 64 for h in stored)
@@ -144,10 +230,11 @@ def test_tokens_are_stored_hashed(orch, api):
 
 def test_up_token_reuse_never_promotes_a_member_token(orch, api):
     from vmplane.core.errors import Conflict
+
     orch.catalog.create_project("p", 1, 1, 1)
     member = orch.catalog.create_token("dev", "member", "p")
     with pytest.raises(Conflict, match="member token 'dev'"):
         orch.catalog.ensure_admin_token("up-admin", member)
     assert orch.catalog.authenticate(member)[1] == "member"
-    orch.catalog.ensure_admin_token("up-admin", ADMIN_TOKEN)       # already an admin token: accepted as is
+    orch.catalog.ensure_admin_token("up-admin", ADMIN_TOKEN)  # already an admin token: accepted as is
     assert orch.catalog.authenticate(ADMIN_TOKEN)[1] == "admin"

@@ -50,7 +50,7 @@ def domain_os(live, vm: str) -> str:
         xml = conn.lookupByName(f"vmplane-{vm}").XMLDesc(0)
     finally:
         conn.close()
-    return xml[xml.index("<os"):xml.index("</os>")]
+    return xml[xml.index("<os") : xml.index("</os>")]
 
 
 def booted(live, vm: str) -> float:
@@ -76,19 +76,34 @@ def test_a_bootable_raw_image_is_imported_and_boots_as_it_is_keeping_what_it_wri
     run_json(live, "template", "create", "boot", "--image", str(image))
     sha256 = subprocess.run(["sha256sum", str(image)], capture_output=True, text=True, check=True).stdout.split()[0]
     shown = run_json(live, "template", "show", "boot")
-    assert shown["image"] == ""                                       # no kernel: it boots its disk
+    assert shown["image"] == ""  # no kernel: it boots its disk
     assert (shown["disk_format"], shown["checksum"], shown["disk_mib"]) == ("raw", sha256, bootable.DISK_MIB), shown
-    assert shown["disk_image"] != str(image)                          # a copy in the image store
+    assert shown["disk_image"] != str(image)  # a copy in the image store
 
     t0 = time.monotonic()
-    vm = run_json(live, "vm", "create", "bootie", "--project", "p", "--offering", "boot", "--template", "boot",
-                  "--pool", "shared", "--start")
+    vm = run_json(
+        live,
+        "vm",
+        "create",
+        "bootie",
+        "--project",
+        "p",
+        "--offering",
+        "boot",
+        "--template",
+        "boot",
+        "--pool",
+        "shared",
+        "--start",
+    )
     created = time.monotonic() - t0
     assert vm["state"] == "running", vm
     answered = booted(live, "bootie")
     uptime = float(guest(live, "bootie", "cut -d' ' -f1 /proc/uptime").split()[0])
-    print(f"bootable image: vm create --start {created:.1f} s, console answered {answered:.1f} s later, "
-          f"guest uptime {uptime:.1f} s")
+    print(
+        f"bootable image: vm create --start {created:.1f} s, console answered {answered:.1f} s later, "
+        f"guest uptime {uptime:.1f} s"
+    )
     assert_booted_from_its_disk(live, "bootie")
     root = run_json(live, "volume", "show", "bootie-root")
     assert root["pool"] == "shared" and root["size_mib"] >= bootable.DISK_MIB, root
@@ -102,7 +117,7 @@ def test_a_bootable_raw_image_is_imported_and_boots_as_it_is_keeping_what_it_wri
     run_json(live, "vm", "start", "bootie")
     booted(live, "bootie")
     print(f"bootable image: restarted, console answered {time.monotonic() - t0:.1f} s after vm start was sent")
-    assert_booted_from_its_disk(live, "bootie")                       # it still boots after the guest wrote
+    assert_booted_from_its_disk(live, "bootie")  # it still boots after the guest wrote
     assert guest(live, "bootie", "sync; echo 3 > /proc/sys/vm/drop_caches; md5sum /data/keep").split()[0] == digest
     run_json(live, "vm", "stop", "bootie", "--force")
     run_json(live, "vm", "delete", "bootie")
@@ -117,8 +132,20 @@ def test_the_image_as_qcow2_boots_from_a_local_pool_and_boot_times_compare(live,
     assert (shown["disk_format"], shown["checksum"], shown["disk_mib"]) == ("qcow2", sha256, bootable.DISK_MIB)
     times = {}
     for vm, template in (("local", "bootq"), ("kernel", "tiny-linux")):
-        run_json(live, "vm", "create", vm, "--project", "p", "--offering", "boot", "--template", template,
-                 "--pool", "local-lv1")
+        run_json(
+            live,
+            "vm",
+            "create",
+            vm,
+            "--project",
+            "p",
+            "--offering",
+            "boot",
+            "--template",
+            template,
+            "--pool",
+            "local-lv1",
+        )
         t0 = time.monotonic()
         run_json(live, "vm", "start", vm)
         booted(live, vm)
@@ -126,7 +153,7 @@ def test_the_image_as_qcow2_boots_from_a_local_pool_and_boot_times_compare(live,
     print("vm start until the console answers: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
     assert_booted_from_its_disk(live, "local")
     assert run_json(live, "volume", "show", "local-root")["pool"] == "local-lv1"
-    assert bootable.BOOT_MARKER not in guest(live, "kernel", "cat /proc/cmdline")   # direct kernel boot
+    assert bootable.BOOT_MARKER not in guest(live, "kernel", "cat /proc/cmdline")  # direct kernel boot
     for vm in ("local", "kernel"):
         run_json(live, "vm", "stop", vm, "--force")
         run_json(live, "vm", "delete", vm)
@@ -152,8 +179,9 @@ def test_a_file_that_is_not_a_disk_image_is_refused_naming_it(live):
 def test_a_qcow2_with_a_backing_file_is_refused(live, tmp_path):
     base, overlay = tmp_path / "base.qcow2", tmp_path / "overlay.qcow2"
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(base), "64M"], check=True)
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2", str(overlay)],
-                   check=True)
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2", str(overlay)], check=True
+    )
     out = refused(live, "layered", str(overlay))
     assert str(overlay) in out and "backing file" in out, out
 

@@ -27,14 +27,15 @@ def cluster(tmp_path_factory):
     run_json(live, "project", "create", "acme", "--vcpus", "8", "--memory", "8GiB")
     run_json(live, "offering", "create", "small", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB")
     for vm in ("w1", "w2", "w3"):
-        run_json(live, "vm", "create", vm, "--project", "acme", "--offering", "small", "--template", "tiny-linux",
-                 "--start")
+        run_json(
+            live, "vm", "create", vm, "--project", "acme", "--offering", "small", "--template", "tiny-linux", "--start"
+        )
     yield live
     live.stop()
 
 
 def table(live, *args):
-    r = live.cli(*args)        # not a terminal: Rich lays tables out for 80 columns
+    r = live.cli(*args)  # not a terminal: Rich lays tables out for 80 columns
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -43,13 +44,15 @@ def test_tables_fit_80_columns_and_never_cut_an_id(cluster):
     live = cluster
     run_json(live, "vm", "migrate", "w1")
     run_json(live, "vm", "stop", "w3", "--force")
-    for args, ids in [(("operation", "list"), [o["id"] for o in run_json(live, "operation", "list")]),
-                      (("migration", "list"), [m["id"] for m in run_json(live, "migration", "list")]),
-                      (("host", "list"), [h["name"] for h in run_json(live, "host", "list")]),
-                      (("setting", "list"), [s["key"] for s in run_json(live, "setting", "list")]),
-                      (("vm", "list"), ["w1", "w2", "w3"])]:
+    for args, ids in [
+        (("operation", "list"), [o["id"] for o in run_json(live, "operation", "list")]),
+        (("migration", "list"), [m["id"] for m in run_json(live, "migration", "list")]),
+        (("host", "list"), [h["name"] for h in run_json(live, "host", "list")]),
+        (("setting", "list"), [s["key"] for s in run_json(live, "setting", "list")]),
+        (("vm", "list"), ["w1", "w2", "w3"]),
+    ]:
         out = table(live, *args)
-        assert ids and all(i in out.split() for i in ids), (args, out)     # each whole, on one line
+        assert ids and all(i in out.split() for i in ids), (args, out)  # each whole, on one line
         assert max(len(line) for line in out.splitlines()) <= 80, out
         assert "…" not in out, out
     wide = table(live, "host", "list", "--wide")
@@ -75,8 +78,10 @@ def test_no_wait_says_the_operation_to_follow(cluster):
 def test_audit_exits_non_zero_when_it_finds_a_problem(cluster):
     assert cluster.cli("audit").returncode == 0
     fabric = cluster.sim_fabric()
-    fabric.put("sim1", DomainSpec(name="vmplane-ghost", vcpus=1, max_vcpus=1, memory_mib=256, max_memory_mib=256,
-                                  image="tiny-linux"))
+    fabric.put(
+        "sim1",
+        DomainSpec(name="vmplane-ghost", vcpus=1, max_vcpus=1, memory_mib=256, max_memory_mib=256, image="tiny-linux"),
+    )
     r = cluster.cli("audit")
     assert r.returncode == 1 and "vmplane-ghost" in r.stdout
     r = cluster.cli("audit", "--output", "json")
@@ -117,8 +122,9 @@ def test_errors_speak_in_flags_and_stay_on_one_line(cluster):
     r = cluster.cli("vm", "scale", "w1")
     assert r.returncode == 2 and "--offering" in r.stderr and "--cpu-cap" in r.stderr
     run_json(cluster, "offering", "create", "flex", "--kind", "custom-unconstrained")
-    r = cluster.cli("vm", "create", "t10", "--project", "acme", "--offering", "flex", "--template", "tiny-linux",
-                    "--vcpus", "1")
+    r = cluster.cli(
+        "vm", "create", "t10", "--project", "acme", "--offering", "flex", "--template", "tiny-linux", "--vcpus", "1"
+    )
     assert r.returncode == 1 and "--memory" in r.stderr and "memory_mib" not in r.stderr, r.stderr
     r = cluster.cli("vm", "show", "a-name-long-enough-to-wrap-an-eighty-column-line-of-error-text")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -140,7 +146,7 @@ def test_maintenance_ends_with_the_same_short_summary_with_or_without_wait(clust
 
 def test_up_prints_the_export_line_whole(tmp_path):
     server = LiveServer(tmp_path, hosts=1)
-    server.start("--token", "")      # an empty --token: up makes one and prints it once
+    server.start("--token", "")  # an empty --token: up makes one and prints it once
     try:
         text = server.log.read_text()
         line = next(line for line in text.splitlines() if "export VMPLANE_API=" in line)

@@ -30,11 +30,14 @@ def _two_hundred_starts(live):
         c.post("/offerings", json={"name": "one", "kind": "fixed", "vcpus": 1, "memory_mib": 256}).raise_for_status()
         c.post("/templates", json={"name": "t", "image": "tiny-linux"}).raise_for_status()
         for i in range(200):
-            c.post("/vms", json={"name": f"v{i}", "project": "p", "offering": "one", "template": "t"}).raise_for_status()
+            c.post(
+                "/vms", json={"name": f"v{i}", "project": "p", "offering": "one", "template": "t"}
+            ).raise_for_status()
 
     def start(i):
-        with httpx.Client(base_url=live.url + "/api/v1", timeout=120,
-                          headers={"Authorization": f"Bearer {live.env['VMPLANE_TOKEN']}"}) as c:
+        with httpx.Client(
+            base_url=live.url + "/api/v1", timeout=120, headers={"Authorization": f"Bearer {live.env['VMPLANE_TOKEN']}"}
+        ) as c:
             return c.post(f"/vms/v{i}/start")
 
     with ThreadPoolExecutor(max_workers=100) as pool:
@@ -42,8 +45,9 @@ def _two_hundred_starts(live):
     codes = sorted(r.status_code for r in results)
     odd = [r.text for r in results if r.status_code not in (202, 409)]
     assert codes.count(202) == 50 and codes.count(409) == 150, (codes, odd[:3])
-    assert all(r.json()["error"] == "quota_exceeded" and r.json()["field"] == "vcpus"
-               for r in results if r.status_code == 409)
+    assert all(
+        r.json()["error"] == "quota_exceeded" and r.json()["field"] == "vcpus" for r in results if r.status_code == 409
+    )
 
     with live.client() as c:
         for r in results:
@@ -75,7 +79,7 @@ def test_eight_control_planes_racing_never_overrun_quota_or_hosts(db_url):
         a.create_vm(f"v{i}", "p", "small", "tiny")
     others = []
     for i in range(7):
-        o = Orchestrator(Database(db_url), InlineExecutor(), name=f"plane-{i}")     # a process of its own
+        o = Orchestrator(Database(db_url), InlineExecutor(), name=f"plane-{i}")  # a process of its own
         o.load()
         others.append(o)
     started, refused, errors = [], [], []
@@ -90,13 +94,12 @@ def test_eight_control_planes_racing_never_overrun_quota_or_hosts(db_url):
             except QuotaExceeded:
                 with lock:
                     refused.append(name)
-            except Exception as exc:  # anything else is a bug
+            except Exception as exc:  # noqa: BLE001 (anything else is a bug, reported below)
                 with lock:
                     errors.append(repr(exc))
 
     names = [f"v{i}" for i in range(120)]
-    threads = [threading.Thread(target=worker, args=(o, names[k::16]))
-               for k, o in enumerate([a, *others] * 2)]
+    threads = [threading.Thread(target=worker, args=(o, names[k::16])) for k, o in enumerate([a, *others] * 2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -104,6 +107,7 @@ def test_eight_control_planes_racing_never_overrun_quota_or_hosts(db_url):
     assert errors == []
     assert len(started) == 40 and len(refused) == 80
     from vmplane.controllers.audit import audit
+
     assert audit(db_a, a.catalog.recomputed_usage) == []
     assert sum(h.used_vcpus for h in a.hosts()) == 40
     for o in [a, *others]:
@@ -119,34 +123,44 @@ def test_1000_concurrent_creates_starts_and_scales_never_overrun_tight_quotas(tm
         with live.client() as c:
             c.put("/settings/cpu.overprovisioning.factor", json={"value": "8"}).raise_for_status()
             c.put("/settings/enable.dynamic.scale.vm", json={"value": "true"}).raise_for_status()
-            c.post("/offerings", json={"name": "one", "kind": "fixed", "vcpus": 1, "memory_mib": 256,
-                                       "dynamic_scaling": True}).raise_for_status()
-            c.post("/offerings", json={"name": "two", "kind": "fixed", "vcpus": 2, "memory_mib": 512,
-                                       "dynamic_scaling": True}).raise_for_status()
-            c.post("/templates", json={"name": "t", "image": "tiny-linux", "dynamic_scaling": True}
-                   ).raise_for_status()
+            c.post(
+                "/offerings",
+                json={"name": "one", "kind": "fixed", "vcpus": 1, "memory_mib": 256, "dynamic_scaling": True},
+            ).raise_for_status()
+            c.post(
+                "/offerings",
+                json={"name": "two", "kind": "fixed", "vcpus": 2, "memory_mib": 512, "dynamic_scaling": True},
+            ).raise_for_status()
+            c.post("/templates", json={"name": "t", "image": "tiny-linux", "dynamic_scaling": True}).raise_for_status()
             quotas = {"q1": (20, 8192, 60), "q2": (35, 6000, 80), "q3": (50, 1 << 20, 40)}
-            storm_projects(c, quotas)           # with stopped VMs to start or scale
+            storm_projects(c, quotas)  # with stopped VMs to start or scale
 
         requests = storm_requests()
 
         def send(req):
             method, path, body = req
-            with httpx.Client(base_url=live.url + "/api/v1", timeout=120,
-                              headers={"Authorization": f"Bearer {live.env['VMPLANE_TOKEN']}"}) as c:
+            with httpx.Client(
+                base_url=live.url + "/api/v1",
+                timeout=120,
+                headers={"Authorization": f"Bearer {live.env['VMPLANE_TOKEN']}"},
+            ) as c:
                 return c.request(method, path, json=body)
 
         with ThreadPoolExecutor(max_workers=100) as pool:
             results = list(pool.map(send, requests))
         codes = {r.status_code for r in results}
-        assert codes <= {200, 201, 202, 404, 409, 422}, codes          # no 5xx, nothing unexpected
+        assert codes <= {200, 201, 202, 404, 409, 422}, codes  # no 5xx, nothing unexpected
         assert all(set(r.json()) <= {"error", "message", "field"} for r in results if r.status_code >= 400)
         # 202: admitted work; 200: a stopped VM resized offline; 409: refused by quota, capacity or state
-        assert sum(r.status_code in (200, 202) for r in results) > 50 and sum(r.status_code == 409 for r in results) > 50
+        assert (
+            sum(r.status_code in (200, 202) for r in results) > 50 and sum(r.status_code == 409 for r in results) > 50
+        )
         with live.client() as c:
-            for _ in range(600):          # let the operations finish
-                if not c.get("/operations", params={"state": "running"}).json() and \
-                        not c.get("/operations", params={"state": "pending"}).json():
+            for _ in range(600):  # let the operations finish
+                if (
+                    not c.get("/operations", params={"state": "running"}).json()
+                    and not c.get("/operations", params={"state": "pending"}).json()
+                ):
                     break
                 time.sleep(0.1)
             for name, (vcpus, memory, vms) in quotas.items():

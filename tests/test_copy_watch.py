@@ -9,9 +9,9 @@ import time
 
 import libvirt
 
-from vmplane.store import events, ownership
 from vmplane.core.driver import MigrationParams
 from vmplane.hosts.drivers.libvirt import _CopyWatch
+from vmplane.store import events, ownership
 
 
 class _Domain:
@@ -21,8 +21,13 @@ class _Domain:
         self.switched_at: float | None = None
 
     def jobStats(self, _flags):  # noqa: N802 - libvirt's name
-        return {"type": libvirt.VIR_DOMAIN_JOB_UNBOUNDED, "memory_total": 1 << 30, "memory_remaining": 1 << 29,
-                "memory_processed": 1 << 29, "memory_iteration": 1}
+        return {
+            "type": libvirt.VIR_DOMAIN_JOB_UNBOUNDED,
+            "memory_total": 1 << 30,
+            "memory_remaining": 1 << 29,
+            "memory_processed": 1 << 29,
+            "memory_iteration": 1,
+        }
 
     def migrateStartPostCopy(self, _flags):  # noqa: N802 - libvirt's name
         self.switched_at = time.monotonic()
@@ -37,7 +42,7 @@ class _Driver:
 def test_a_progress_write_that_waits_does_not_delay_the_switch_to_post_copy_and_runs_as_the_copy():
     release, seen = threading.Event(), []
 
-    def progress(percent: int, words: str) -> None:        # the store is busy: this write waits
+    def progress(percent: int, words: str) -> None:  # the store is busy: this write waits
         seen.append((percent, words, ownership.current(), events.current_cause()))
         release.wait(10)
 

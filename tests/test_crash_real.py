@@ -3,7 +3,6 @@ a live scale, a live migration (mid-copy: libvirtd carries the copy on alone) an
 again. Each time: every VM runs exactly once (one QEMU), on the host the store says, its guest answers
 at the size the store says, and the audit (ledger, claims, store against libvirt) is clean."""
 
-
 import pytest
 
 from .realguest import (
@@ -17,7 +16,7 @@ from .realguest import (
     settled,
 )
 
-BOOT_MEMTOTAL: dict[str, int] = {}      # each guest's MemTotal without DIMMs, seen at its first check
+BOOT_MEMTOTAL: dict[str, int] = {}  # each guest's MemTotal without DIMMs, seen at its first check
 
 
 @pytest.fixture(scope="module")
@@ -46,21 +45,27 @@ def consistent(live) -> dict:
             assert current == vm["memory_mib"] == vm["boot_memory_mib"] + sum(dimms), (name, vm, current, dimms)
             base = int(out[2]) - sum(dimms) * 1024
             assert BOOT_MEMTOTAL.setdefault(name, base) == base, (
-                f"{name}: the guest's MemTotal {out[2]} KiB is not its boot MemTotal + DIMMs {dimms}")
+                f"{name}: the guest's MemTotal {out[2]} KiB is not its boot MemTotal + DIMMs {dimms}"
+            )
         else:
             assert qemu_pids(domain, live.home) == [], f"{name} is {vm['state']} but QEMU runs"
     return vms
 
 
 def test_kills_mid_start_scale_migration_and_stop_leave_every_guest_once_where_the_store_says(live):
-    crash_at(live, "start.after-domain", lambda c: c.post("/vms", json={
-        "name": "k1", "project": "p", "offering": "c1", "template": "scalable", "start": True}))
+    crash_at(
+        live,
+        "start.after-domain",
+        lambda c: c.post(
+            "/vms", json={"name": "k1", "project": "p", "offering": "c1", "template": "scalable", "start": True}
+        ),
+    )
     vms = consistent(live)
-    assert vms["k1"]["state"] == "running"           # the start was finished, not done twice
+    assert vms["k1"]["state"] == "running"  # the start was finished, not done twice
 
     crash_at(live, "scale.after-memory", lambda c: c.post("/vms/k1/scale", json={"offering": "c2"}))
     vms = consistent(live)
-    assert (vms["k1"]["vcpus"], vms["k1"]["memory_mib"]) == (2, 640)    # resumed: the vCPU step was redone too
+    assert (vms["k1"]["vcpus"], vms["k1"]["memory_mib"]) == (2, 640)  # resumed: the vCPU step was redone too
 
     source = vms["k1"]["host"]
     crash_at(live, "migrate.mid-copy", lambda c: c.post("/vms/k1/migrate", json={}))

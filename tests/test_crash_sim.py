@@ -21,12 +21,12 @@ def test_a_kill_at_every_crash_point_and_at_random_moments_leaves_a_consistent_c
     assert not missed, f"crash points never reached (seed {report.seed}): {sorted(missed)}\n{report.fault_log()}"
     assert sum(1 for r in report.kills if r.kill == "timed") == crashkit.TIMED_KILLS, report.fault_log()
     assert any(r.vms < 0 for r in report.kills), "no restart recovered with a crash point armed"
-    assert max(r.vms for r in report.rounds) >= 5      # the cluster was busy, not empty
+    assert max(r.vms for r in report.rounds) >= 5  # the cluster was busy, not empty
 
 
 def test_failpoint_specs_are_checked():
     assert failpoints.parse("start.admitted=2, stop.after-domain") == {"start.admitted": 2, "stop.after-domain": 1}
-    with pytest.raises(ValueError, match="unknown failpoint 'start.nowhere'"):
+    with pytest.raises(ValueError, match=r"unknown failpoint 'start.nowhere'"):
         failpoints.parse("start.nowhere=1")
 
 
@@ -67,7 +67,7 @@ def test_a_migration_whose_domain_is_on_neither_host_records_the_vm_stopped_not_
         source = o.vm("v").host.name
         src = o.drivers[source]
 
-        def dies(name, to, params, progress=None):     # the source loses power mid-copy, then answers again
+        def dies(name, to, params, progress=None):  # the source loses power mid-copy, then answers again
             src.fabric.remove(source, name)
             raise DriverError(source, "migration: end of file while reading data")
 
@@ -115,7 +115,7 @@ def test_an_ha_vm_that_fits_nowhere_is_in_error_right_after_its_last_attempt(db)
     from vmplane.core.model import HostState
 
     o = _sim_cluster(db, ThreadPoolExecutor(4))
-    waits: list[float] = []             # the recovery's waits between its passes, in order
+    waits: list[float] = []  # the recovery's waits between its passes, in order
     wait = o.ha.recovery._wait
     o.ha.recovery._wait = lambda seconds: (waits.append(seconds), wait(seconds))[1]
     try:
@@ -124,7 +124,7 @@ def test_an_ha_vm_that_fits_nowhere_is_in_error_right_after_its_last_attempt(db)
         _until(lambda: o.vm("a").state == "running", lambda: o.vm("a"), 60)
         host = o.vm("a").host.name
         other = next(h for h in o.drivers if h != host)
-        o.set_host_state(other, HostState.disabled)          # no room anywhere
+        o.set_host_state(other, HostState.disabled)  # no room anywhere
         o.drivers[host].fabric.fail_host(host, "power")
         o.check_hosts()
         assert o.ha.check()
@@ -164,7 +164,7 @@ def test_a_migration_into_a_fenced_host_is_settled_by_its_recovery_before_it_end
         mig = o.migrator.migrate("a", to=target)
         _until(lambda: "does not answer" in o.migrator.get(mig["id"])["waiting_for"], lambda: o.migrator.get(mig["id"]))
         o.check_hosts()
-        assert o.ha.check()          # the target holds an HA VM's claim: declared, fenced, recovered
+        assert o.ha.check()  # the target holds an HA VM's claim: declared, fenced, recovered
         _until(lambda: _recoveries_over(o), lambda: [(x.kind, x.target, x.message) for x in o.operations()])
         row = o.migrator.get(mig["id"])
         assert row["state"] == "failed" and o.host(target).state == "fenced", row
@@ -219,7 +219,7 @@ def test_a_queued_migration_into_a_host_fenced_and_powered_on_again_is_not_copie
         source, release = o.drivers["h1"], threading.Event()
         real = source.migrate
 
-        def held(name, to, params, progress=None):       # b's copy holds the cluster's only slot
+        def held(name, to, params, progress=None):  # b's copy holds the cluster's only slot
             if name.endswith("-b"):
                 release.wait(10)
             return real(name, to, params, progress)
@@ -231,16 +231,16 @@ def test_a_queued_migration_into_a_host_fenced_and_powered_on_again_is_not_copie
         fabric = source.fabric
         fabric.fail_host("h2", "power")
         o.check_hosts()
-        assert o.ha.check()             # h2 holds an HA VM's target claim: declared, fenced
+        assert o.ha.check()  # h2 holds an HA VM's target claim: declared, fenced
         _until(lambda: o.host("h2").state == "fenced", lambda: o.host("h2"))
-        fabric.recover_host("h2")       # powered on again, empty; the store still says fenced
+        fabric.recover_host("h2")  # powered on again, empty; the store still says fenced
         release.set()
         _until(lambda: not o.migrator.list(active_only=True), lambda: o.migrator.list())
         row = o.migrator.get(queued["id"])
         assert row["state"] == "failed" and "its target h2 is fenced" in row["reason"], row
         assert fabric.hosts_of("vmplane-a") == ["h1"]
         _until(lambda: _recoveries_over(o), lambda: o.operations(state="running"))
-        o.check_hosts()                 # h2 answers, its recovery is over: back
+        o.check_hosts()  # h2 answers, its recovery is over: back
         vm = o.vm("a")
         assert (vm.state, vm.host.name, o.host("h2").state) == ("running", "h1", "enabled")
         assert fabric.hosts_of("vmplane-a") == ["h1"] and o.audit() == []
@@ -273,8 +273,8 @@ def test_a_recovery_asks_its_fenced_host_that_answers_again_and_restarts_only_wh
 
         def fenced_then_powered_on(op_id, h, how):
             done = fenced(op_id, h, how)
-            fabric.recover_host(h)          # powered on again, empty, before the recovery restarts anything
-            assert fabric.put(h, spec)      # and `a` runs there again (as a copy landing there would)
+            fabric.recover_host(h)  # powered on again, empty, before the recovery restarts anything
+            assert fabric.put(h, spec)  # and `a` runs there again (as a copy landing there would)
             return done
 
         monkeypatch.setattr(recovery, "_fenced", fenced_then_powered_on)
@@ -286,11 +286,11 @@ def test_a_recovery_asks_its_fenced_host_that_answers_again_and_restarts_only_wh
         assert fabric.hosts_of("vmplane-a") == [host] and fabric.hosts_of("vmplane-b") == [other]
         assert (o.vm("a").state, o.vm("a").host.name) == ("running", host)
         assert (o.vm("b").state, o.vm("b").host.name) == ("running", other)
-        assert o.host(host).state == "down"        # it runs `a`: back to the monitor, not left fenced
+        assert o.host(host).state == "down"  # it runs `a`: back to the monitor, not left fenced
         monkeypatch.undo()
-        fabric.fail_host(host, "power")            # and fails again before the monitor brought it back:
-        o.check_hosts()                            # declared and fenced again, `a` restarted (never stranded
-        assert o.ha.check()                        # unknown on a fenced host that nothing declares again)
+        fabric.fail_host(host, "power")  # and fails again before the monitor brought it back:
+        o.check_hosts()  # declared and fenced again, `a` restarted (never stranded
+        assert o.ha.check()  # unknown on a fenced host that nothing declares again)
         _until(lambda: _recoveries_over(o), lambda: o.operations(state="running"))
         assert fabric.hosts_of("vmplane-a") == [other] and (o.vm("a").state, o.vm("a").host.name) == ("running", other)
         fabric.recover_host(host)
@@ -329,7 +329,7 @@ def test_a_migration_into_a_fenced_host_powered_on_again_is_settled_by_asking_it
 
         def fenced_then_landed(op_id, h, how):
             done = fenced(op_id, h, how)
-            fabric.recover_host(h)                      # powered on again, and the domain lands there
+            fabric.recover_host(h)  # powered on again, and the domain lands there
             assert fabric.move("vmplane-a", source, h)
             return done
 
@@ -338,8 +338,10 @@ def test_a_migration_into_a_fenced_host_powered_on_again_is_settled_by_asking_it
         _until(lambda: "does not answer" in o.migrator.get(mig["id"])["waiting_for"], lambda: o.migrator.get(mig["id"]))
         o.check_hosts()
         assert o.ha.check()
-        _until(lambda: _recoveries_over(o) and not o.migrator.list(active_only=True),
-               lambda: (o.operations(state="running"), o.migrator.list()))
+        _until(
+            lambda: _recoveries_over(o) and not o.migrator.list(active_only=True),
+            lambda: (o.operations(state="running"), o.migrator.list()),
+        )
         assert o.migrator.get(mig["id"])["state"] == "succeeded"
         assert fabric.hosts_of("vmplane-a") == [target]
         assert (o.vm("a").state, o.vm("a").host.name) == ("running", target)
@@ -380,7 +382,7 @@ def test_a_hot_plug_cut_short_on_a_host_that_then_fails_is_settled_from_the_vms_
     try:
         fabric.fail_host(host, "network")
         assert orch.storage_settle.run_once(min_age_s=0) == []
-        assert orch.volumes.row("data").state == "attaching"        # its host does not answer: not guessed
+        assert orch.volumes.row("data").state == "attaching"  # its host does not answer: not guessed
         orch.check_hosts()
         assert orch.ha.check()
         _until(lambda: orch.vm("a").state == "running" and orch.vm("a").host.name != host, lambda: orch.vm("a"))

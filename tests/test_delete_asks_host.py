@@ -11,8 +11,8 @@ from alembic import command
 from sqlalchemy import inspect
 
 from vmplane.core.driver import DomainInfo, DomainSpec, DriverError
-from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.core.model import HostState, Offering, OfferingKind
+from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.store import Database
 from vmplane.store.migrate import alembic_config
 
@@ -67,8 +67,8 @@ def test_a_domain_still_running_on_its_last_host_refuses_the_delete_naming_the_h
     leftover(o, host)
     before = ledger_usage(o, "p")
     refused(api, "v", host, "vmplane-v", "stop it there")
-    assert o.vm("v").state == "stopped" and ledger_usage(o, "p") == before       # nothing changed
-    assert SimFabric.for_store(o.db.url).hosts_of("vmplane-v") == [host]        # nor killed
+    assert o.vm("v").state == "stopped" and ledger_usage(o, "p") == before  # nothing changed
+    assert SimFabric.for_store(o.db.url).hosts_of("vmplane-v") == [host]  # nor killed
 
 
 def test_a_domain_running_on_another_host_of_its_cluster_refuses_the_delete(cluster, api):
@@ -105,7 +105,7 @@ def test_a_shut_off_definition_that_does_not_go_refuses_the_delete(cluster, api,
     host = stopped_vm(o)
     driver = o.drivers[host]
     monkeypatch.setattr(driver, "domain", lambda name: DomainInfo(name, False, 1, 1024, state="shutoff"))
-    monkeypatch.setattr(driver, "stop", lambda name, timeout_s=0.0: None)      # "done", but it stays
+    monkeypatch.setattr(driver, "stop", lambda name, timeout_s=0.0: None)  # "done", but it stays
     refused(api, "v", host, "shut-off")
     assert o.vm("v").state == "stopped"
 
@@ -123,7 +123,7 @@ def test_a_last_host_that_can_not_be_asked_refuses_the_delete_can_not_tell(clust
     refused(api, "v", "can not tell", host)
     assert o.vm("v").state == "stopped" and ledger_usage(o, "p") == before
     monkeypatch.undo()
-    assert api.delete("/api/v1/vms/v").status_code == 204                       # once it answers
+    assert api.delete("/api/v1/vms/v").status_code == 204  # once it answers
 
 
 def test_another_host_recorded_down_is_not_asked_but_one_that_fails_when_asked_refuses(cluster, api, monkeypatch):
@@ -135,7 +135,7 @@ def test_another_host_recorded_down_is_not_asked_but_one_that_fails_when_asked_r
         raise DriverError(other, "cannot connect")
 
     monkeypatch.setattr(o.drivers[other], "domain", unreachable)
-    refused(api, "v", "can not tell", other)                # recorded enabled: it must answer
+    refused(api, "v", "can not tell", other)  # recorded enabled: it must answer
     o.set_host_state(other, HostState.down)
     assert api.delete("/api/v1/vms/v").status_code == 204  # recorded down, and not where it ran: skipped
 
@@ -168,7 +168,7 @@ def test_a_stop_that_fails_after_the_guest_powered_off_is_recorded_stopped_and_r
     fabric = SimFabric.for_store(o.db.url)
 
     def powered_off_before_destroy(name, timeout_s=0.0):
-        fabric.remove(host, name)           # the guest's own ACPI power-off completed...
+        fabric.remove(host, name)  # the guest's own ACPI power-off completed...
         raise DriverError(host, "destroy: Requested operation is not valid: domain is not running")
 
     monkeypatch.setattr(driver, "stop", powered_off_before_destroy)
@@ -191,8 +191,11 @@ def test_a_stop_that_fails_while_the_domain_runs_stays_running_and_charged(clust
     monkeypatch.setattr(o.drivers[host], "stop", refuses)
     o.stop_vm("s")
     vm = o.vm("s")
-    assert vm.state == "running" and vm.charged_vcpus == 1 and "stop failed" in (o.operation(
-        o.operations(limit=1)[0].id).message)
+    assert (
+        vm.state == "running"
+        and vm.charged_vcpus == 1
+        and "stop failed" in (o.operation(o.operations(limit=1)[0].id).message)
+    )
     assert not o.audit()
 
 
@@ -205,21 +208,30 @@ def test_revision_0006_keeps_the_last_host_of_placed_vms_adds_the_indexes_and_go
     with db.engine.begin() as conn:
         conn.exec_driver_sql("INSERT INTO zones (id, name) VALUES (1, 'z')")
         conn.exec_driver_sql("INSERT INTO clusters (id, name, zone_id) VALUES (1, 'c', 1)")
-        conn.exec_driver_sql("INSERT INTO hosts (id, name, cluster_id, driver, cores, cpu_mhz, memory_mib, state, "
-                             "used_vcpus, used_memory_mib, created_at) VALUES (1, 'h', 1, 'sim', 1, 1, 1, "
-                             "'enabled', 0, 0, '2026-01-01')")
-        conn.exec_driver_sql("INSERT INTO projects (id, name, quota_vcpus, quota_memory_mib, quota_vms, "
-                             "count_overhead, used_vcpus, used_memory_mib, used_vms) VALUES (1, 'p', 1, 1, 1, false, "
-                             "0, 0, 0)")
-        conn.exec_driver_sql("INSERT INTO offerings (id, name, kind, cpu_speed_mhz, cpu_cap, dynamic_scaling) "
-                             "VALUES (1, 'o', 'fixed', 1, false, false)")      # (false: booleans on PostgreSQL too)
-        conn.exec_driver_sql("INSERT INTO templates (id, name, image, dynamically_scalable) VALUES (1, 't', 'i', false)")
+        conn.exec_driver_sql(
+            "INSERT INTO hosts (id, name, cluster_id, driver, cores, cpu_mhz, memory_mib, state, "
+            "used_vcpus, used_memory_mib, created_at) VALUES (1, 'h', 1, 'sim', 1, 1, 1, "
+            "'enabled', 0, 0, '2026-01-01')"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO projects (id, name, quota_vcpus, quota_memory_mib, quota_vms, "
+            "count_overhead, used_vcpus, used_memory_mib, used_vms) VALUES (1, 'p', 1, 1, 1, false, "
+            "0, 0, 0)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO offerings (id, name, kind, cpu_speed_mhz, cpu_cap, dynamic_scaling) "
+            "VALUES (1, 'o', 'fixed', 1, false, false)"
+        )  # (false: booleans on PostgreSQL too)
+        conn.exec_driver_sql(
+            "INSERT INTO templates (id, name, image, dynamically_scalable) VALUES (1, 't', 'i', false)"
+        )
         for vm_id, host in ((1, "1"), (2, "NULL")):
             conn.exec_driver_sql(
                 f"INSERT INTO vms (id, name, project_id, offering_id, template_id, vcpus, memory_mib, "
                 f"dynamically_scalable, prepared, state, host_id, overhead_mib, charged_vcpus, charged_memory_mib, "
                 f"created_at, updated_at) VALUES ({vm_id}, 'v{vm_id}', 1, 1, 1, 1, 1, false, false, 'running', {host}, "
-                f"0, 0, 0, '2026-01-01', '2026-01-01')")
+                f"0, 0, 0, '2026-01-01', '2026-01-01')"
+            )
     db.migrate()
     with db.engine.begin() as conn:
         rows = conn.exec_driver_sql("SELECT name, last_host_id FROM vms ORDER BY name").all()
@@ -236,7 +248,7 @@ def test_revision_0006_keeps_the_last_host_of_placed_vms_adds_the_indexes_and_go
 def test_a_vm_keeps_its_last_host_across_a_stop_and_a_new_start(cluster):
     o = cluster
     host = stopped_vm(o)
-    o.set_host_state(host, HostState.maintenance)        # the next start goes elsewhere
+    o.set_host_state(host, HostState.maintenance)  # the next start goes elsewhere
     o.start_vm("v")
     vm = o.vm("v")
     assert vm.host.name != host and vm.last_host_id == vm.host_id
@@ -281,4 +293,4 @@ def test_a_new_probe_first_removes_probe_domains_an_interrupted_one_left():
 
     libvirt_driver._discard_leftover_probes(Driver())
     assert (probe.active, probe.defined) == (False, False)
-    assert (vm.active, vm.defined) == (True, True)                  # a VM's domain is never touched
+    assert (vm.active, vm.defined) == (True, True)  # a VM's domain is never touched

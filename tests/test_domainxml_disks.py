@@ -4,8 +4,8 @@ from xml.etree import ElementTree
 
 import pytest
 
-from vmplane.hosts.drivers.domainxml import HOTPLUG_PORTS, disk_xml, domain_xml
 from vmplane.core.driver import DiskSpec, DomainSpec, PoolSpec
+from vmplane.hosts.drivers.domainxml import HOTPLUG_PORTS, disk_xml, domain_xml
 from vmplane.hosts.drivers.libvirtstorage import disks_of, pool_xml, volume_xml
 
 ROOT = DiskSpec("local", "vm1-root.qcow2", "/var/lib/vmplane/local/vm1-root.qcow2", "vda")
@@ -19,8 +19,13 @@ def spec(image="tiny-linux", disks=(ROOT,)):
 def test_a_disk_is_a_virtio_qcow2_file_without_host_cache():
     disk = ElementTree.fromstring(disk_xml(ROOT))
     assert (disk.get("type"), disk.get("device")) == ("file", "disk")
-    assert disk.find("driver").attrib == {"name": "qemu", "type": "qcow2", "cache": "none", "io": "native",
-                                          "discard": "unmap"}
+    assert disk.find("driver").attrib == {
+        "name": "qemu",
+        "type": "qcow2",
+        "cache": "none",
+        "io": "native",
+        "discard": "unmap",
+    }
     assert disk.find("source").get("file") == ROOT.path
     assert disk.find("target").attrib == {"dev": "vda", "bus": "virtio"}
     assert disk.find("readonly") is None
@@ -42,7 +47,9 @@ def test_a_kernel_booted_domain_keeps_its_kernel_and_lists_its_disks_in_order():
     root = ElementTree.fromstring(domain_xml(spec(disks=(ROOT, DATA)), "/k", "/i", "console=ttyS0"))
     assert root.findtext("os/kernel") == "/k" and root.find("os/boot") is None
     assert {t: src for t, (src, _a, _e) in disks_of(ElementTree.tostring(root, encoding="unicode")).items()} == {
-        "vda": ROOT.path, "vdb": DATA.path}
+        "vda": ROOT.path,
+        "vdb": DATA.path,
+    }
     assert [d.find("target").get("dev") for d in root.findall("devices/disk")] == ["vda", "vdb"]
     # free PCIe root ports for hot-plugged disks, behind the root complex
     models = [c.get("model") for c in root.findall("devices/controller[@type='pci']")]
@@ -118,19 +125,35 @@ def test_progress_counts_disk_bytes_and_never_goes_back():
 
     class Dom:
         def info(self):
-            return [1, 262144, 262144, 1, 0]        # 256 MiB
+            return [1, 262144, 262144, 1, 0]  # 256 MiB
 
     source, _ = _drivers()
     watch = _CopyWatch(source, Dom(), "vm1", MigrationParams(copy_disks=("vda",)), lambda p, m: None, 0.0)
     mib = 1 << 20
-    reports = [watch.describe(stats) for stats in (
-        {"disk_total": 256 * mib, "disk_processed": 0, "disk_remaining": 256 * mib},
-        {"disk_total": 256 * mib, "disk_processed": 256 * mib, "disk_remaining": 0},
-        # memory starts: its real total (a little above the estimate) must not pull the percentage back
-        {"disk_total": 256 * mib, "disk_processed": 256 * mib, "disk_remaining": 0,
-         "memory_total": 300 * mib, "memory_remaining": 300 * mib, "memory_iteration": 1},
-        {"disk_total": 256 * mib, "disk_processed": 256 * mib, "disk_remaining": 0,
-         "memory_total": 300 * mib, "memory_remaining": 0, "memory_iteration": 2})]
+    reports = [
+        watch.describe(stats)
+        for stats in (
+            {"disk_total": 256 * mib, "disk_processed": 0, "disk_remaining": 256 * mib},
+            {"disk_total": 256 * mib, "disk_processed": 256 * mib, "disk_remaining": 0},
+            # memory starts: its real total (a little above the estimate) must not pull the percentage back
+            {
+                "disk_total": 256 * mib,
+                "disk_processed": 256 * mib,
+                "disk_remaining": 0,
+                "memory_total": 300 * mib,
+                "memory_remaining": 300 * mib,
+                "memory_iteration": 1,
+            },
+            {
+                "disk_total": 256 * mib,
+                "disk_processed": 256 * mib,
+                "disk_remaining": 0,
+                "memory_total": 300 * mib,
+                "memory_remaining": 0,
+                "memory_iteration": 2,
+            },
+        )
+    ]
     percents = [p for p, _ in reports]
     assert percents == [0, 50, 50, 99]
     assert reports[1][1].startswith("disks 256/256 MiB")

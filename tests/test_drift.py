@@ -7,10 +7,10 @@ from sqlalchemy import select
 from vmplane.controllers import adopt
 from vmplane.core.drift import host_size, vcpus_match
 from vmplane.core.driver import CpuCap, DomainInfo, DomainSpec
-from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.core.errors import Conflict, Invalid, QuotaExceeded
 from vmplane.core.model import Offering, OfferingKind, Size, Usage
 from vmplane.core.quota import overhead_mib
+from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.store.schema import Event
 
 from .conftest import add_sim_hosts
@@ -36,10 +36,22 @@ def cluster(orch):
     add_sim_hosts(orch, 2, cores=8, memory_mib=8 * GIB)
     orch.catalog.set_setting("enable.dynamic.scale.vm", "true", "zone", "z1")
     orch.catalog.create_offering(Offering("f1", OfferingKind.fixed, vcpus=1, memory_mib=256, dynamic_scaling=True))
-    orch.catalog.create_offering(Offering("f2", OfferingKind.fixed, vcpus=2, memory_mib=512, dynamic_scaling=True,
-                                          cpu_cap=True, cpu_speed_mhz=1200))
-    orch.catalog.create_offering(Offering("flex", OfferingKind.custom_constrained, min_vcpus=1, max_vcpus=4,
-                                          min_memory_mib=256, max_memory_mib=4 * GIB, dynamic_scaling=True))
+    orch.catalog.create_offering(
+        Offering(
+            "f2", OfferingKind.fixed, vcpus=2, memory_mib=512, dynamic_scaling=True, cpu_cap=True, cpu_speed_mhz=1200
+        )
+    )
+    orch.catalog.create_offering(
+        Offering(
+            "flex",
+            OfferingKind.custom_constrained,
+            min_vcpus=1,
+            max_vcpus=4,
+            min_memory_mib=256,
+            max_memory_mib=4 * GIB,
+            dynamic_scaling=True,
+        )
+    )
     orch.catalog.create_template("t", "tiny-linux", dynamic_scaling=True)
     orch.catalog.create_project("p", 16, 32 * GIB, 10, count_overhead=True)
     return orch
@@ -68,19 +80,29 @@ def test_a_vm_grown_behind_vmplanes_back_is_reported_then_adopted_with_its_charg
     o.create_vm("v", "p", "f1", "t", start=True)
     host = o.vm("v").host.name
     assert fabric(o).update(host, D, vcpus=2, memory_mib=512)
-    assert o.audit() == [f"vm v: memory_mib is 512 on {host}, the record says 256",
-                         f"vm v: vcpus is 2 on {host}, the record says 1"]
-    result = adopt.sync_vm(o, "v")
-    assert result["changes"] == [{"field": "vcpus", "record": "1", "host": "2"},
-                                 {"field": "memory_mib", "record": "256", "host": "512"}]
+    assert o.audit() == [
+        f"vm v: memory_mib is 512 on {host}, the record says 256",
+        f"vm v: vcpus is 2 on {host}, the record says 1",
+    ]
+    result = adopt.sync_vm(o.plane, "v")
+    assert result["changes"] == [
+        {"field": "vcpus", "record": "1", "host": "2"},
+        {"field": "memory_mib", "record": "256", "host": "512"},
+    ]
     assert not result["in_sync"] and result["over_quota"] is None and result["host"] == host
     vm = o.vm("v")
     assert (vm.vcpus, vm.memory_mib, vm.state) == (2, 512, "running")
     assert usage(o, "p") == Usage(2, footprint(2, 512), 1)
     assert host_used(o, host) == (2, footprint(2, 512)) and o.audit() == []
     assert any("sync: vcpus: 1 -> 2; memory_mib: 256 -> 512" in m for m in events_of(o, "v"))
-    assert adopt.sync_vm(o, "v") == {"vm": "v", "in_sync": True, "changes": [], "over_quota": None,
-                                     "message": "in sync", "host": host}
+    assert adopt.sync_vm(o.plane, "v") == {
+        "vm": "v",
+        "in_sync": True,
+        "changes": [],
+        "over_quota": None,
+        "message": "in sync",
+        "host": host,
+    }
 
 
 def test_a_cap_set_behind_vmplanes_back_is_adopted(cluster):
@@ -89,7 +111,7 @@ def test_a_cap_set_behind_vmplanes_back_is_adopted(cluster):
     host = o.vm("v").host.name
     fabric(o).update(host, D, cpu_cap=CpuCap(10_000, 2_500))
     assert o.audit() == [f"vm v: cpu_cap is 0.25 CPU per vCPU on {host}, the record says off"]
-    assert adopt.sync_vm(o, "v")["message"] == "cpu_cap: off -> 0.25 CPU per vCPU"
+    assert adopt.sync_vm(o.plane, "v")["message"] == "cpu_cap: off -> 0.25 CPU per vCPU"
     assert o.vm("v").cpu_cap_percent == 25.0 and o.audit() == []
 
 
@@ -99,11 +121,11 @@ def test_a_grown_vm_over_its_quota_is_adopted_and_reported_never_stopped(cluster
     o.create_vm("v", "small", "f1", "t", start=True)
     host = o.vm("v").host.name
     fabric(o).update(host, D, vcpus=3, memory_mib=2304)
-    result = adopt.sync_vm(o, "v")
+    result = adopt.sync_vm(o.plane, "v")
     assert result["over_quota"] == "over quota by 1 vCPU and 256 MiB"
     assert result["message"].endswith("; over quota by 1 vCPU and 256 MiB")
     assert o.vm("v").state == "running" and usage(o, "small") == Usage(3, 2304, 1)
-    assert fabric(o).domain(host, D) is not None                 # still runs
+    assert fabric(o).domain(host, D) is not None  # still runs
     assert any("over quota by 1 vCPU and 256 MiB" in m for m in events_of(o, "v"))
     assert o.audit() == ["project small: vcpus 3 above quota", "project small: memory_mib 2304 above quota"]
 
@@ -115,34 +137,36 @@ def test_gone_is_recorded_stopped_and_running_elsewhere_moves_the_claim(cluster)
     host = o.vm("v").host.name
     other = ({"h1", "h2"} - {host}).pop()
     fabric(o).remove(host, D)
-    assert adopt.sync_vm(o, "v")["changes"] == [
-        {"field": "state", "record": "running", "host": "stopped (no host runs it)"}]
+    assert adopt.sync_vm(o.plane, "v")["changes"] == [
+        {"field": "state", "record": "running", "host": "stopped (no host runs it)"}
+    ]
     assert o.vm("v").state == "stopped" and o.vm("v").host is None
     w_host = o.vm("w").host.name
     w_other = ({"h1", "h2"} - {w_host}).pop()
     assert fabric(o).move("vmplane-w", w_host, w_other)
     assert o.audit() == [f"vm w: the store says {w_host}, but it runs on {w_other}"]
-    assert adopt.sync_vm(o, "w")["changes"] == [{"field": "host", "record": w_host, "host": w_other}]
+    assert adopt.sync_vm(o.plane, "w")["changes"] == [{"field": "host", "record": w_host, "host": w_other}]
     assert o.vm("w").host.name == w_other and host_used(o, w_host) == (0, 0)
     assert host_used(o, w_other) == (1, footprint(1, 256))
     assert usage(o, "p") == Usage(1, footprint(1, 256), 2) and o.audit() == []
     # a stopped VM found running (started by hand on a host): adopted running there, charged and claimed
     fabric(o).put(other, DomainSpec(D, 1, 1, 256, 256, "tiny-linux"))
-    assert [c["field"] for c in adopt.sync_vm(o, "v")["changes"]] == ["host", "state"]
+    assert [c["field"] for c in adopt.sync_vm(o.plane, "v")["changes"]] == ["host", "state"]
     assert o.vm("v").state == "running" and usage(o, "p") == Usage(2, 2 * footprint(1, 256), 2)
     assert o.audit() == []
 
 
 def test_sync_is_refused_while_an_operation_owns_the_vm(cluster):
     from .test_scaling_sim import Deferred
+
     o = cluster
     o.create_vm("v", "p", "f1", "t", start=True)
-    o.executor = deferred = Deferred()
+    o.plane.executor = deferred = Deferred()
     o.scaler.scale("v", offering="f2")
     with pytest.raises(Conflict, match=r"vm v is owned by operation .* \(scale\)"):
-        adopt.sync_vm(o, "v")
+        adopt.sync_vm(o.plane, "v")
     deferred.run()
-    assert adopt.sync_vm(o, "v")["in_sync"]
+    assert adopt.sync_vm(o.plane, "v")["in_sync"]
 
 
 def test_a_vm_seen_on_two_hosts_is_not_adopted(cluster):
@@ -151,7 +175,7 @@ def test_a_vm_seen_on_two_hosts_is_not_adopted(cluster):
     other = ({"h1", "h2"} - {o.vm("v").host.name}).pop()
     fabric(o).put(other, DomainSpec(D, 1, 1, 256, 256, "tiny-linux"))
     with pytest.raises(Conflict, match="runs on h1 and h2"):
-        adopt.sync_vm(o, "v")
+        adopt.sync_vm(o.plane, "v")
 
 
 def test_sync_over_the_api(cluster, api):
@@ -178,7 +202,7 @@ def test_a_stopped_vm_is_resized_offline_and_charged_when_it_next_starts(cluster
     assert r.status_code == 200, r.text
     assert r.json()["vm"]["vcpus"] == 2 and r.json()["vm"]["memory_mib"] == 768
     assert r.json()["operation"]["state"] == "succeeded" and "offline resize" in r.json()["operation"]["message"]
-    assert usage(o, "p") == before == Usage(0, 0, 1)                    # nothing charged while stopped
+    assert usage(o, "p") == before == Usage(0, 0, 1)  # nothing charged while stopped
     # ranges as at create
     refused = api.post("/api/v1/vms/v/scale", json={"vcpus": 9})
     assert refused.status_code == 422 and "outside offering flex's range 1..4" in refused.json()["message"]
@@ -206,7 +230,7 @@ def test_an_offline_resize_beyond_the_quota_is_taken_but_its_start_is_refused(cl
         o.start_vm("v")
     assert o.vm("v").state == "stopped" and usage(o, "small") == Usage(0, 0, 1)
     with pytest.raises(Invalid):
-        o.scaler.scale("v", offering="f1", memory_mib=512)          # fixed: no custom values
+        o.scaler.scale("v", offering="f1", memory_mib=512)  # fixed: no custom values
     o.scaler.scale("v", vcpus=2)
     o.start_vm("v")
     assert usage(o, "small") == Usage(2, 512, 1) and o.audit() == []

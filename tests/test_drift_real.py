@@ -17,8 +17,7 @@ def live(tmp_path_factory):
 
 
 def test_a_dimm_attached_with_virsh_is_reported_by_the_audit_and_adopted_by_vm_sync(live, tmp_path):
-    vm = run_json(live, "vm", "create", "dr", "--project", "p", "--offering", "f1", "--template", "scalable",
-                  "--start")
+    vm = run_json(live, "vm", "create", "dr", "--project", "p", "--offering", "f1", "--template", "scalable", "--start")
     host = vm["host"]
     assert run_json(live, "audit")["ok"]
     usage0 = run_json(live, "project", "usage", "p")
@@ -26,8 +25,12 @@ def test_a_dimm_attached_with_virsh_is_reported_by_the_audit_and_adopted_by_vm_s
 
     dimm = tmp_path / "dimm.xml"
     dimm.write_text("<memory model='dimm'><target><size unit='MiB'>256</size><node>0</node></target></memory>")
-    virsh = subprocess.run(["virsh", "-c", host_of(live, host).uri, "attach-device", "vmplane-dr", str(dimm),
-                            "--live"], capture_output=True, text=True, timeout=60)
+    virsh = subprocess.run(
+        ["virsh", "-c", host_of(live, host).uri, "attach-device", "vmplane-dr", str(dimm), "--live"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert virsh.returncode == 0, virsh.stdout + virsh.stderr
 
     audit = live.cli("audit", "--output", "json")

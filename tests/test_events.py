@@ -12,12 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from vmplane.store import events
 from vmplane.api.app import create_app
 from vmplane.core.driver import DriverError
-from vmplane.store.listing import Page
 from vmplane.core.model import HostState, Offering, OfferingKind
-from vmplane.orchestrator import Orchestrator, domain_name
+from vmplane.core.names import domain_name
+from vmplane.orchestrator import Orchestrator
+from vmplane.store import events
+from vmplane.store.listing import Page
 
 from .conftest import ADMIN_TOKEN, VMPLANE, add_sim_hosts
 
@@ -83,8 +84,9 @@ def cloud(orch, api):
 def test_a_vm_lifecycle_leaves_its_events_with_the_users_token_as_cause(cloud):
     api = cloud
     dev = member_token(api, "dev-a", "a")
-    r = api.post(f"{V1}/vms", json={"name": "app", "project": "a", "offering": "o", "template": "t", "start": True},
-                 headers=dev)
+    r = api.post(
+        f"{V1}/vms", json={"name": "app", "project": "a", "offering": "o", "template": "t", "start": True}, headers=dev
+    )
     assert r.status_code in (201, 202), r.text
     assert api.get(f"{V1}/vms/app", headers=dev).json()["state"] == "running"
     first_host = api.get(f"{V1}/vms/app").json()["host"]
@@ -96,25 +98,39 @@ def test_a_vm_lifecycle_leaves_its_events_with_the_users_token_as_cause(cloud):
     assert api.delete(f"{V1}/vms/app", headers=dev).status_code in (200, 204)
 
     rows = log(api, vm="app")
-    assert {e["cause"] for e in rows} == {"user dev-a"}            # the executor's work too
-    assert changes(rows, "vm") == [(None, "starting"), ("starting", "running"), ("running", "scaling"),
-                                   ("scaling", "running"), ("running", "migrating"), ("migrating", "running"),
-                                   ("running", "stopping"), ("stopping", "stopped"), ("stopped", "deleted")]
+    assert {e["cause"] for e in rows} == {"user dev-a"}  # the executor's work too
+    assert changes(rows, "vm") == [
+        (None, "starting"),
+        ("starting", "running"),
+        ("running", "scaling"),
+        ("scaling", "running"),
+        ("running", "migrating"),
+        ("migrating", "running"),
+        ("running", "stopping"),
+        ("stopping", "stopped"),
+        ("stopped", "deleted"),
+    ]
     vm_rows = sorted((e for e in rows if e["kind"] == "vm"), key=lambda e: e["id"])
     assert vm_rows[0]["message"].startswith("created with 1 vCPU / 512 MiB") and vm_rows[0]["host"] == first_host
-    assert "2 vCPUs / 1024 MiB" in vm_rows[3]["message"]                              # scaled
-    assert f"moved from {first_host} to {second_host}" in vm_rows[5]["message"]       # migrated
+    assert "2 vCPUs / 1024 MiB" in vm_rows[3]["message"]  # scaled
+    assert f"moved from {first_host} to {second_host}" in vm_rows[5]["message"]  # migrated
     assert {e["project"] for e in rows} == {"a"} and {e["vm"] for e in rows} == {"app"}
-    assert changes(rows, "migration") == [(None, "queued"), ("queued", "copying"), ("copying", "checking"),
-                                          ("checking", "succeeded")]
+    assert changes(rows, "migration") == [
+        (None, "queued"),
+        ("queued", "copying"),
+        ("copying", "checking"),
+        ("checking", "succeeded"),
+    ]
     ops = [e for e in rows if e["kind"] == "operation"]
     kinds = {e["message"].split()[0] for e in ops}
     assert kinds == {"start", "scale", "stop"}
-    for kind in kinds:          # each operation: pending -> running -> succeeded
-        assert [(e["old_state"], e["new_state"]) for e in sorted(ops, key=lambda e: e["id"])
-                if e["message"].startswith(kind)] == [(None, "pending"), ("pending", "running"),
-                                                      ("running", "succeeded")]
-    assert all(len(e["subject"]) == 36 for e in ops)                              # an operation's id
+    for kind in kinds:  # each operation: pending -> running -> succeeded
+        assert [
+            (e["old_state"], e["new_state"])
+            for e in sorted(ops, key=lambda e: e["id"])
+            if e["message"].startswith(kind)
+        ] == [(None, "pending"), ("pending", "running"), ("running", "succeeded")]
+    assert all(len(e["subject"]) == 36 for e in ops)  # an operation's id
     # newest first by default; timestamps are UTC with an offset
     assert [e["id"] for e in rows] == sorted((e["id"] for e in rows), reverse=True)
     assert rows[0]["at"].endswith("+00:00")
@@ -135,8 +151,9 @@ def test_work_done_in_executor_threads_carries_the_requests_cause(db, monkeypatc
         setup_catalog(o)
         o.catalog.ensure_admin_token("ops-admin", ADMIN_TOKEN)
         with TestClient(create_app(o), headers=bearer(ADMIN_TOKEN)) as api:
-            r = api.post(f"{V1}/vms", json={"name": "bg", "project": "b", "offering": "o", "template": "t",
-                                            "start": True})
+            r = api.post(
+                f"{V1}/vms", json={"name": "bg", "project": "b", "offering": "o", "template": "t", "start": True}
+            )
             assert wait_op(api, r.json()["operation"]["id"])["state"] == "succeeded"
             assert api.post(f"{V1}/vms/bg/migrate", json={}).status_code == 202
             assert wait_vm(api, "bg", "running")["state"] == "running"
@@ -167,7 +184,7 @@ def test_a_failed_start_records_its_failure_and_the_vm_stopped(cloud, orch, monk
     r = api.post(f"{V1}/vms", json={"name": "bad", "project": "a", "offering": "o", "template": "t", "start": True})
     assert r.status_code in (201, 202), r.text
     rows = log(api, vm="bad")
-    op = [e for e in rows if e["kind"] == "operation"][0]             # newest first: the failure
+    op = next(e for e in rows if e["kind"] == "operation")  # newest first: the failure
     assert (op["old_state"], op["new_state"]) == ("running", "failed")
     assert "the emulator would not start" in op["message"] and op["cause"] == "user admin"
     assert changes(rows, "vm") == [(None, "starting"), ("starting", "stopped")]
@@ -194,7 +211,7 @@ def test_background_work_names_its_loop(db, orch):
     add_sim_hosts(orch, 1)
     setup_catalog(orch)
     orch.create_vm("gone", "a", "o", "t", start=True)
-    orch.drivers["h1"].stop(domain_name("gone"), timeout_s=0)       # behind vmplane's back
+    orch.drivers["h1"].stop(domain_name("gone"), timeout_s=0)  # behind vmplane's back
     orch.close()
     again = Orchestrator(db, orch.executor)
     again.load()
@@ -215,10 +232,12 @@ def test_background_work_names_its_loop(db, orch):
 def test_a_member_sees_only_its_projects_events(cloud, orch):
     api = cloud
     dev_a, dev_b = member_token(api, "dev-a", "a"), member_token(api, "dev-b", "b")
-    api.post(f"{V1}/vms", json={"name": "a1", "project": "a", "offering": "o", "template": "t", "start": True},
-             headers=dev_a)
-    api.post(f"{V1}/vms", json={"name": "b1", "project": "b", "offering": "o", "template": "t", "start": True},
-             headers=dev_b)
+    api.post(
+        f"{V1}/vms", json={"name": "a1", "project": "a", "offering": "o", "template": "t", "start": True}, headers=dev_a
+    )
+    api.post(
+        f"{V1}/vms", json={"name": "b1", "project": "b", "offering": "o", "template": "t", "start": True}, headers=dev_b
+    )
     orch.set_host_state("h2", HostState.disabled)
     mine = log(api, dev_a)
     assert mine and {e["project"] for e in mine} == {"a"} and {e["vm"] for e in mine} == {"a1"}
@@ -279,8 +298,8 @@ def test_history_is_bounded_by_a_setting(cloud, orch, monkeypatch):
         orch.create_vm(name, "a", "o", "t", start=True)
     rows = log(api, limit=1000)
     assert len(rows) == 6
-    assert rows[0]["vm"] == "r3" and rows[0]["new_state"] in ("running", "succeeded")     # the newest stay
-    monkeypatch.setattr(events, "PRUNE_BATCH", 2)      # in batches: a prune deletes at most this many
+    assert rows[0]["vm"] == "r3" and rows[0]["new_state"] in ("running", "succeeded")  # the newest stay
+    monkeypatch.setattr(events, "PRUNE_BATCH", 2)  # in batches: a prune deletes at most this many
     with orch.db.transaction() as conn:
         assert events.prune(conn, keep=0) == 2
         assert events.prune(conn, keep=0) == 2
@@ -289,8 +308,10 @@ def test_history_is_bounded_by_a_setting(cloud, orch, monkeypatch):
 
 # -- the CLI against a live server ---------------------------------------------------------------------
 def _live_catalog(live):
-    for args in (("project", "create", "acme", "--vcpus", "8", "--memory", "16GiB", "--vms", "5"),
-                 ("offering", "create", "small", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB")):
+    for args in (
+        ("project", "create", "acme", "--vcpus", "8", "--memory", "16GiB", "--vms", "5"),
+        ("offering", "create", "small", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB"),
+    ):
         r = live.cli(*args)
         assert r.returncode == 0, r.stderr
 
@@ -298,8 +319,9 @@ def _live_catalog(live):
 def test_cli_events_of_a_vm(live):
     _live_catalog(live)
     for vm in ("web", "other"):
-        r = live.cli("vm", "create", vm, "--project", "acme", "--offering", "small", "--template", "tiny-linux",
-                     "--start")
+        r = live.cli(
+            "vm", "create", vm, "--project", "acme", "--offering", "small", "--template", "tiny-linux", "--start"
+        )
         assert r.returncode == 0, r.stderr
     r = live.cli("events", "--vm", "web", "--output", "json")
     assert r.returncode == 0, r.stderr
@@ -317,11 +339,17 @@ def test_cli_events_of_a_vm(live):
 
 def test_cli_events_follow_prints_new_events_until_stopped(live):
     _live_catalog(live)
-    r = live.cli("vm", "create", "tail", "--project", "acme", "--offering", "small", "--template", "tiny-linux",
-                 "--start")
+    r = live.cli(
+        "vm", "create", "tail", "--project", "acme", "--offering", "small", "--template", "tiny-linux", "--start"
+    )
     assert r.returncode == 0, r.stderr
-    proc = subprocess.Popen([VMPLANE, "events", "--vm", "tail", "--follow", "--limit", "2", "-o", "json"],
-                            env=live.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [VMPLANE, "events", "--vm", "tail", "--follow", "--limit", "2", "-o", "json"],
+        env=live.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     got: list[dict] = []
     reader = threading.Thread(target=lambda: got.extend(json.loads(line) for line in proc.stdout), daemon=True)
     reader.start()
@@ -329,19 +357,18 @@ def test_cli_events_follow_prints_new_events_until_stopped(live):
         deadline = time.monotonic() + 30
         while len(got) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(got) == 2 and got[0]["id"] < got[1]["id"], got       # the backlog, oldest first
+        assert len(got) == 2 and got[0]["id"] < got[1]["id"], got  # the backlog, oldest first
         seen = got[-1]["id"]
         r = live.cli("vm", "stop", "tail", "--force")
         assert r.returncode == 0, r.stderr
         deadline = time.monotonic() + 30
-        while not any(e["new_state"] == "stopped" and e["kind"] == "vm" for e in got) \
-                and time.monotonic() < deadline:
+        while not any(e["new_state"] == "stopped" and e["kind"] == "vm" for e in got) and time.monotonic() < deadline:
             time.sleep(0.05)
         new = [e for e in got if e["id"] > seen]
         assert ("running", "stopping") in changes(new, "vm") and ("stopping", "stopped") in changes(new, "vm")
         assert all(e["vm"] == "tail" for e in new)
-        assert [e["id"] for e in got] == sorted(e["id"] for e in got)     # each once, in order
-        assert proc.poll() is None                                        # still following
+        assert [e["id"] for e in got] == sorted(e["id"] for e in got)  # each once, in order
+        assert proc.poll() is None  # still following
     finally:
         proc.terminate()
         proc.wait(10)
@@ -376,19 +403,20 @@ def test_the_log_on_sqlite_and_postgresql(db_url, monkeypatch):
         hosts, _ = events.page(database, Page(), kind="host", since=newest)
         assert [(e["subject"], e["new_state"]) for e in hosts] == [("h2", "maintenance")]
         import datetime as dt
-        later, _ = events.page(database, Page(), since=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1))
+
+        later, _ = events.page(database, Page(), since=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
         assert later == []
         _, everything = events.page(database, Page())
-        assert everything == total + 1                  # x1's and the host's
+        assert everything == total + 1  # x1's and the host's
         monkeypatch.setattr(events, "PRUNE_BATCH", 3)
         with database.transaction() as conn:
-            assert events.prune(conn, keep=2) == 3      # a batch at a time
+            assert events.prune(conn, keep=2) == 3  # a batch at a time
         assert events.page(database, Page())[1] == everything - 3
         with database.transaction() as conn:
             while events.prune(conn, keep=2):
                 pass
         kept, count = events.page(database, Page())
-        assert count == 2 and kept[0]["id"] == hosts[0]["id"]      # the newest stay
+        assert count == 2 and kept[0]["id"] == hosts[0]["id"]  # the newest stay
     finally:
         o.close()
         database.dispose()

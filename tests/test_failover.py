@@ -33,9 +33,11 @@ def brute(hosts, ha, k):
             short[r] = max(short[r], need - room)
     tolerated = 0
     for j in range(1, size + 1):
-        ok = all(sum(ha.get(h.name, Load())[r] for h in failed)
-                 <= sum(free(h, r) for h in counted if h not in failed)
-                 for failed in itertools.combinations(counted, j) for r in (0, 1))
+        ok = all(
+            sum(ha.get(h.name, Load())[r] for h in failed) <= sum(free(h, r) for h in counted if h not in failed)
+            for failed in itertools.combinations(counted, j)
+            for r in (0, 1)
+        )
         if not ok:
             break
         tolerated = j
@@ -68,36 +70,52 @@ def test_assess_matches_brute_force_over_every_k_subset(c):
     assert a.tolerated == (tolerated if k else 0)
     if k and survives:
         assert a.tolerated == min(k, a.tolerated) and a.tolerated <= k
-    if k:       # the worst sets are real sets of hosts that can fail, of size min(k, counted)
+    if k:  # the worst sets are real sets of hosts that can fail, of size min(k, counted)
         counted = [h.name for h in hosts if h.state not in (HostState.down, HostState.fenced)]
         assert len(a.worst_vcpus) == len(a.worst_memory) == min(k, len(counted))
         assert set(a.worst_vcpus) <= set(counted)
 
 
 @settings(max_examples=300, deadline=None)
-@given(clusters(), st.integers(0, 6), st.integers(0, 12) , st.booleans())
+@given(clusters(), st.integers(0, 6), st.integers(0, 12), st.booleans())
 def test_would_break_is_the_assessment_after_the_placement_and_the_mask_agrees(c, which, dv, is_ha):
     hosts, ha, k = c
     dm = np.array([dv * 512 + 128 * (i % 2) for i in range(len(hosts))])
     expected = []
     for i, h in enumerate(hosts):
         after = would_break(hosts, ha, k, h.name, Load(dv, int(dm[i])), is_ha)
-        moved = [host(x.name, x.cores, x.memory_mib, x.used_vcpus + (dv if x is h else 0),
-                      x.used_memory_mib + (int(dm[i]) if x is h else 0), x.state) for x in hosts]
+        moved = [
+            host(
+                x.name,
+                x.cores,
+                x.memory_mib,
+                x.used_vcpus + (dv if x is h else 0),
+                x.used_memory_mib + (int(dm[i]) if x is h else 0),
+                x.state,
+            )
+            for x in hosts
+        ]
         load = dict(ha)
         if is_ha:
             load[h.name] = Load(ha[h.name].vcpus + dv, ha[h.name].memory_mib + int(dm[i]))
         survives, _, _ = brute(moved, load, k)
         assert (after is None) == (survives or k == 0)
         expected.append(after is not None)
-    arr = lambda f: np.array([f(h) for h in hosts], dtype=float)     # noqa: E731
-    mask = breaking_mask(arr(lambda h: h.vcpus_capacity), arr(lambda h: h.memory_capacity_mib),
-                         arr(lambda h: h.used_vcpus), arr(lambda h: h.used_memory_mib),
-                         np.array([h.state == HostState.enabled for h in hosts]),
-                         np.array([h.state not in (HostState.down, HostState.fencing, HostState.fenced)
-                                   for h in hosts]),
-                         arr(lambda h: ha[h.name].vcpus), arr(lambda h: ha[h.name].memory_mib),
-                         dv, dm.astype(float), is_ha, k)
+    arr = lambda f: np.array([f(h) for h in hosts], dtype=float)  # noqa: E731
+    mask = breaking_mask(
+        arr(lambda h: h.vcpus_capacity),
+        arr(lambda h: h.memory_capacity_mib),
+        arr(lambda h: h.used_vcpus),
+        arr(lambda h: h.used_memory_mib),
+        np.array([h.state == HostState.enabled for h in hosts]),
+        np.array([h.state not in (HostState.down, HostState.fencing, HostState.fenced) for h in hosts]),
+        arr(lambda h: ha[h.name].vcpus),
+        arr(lambda h: ha[h.name].memory_mib),
+        dv,
+        dm.astype(float),
+        is_ha,
+        k,
+    )
     assert list(mask) == expected
 
 
@@ -122,9 +140,11 @@ def test_three_hosts_k1_the_start_that_breaks_the_reserve_is_named():
     after = would_break(full, ha, 1, "h3", Load(7, 1024), False)
     assert after is not None and after.worst == ("h2",) and after.shortfall == Load(1, 0)
     msg = reserve_message(after, "starting web-3 on h3", "c1")
-    assert msg == ("starting web-3 on h3 would leave room for the HA VMs of 0 of the 1 host failure(s) cluster c1 "
-                   "tolerates (vmplane.ha.host.failures.tolerated=1): the worst case, h2 failing, needs 1 vCPU "
-                   "more than the other hosts have free")
+    assert msg == (
+        "starting web-3 on h3 would leave room for the HA VMs of 0 of the 1 host failure(s) cluster c1 "
+        "tolerates (vmplane.ha.host.failures.tolerated=1): the worst case, h2 failing, needs 1 vCPU "
+        "more than the other hosts have free"
+    )
 
 
 def test_an_ha_vm_moving_between_hosts_is_released_from_its_source():
@@ -139,13 +159,16 @@ def test_already_failed_hosts_neither_fail_again_nor_give_room():
     hosts = [host("h1", used_vcpus=2), host("h2", state=HostState.down), host("h3", state=HostState.maintenance)]
     a = assess(hosts, {"h1": Load(2, 0), "h3": Load(3, 0)}, 1)
     assert "h2" not in a.worst_vcpus + a.worst_memory
-    assert a.free.vcpus == 6            # h1 only: h3 takes no placements
+    assert a.free.vcpus == 6  # h1 only: h3 takes no placements
     assert not a.survives and a.worst_vcpus == ("h1",)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(2, 8), st.integers(1, 16)), min_size=2, max_size=6), st.integers(1, 2),
-       st.lists(st.tuples(st.integers(1, 4), st.integers(1, 8), st.booleans()), max_size=25))
+@given(
+    st.lists(st.tuples(st.integers(2, 8), st.integers(1, 16)), min_size=2, max_size=6),
+    st.integers(1, 2),
+    st.lists(st.tuples(st.integers(1, 4), st.integers(1, 8), st.booleans()), max_size=25),
+)
 def test_placement_with_the_reserve_never_breaks_it(shapes, k, vms):
     """Random starts through choose(): every placement made keeps the cluster surviving k failures."""
     from vmplane.core.errors import InsufficientCapacity

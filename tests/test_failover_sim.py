@@ -27,9 +27,11 @@ def test_the_start_that_would_break_the_reserve_is_refused_naming_it(three):
     three.create_vm("web-3", "a", "ranged", "tiny", vcpus=4, memory_mib=512)
     with pytest.raises(InsufficientCapacity) as exc:
         three.start_vm("web-3")
-    assert ("h3: starting web-3 on h3 would leave room for the HA VMs of 0 of the 1 host failure(s) cluster c1 "
-            "tolerates (vmplane.ha.host.failures.tolerated=1): the worst case, h1 failing, needs 2 vCPU more than "
-            "the other hosts have free") in exc.value.message
+    assert (
+        "h3: starting web-3 on h3 would leave room for the HA VMs of 0 of the 1 host failure(s) cluster c1 "
+        "tolerates (vmplane.ha.host.failures.tolerated=1): the worst case, h1 failing, needs 2 vCPU more than "
+        "the other hosts have free"
+    ) in exc.value.message
     assert three.vm("web-3").state == "stopped"
     # with k=0 the reserve costs nothing
     three.catalog.set_setting("vmplane.ha.host.failures.tolerated", "0", "cluster", "c1")
@@ -83,7 +85,7 @@ def test_cluster_show_reports_the_reserve(three, api):
 def test_a_migration_that_would_break_the_reserve_is_refused(three):
     three.create_vm("web-2", "a", "ranged", "tiny", vcpus=2, memory_mib=512, start=True)
     three.create_vm("web-4", "a", "ranged", "tiny", vcpus=2, memory_mib=512, start=True)
-    assert (three.vm("web-2").host.name, three.vm("web-4").host.name) == ("h3", "h1")   # h3 would break
+    assert (three.vm("web-2").host.name, three.vm("web-4").host.name) == ("h3", "h1")  # h3 would break
     # web-4 (not HA) from h1 to h3: h1's HA VM (2 vCPUs) would find no free room elsewhere
     with pytest.raises(InsufficientCapacity) as exc:
         three.migrator.migrate("web-4", to="h3")
@@ -95,8 +97,17 @@ def test_a_migration_that_would_break_the_reserve_is_refused(three):
 
 def test_a_scale_that_would_break_the_reserve_is_refused(three):
     three.catalog.set_setting("enable.dynamic.scale.vm", "true", "zone", "z1")
-    three.catalog.create_offering(Offering("dyn", OfferingKind.custom_constrained, min_vcpus=1, max_vcpus=4,
-                                           min_memory_mib=256, max_memory_mib=8192, dynamic_scaling=True))
+    three.catalog.create_offering(
+        Offering(
+            "dyn",
+            OfferingKind.custom_constrained,
+            min_vcpus=1,
+            max_vcpus=4,
+            min_memory_mib=256,
+            max_memory_mib=8192,
+            dynamic_scaling=True,
+        )
+    )
     three.catalog.create_template("dt", "tiny-linux", dynamic_scaling=True)
     three.create_vm("web-2", "a", "dyn", "dt", vcpus=2, memory_mib=512, start=True)
     assert three.vm("web-2").host.name == "h3"

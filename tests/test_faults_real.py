@@ -30,18 +30,19 @@ def wait_for(predicate, timeout=60, what=""):
 
 def test_a_killed_libvirtd_makes_its_host_down_and_its_vms_unknown_until_it_returns(live):
     run_json(live, "offering", "create", "one", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB")
-    vm = run_json(live, "vm", "create", "survivor", "--project", "p", "--offering", "one", "--template",
-                  "tiny-linux", "--start")
+    vm = run_json(
+        live, "vm", "create", "survivor", "--project", "p", "--offering", "one", "--template", "tiny-linux", "--start"
+    )
     guest(live, "survivor", "echo alive > /tmp/marker")
     host = host_of(live, vm["host"])
     [qemu] = qemu_pids("vmplane-survivor", live.home)
     usage_before = run_json(live, "project", "usage", "p")
 
-    os.kill(host.pid(), signal.SIGKILL)                 # the hypervisor's daemon dies; QEMU keeps running
+    os.kill(host.pid(), signal.SIGKILL)  # the hypervisor's daemon dies; QEMU keeps running
     wait_for(lambda: run_json(live, "host", "show", vm["host"])["state"] == "down", what="host down")
     shown = run_json(live, "vm", "show", "survivor")
     assert shown["state"] == "unknown" and shown["host"] == vm["host"]
-    assert run_json(live, "project", "usage", "p")["vcpus"] == usage_before["vcpus"]   # still charged
+    assert run_json(live, "project", "usage", "p")["vcpus"] == usage_before["vcpus"]  # still charged
     r = live.cli("vm", "exec", "survivor", "--output", "json", "--", "true")
     assert r.returncode == 1 and "does not answer" in json.loads(r.stdout)["message"]
     r = live.cli("vm", "stop", "survivor", "--output", "json")
@@ -49,16 +50,21 @@ def test_a_killed_libvirtd_makes_its_host_down_and_its_vms_unknown_until_it_retu
     r = live.cli("vm", "migrate", "survivor", "--output", "json")
     assert r.returncode == 1 and "does not answer" in json.loads(r.stdout)["message"]
     # placement no longer uses the down host
-    other = run_json(live, "vm", "create", "newcomer", "--project", "p", "--offering", "one", "--template",
-                     "tiny-linux", "--start")
+    other = run_json(
+        live, "vm", "create", "newcomer", "--project", "p", "--offering", "one", "--template", "tiny-linux", "--start"
+    )
     assert other["host"] != vm["host"]
-    assert qemu_pids("vmplane-survivor", live.home) == [qemu]       # nobody started it again
+    assert qemu_pids("vmplane-survivor", live.home) == [qemu]  # nobody started it again
 
-    localhosts.start(host.dir.parent, host.name, json.loads((host.dir / "host.json").read_text())["index"],
-                     netns=host.netns is not None)        # the daemon comes back and finds its QEMU
+    localhosts.start(
+        host.dir.parent,
+        host.name,
+        json.loads((host.dir / "host.json").read_text())["index"],
+        netns=host.netns is not None,
+    )  # the daemon comes back and finds its QEMU
     wait_for(lambda: run_json(live, "vm", "show", "survivor")["state"] == "running", what="vm running again")
     assert run_json(live, "host", "show", vm["host"])["state"] == "enabled"
-    assert qemu_pids("vmplane-survivor", live.home) == [qemu]       # the same QEMU: not restarted
+    assert qemu_pids("vmplane-survivor", live.home) == [qemu]  # the same QEMU: not restarted
     assert guest(live, "survivor", "cat /tmp/marker").strip() == "alive"
     assert run_json(live, "audit")["ok"]
     # what was refused while the host was down is safe to retry now

@@ -35,16 +35,25 @@ def guest_host(shared_host):
 
 
 def test_agent_configs_are_normalised_and_bad_fields_named():
-    assert validate([{"agent": "local"}, {"agent": "ipmi", "address": "10.0.0.5", "username": "u", "password": "p"}]) == [
-        {"agent": "local"}, {"agent": "ipmi", "address": "10.0.0.5", "port": 623, "username": "u", "password": "p",
-                             "cipher": 3}]
-    bad = [([{"agent": "ssh"}], "fence_agents[0].agent"),
-           ([{"agent": "ipmi", "address": "a", "username": "u"}], "fence_agents[0].password"),
-           ([{"agent": "local"}, {"agent": "ipmi", "address": "a", "username": "u", "password": "p", "port": True}],
-            "fence_agents[1].port"),
-           ([{"agent": "redfish", "address": "bmc:8000", "username": "u", "password": "p"}], "fence_agents[0].address"),
-           ([{"agent": "redfish", "address": "https://b", "username": "u", "password": "p", "passwd": "x"}],
-            "fence_agents[0].passwd")]
+    assert validate(
+        [{"agent": "local"}, {"agent": "ipmi", "address": "10.0.0.5", "username": "u", "password": "p"}]
+    ) == [
+        {"agent": "local"},
+        {"agent": "ipmi", "address": "10.0.0.5", "port": 623, "username": "u", "password": "p", "cipher": 3},
+    ]
+    bad = [
+        ([{"agent": "ssh"}], "fence_agents[0].agent"),
+        ([{"agent": "ipmi", "address": "a", "username": "u"}], "fence_agents[0].password"),
+        (
+            [{"agent": "local"}, {"agent": "ipmi", "address": "a", "username": "u", "password": "p", "port": True}],
+            "fence_agents[1].port",
+        ),
+        ([{"agent": "redfish", "address": "bmc:8000", "username": "u", "password": "p"}], "fence_agents[0].address"),
+        (
+            [{"agent": "redfish", "address": "https://b", "username": "u", "password": "p", "passwd": "x"}],
+            "fence_agents[0].passwd",
+        ),
+    ]
     for configs, field in bad:
         with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
             validate(configs)
@@ -89,7 +98,7 @@ def test_the_ipmi_agent_powers_the_host_off_through_ipmi_sim(guest_host, tmp_pat
         wrong = agent_for({**config, "password": "wrong"}, None, "h1")
         with pytest.raises(FenceError, match="Unable to establish IPMI v2 / RMCP\\+ session"):
             wrong.power_off("h1", timeout_s=5)
-        assert alive(h.qemu)                             # a refused login powered nothing off
+        assert alive(h.qemu)  # a refused login powered nothing off
         agent = agent_for({**config, "password": "s3cret"}, None, "h1")
         assert agent.status("h1") == "on"
         before, t0 = h.processes(), time.monotonic()

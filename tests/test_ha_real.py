@@ -90,8 +90,21 @@ def start_vms(live, specs: list[tuple[str, str, int]], offering: str = "ha") -> 
     the other at admission (placement sees each claim) but without waiting for each to run; returns
     them once all run."""
     for name, ha, priority in specs:
-        api(live, "POST", "/vms", json={"name": name, "project": "p", "offering": offering, "template": "tiny-linux",
-                                        "pool": "shared", "ha_policy": ha, "ha_priority": priority, "start": True})
+        api(
+            live,
+            "POST",
+            "/vms",
+            json={
+                "name": name,
+                "project": "p",
+                "offering": offering,
+                "template": "tiny-linux",
+                "pool": "shared",
+                "ha_policy": ha,
+                "ha_priority": priority,
+                "start": True,
+            },
+        )
     names = [name for name, _, _ in specs]
     return wait(lambda: all_running(live, names), 120, f"{', '.join(names)} to run", live)
 
@@ -110,9 +123,21 @@ def create_on(live, where: str, specs: list[tuple[str, str, int]]) -> None:
         api(live, "POST", f"/hosts/{h}/maintenance", json={"action": "enter"})
     try:
         for name, ha, priority in specs:
-            api(live, "POST", "/vms", json={"name": name, "project": "p", "offering": "ha", "template": "tiny-linux",
-                                            "pool": "shared", "ha_policy": ha, "ha_priority": priority,
-                                            "start": True})
+            api(
+                live,
+                "POST",
+                "/vms",
+                json={
+                    "name": name,
+                    "project": "p",
+                    "offering": "ha",
+                    "template": "tiny-linux",
+                    "pool": "shared",
+                    "ha_policy": ha,
+                    "ha_priority": priority,
+                    "start": True,
+                },
+            )
     finally:
         for h in others:
             api(live, "POST", f"/hosts/{h}/maintenance", json={"action": "exit"})
@@ -125,6 +150,7 @@ def running_elsewhere(live, names: list[str], dead: str):
     def check():
         vms = [vm(live, n) for n in names]
         return vms if all(v["state"] == "running" and v["host"] not in (dead, None) for v in vms) else None
+
     return check
 
 
@@ -139,8 +165,9 @@ def watch_until_elsewhere(live, name: str, dead: str, timeout: float = 180) -> N
             assert h["state"] == "fenced", h
             return
         time.sleep(0.2)
-    raise AssertionError(f"{name} did not run elsewhere: {vm(live, name)} {host(live, dead)}\n"
-                         f"{live.log.read_text()[-4000:]}")
+    raise AssertionError(
+        f"{name} did not run elsewhere: {vm(live, name)} {host(live, dead)}\n{live.log.read_text()[-4000:]}"
+    )
 
 
 def qemus(live, name: str) -> list[int]:
@@ -193,7 +220,7 @@ def test_a_blip_restarts_nothing_then_a_power_failure_restarts_the_ha_vms_elsewh
     try:
         run_json(live, "host", "fail", "lv1", "--mode", "network")
         wait(lambda: host(live, "lv1")["state"] == "down", 30, "lv1 down", live)
-        time.sleep(3)                       # a blip: down for a while, well within the grace
+        time.sleep(3)  # a blip: down for a while, well within the grace
         run_json(live, "host", "recover", "lv1")
         wait(lambda: host(live, "lv1")["state"] == "enabled", 60, "lv1 back", live)
         phase("blip: lv1 down and back")
@@ -214,14 +241,16 @@ def test_a_blip_restarts_nothing_then_a_power_failure_restarts_the_ha_vms_elsewh
     once_and_answering(live, names)
     took = time.monotonic() - t0
     phase("power: HA VMs answered")
-    assert [o["vm"] for o in operations(live, "restart")] == ["p3", "p2", "p1"]     # highest priority first
+    assert [o["vm"] for o in operations(live, "restart")] == ["p3", "p2", "p1"]  # highest priority first
     lv1 = host(live, "lv1")
     assert lv1["state"] == "fenced" and "local agent" in lv1["state_reason"], lv1
     assert vm(live, "plain")["state"] == "stopped" and qemus(live, "plain") == []
-    after = run_json(live, "project", "usage", "p")      # p counts no overhead: plain's 1 vCPU / 384 MiB went
-    assert (after["vcpus"]["used"], after["memory_mib"]["used"]) == (before["vcpus"]["used"] - 1,
-                                                                     before["memory_mib"]["used"] - 384)
-    assert guest(live, "p3", "md5sum /data/f").split()[0] == digest       # its disk kept its data
+    after = run_json(live, "project", "usage", "p")  # p counts no overhead: plain's 1 vCPU / 384 MiB went
+    assert (after["vcpus"]["used"], after["memory_mib"]["used"]) == (
+        before["vcpus"]["used"] - 1,
+        before["memory_mib"]["used"] - 384,
+    )
+    assert guest(live, "p3", "md5sum /data/f").split()[0] == digest  # its disk kept its data
     assert run_json(live, "audit")["ok"]
     print(f"power failure to 3 HA VMs answering elsewhere: {took:.1f} s")
     bring_back(live, "lv1")
@@ -254,15 +283,19 @@ def test_fencing_that_fails_restarts_nothing_and_is_retried_until_it_works(live)
     create_on(live, "lv3", [("f1", "restart", 0)])
     phase("f1 started on lv3")
     run_json(live, "host", "fence-agents", "lv3", "[]")
-    run_json(live, "host", "fail", "lv3", "--mode", "daemon")       # its guest runs on
-    reason = wait(lambda: "fencing failed" in (host(live, "lv3")["state_reason"] or "") and
-                  host(live, "lv3")["state_reason"], 90, "a failed fencing attempt", live)
+    run_json(live, "host", "fail", "lv3", "--mode", "daemon")  # its guest runs on
+    reason = wait(
+        lambda: "fencing failed" in (host(live, "lv3")["state_reason"] or "") and host(live, "lv3")["state_reason"],
+        90,
+        "a failed fencing attempt",
+        live,
+    )
     assert "no fence agent" in reason, reason
     phase("fencing failed")
     time.sleep(GRACE_S)
     assert host(live, "lv3")["state"] == "fencing" and vm(live, "f1")["state"] == "unknown"
     assert len(qemus(live, "f1")) == 1 and all(o["vm"] != "f1" for o in operations(live, "restart"))
-    run_json(live, "host", "fence-agents", "lv3", '[{"agent": "local"}]')     # the BMC is repaired
+    run_json(live, "host", "fence-agents", "lv3", '[{"agent": "local"}]')  # the BMC is repaired
     watch_until_elsewhere(live, "f1", "lv3")
     phase("f1 running elsewhere")
     once_and_answering(live, ["f1"])
@@ -300,8 +333,22 @@ def test_the_failover_reserve_refuses_the_start_that_breaks_it_and_every_ha_vm_r
         # spread: 2/2/2 vCPUs, then one host holds 4 (each placed at admission, in turn)
         start_vms(live, [(n, "restart", 0) for n in names], offering="ha2")
         phase("r1-r4 started")
-        r = live.cli("vm", "create", "r5", "--project", "p", "--offering", "ha2", "--template", "tiny-linux",
-                     "--pool", "shared", "--ha", "restart", "--start")
+        r = live.cli(
+            "vm",
+            "create",
+            "r5",
+            "--project",
+            "p",
+            "--offering",
+            "ha2",
+            "--template",
+            "tiny-linux",
+            "--pool",
+            "shared",
+            "--ha",
+            "restart",
+            "--start",
+        )
         assert r.returncode != 0 and "vmplane.ha.host.failures.tolerated=1" in r.stdout + r.stderr, r
         shown = run_json(live, "cluster", "show", "cluster1")
         assert shown["failover"]["survives"] is True, shown

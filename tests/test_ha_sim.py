@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from vmplane.core.model import HostState, Offering, OfferingKind
-from vmplane.orchestrator import Orchestrator, domain_name
+from vmplane.core.names import domain_name
+from vmplane.orchestrator import Orchestrator
 from vmplane.store import ledger as L
 
 from .conftest import add_sim_hosts, ledger_usage
@@ -52,7 +53,7 @@ def on_h1(o, specs: list[tuple[str, str, int]]) -> None:
         o.set_host_state(other, HostState.disabled)
     for name, policy, priority in specs:
         o.create_vm(name, "p", "one", "t", start=True, ha_policy=policy, ha_priority=priority)
-        wait_for(lambda: o.vm(name).state == "running", 60, f"{name} to run")
+        wait_for(lambda name=name: o.vm(name).state == "running", 60, f"{name} to run")
         assert o.vm(name).host.name == "h1"
     for other in ("h2", "h3"):
         o.set_host_state(other, HostState.enabled)
@@ -67,15 +68,24 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 def recovery(o, host: str):
     with o.db.read() as s:
-        return s.connection().execute(L.OPERATIONS.select().where(L.OPERATIONS.c.kind == "recover",
-                                                                  L.OPERATIONS.c.target == host)
-                                      .order_by(L.OPERATIONS.c.created_at.desc())).first()
+        return (
+            s.connection()
+            .execute(
+                L.OPERATIONS.select()
+                .where(L.OPERATIONS.c.kind == "recover", L.OPERATIONS.c.target == host)
+                .order_by(L.OPERATIONS.c.created_at.desc())
+            )
+            .first()
+        )
 
 
 def restarts(o) -> list:
     with o.db.read() as s:
-        return s.connection().execute(L.OPERATIONS.select().where(L.OPERATIONS.c.kind == "restart")
-                                      .order_by(L.OPERATIONS.c.created_at)).all()
+        return (
+            s.connection()
+            .execute(L.OPERATIONS.select().where(L.OPERATIONS.c.kind == "restart").order_by(L.OPERATIONS.c.created_at))
+            .all()
+        )
 
 
 def copies(o, vm: str) -> list[str]:
@@ -109,12 +119,14 @@ def test_power_failure_restarts_ha_vms_by_priority_once_and_stops_the_others(ha)
     for vm in ("low", "mid", "top"):
         v = o.vm(vm)
         assert v.state == "running" and v.host.name in ("h2", "h3"), (vm, v.state)
-        assert copies(o, vm) == [v.host.name]           # exactly one domain on the whole fabric
+        assert copies(o, vm) == [v.host.name]  # exactly one domain on the whole fabric
     assert o.vm("plain").state == "stopped" and copies(o, "plain") == []
-    assert [op.target for op in restarts(o)] == ["top", "mid", "low"]     # highest priority first
+    assert [op.target for op in restarts(o)] == ["top", "mid", "low"]  # highest priority first
     after = ledger_usage(o, "p")
-    assert (after.vcpus, after.memory_mib) == (before.vcpus - plain.charged_vcpus,
-                                               before.memory_mib - plain.charged_memory_mib)   # only plain's went
+    assert (after.vcpus, after.memory_mib) == (
+        before.vcpus - plain.charged_vcpus,
+        before.memory_mib - plain.charged_memory_mib,
+    )  # only plain's went
     assert o.host("h1").used_vcpus == 0
     assert o.audit() == []
 
@@ -137,14 +149,14 @@ def test_fencing_that_fails_restarts_nothing_until_an_operator_confirms_the_host
     o = ha
     on_h1(o, [("a", "restart", 0), ("b", "off", 0)])
     o.drivers["h1"].fabric.set_fence_broken("h1", "the BMC does not answer")
-    fail(o, "h1", "daemon")                     # its guests run on
+    fail(o, "h1", "daemon")  # its guests run on
     o.ha.check()
     wait_for(lambda: "fencing failed" in (o.host("h1").state_reason or ""), 60, "a failed fencing attempt")
     assert o.host("h1").state == "fencing" and "the BMC does not answer" in o.host("h1").state_reason
     wait_for(lambda: "fencing failed (attempt 2)" in (o.host("h1").state_reason or ""), 60, "a retried fencing")
     # retried meanwhile: still nothing restarted
     assert o.vm("a").state == "unknown" and copies(o, "a") == ["h1"] and restarts(o) == []
-    o.drivers["h1"].fabric.fail_host("h1", "power")         # the operator pulled the plug
+    o.drivers["h1"].fabric.fail_host("h1", "power")  # the operator pulled the plug
     o.ha.fence("h1", confirm_off=True)
     wait_for(lambda: recovery(o, "h1").state == "succeeded", 60, "the recovery")
     assert o.vm("a").state == "running" and copies(o, "a") == [o.vm("a").host.name] != ["h1"]
@@ -181,7 +193,7 @@ def test_an_ha_restart_is_never_refused_for_quota(ha):
         o.set_host_state(other, HostState.disabled)
     for vm in ("f1", "f2"):
         o.create_vm(vm, "full", "one", "t", start=True, ha_policy="restart")
-        wait_for(lambda: o.vm(vm).state == "running", 60, f"{vm} to run")
+        wait_for(lambda vm=vm: o.vm(vm).state == "running", 60, f"{vm} to run")
     for other in ("h2", "h3"):
         o.set_host_state(other, HostState.enabled)
     before = ledger_usage(o, "full")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from vmplane.store import events
 from vmplane.core.model import Offering, OfferingKind
+from vmplane.store import events
 from vmplane.store import ledger as L
 
 from .conftest import add_sim_hosts
@@ -25,7 +25,7 @@ def cloud(orch):
 def test_finished_operations_beyond_the_setting_are_pruned_and_in_flight_ones_kept(cloud, monkeypatch):
     o = cloud
     o.catalog.set_setting("vmplane.operation.history", 3)
-    with o.db.transaction() as conn:           # an operation in flight, older than all the others
+    with o.db.transaction() as conn:  # an operation in flight, older than all the others
         pending = L.new_operation(conn, "start", "ghost", None, None, step="admitted")
     monkeypatch.setattr(events, "PRUNE_EVERY", 1)
     for name in ("r1", "r2", "r3", "r4"):
@@ -35,7 +35,7 @@ def test_finished_operations_beyond_the_setting_are_pruned_and_in_flight_ones_ke
     finished = [op for op in ops if op.state not in ("pending", "running")]
     assert len(finished) == 3
     assert [(op.kind, op.target) for op in finished] == [("stop", "r4"), ("start", "r4"), ("stop", "r3")]
-    assert pending in {op.id for op in ops}                    # in flight: never pruned
+    assert pending in {op.id for op in ops}  # in flight: never pruned
 
 
 def test_operation_prune_goes_in_batches_and_zero_keeps_none(cloud, monkeypatch):
@@ -64,12 +64,13 @@ def test_finding_a_cause_by_kind_and_subject_uses_the_index(cloud):
     o = cloud
     if not o.db.is_sqlite:
         pytest.skip("the plan is read with SQLite's EXPLAIN QUERY PLAN")
-    stmt = events._CAUSE.params(kind="operation", subject="x").compile(o.db.engine,
-                                                                        compile_kwargs={"literal_binds": True})
+    stmt = events._CAUSE.params(kind="operation", subject="x").compile(
+        o.db.engine, compile_kwargs={"literal_binds": True}
+    )
     with o.db.engine.connect() as conn:
         plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + str(stmt).replace("%", "%%")).all()
     assert any("ix_events_kind_subject" in str(row) for row in plan), plan
-    with o.db.engine.begin() as conn:          # without the index: a scan (the test can fail)
+    with o.db.engine.begin() as conn:  # without the index: a scan (the test can fail)
         conn.exec_driver_sql("DROP INDEX ix_events_kind_subject")
     o.db.engine.dispose()
     with o.db.engine.connect() as conn:

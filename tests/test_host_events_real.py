@@ -59,10 +59,11 @@ def _check_events(live, name: str, words: tuple[str, ...]) -> None:
 
 
 def _start(live, name: str) -> dict:
-    vm = run_json(live, "vm", "create", name, "--project", "p", "--offering", "tiny", "--template", "tiny-linux",
-                  "--start")
+    vm = run_json(
+        live, "vm", "create", name, "--project", "p", "--offering", "tiny", "--template", "tiny-linux", "--start"
+    )
     assert vm["state"] == "running"
-    guest(live, name, "true")              # booted: its console answers
+    guest(live, name, "true")  # booted: its console answers
     return vm
 
 
@@ -70,19 +71,28 @@ def test_a_domain_destroyed_with_virsh_is_recorded_stopped_by_its_event_with_cha
     vm = _start(live, "victim")
     usage, used = _usage(live), _used(live, vm["host"])
     t0 = time.monotonic()
-    subprocess.run(["virsh", "-c", host_of(live, vm["host"]).uri, "destroy", "vmplane-victim"], check=True,
-                   capture_output=True, text=True, timeout=30)
+    subprocess.run(
+        ["virsh", "-c", host_of(live, vm["host"]).uri, "destroy", "vmplane-victim"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     took = _wait_stopped(live, "victim", t0)
     print(f"\nvirsh destroy -> recorded stopped in {took:.2f} s")
     after = _usage(live)
     assert after["vcpus"]["used"] == usage["vcpus"]["used"] - 1
     assert after["memory_mib"]["used"] < usage["memory_mib"]["used"] and after["consistent"]
-    assert _used(live, vm["host"])[0] == used[0] - 1 and _used(live, vm["host"])[1] < used[1]   # claim gone
+    assert _used(live, vm["host"])[0] == used[0] - 1 and _used(live, vm["host"])[1] < used[1]  # claim gone
     shown = run_json(live, "vm", "show", "victim")
     assert shown["host"] is None
     # the shut-off definition left by the destroy was removed, as a stop does
-    listed = subprocess.run(["virsh", "-c", host_of(live, vm["host"]).uri, "list", "--all", "--name"],
-                            capture_output=True, text=True, timeout=30).stdout.split()
+    listed = subprocess.run(
+        ["virsh", "-c", host_of(live, vm["host"]).uri, "list", "--all", "--name"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.split()
     assert "vmplane-victim" not in listed
     assert run_json(live, "audit")["ok"]
     _check_events(live, "victim", ("destroyed",))
@@ -96,8 +106,10 @@ def test_a_guest_that_powers_itself_off_is_recorded_stopped_by_its_event_with_ch
     live.cli("vm", "exec", "quitter", "--timeout", "20", "--", "poweroff -f", timeout=60)
     returned = time.monotonic() - t0
     took = _wait_stopped(live, "quitter", t0)
-    print(f"\nguest poweroff -f -> recorded stopped {took:.2f} s after the exec began "
-          f"(the exec itself returned after {returned:.2f} s)")
+    print(
+        f"\nguest poweroff -f -> recorded stopped {took:.2f} s after the exec began "
+        f"(the exec itself returned after {returned:.2f} s)"
+    )
     after = _usage(live)
     assert after["vcpus"]["used"] == usage["vcpus"]["used"] - 1
     assert after["memory_mib"]["used"] < usage["memory_mib"]["used"] and after["consistent"]

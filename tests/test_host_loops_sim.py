@@ -12,12 +12,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from vmplane import server
-from vmplane.core.driver import DriverError
-from vmplane.hosts.drivers.sim import SimDriver
-from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.controllers.hostevents import STOPPED
+from vmplane.core.driver import DriverError
 from vmplane.core.migration import MigrationState
 from vmplane.core.model import HostState, Offering, OfferingKind
+from vmplane.hosts.drivers.sim import SimDriver
+from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.store import ledger as L
 
 from .conftest import ADMIN_TOKEN, add_sim_hosts, ledger_usage
@@ -79,13 +79,13 @@ def test_the_sync_loop_records_a_vm_whose_domain_vanished_stopped_paced_by_its_i
     run(o, "kept")
     charged = ledger_usage(o, "p")
     o.catalog.set_setting("vmplane.host.sync.interval", 1)
-    SimFabric.for_store(o.db.url).remove(host, "vmplane-gone")       # behind vmplane's back
+    SimFabric.for_store(o.db.url).remove(host, "vmplane-gone")  # behind vmplane's back
     o.sync._stop = stop = PacedStop()
     o.sync.start()
     wait_for(lambda: o.vm("gone").state == "stopped", 60, "the sync to record it stopped")
-    assert stop.pauses and set(stop.pauses) == {1.0}                 # its passes paced by the setting (not 30 s)
+    assert stop.pauses and set(stop.pauses) == {1.0}  # its passes paced by the setting (not 30 s)
     assert o.vm("kept").state == "running"
-    usage = ledger_usage(o, "p")                                     # ledger == recomputed
+    usage = ledger_usage(o, "p")  # ledger == recomputed
     assert (usage.vcpus, usage.memory_mib) == (charged.vcpus - 1, charged.memory_mib - o.vm("kept").charged_memory_mib)
     assert o.vm("gone").host is None and o.vm("gone").charged_vcpus == 0
     assert not [p for p in o.audit() if "gone" in p]
@@ -101,13 +101,13 @@ def test_the_sync_reports_a_domain_running_where_the_record_says_stopped_and_doe
     fabric = SimFabric.for_store(o.db.url)
     from vmplane.core.driver import DomainSpec
 
-    fabric.put(host, DomainSpec("vmplane-ghost", 1, 1, 1024, 1024, "tiny-linux"))   # started by hand
+    fabric.put(host, DomainSpec("vmplane-ghost", 1, 1, 1024, 1024, "tiny-linux"))  # started by hand
     findings = o.sync.sync()
     assert any("vmplane-ghost" in f and "recorded stopped" in f for f in findings), findings
-    assert fabric.hosts_of("vmplane-ghost") == [host]                 # reported, not killed
+    assert fabric.hosts_of("vmplane-ghost") == [host]  # reported, not killed
     assert o.vm("ghost").state == "stopped"
     assert any(e.cause == "sync" and "not killed" in e.message for e in vm_events(o, "ghost"))
-    assert o.sync.sync() == []                                        # reported once
+    assert o.sync.sync() == []  # reported once
 
 
 # -- a lifecycle event -------------------------------------------------------------------------------
@@ -161,12 +161,12 @@ def test_a_flapping_host_keeps_its_maintenance_state_and_every_vm_of_it_is_recon
             L.set_vm(conn, o.vm(names[1]).id, state="running")
     monkeypatch.undo()
     o.check_hosts()
-    assert o.host(host).state == "maintenance"                        # not enabled: kept across the flap
+    assert o.host(host).state == "maintenance"  # not enabled: kept across the flap
     assert o.host(host).state_before_down is None
-    assert o.host_capacity(host).state == HostState.maintenance       # placement still skips it
+    assert o.host_capacity(host).state == HostState.maintenance  # placement still skips it
     assert o.vm(names[0]).state == "stopped"
     if len(names) > 1:
-        assert o.vm(names[1]).state == "stopped"                      # running, not unknown: reconciled too
+        assert o.vm(names[1]).state == "stopped"  # running, not unknown: reconciled too
     for n in names[2:]:
         assert o.vm(n).state == "running"
     ledger_usage(o, "p")
@@ -182,18 +182,17 @@ def test_a_stop_that_fails_because_its_host_went_down_leaves_the_vm_unknown_not_
 
     def dies_mid_stop(name, timeout_s=0.0):
         monkeypatch.setattr(driver, "domains", lambda: (_ for _ in ()).throw(DriverError(host, "gone")))
-        o.check_hosts()                     # the monitor sees the host go while the stop runs
+        o.check_hosts()  # the monitor sees the host go while the stop runs
         raise DriverError(host, "connection lost")
 
     monkeypatch.setattr(driver, "stop", dies_mid_stop)
-    o.stop_vm("s", force=True)              # InlineExecutor: runs (and fails) now
+    o.stop_vm("s", force=True)  # InlineExecutor: runs (and fails) now
     vm = o.vm("s")
-    assert vm.state == "unknown" and vm.charged_vcpus == 1            # kept charged: it may still run
+    assert vm.state == "unknown" and vm.charged_vcpus == 1  # kept charged: it may still run
     assert o.host(host).state == "down"
 
 
-def test_a_probe_that_never_returns_counts_as_no_answer_at_its_deadline_and_holds_no_other_host(cluster,
-                                                                                                monkeypatch):
+def test_a_probe_that_never_returns_counts_as_no_answer_at_its_deadline_and_holds_no_other_host(cluster, monkeypatch):
     from vmplane.controllers import hostmonitor
 
     o = cluster
@@ -201,7 +200,7 @@ def test_a_probe_that_never_returns_counts_as_no_answer_at_its_deadline_and_hold
     hung, other = o.vm("x").host.name, "h2" if o.vm("x").host.name == "h1" else "h1"
     release, calls = threading.Event(), []
 
-    def never_returns():            # a call that libvirt's keepalive never ends
+    def never_returns():  # a call that libvirt's keepalive never ends
         calls.append(1)
         release.wait(30)
         return []
@@ -213,7 +212,7 @@ def test_a_probe_that_never_returns_counts_as_no_answer_at_its_deadline_and_hold
         assert o.host(hung).state == "down" and o.vm("x").state == "unknown", changes
         assert "no answer within 0.5 s" in o.host(hung).state_reason
         assert o.host(other).state == "enabled"
-        o.check_hosts()                 # the probe still waits: not asked again, still not answering
+        o.check_hosts()  # the probe still waits: not asked again, still not answering
         assert calls == [1] and o.host(hung).state == "down"
     finally:
         release.set()
@@ -238,20 +237,20 @@ def test_up_answers_healthz_while_a_migration_recovery_still_waits_and_refuses_t
     o.create_vm("moving", "p", "one", "t", start=True)
     o.create_vm("other", "p", "one", "t", start=True)
     wait_for(lambda: {o.vm("moving").state, o.vm("other").state} == {"running"}, 60, "VMs running")
-    monkeypatch.setattr(o.migrator, "pump", lambda: None)            # admitted, never copied
+    monkeypatch.setattr(o.migrator, "pump", lambda: None)  # admitted, never copied
     mig = o.migrator.migrate("moving")
-    with o.db.transaction() as conn:                                  # as if killed mid-copy
+    with o.db.transaction() as conn:  # as if killed mid-copy
         L.set_migration(conn, mig["id"], state=MigrationState.copying)
     monkeypatch.undo()
     plane.close()
 
-    copying = threading.Event()             # libvirtd still carries the copy until this is set
+    copying = threading.Event()  # libvirtd still carries the copy until this is set
     monkeypatch.setattr(SimDriver, "migration_active", lambda self, name: not copying.wait(0.05))
     built: dict = {}
     starter = threading.Thread(target=lambda: built.update(plane=server.build(url)), daemon=True)
     starter.start()
     try:
-        starter.join(60)        # the copy never ends until `copying` is set: a build() that waited would not return
+        starter.join(60)  # the copy never ends until `copying` is set: a build() that waited would not return
         assert "plane" in built, "build() (what `vmplane up` and `serve` run) waits for the migration's recovery"
         again = built["plane"]
         with TestClient(again.app, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as c:
@@ -262,8 +261,8 @@ def test_up_answers_healthz_while_a_migration_recovery_still_waits_and_refuses_t
             assert list(rec["vms"]) == ["moving"] and "migration" in rec["vms"]["moving"]
             r = c.post("/api/v1/vms/moving/stop")
             assert r.status_code == 409 and "still being recovered" in r.json()["message"]
-            assert c.get("/api/v1/vms/moving").status_code == 200        # reads are fine
-            assert c.post("/api/v1/vms/other/stop", json={"force": True}).status_code == 202   # others too
+            assert c.get("/api/v1/vms/moving").status_code == 200  # reads are fine
+            assert c.post("/api/v1/vms/other/stop", json={"force": True}).status_code == 202  # others too
             copying.set()
             assert again.orchestrator.wait_recovered(10)
             assert c.get("/healthz").json()["recovery"]["done"] is True

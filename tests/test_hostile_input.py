@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from vmplane.api.app import create_app
 from vmplane.core.model import Offering, OfferingKind
-from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.core.settings import KEYS as SETTING_KEYS
+from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 
 from .stores import store_url
@@ -52,9 +52,30 @@ ERROR_KEYS = {"error", "message", "field"}
 # The value of PUT /settings/{key} is generated as strings, floats and infinities (JSON has no infinity:
 # they go as the `Infinity` token Python's json reads), on real keys as often as not.
 SETTING_VALUES = st.one_of(
-    st.text(max_size=32), st.floats(allow_nan=True, allow_infinity=True), st.integers(),
-    st.sampled_from([float("inf"), float("-inf"), float("nan"), 1e308, -1e308, -1.0, 0.0,
-                     "inf", "-inf", "nan", "Infinity", "1e308", "-1", "0", "abc", ""]))
+    st.text(max_size=32),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(),
+    st.sampled_from(
+        [
+            float("inf"),
+            float("-inf"),
+            float("nan"),
+            1e308,
+            -1e308,
+            -1.0,
+            0.0,
+            "inf",
+            "-inf",
+            "nan",
+            "Infinity",
+            "1e308",
+            "-1",
+            "0",
+            "abc",
+            "",
+        ]
+    ),
+)
 
 
 def _is_put_setting(ctx) -> bool:
@@ -73,8 +94,14 @@ def real_setting_keys(ctx, params):
 def setting_values_of_every_type(ctx, body):
     if not _is_put_setting(ctx) or not isinstance(body, dict):
         return st.just(body)
-    scopes = st.sampled_from([{"scope": "global", "scope_name": None}, {"scope": "zone", "scope_name": "z1"},
-                              {"scope": "cluster", "scope_name": "c1"}, {}])
+    scopes = st.sampled_from(
+        [
+            {"scope": "global", "scope_name": None},
+            {"scope": "zone", "scope_name": "z1"},
+            {"scope": "cluster", "scope_name": "c1"},
+            {},
+        ]
+    )
     return st.tuples(SETTING_VALUES, scopes).map(lambda vs: {**body, **vs[1], "value": vs[0]})
 
 
@@ -84,8 +111,12 @@ def call(case, headers: dict | None = None):
     value = case.body.get("value") if isinstance(case.body, dict) else None
     if isinstance(value, float) and not math.isfinite(value):
         with TestClient(APP) as client:
-            return client.request(case.method, case.formatted_path, content=json.dumps(case.body),
-                                  headers={**(headers or {}), "Content-Type": "application/json"})
+            return client.request(
+                case.method,
+                case.formatted_path,
+                content=json.dumps(case.body),
+                headers={**(headers or {}), "Content-Type": "application/json"},
+            )
     return case.call(headers=headers)
 
 
@@ -111,18 +142,40 @@ def test_without_a_token_every_api_call_is_401(case):
         assert response.status_code in (401, 405, 422), (case.method, case.path, response.status_code)
 
 
-HOSTILE = ["a'b", 'a"b', "<vm>", "a/b", "..", "../../etc/passwd", "a b", "a;rm -rf /", "$(reboot)", "`id`",
-           "ä-unicode", "\u202eevil", "a\nb", "a\x00b", "x" * 10_000, "", "-leading", "trailing-", "UPPER", "%2e%2e"]
+HOSTILE = [
+    "a'b",
+    'a"b',
+    "<vm>",
+    "a/b",
+    "..",
+    "../../etc/passwd",
+    "a b",
+    "a;rm -rf /",
+    "$(reboot)",
+    "`id`",
+    "ä-unicode",
+    "\u202eevil",
+    "a\nb",
+    "a\x00b",
+    "x" * 10_000,
+    "",
+    "-leading",
+    "trailing-",
+    "UPPER",
+    "%2e%2e",
+]
 
 
 @pytest.mark.parametrize("name", HOSTILE, ids=[repr(n)[:24] for n in HOSTILE])
 def test_hostile_names_are_refused_before_they_reach_xml_paths_or_libvirt(name):
     with TestClient(APP, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
         before = c.get("/api/v1/vms").json()
-        for path, body in (("/api/v1/vms", {"name": name, "project": "p", "offering": "small", "template": "t"}),
-                           ("/api/v1/projects", {"name": name, "vcpus": 1, "memory_mib": 1}),
-                           ("/api/v1/zones", {"name": name}),
-                           ("/api/v1/templates", {"name": "ok", "image": name or "<x>"})):
+        for path, body in (
+            ("/api/v1/vms", {"name": name, "project": "p", "offering": "small", "template": "t"}),
+            ("/api/v1/projects", {"name": name, "vcpus": 1, "memory_mib": 1}),
+            ("/api/v1/zones", {"name": name}),
+            ("/api/v1/templates", {"name": "ok", "image": name or "<x>"}),
+        ):
             r = c.post(path, json=body)
             assert r.status_code == 422, (path, name, r.status_code, r.text[:200])
             check_shape(r)

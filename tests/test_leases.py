@@ -17,7 +17,7 @@ def test_every_host_has_exactly_one_listener_among_the_live_controllers(hs, cs):
     assignment = leases.assign(hs, cs)
     assert set(assignment) == set(hs)
     assert set(assignment.values()) <= set(cs)
-    assert leases.assign(hs, list(reversed(cs))) == assignment      # every process computes the same
+    assert leases.assign(hs, list(reversed(cs))) == assignment  # every process computes the same
 
 
 @unhurried
@@ -51,7 +51,7 @@ def test_what_a_controller_releases_and_acquires_makes_it_hold_exactly_its_share
     assignment = leases.assign(hs, cs)
     after = (held - set(leases.to_release(held, assignment, me))) | set(leases.to_acquire(held, assignment, me))
     assert {leases.host_of(n) for n in after if leases.host_of(n)} == {h for h, c in assignment.items() if c == me}
-    assert leases.COORDINATOR in after          # host balancing never gives the coordinator lease away
+    assert leases.COORDINATOR in after  # host balancing never gives the coordinator lease away
 
 
 def test_lease_timing_rules():
@@ -60,19 +60,21 @@ def test_lease_timing_rules():
 
 def test_a_controller_lapses_only_when_its_renewal_stops_for_its_lease_by_the_observers_clock():
     seen, lapsed = leases.observe({}, [(1, 100.0, 15.0), (2, 100.0, 15.0)], me=1, now=0.0)
-    assert lapsed == [] and set(seen) == {2}                  # never judges itself
+    assert lapsed == [] and set(seen) == {2}  # never judges itself
     seen, lapsed = leases.observe(seen, [(1, 100.0, 15.0), (2, 100.0, 15.0)], me=1, now=14.9)
-    assert lapsed == []                                       # a first sighting needs a whole lease period
+    assert lapsed == []  # a first sighting needs a whole lease period
     assert leases.observe(seen, [(2, 100.0, 15.0)], me=1, now=15.0)[1] == [2]
     # renewed meanwhile: watched afresh, whatever its wall-clock value says (here, a step back of an hour)
     seen, lapsed = leases.observe(seen, [(2, 100.0 - 3600, 15.0)], me=1, now=15.0)
     assert lapsed == [] and seen[2] == leases.Sighting(100.0 - 3600, 15.0)
-    assert leases.observe(seen, [], me=1, now=99.0) == ({}, [])      # gone from the live rows: forgotten
+    assert leases.observe(seen, [], me=1, now=99.0) == ({}, [])  # gone from the live rows: forgotten
 
 
 @unhurried
-@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=30),
-       st.lists(st.floats(0.01, 5.0), min_size=30, max_size=30))
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=30),
+    st.lists(st.floats(0.01, 5.0), min_size=30, max_size=30),
+)
 def test_renewals_that_keep_coming_never_lapse_whatever_their_wall_clock_values(values, gaps):
     """A renewal every < lease period of the observer's clock, its wall-clock values stepping anywhere."""
     seen, now, previous = {}, 0.0, None
@@ -83,4 +85,3 @@ def test_renewals_that_keep_coming_never_lapse_whatever_their_wall_clock_values(
         seen, lapsed = leases.observe(seen, [(7, value, 5.0 + 1e-6)], me=1, now=now)
         assert lapsed == []
         previous = value
-

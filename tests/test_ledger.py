@@ -9,13 +9,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from vmplane.core.errors import Conflict, InsufficientCapacity, QuotaExceeded, VmplaneError
 from vmplane.core.model import Size, Usage
-from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.core.quota import overhead_mib
+from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 
 from .conftest import add_basics, add_sim_hosts
-from .stores import store_url
 from .conftest import ledger_usage as usage
+from .stores import store_url
 
 
 @pytest.fixture
@@ -25,14 +25,15 @@ def cluster(orch):
     return orch
 
 
-@pytest.mark.parametrize("quota,field", [((1, 65536, 10), "vcpus"), ((8, 1024, 10), "memory_mib"),
-                                         ((8, 65536, 0), "vms")])
+@pytest.mark.parametrize(
+    "quota,field", [((1, 65536, 10), "vcpus"), ((8, 1024, 10), "memory_mib"), ((8, 65536, 0), "vms")]
+)
 def test_a_start_over_any_quota_is_refused_naming_the_resource(cluster, quota, field):
     cluster.catalog.create_project("p", *quota, count_overhead=False)
     with pytest.raises(QuotaExceeded) as exc:
         cluster.create_vm("v", "p", "ranged", "tiny", vcpus=2, memory_mib=2048, start=True)
     assert exc.value.field == field and field in exc.value.message
-    assert cluster.vms() == [] and usage(cluster, "p") == Usage()   # nothing half-created
+    assert cluster.vms() == [] and usage(cluster, "p") == Usage()  # nothing half-created
 
 
 def test_overhead_is_charged_only_when_count_overhead(cluster):
@@ -77,7 +78,7 @@ def test_changing_count_overhead_recharges_and_is_refused_when_it_no_longer_fits
         cluster.create_vm(f"v{i}", "p", "small", "tiny", start=True)
     with pytest.raises(Conflict, match="memory_mib"):
         cluster.catalog.set_quota("p", count_overhead=True)
-    assert usage(cluster, "p").memory_mib == 3 * 1024               # unchanged
+    assert usage(cluster, "p").memory_mib == 3 * 1024  # unchanged
     cluster.catalog.set_quota("p", memory_mib=8192, count_overhead=True)
     assert usage(cluster, "p").memory_mib == 3 * (1024 + overhead_mib(Size(1, 1024)))
 
@@ -97,7 +98,7 @@ def test_a_recharge_locks_the_projects_vms_before_the_project_as_a_start_does(pg
     with ThreadPoolExecutor(1) as pool, row_held(o.db.url, "SELECT id FROM vms WHERE name = 'v0' FOR UPDATE") as probe:
         changed = pool.submit(o.catalog.set_quota, "p", count_overhead=True)
         probe.wait_for_a_waiter()
-        probe.lock_now("SELECT id FROM projects WHERE name = 'p' FOR UPDATE")      # the start can go on
+        probe.lock_now("SELECT id FROM projects WHERE name = 'p' FOR UPDATE")  # the start can go on
     assert changed.result(timeout=30).count_overhead
     assert usage(o, "p").memory_mib == 1024 + overhead_mib(Size(1, 1024)) and o.audit() == []
 
@@ -141,14 +142,26 @@ class LedgerMachine(RuleBasedStateMachine):
         self.db.dispose()
         self.tmp.cleanup()
 
-    @rule(project=st.sampled_from(["p", "q"]), offering=st.sampled_from(["small", "large", "ranged"]),
-          vcpus=st.integers(1, 4), memory=st.sampled_from([256, 1024, 3000, 8192]), start=st.booleans())
+    @rule(
+        project=st.sampled_from(["p", "q"]),
+        offering=st.sampled_from(["small", "large", "ranged"]),
+        vcpus=st.integers(1, 4),
+        memory=st.sampled_from([256, 1024, 3000, 8192]),
+        start=st.booleans(),
+    )
     def create(self, project, offering, vcpus, memory, start):
         self.n += 1
         custom = offering == "ranged"
         try:
-            self.o.create_vm(f"v{self.n}", project, offering, "tiny", vcpus=vcpus if custom else None,
-                             memory_mib=memory if custom else None, start=start)
+            self.o.create_vm(
+                f"v{self.n}",
+                project,
+                offering,
+                "tiny",
+                vcpus=vcpus if custom else None,
+                memory_mib=memory if custom else None,
+                start=start,
+            )
         except (QuotaExceeded, InsufficientCapacity):
             assert f"v{self.n}" not in {v.name for v in self.o.vms()}
 
@@ -177,8 +190,12 @@ class LedgerMachine(RuleBasedStateMachine):
         if name:
             self.o.delete_vm(name)
 
-    @rule(project=st.sampled_from(["p", "q"]), vcpus=st.integers(0, 12), memory=st.integers(0, 25000),
-          count_overhead=st.booleans())
+    @rule(
+        project=st.sampled_from(["p", "q"]),
+        vcpus=st.integers(0, 12),
+        memory=st.integers(0, 25000),
+        count_overhead=st.booleans(),
+    )
     def change_quota(self, project, vcpus, memory, count_overhead):
         try:
             self.o.catalog.set_quota(project, vcpus=vcpus, memory_mib=memory, count_overhead=count_overhead)
@@ -191,8 +208,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 TestLedgerMachine = LedgerMachine.TestCase
-TestLedgerMachine.settings = settings(max_examples=40, stateful_step_count=25, deadline=None,
-                                      suppress_health_check=[HealthCheck.too_slow])
+TestLedgerMachine.settings = settings(
+    max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def test_two_control_planes_on_one_database_never_overfill_a_host(db, orch):
@@ -205,10 +223,11 @@ def test_two_control_planes_on_one_database_never_overfill_a_host(db, orch):
     other.load()
     for i in range(3):
         other.create_vm(f"b{i}", "p", "small", "tiny", start=True)
-    orch.create_vm("a0", "p", "small", "tiny", start=True)          # 3 + 1 = 4 vCPUs: fits
+    orch.create_vm("a0", "p", "small", "tiny", start=True)  # 3 + 1 = 4 vCPUs: fits
     with pytest.raises(InsufficientCapacity, match="vcpus 4 of 4 allocated"):
         orch.create_vm("a1", "p", "small", "tiny", start=True)
     assert orch.host_capacity("h1").used_vcpus == 4
     from vmplane.controllers.audit import audit
+
     assert audit(db, orch.catalog.recomputed_usage) == []
     other.close()

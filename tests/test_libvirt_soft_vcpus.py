@@ -4,8 +4,8 @@ Its guest console is faked here; tests/test_scaling_real.py scales real guests."
 
 import pytest
 
-from vmplane.hosts.drivers import libvirt as lv
 from vmplane.core.driver import DriverError
+from vmplane.hosts.drivers import libvirt as lv
 
 
 class Guest:
@@ -22,7 +22,7 @@ class Guest:
 
 
 def driver(guest: Guest, monkeypatch) -> lv.LibvirtDriver:
-    d = lv.LibvirtDriver.__new__(lv.LibvirtDriver)          # no connection: only the console is used
+    d = lv.LibvirtDriver.__new__(lv.LibvirtDriver)  # no connection: only the console is used
     d.host = "h1"
     monkeypatch.setattr(d, "guest_exec", guest.exec, raising=False)
     monkeypatch.setattr(lv.time, "sleep", lambda _s: None)
@@ -36,8 +36,12 @@ def test_a_vcpu_the_onliner_put_back_is_offlined_again_until_a_look_finds_nothin
     driver(guest, monkeypatch)._wait_online("vm", 1, keep_off=["cpu1"])
     assert len(guest.commands) == 4 and not guest.looks[1:]
     # every look lists the vCPU for the onliner (written aside, then renamed) before it offlines it
-    assert all(c.startswith("printf '%s\\n' cpu1 > /run/vmplane-offline.new && mv /run/vmplane-offline.new "
-                            "/run/vmplane-offline;") for c in guest.commands)
+    assert all(
+        c.startswith(
+            "printf '%s\\n' cpu1 > /run/vmplane-offline.new && mv /run/vmplane-offline.new /run/vmplane-offline;"
+        )
+        for c in guest.commands
+    )
 
 
 def test_a_look_that_had_to_offline_is_not_taken_for_the_lasting_state(monkeypatch):
@@ -56,4 +60,4 @@ def test_an_empty_keep_off_list_is_removed_and_the_wait_only_reads(monkeypatch):
     d = driver(Guest([(1, 0)]), monkeypatch)
     reads = iter(["0\n", "0-1\n"])
     monkeypatch.setattr(d, "guest_exec", lambda _n, _c, _t=30.0: next(reads), raising=False)
-    d._wait_online("vm", 2)                     # a hot-plugged vCPU the onliner brings up: read until it shows
+    d._wait_online("vm", 2)  # a hot-plugged vCPU the onliner brings up: read until it shows

@@ -57,7 +57,7 @@ def test_offering_and_template_in_use_are_kept_then_deleted(world):
 
 def test_a_deleted_offering_can_be_created_again(world):
     orch, api = world
-    orch.create_vm("a", "p", "small", "tiny")          # caches small
+    orch.create_vm("a", "p", "small", "tiny")  # caches small
     orch.delete_vm("a")
     api.delete(f"{V}/offerings/small")
     orch.catalog.create_offering(Offering("small", OfferingKind.fixed, vcpus=2, memory_mib=2048))
@@ -74,33 +74,44 @@ def test_retired_offering_and_template_refuse_new_vms_only(world):
     r = api.post(f"{V}/vms", json={"name": "new", "project": "p", "offering": "small", "template": "tiny"})
     refused(r, "offering small is retired")
     refused(api.post(f"{V}/offerings/small/retire"), "already retired")
-    assert api.post(f"{V}/vms/old/start").status_code == 202       # the VM that uses it keeps it
+    assert api.post(f"{V}/vms/old/start").status_code == 202  # the VM that uses it keeps it
     assert api.post(f"{V}/templates/tiny/retire").json()["retired"] is True
-    assert api.get(f"{V}/templates/tiny").json() == {"name": "tiny", "image": "tiny-linux", "dynamic_scaling": False,
-                                                     "retired": True, "disk_image": None, "disk_format": None,
-                                                     "disk_mib": None, "checksum": None}
-    refused(api.post(f"{V}/vms", json={"name": "new", "project": "p", "offering": "large", "template": "tiny"}),
-            "template tiny is retired")
+    assert api.get(f"{V}/templates/tiny").json() == {
+        "name": "tiny",
+        "image": "tiny-linux",
+        "dynamic_scaling": False,
+        "retired": True,
+        "disk_image": None,
+        "disk_format": None,
+        "disk_mib": None,
+        "checksum": None,
+    }
+    refused(
+        api.post(f"{V}/vms", json={"name": "new", "project": "p", "offering": "large", "template": "tiny"}),
+        "template tiny is retired",
+    )
     assert api.get(f"{V}/vms/new").status_code == 404
     assert api.post(f"{V}/offerings/nope/retire").status_code == 404
 
 
 def test_retiring_in_another_process_is_seen_at_once(world, db):
     from vmplane.orchestrator import InlineExecutor, Orchestrator
+
     orch, api = world
-    orch.create_vm("warm", "p", "small", "tiny")       # this process caches small and tiny
+    orch.create_vm("warm", "p", "small", "tiny")  # this process caches small and tiny
     other = Orchestrator(db, InlineExecutor(), name="other")
     other.load()
     try:
         other.catalog.retire(type(other.catalog.offering("small")), "small")
     finally:
         other.close()
-    refused(api.post(f"{V}/vms", json={"name": "new", "project": "p", "offering": "small", "template": "tiny"}),
-            "retired")
+    refused(
+        api.post(f"{V}/vms", json={"name": "new", "project": "p", "offering": "small", "template": "tiny"}), "retired"
+    )
 
 
 def test_zone_and_cluster_are_kept_while_they_hold_something_and_take_their_settings(world):
-    orch, api = world
+    _orch, api = world
     api.post(f"{V}/zones", json={"name": "z2"})
     api.post(f"{V}/clusters", json={"name": "c2", "zone": "z2"})
     api.post(f"{V}/hosts", json={"name": "x1", "cluster": "c2", "cores": 4, "cpu_mhz": 2000, "memory_mib": 4096})
@@ -126,9 +137,9 @@ def test_a_host_holding_anything_is_kept_and_an_empty_one_leaves_driver_and_inde
     host = orch.vm("a").host.name
     other = ({"h1", "h2"} - {host}).pop()
     refused(api.delete(f"{V}/hosts/{host}"), f"host {host}", "1 VM (a)")
-    assert orch.migrator.migrate("a", to=other)["state"] == "succeeded"       # inline: done at once
+    assert orch.migrator.migrate("a", to=other)["state"] == "succeeded"  # inline: done at once
     refused(api.delete(f"{V}/hosts/{other}"), "1 VM (a)")
-    assert api.delete(f"{V}/hosts/{host}").status_code == 204                 # its finished migration goes too
+    assert api.delete(f"{V}/hosts/{host}").status_code == 204  # its finished migration goes too
     assert api.post(f"{V}/vms/a/stop", json={"force": True}).status_code == 202
     assert api.delete(f"{V}/hosts/{other}").status_code == 204
     assert "h1" not in orch.index and "h2" not in orch.index and not orch.drivers
@@ -143,20 +154,32 @@ def test_a_host_holding_anything_is_kept_and_an_empty_one_leaves_driver_and_inde
 def test_a_host_with_an_active_migration_is_kept(world):
     orch, api = world
     orch.create_vm("a", "p", "small", "tiny", start=True)
-    with orch.db.write() as s:                     # a migration in flight towards the other host
+    with orch.db.write() as s:  # a migration in flight towards the other host
         from sqlalchemy import select
 
         from vmplane.store.schema import Host, Migration, Vm
+
         vm = s.scalars(select(Vm).where(Vm.name == "a")).unique().one()
         target = s.scalars(select(Host).where(Host.id != vm.host_id)).unique().first()
-        s.add(Migration(id="m-1", vm_id=vm.id, vm_name="a", project_id=vm.project_id, source_host_id=vm.host_id,
-                        target_host_id=target.id, source=vm.host.name, target=target.name, cluster="c1",
-                        state="copying"))
+        s.add(
+            Migration(
+                id="m-1",
+                vm_id=vm.id,
+                vm_name="a",
+                project_id=vm.project_id,
+                source_host_id=vm.host_id,
+                target_host_id=target.id,
+                source=vm.host.name,
+                target=target.name,
+                cluster="c1",
+                state="copying",
+            )
+        )
         name = target.name
     refused(api.delete(f"{V}/hosts/{name}"), "1 active migration of VM (a)")
 
 
-from .test_settings_bounds import cli  # noqa: E402,F401,F811  (the CLI against the in-process API)
+from .test_settings_bounds import cli  # noqa: E402, F401  (the CLI against the in-process API)
 
 
 def test_cli_lifecycle_commands(world, cli):  # noqa: F811
@@ -188,7 +211,7 @@ def test_an_offering_another_process_retired_or_made_again_is_read_from_the_stor
 
     orch, api = world
     other = Catalog(orch.db)
-    orch.create_vm("a", "p", "small", "tiny")           # this process caches small (1 vCPU)
+    orch.create_vm("a", "p", "small", "tiny")  # this process caches small (1 vCPU)
     orch.delete_vm("a")
     other.retire(type(orch.catalog.offering("small")), "small")
     r = api.post(f"{V}/vms", json={"name": "b", "project": "p", "offering": "small", "template": "tiny"})
@@ -197,7 +220,7 @@ def test_an_offering_another_process_retired_or_made_again_is_read_from_the_stor
     other.create_offering(Offering("small", OfferingKind.fixed, vcpus=2, memory_mib=2048))
     assert orch.create_vm("b", "p", "small", "tiny", start=True).operation_id
     assert api.get(f"{V}/vms/b").json()["vcpus"] == 2
-    orch.catalog.offering("large")                      # cached here, deleted there
+    orch.catalog.offering("large")  # cached here, deleted there
     lifecycle.delete_offering(other, "large")
     r = api.post(f"{V}/vms", json={"name": "c", "project": "p", "offering": "large", "template": "tiny"})
     assert r.status_code == 404 and r.json()["field"] == "offering", r.text
@@ -216,8 +239,8 @@ def test_an_offering_another_process_retired_or_made_again_is_read_from_the_stor
 def test_a_create_whose_offering_keeps_changing_gives_up_with_409_after_a_few_reads(world, monkeypatch):
     """Each admission that finds its offering changed reads it again; one that keeps finding it so (another
     process remaking it each time) ends with a 409 naming the field, nothing created, not a loop."""
+    from vmplane.controllers.vms import OUTDATED_TRIES
     from vmplane.store.catalog import Outdated
-    from vmplane.orchestrator import OUTDATED_TRIES
 
     orch, api = world
     checks = []

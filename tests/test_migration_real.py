@@ -22,8 +22,9 @@ def steady(live) -> str:
     """One idle guest (with a marker file) booted once for the module, migrated by several tests: each finds
     it running with its marker, on whichever host the test before left it."""
     run_json(live, "offering", "create", "half", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB")
-    run_json(live, "vm", "create", "victim", "--project", "p", "--offering", "half", "--template", "tiny-linux",
-             "--start")
+    run_json(
+        live, "vm", "create", "victim", "--project", "p", "--offering", "half", "--template", "tiny-linux", "--start"
+    )
     guest(live, "victim", "echo still-here > /tmp/marker")
     return "victim"
 
@@ -67,21 +68,40 @@ def test_seed_3_two_busy_guests_at_most_of_their_quota_migrate_concurrently_and_
     run_json(live, "project", "create", "proj-a", "--vcpus", "3", "--memory", "4000", "--count-overhead")
     run_json(live, "offering", "create", "flex", "--kind", "custom-unconstrained")
     for vm, memory in (("vm1", "1GiB"), ("vm2", "2GiB")):
-        run_json(live, "vm", "create", vm, "--project", "proj-a", "--offering", "flex", "--template", "tiny-linux",
-                 "--vcpus", "1", "--memory", memory, "--start")
-    for vm in ("vm1", "vm2"):        # both booted at once; each, once it answers, gets its marker and writer
-        guest(live, vm, f"echo {vm}-marker > /tmp/marker; (while :; do dd if=/dev/urandom of=/dev/shm/x bs=1M "
-                        f"count=50 2>/dev/null; done) >/dev/null 2>&1 &")
+        run_json(
+            live,
+            "vm",
+            "create",
+            vm,
+            "--project",
+            "proj-a",
+            "--offering",
+            "flex",
+            "--template",
+            "tiny-linux",
+            "--vcpus",
+            "1",
+            "--memory",
+            memory,
+            "--start",
+        )
+    for vm in ("vm1", "vm2"):  # both booted at once; each, once it answers, gets its marker and writer
+        guest(
+            live,
+            vm,
+            f"echo {vm}-marker > /tmp/marker; (while :; do dd if=/dev/urandom of=/dev/shm/x bs=1M "
+            f"count=50 2>/dev/null; done) >/dev/null 2>&1 &",
+        )
     _phase(t0, "both guests booted and busy")
     before = usage(live, "proj-a")
-    assert before["memory_mib"] > 3 * 1024          # overhead counted: 3072 + 270 + 272 of 4000
+    assert before["memory_mib"] > 3 * 1024  # overhead counted: 3072 + 270 + 272 of 4000
     sources = {vm: run_json(live, "vm", "show", vm)["host"] for vm in ("vm1", "vm2")}
     ids = []
     for vm in ("vm1", "vm2"):
         r = live.cli("vm", "migrate", vm, "--output", "json")
         assert r.returncode == 0, r.stdout + r.stderr
         ids.append(json.loads(r.stdout)["id"])
-    assert usage(live, "proj-a") == before                            # during: charged once
+    assert usage(live, "proj-a") == before  # during: charged once
     rows = wait(live, ids)
     _phase(t0, "both migrations ended")
     assert [r["state"] for r in rows] == ["succeeded", "succeeded"], rows
@@ -96,7 +116,7 @@ def test_seed_3_two_busy_guests_at_most_of_their_quota_migrate_concurrently_and_
         assert len(qemu_pids(f"vmplane-{vm}", live.home)) == 1
     assert usage(live, "proj-a") == before and run_json(live, "audit")["ok"]
     _phase(t0, "checked")
-    for vm in ("vm1", "vm2"):        # their memory-writing loops would starve the next tests on 2 cores
+    for vm in ("vm1", "vm2"):  # their memory-writing loops would starve the next tests on 2 cores
         run_json(live, "vm", "stop", vm, "--force")
 
 
@@ -121,7 +141,7 @@ def test_killing_the_destination_mid_copy_leaves_the_vm_healthy_on_its_source(li
     assert shown["state"] == "running" and shown["host"] == source
     assert guest(live, "victim", "cat /tmp/marker").strip() == "still-here"
     assert "vmplane-victim" not in domains_on(live, target)
-    assert run_json(live, "audit")["ok"]             # the target claim is gone, the source claim remains
+    assert run_json(live, "audit")["ok"]  # the target claim is gone, the source claim remains
 
 
 def test_a_real_host_drains_by_live_migration_and_comes_back(live, steady):
@@ -130,7 +150,7 @@ def test_a_real_host_drains_by_live_migration_and_comes_back(live, steady):
     on_host = sorted(v["name"] for v in running if v["host"] == host)
     plan = run_json(live, "host", "maintenance", "enter", host, "--dry-run")
     assert sorted(m["vm"] for m in plan["migrations"]) == on_host and plan["unplaceable"] == []
-    assert run_json(live, "host", "show", host)["state"] == "enabled"           # a dry run changes nothing
+    assert run_json(live, "host", "show", host)["state"] == "enabled"  # a dry run changes nothing
     r = live.cli("host", "maintenance", "enter", host, "--wait", "--output", "json", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(r.stdout)
@@ -145,14 +165,24 @@ def test_a_real_host_drains_by_live_migration_and_comes_back(live, steady):
 def test_seed_1_three_guests_at_three_quarters_of_the_memory_quota_migrate_one_then_all(live):
     """The Harvester scenario scaled down by a constant: 3 guests of Q/4 (with overhead) in a quota Q."""
     t0 = time.monotonic()
-    footprint = 512 + 269                                        # guest memory + overhead for 1 vCPU / 512 MiB
+    footprint = 512 + 269  # guest memory + overhead for 1 vCPU / 512 MiB
     run_json(live, "offering", "create", "seed-half", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB")
-    run_json(live, "project", "create", "seed1", "--vcpus", "8", "--memory", str(4 * footprint),
-             "--count-overhead")
+    run_json(live, "project", "create", "seed1", "--vcpus", "8", "--memory", str(4 * footprint), "--count-overhead")
     names = ["s1", "s2", "s3"]
     for vm in names:
-        run_json(live, "vm", "create", vm, "--project", "seed1", "--offering", "seed-half", "--template",
-                 "tiny-linux", "--start")
+        run_json(
+            live,
+            "vm",
+            "create",
+            vm,
+            "--project",
+            "seed1",
+            "--offering",
+            "seed-half",
+            "--template",
+            "tiny-linux",
+            "--start",
+        )
     _phase(t0, "three guests started")
     before = usage(live, "seed1")
     assert before["memory_mib"] == 3 * footprint
@@ -167,7 +197,7 @@ def test_seed_1_three_guests_at_three_quarters_of_the_memory_quota_migrate_one_t
     assert all(r["state"] == "succeeded" for r in rows), [(r["vm"], r["state"], r["reason"]) for r in rows]
     assert all(guest(live, vm, "echo ok").strip() == "ok" for vm in names)
     assert usage(live, "seed1") == before and run_json(live, "audit")["ok"]
-    for vm in names:                 # idle TCG guests still take CPU from the next tests' copies
+    for vm in names:  # idle TCG guests still take CPU from the next tests' copies
         run_json(live, "vm", "stop", vm, "--force")
 
 
@@ -208,17 +238,29 @@ def test_a_postcopy_failure_on_the_default_tcg_policy_keeps_both_claims_until_th
     source" and give back the target claim: it keeps both and shows it, until the hosts say more."""
     import libvirt
 
-    vm = run_json(live, "vm", "create", "pcf", "--project", "p", "--offering", _offering(live), "--template",
-                  "tiny-linux", "--start")
+    vm = run_json(
+        live,
+        "vm",
+        "create",
+        "pcf",
+        "--project",
+        "p",
+        "--offering",
+        _offering(live),
+        "--template",
+        "tiny-linux",
+        "--start",
+    )
     guest(live, "pcf", "echo here > /tmp/marker")
     # a guest that dirties its memory: the copy can not end in pre-copy before the switch, and the post-copy
     # phase (2 MiB/s) lasts long enough to be seen and cut (idle, it could finish in the 1 s before the switch)
-    guest(live, "pcf", "(while :; do dd if=/dev/urandom of=/dev/shm/x bs=1M count=50 2>/dev/null; done) "
-                       ">/dev/null 2>&1 &")
+    guest(
+        live, "pcf", "(while :; do dd if=/dev/urandom of=/dev/shm/x bs=1M count=50 2>/dev/null; done) >/dev/null 2>&1 &"
+    )
     source = vm["host"]
     target = "lv2" if source == "lv1" else "lv1"
     before, target_before = usage(live, "p"), _used_memory(live, target)
-    with live.client() as c:        # the default policy; a slow post-copy phase leaves time to kill it
+    with live.client() as c:  # the default policy; a slow post-copy phase leaves time to kill it
         # 2 MiB/s is below the default floor (64): an operator lowers it first, as this test's nemesis does
         c.put("/settings/vmplane.migration.postcopy.min.bandwidth", json={"value": "1"}).raise_for_status()
         r = c.post("/vms/pcf/migrate", json={"to": target, "postcopy_bandwidth_mib_s": 2})
@@ -229,12 +271,12 @@ def test_a_postcopy_failure_on_the_default_tcg_policy_keeps_both_claims_until_th
         assert time.monotonic() < deadline, "the copy never switched to post-copy"
         time.sleep(0.05)
     pid = int((host_of(live, target).dir / "run" / "qemu" / "vmplane-pcf.pid").read_text())
-    assert pid in qemu_pids("vmplane-pcf", live.home)           # the destination QEMU of the domain this test created
+    assert pid in qemu_pids("vmplane-pcf", live.home)  # the destination QEMU of the domain this test created
     os.kill(pid, signal.SIGKILL)
     row = _wait_state(live, mig["id"], ("queued", "copying", "checking"))
-    assert row["state"] == "postcopy-failed", row     # never "failed, runs on the source"
+    assert row["state"] == "postcopy-failed", row  # never "failed, runs on the source"
     assert "paused" in row["reason"] and row["waiting_for"], row
-    assert _used_memory(live, target) > target_before                   # the target claim is kept
+    assert _used_memory(live, target) > target_before  # the target claim is kept
     assert run_json(live, "vm", "show", "pcf")["state"] == "migrating" and usage(live, "p") == before
     r = live.cli("vm", "migrate", "pcf", "--cancel")
     assert r.returncode != 0 and "post-copy failed" in r.stdout + r.stderr
@@ -251,7 +293,7 @@ def test_a_postcopy_failure_on_the_default_tcg_policy_keeps_both_claims_until_th
     row = _wait_state(live, mig["id"], ("postcopy-failed",), timeout=60)
     assert row["state"] == "failed" and "neither" in row["reason"], row
     assert _used_memory(live, target) == target_before
-    deadline = time.monotonic() + 90                 # the host sync (or its lifecycle event) records it stopped
+    deadline = time.monotonic() + 90  # the host sync (or its lifecycle event) records it stopped
     while _get(live, "/vms/pcf")["state"] != "stopped":
         assert time.monotonic() < deadline
         time.sleep(1)
@@ -264,13 +306,13 @@ def test_a_real_cancel_before_and_during_the_copy_leaves_the_vm_on_its_source(li
     target = "lv2" if source == "lv1" else "lv1"
     target_before = _used_memory(live, target)
     slow = {"to": target, "bandwidth_mib_s": 4, "postcopy": False}
-    with live.client() as c:        # at once: libvirt's job may not exist yet; the cancel must hold anyway
+    with live.client() as c:  # at once: libvirt's job may not exist yet; the cancel must hold anyway
         mig = c.post(f"/vms/{cx}/migrate", json=slow).json()
         r = c.post(f"/vms/{cx}/migrate/cancel")
         assert r.status_code == 200, r.text
     [row] = wait(live, [mig["id"]])
     assert row["state"] == "cancelled", row
-    with live.client() as c:        # during the copy
+    with live.client() as c:  # during the copy
         mig = c.post(f"/vms/{cx}/migrate", json=slow).json()
     incoming = host_of(live, target).dir / "run" / "qemu" / f"vmplane-{cx}.pid"
     deadline = time.monotonic() + 60

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from vmplane.core import failpoints
 from vmplane.api.app import create_app
+from vmplane.core import failpoints
 from vmplane.core.driver import DomainInfo, DriverError
 from vmplane.core.migration import (
     ACTIVE,
@@ -47,10 +47,15 @@ def info(state: str = "running", reason: str = "") -> DomainInfo:
     return DomainInfo(DOMAIN, state in ("running", "blocked"), 1, 1024, state=state, reason=reason)
 
 
-SIDES = {"absent": None, "running": info(), "paused": info("paused", "user"),
-         "incoming": info("paused", "incoming-migration"), "shutoff": info("shutoff", "migrated"),
-         "postcopy-failed": info("paused", "postcopy-failed"),
-         "running-postcopy-failed": info("running", "postcopy-failed")}
+SIDES = {
+    "absent": None,
+    "running": info(),
+    "paused": info("paused", "user"),
+    "incoming": info("paused", "incoming-migration"),
+    "shutoff": info("shutoff", "migrated"),
+    "postcopy-failed": info("paused", "postcopy-failed"),
+    "running-postcopy-failed": info("running", "postcopy-failed"),
+}
 
 
 def expected_outcome(source: str, target: str) -> Outcome:
@@ -58,8 +63,12 @@ def expected_outcome(source: str, target: str) -> Outcome:
         return Outcome.postcopy_failed
     holds = {"absent": False, "shutoff": False}
     s, t = holds.get(source, True), holds.get(target, True)
-    return {(False, True): Outcome.moved, (True, False): Outcome.stayed, (False, False): Outcome.gone,
-            (True, True): Outcome.unclear}[(s, t)]
+    return {
+        (False, True): Outcome.moved,
+        (True, False): Outcome.stayed,
+        (False, False): Outcome.gone,
+        (True, True): Outcome.unclear,
+    }[(s, t)]
 
 
 @pytest.mark.parametrize("source,target", list(itertools.product(SIDES, SIDES)))
@@ -68,37 +77,41 @@ def test_the_settle_outcome_of_every_pair_of_answers(source, target):
 
 
 def test_a_paused_target_with_the_source_gone_moved_and_a_paused_source_without_target_stayed():
-    assert settle_outcome(None, info("paused", "user")) == Outcome.moved        # PAUSED holds the guest
+    assert settle_outcome(None, info("paused", "user")) == Outcome.moved  # PAUSED holds the guest
     assert settle_outcome(info("paused", "user"), None) == Outcome.stayed
 
 
-@pytest.mark.parametrize("state,outcome,cancelled",
-                         list(itertools.product(MigrationState, Outcome, (False, True))))
+@pytest.mark.parametrize("state,outcome,cancelled", list(itertools.product(MigrationState, Outcome, (False, True))))
 def test_every_settle_event_is_a_transition_of_the_state_found(state, outcome, cancelled):
     event = settle_event(state, outcome, cancelled)
     if event is None:
         # nothing to change: unclear; a checking migration whose domain moved goes on to its guest
         # check; a post-copy failure that persists; a migration that is not being settled
-        assert (outcome == Outcome.unclear or state not in (MigrationState.copying, MigrationState.checking,
-                                                            MigrationState.postcopy_failed)
-                or (state, outcome) in ((MigrationState.checking, Outcome.moved),
-                                        (MigrationState.postcopy_failed, Outcome.postcopy_failed)))
+        assert (
+            outcome == Outcome.unclear
+            or state not in (MigrationState.copying, MigrationState.checking, MigrationState.postcopy_failed)
+            or (state, outcome)
+            in ((MigrationState.checking, Outcome.moved), (MigrationState.postcopy_failed, Outcome.postcopy_failed))
+        )
         return
     new, actions = transition(state, event)
     if outcome == Outcome.moved:
         assert new == MigrationState.checking
     elif outcome == Outcome.postcopy_failed:
-        assert new == MigrationState.postcopy_failed and actions == ()          # both claims kept
-    else:                                                                       # stayed, gone
-        assert new == (MigrationState.cancelled if cancelled and state == MigrationState.copying
-                       and outcome == Outcome.stayed else MigrationState.failed)
+        assert new == MigrationState.postcopy_failed and actions == ()  # both claims kept
+    else:  # stayed, gone
+        assert new == (
+            MigrationState.cancelled
+            if cancelled and state == MigrationState.copying and outcome == Outcome.stayed
+            else MigrationState.failed
+        )
         assert [a.value for a in actions] == ["release-target"]
 
 
 def test_a_checking_migration_never_takes_copy_failed_and_postcopy_failed_is_active():
     assert (MigrationState.checking, "copy-failed") not in TRANSITIONS
     assert MigrationState.postcopy_failed in ACTIVE
-    assert len(MigrationState.postcopy_failed.value) <= 16         # the store's column
+    assert len(MigrationState.postcopy_failed.value) <= 16  # the store's column
 
 
 # -- fixtures ------------------------------------------------------------------------------------------
@@ -112,7 +125,7 @@ def _cluster(o: Orchestrator) -> Orchestrator:
     o.catalog.create_project("p", 10, 32 * GIB, 10)
     o.create_vm("v", "p", "one", "t", start=True)
     deadline = time.monotonic() + 60
-    while o.vm("v").state != "running":         # a threaded orchestrator starts it in the background
+    while o.vm("v").state != "running":  # a threaded orchestrator starts it in the background
         assert time.monotonic() < deadline
         time.sleep(0.01)
     return o
@@ -166,14 +179,13 @@ def answer_as(monkeypatch, driver, answer) -> None:
 
 
 # -- (a) the client connection is lost mid-copy, but libvirtd completes it -----------------------------
-def test_a_copy_whose_client_connection_was_lost_but_that_completed_succeeds_with_claims_on_the_target(
-        o, monkeypatch):
+def test_a_copy_whose_client_connection_was_lost_but_that_completed_succeeds_with_claims_on_the_target(o, monkeypatch):
     source, target = hosts(o)
     src = o.drivers[source]
     before = usage(o, "p")
 
     def lost(name, to, params, progress=None):
-        src.fabric.move(name, source, to.host)           # libvirtd carries the p2p copy on, and completes it
+        src.fabric.move(name, source, to.host)  # libvirtd carries the p2p copy on, and completes it
         raise DriverError(source, "migration: end of file while reading data: Input/output error")
 
     monkeypatch.setattr(src, "migrate", lost)
@@ -181,7 +193,7 @@ def test_a_copy_whose_client_connection_was_lost_but_that_completed_succeeds_wit
     row = o.migrator.get(mig["id"])
     assert row["state"] == "succeeded", row
     assert o.vm("v").host.name == target and o.vm("v").state == "running" and where(o) == [target]
-    assert used(o, source) == 0 and used(o, target) > GIB                     # claims on the target only
+    assert used(o, source) == 0 and used(o, target) > GIB  # claims on the target only
     assert usage(o, "p") == before and o.audit() == []
 
 
@@ -190,7 +202,7 @@ def test_a_failed_copy_keeps_the_target_claim_until_libvirt_ends_its_job_then_re
     source, target = hosts(o)
     src, tgt = o.drivers[source], o.drivers[target]
     real_domain = tgt.domain
-    cleaning = threading.Event()          # libvirt still tears the incoming domain down until set
+    cleaning = threading.Event()  # libvirt still tears the incoming domain down until set
     seen: dict = {}
 
     def failed(name, to, params, progress=None):
@@ -198,18 +210,21 @@ def test_a_failed_copy_keeps_the_target_claim_until_libvirt_ends_its_job_then_re
 
     def active(name):
         if not seen:
-            seen["target_used"] = used(o, target)         # while libvirt still has the job
+            seen["target_used"] = used(o, target)  # while libvirt still has the job
             seen["state"] = o.migrator.list(vm="v")[0]["state"]
             threading.Timer(0.3, cleaning.set).start()
         return not cleaning.is_set()
 
     monkeypatch.setattr(src, "migrate", failed)
     monkeypatch.setattr(src, "migration_active", active)
-    answer_as(monkeypatch, tgt, lambda name: info("paused", "incoming-migration") if not cleaning.is_set()
-              else real_domain(name))
+    answer_as(
+        monkeypatch,
+        tgt,
+        lambda name: info("paused", "incoming-migration") if not cleaning.is_set() else real_domain(name),
+    )
     mig = o.migrator.migrate("v")
     row = o.migrator.get(mig["id"])
-    assert seen["state"] == "copying" and seen["target_used"] > GIB           # held while unknown
+    assert seen["state"] == "copying" and seen["target_used"] > GIB  # held while unknown
     assert row["state"] == "failed" and f"runs on {source}" in row["reason"], row
     assert o.vm("v").host.name == source and o.vm("v").state == "running" and where(o) == [source]
     assert used(o, target) == 0 and o.audit() == []
@@ -223,7 +238,7 @@ def test_a_postcopy_failure_keeps_both_claims_shows_it_and_settles_as_moved_once
     src, tgt = o.drivers[source], o.drivers[target]
     before = usage(o, "p")
     used_source = used(o, source)
-    paused = {"on": True}           # libvirt leaves both QEMUs paused (postcopy-failed) until a resume
+    paused = {"on": True}  # libvirt leaves both QEMUs paused (postcopy-failed) until a resume
     resumes: list = []
 
     def postcopy_failed(name, to, params, progress=None):
@@ -248,9 +263,9 @@ def test_a_postcopy_failure_keeps_both_claims_shows_it_and_settles_as_moved_once
     mig = o.migrator.migrate("v")
     row = o.migrator.get(mig["id"])
     assert row["state"] == "postcopy-failed" and "paused" in row["reason"], row
-    assert len(resumes) == 1 and "resume failed" in row["waiting_for"], row   # tried at once: failed
-    assert used(o, source) == used_source and used(o, target) > GIB           # both claims held
-    assert usage(o, "p") == before                                            # charged once, unchanged
+    assert len(resumes) == 1 and "resume failed" in row["waiting_for"], row  # tried at once: failed
+    assert used(o, source) == used_source and used(o, target) > GIB  # both claims held
+    assert usage(o, "p") == before  # charged once, unchanged
     api = client_of(o)
     shown = api.get("/api/v1/vms/v").json()
     assert shown["state"] == "migrating" and shown["host"] == source
@@ -259,7 +274,7 @@ def test_a_postcopy_failure_keeps_both_claims_shows_it_and_settles_as_moved_once
     assert any("post-copy" in e["message"] for e in api.get("/api/v1/events", params={"vm": "v"}).json())
     r = api.post("/api/v1/vms/v/migrate/cancel")
     assert r.status_code == 409 and "post-copy failed" in r.json()["message"]
-    assert api.post("/api/v1/vms/v/stop").status_code == 409                  # the migration owns the VM
+    assert api.post("/api/v1/vms/v/stop").status_code == 409  # the migration owns the VM
 
     # the settle controller tries libvirt's post-copy resume again; once it succeeds the VM has moved
     assert o.migration_settle.run_once() == {mig["id"]: "succeeded"}
@@ -289,7 +304,7 @@ def test_a_postcopy_failure_whose_destination_is_gone_waits_for_an_operator_then
     o.migration_settle.run_once()
     row = o.migrator.get(mig["id"])
     assert row["state"] == "failed" and "neither" in row["reason"] and used(o, target) == 0
-    o.sync.sync()                                   # the source confirms: no domain; recorded stopped
+    o.sync.sync()  # the source confirms: no domain; recorded stopped
     assert o.vm("v").state == "stopped" and used(o, source) == 0 and o.audit() == []
 
 
@@ -312,9 +327,9 @@ def test_a_host_that_does_not_answer_moves_nothing_and_the_migration_is_settled_
     row = o.migrator.get(mig["id"])
     assert row["state"] == "copying" and "does not answer" in row["waiting_for"], row
     assert o.vm("v").state == "migrating" and used(o, target) > GIB and used(o, source) > GIB
-    o.migration_settle.run_once()                   # still unreachable: still nothing moves
+    o.migration_settle.run_once()  # still unreachable: still nothing moves
     assert o.migrator.get(mig["id"])["state"] == "copying"
-    monkeypatch.undo()                              # it answers again
+    monkeypatch.undo()  # it answers again
     assert o.migration_settle.run_once() == {mig["id"]: "succeeded"}
     assert o.vm("v").host.name == target and used(o, source) == 0 and usage(o, "p") == before
     assert o.audit() == []
@@ -344,7 +359,7 @@ def test_a_failed_write_of_the_progress_is_settled_by_asking_the_hosts(threaded,
     o = threaded
     source, target = hosts(o)
     for d in o.drivers.values():
-        d.copy_rate_mib_s = 4 * GIB                 # 0.25 s: progress is written
+        d.copy_rate_mib_s = 4 * GIB  # 0.25 s: progress is written
     from vmplane.store import ledger
 
     real = ledger.set_migration
@@ -357,7 +372,7 @@ def test_a_failed_write_of_the_progress_is_settled_by_asking_the_hosts(threaded,
     monkeypatch.setattr(ledger, "set_migration", flaky)
     mig = o.migrator.migrate("v")
     row = wait_state(o, mig["id"])
-    assert row["state"] == "failed" and f"runs on {source}" in row["reason"], row     # the sim stops the copy
+    assert row["state"] == "failed" and f"runs on {source}" in row["reason"], row  # the sim stops the copy
     assert o.vm("v").host.name == source and where(o) == [source] and used(o, target) == 0
     assert o.audit() == []
 
@@ -367,10 +382,10 @@ def test_a_copy_past_vmplane_migration_timeout_is_aborted_and_settled_on_its_sou
     source, target = hosts(o)
     o.catalog.set_setting("vmplane.migration.timeout", "1", "cluster", "c1")
     for d in o.drivers.values():
-        d.copy_rate_mib_s = 4                       # 1 GiB in ~4 minutes: only the deadline ends it sooner
+        d.copy_rate_mib_s = 4  # 1 GiB in ~4 minutes: only the deadline ends it sooner
     mig = o.migrator.migrate("v")
     row = o.migrator.get(mig["id"])
-    assert row["state"] == "failed" and "timed out" in row["reason"], row      # aborted, not copied
+    assert row["state"] == "failed" and "timed out" in row["reason"], row  # aborted, not copied
     assert row["params"]["timeout_s"] == 1
     assert o.vm("v").host.name == source and where(o) == [source] and used(o, target) == 0 and o.audit() == []
 
@@ -398,7 +413,8 @@ def blocked_copy(o, monkeypatch) -> tuple[dict, threading.Event]:
 
 
 def test_after_a_restart_a_copy_past_its_deadline_that_libvirt_still_carries_is_aborted_and_settled(
-        db, threaded, monkeypatch):
+    db, threaded, monkeypatch
+):
     source, target = hosts(threaded)
     threaded.catalog.set_setting("vmplane.migration.timeout", "1", "cluster", "c1")
     mig, release = blocked_copy(threaded, monkeypatch)
@@ -408,8 +424,8 @@ def test_after_a_restart_a_copy_past_its_deadline_that_libvirt_still_carries_is_
         src = again.drivers[source]
         monkeypatch.setattr(src, "migration_active", lambda name: not aborted.is_set())
         monkeypatch.setattr(src, "abort_migration", lambda name: aborted.set())
-        time.sleep(1.1)                             # past its 1-s deadline (a sleep lasts at least that)
-        again.migrator.recover()                    # waits briefly, then leaves it to the controller
+        time.sleep(1.1)  # past its 1-s deadline (a sleep lasts at least that)
+        again.migrator.recover()  # waits briefly, then leaves it to the controller
         deadline = time.monotonic() + 60
         while again.migrator.get(mig["id"])["state"] == "copying":
             assert time.monotonic() < deadline
@@ -433,11 +449,11 @@ def test_a_cancel_after_a_restart_with_no_copy_thread_ends_the_migration(db, thr
         assert again.vm("v").host.name == source and again.vm("v").state == "running"
         assert used(again, target) == 0 and where(again) == [source]
         again.drivers[source].copy_rate_mib_s = None
-        assert again.migrator.migrate("v", to=target)["state"] == "succeeded"     # no cancel left behind
+        assert again.migrator.migrate("v", to=target)["state"] == "succeeded"  # no cancel left behind
     finally:
         release.set()
         again.close()
-    wait_state(threaded, mig["id"])                 # the old thread's late end changes nothing
+    wait_state(threaded, mig["id"])  # the old thread's late end changes nothing
     assert threaded.migrator.get(mig["id"])["state"] == "cancelled" and threaded.vm("v").host.name == target
 
 
@@ -452,7 +468,7 @@ def test_a_cancel_before_the_copy_is_asked_for_is_honoured(o, monkeypatch):
     monkeypatch.setattr(src, "migrate", lambda *a, **k: (calls.append("migrate"), real_migrate(*a, **k))[1])
     real_params = o.migrator._params
 
-    def cancelled_meanwhile(row, driver):            # `vm migrate --cancel` between the start and the copy
+    def cancelled_meanwhile(row, driver):  # `vm migrate --cancel` between the start and the copy
         params = real_params(row, driver)
         if row["state"] == "copying":
             o.migrator.cancel("v")
@@ -491,7 +507,7 @@ class FakeDom:
         self.called, self.job, self.aborted = threading.Event(), threading.Event(), threading.Event()
         self.prepared, self.ended = threading.Event(), threading.Event()
         self.postcopy = False
-        self.completed = None       # the JOB_COMPLETED callback the driver registered (FakeConn)
+        self.completed = None  # the JOB_COMPLETED callback the driver registered (FakeConn)
 
     def name(self):
         return DOMAIN
@@ -509,7 +525,7 @@ class FakeDom:
                 raise FakeLibvirtError(libvirt.VIR_ERR_OPERATION_ABORTED, "migration out job: canceled by client")
         finally:
             self.job.clear()
-        if self.completed is not None:      # as libvirt's event loop does (else the driver waits for it)
+        if self.completed is not None:  # as libvirt's event loop does (else the driver waits for it)
             self.completed(None, self, {"time_elapsed": 1, "downtime": 1, "data_processed": 100}, None)
 
     def jobStats(self, flags):
@@ -519,8 +535,9 @@ class FakeDom:
 
     def abortJob(self):
         if not self.job.is_set():
-            raise FakeLibvirtError(libvirt.VIR_ERR_OPERATION_INVALID,
-                                   "Requested operation is not valid: no job is active on the domain")
+            raise FakeLibvirtError(
+                libvirt.VIR_ERR_OPERATION_INVALID, "Requested operation is not valid: no job is active on the domain"
+            )
         self.aborted.set()
         self.ended.set()
 
@@ -562,7 +579,7 @@ def fake_libvirt_pair(dom: FakeDom):
 def test_libvirt_a_cancel_asked_before_the_job_exists_aborts_it_once_it_does():
     from vmplane.core.driver import MigrationParams
 
-    dom = FakeDom(copy_s=600.0, held=True)          # the job begins once the cancel was asked
+    dom = FakeDom(copy_s=600.0, held=True)  # the job begins once the cancel was asked
     source, target = fake_libvirt_pair(dom)
     outcome: dict = {}
 
@@ -575,7 +592,7 @@ def test_libvirt_a_cancel_asked_before_the_job_exists_aborts_it_once_it_does():
     worker = threading.Thread(target=copy)
     worker.start()
     assert dom.called.wait(60) and not dom.job.is_set()
-    source.abort_migration(DOMAIN)              # libvirt says "no job is active": kept, not lost
+    source.abort_migration(DOMAIN)  # libvirt says "no job is active": kept, not lost
     dom.prepared.set()
     worker.join(60)
     assert dom.aborted.is_set() and "cancelled" in outcome.get("error", ""), outcome
@@ -587,8 +604,8 @@ def test_libvirt_an_abort_with_no_copy_of_this_driver_leaves_nothing_behind_and_
 
     dom = FakeDom(copy_s=0.2)
     source, target = fake_libvirt_pair(dom)
-    source.abort_migration(DOMAIN)              # no job, no copy of ours: nothing to keep
-    source.migrate(DOMAIN, target, MigrationParams())       # a later migration is not cancelled by it
+    source.abort_migration(DOMAIN)  # no job, no copy of ours: nothing to keep
+    source.migrate(DOMAIN, target, MigrationParams())  # a later migration is not cancelled by it
     assert not dom.aborted.is_set()
 
     def broken():

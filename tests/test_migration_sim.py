@@ -16,15 +16,13 @@ from vmplane.core.migration import (
     transition,
 )
 from vmplane.core.model import HostState, Offering, OfferingKind, Size, Usage
-from vmplane.orchestrator import Orchestrator
 from vmplane.core.quota import overhead_mib
+from vmplane.orchestrator import Orchestrator
 
 from .conftest import add_sim_hosts
 from .conftest import ledger_usage as usage
 
 GIB = 1024
-
-
 
 
 @pytest.fixture
@@ -62,22 +60,22 @@ def test_seed_1_a_project_at_three_quarters_of_its_memory_quota_migrates_one_vm_
     o = threaded
     add_sim_hosts(o, 4, cores=16, memory_mib=64 * GIB)
     for h in o.drivers.values():
-        h.copy_rate_mib_s = 64 * GIB        # 16 GiB in ~0.25 s: long enough to look at usage mid-copy
+        h.copy_rate_mib_s = 64 * GIB  # 16 GiB in ~0.25 s: long enough to look at usage mid-copy
     o.catalog.create_offering(Offering("q4", OfferingKind.fixed, vcpus=4, memory_mib=16 * GIB))
     o.catalog.create_project("harvester", 64, 64 * GIB, 10, count_overhead=True)
     start_vms(o, "harvester", "q4", ["a", "b", "c"])
     before = usage(o, "harvester")
-    assert before.memory_mib == 3 * (16 * GIB + overhead_mib(Size(4, 16 * GIB))) > 48 * GIB   # overhead counted
+    assert before.memory_mib == 3 * (16 * GIB + overhead_mib(Size(4, 16 * GIB))) > 48 * GIB  # overhead counted
 
     first = o.migrator.migrate("a")
-    assert usage(o, "harvester") == before                                   # not charged twice
+    assert usage(o, "harvester") == before  # not charged twice
     [done] = wait_migrations(o, [first["id"]])
     assert done["state"] == "succeeded" and o.vm("a").host.name == done["target"] != done["source"]
     assert usage(o, "harvester") == before
 
     ids = [o.migrator.migrate(n)["id"] for n in ("a", "b", "c")]
     time.sleep(0.05)
-    assert usage(o, "harvester") == before                                   # during the copies
+    assert usage(o, "harvester") == before  # during the copies
     assert all(r["state"] == "succeeded" for r in wait_migrations(o, ids))
     assert usage(o, "harvester") == before and o.audit() == []
 
@@ -104,7 +102,7 @@ def test_at_exactly_100_percent_of_quota_every_vm_migrates_and_its_host_drains(t
     names = [f"v{i}" for i in range(6)]
     start_vms(o, "full", "two", names)
     used = usage(o, "full")
-    o.catalog.set_quota("full", vcpus=used.vcpus, memory_mib=used.memory_mib, vms=used.vms)     # exactly full
+    o.catalog.set_quota("full", vcpus=used.vcpus, memory_mib=used.memory_mib, vms=used.vms)  # exactly full
     for n in names:
         assert wait_migrations(o, [o.migrator.migrate(n)["id"]])[0]["state"] == "succeeded"
     host = o.vm("v0").host.name
@@ -128,14 +126,14 @@ def test_a_migration_to_a_host_without_room_is_refused_naming_host_and_resource(
         orch.migrator.migrate("v", to="small1")
     assert "small1: memory 0 of 4096 MiB allocated" in exc.value.message and exc.value.field == "to"
     assert orch.vm("v").state == "running" and orch.migrator.list() == [] and orch.audit() == []
-    for dry_run in (True, False):             # big1 is its own host; small1 is too small
+    for dry_run in (True, False):  # big1 is its own host; small1 is too small
         with pytest.raises(InsufficientCapacity) as exc:
             orch.migrator.migrate("v", dry_run=dry_run)
         assert "big1: the VM already runs here; small1: memory 0 of 4096 MiB" in exc.value.message
     add_sim_hosts(orch, 1, cores=16, memory_mib=64 * GIB, prefix="other")
     plan = orch.migrator.migrate("v", dry_run=True)
     assert plan["target"] == "other1" and plan["dry_run"] and plan["claim_memory_mib"] == 8192 + 292
-    assert orch.migrator.list() == [] and orch.host_capacity("other1").used_vcpus == 0   # nothing changed
+    assert orch.migrator.list() == [] and orch.host_capacity("other1").used_vcpus == 0  # nothing changed
 
 
 def test_ten_migrations_at_once_never_copy_more_than_two_from_one_host(threaded):
@@ -148,22 +146,25 @@ def test_ten_migrations_at_once_never_copy_more_than_two_from_one_host(threaded)
         o.create_vm(n, "p", "one", "t")
     for h in ("h2", "h3", "h4", "h5", "h6"):
         o.set_host_state(h, HostState.disabled)
-    for n in names:                                   # all on h1
+    for n in names:  # all on h1
         o.start_vm(n)
     time.sleep(0.3)
     for h in ("h2", "h3", "h4", "h5", "h6"):
         o.set_host_state(h, HostState.enabled)
     for d in o.drivers.values():
-        d.copy_rate_mib_s = 2 * GIB                   # 0.5 s per 1 GiB VM: the ten are asked before one ends
-    queued = [o.migrator.migrate(n) for n in names]        # each as the ask answered it: no race with the copies
+        d.copy_rate_mib_s = 2 * GIB  # 0.5 s per 1 GiB VM: the ten are asked before one ends
+    queued = [o.migrator.migrate(n) for n in names]  # each as the ask answered it: no race with the copies
     ids = [r["id"] for r in queued]
-    assert sum(r["state"] == "queued" for r in queued) >= 8          # queued, not refused
-    assert any("leaving h1 (limit 2, vmplane.migration.max.outbound.per.host in cluster c1)" in r["waiting_for"]
-               for r in queued)
+    assert sum(r["state"] == "queued" for r in queued) >= 8  # queued, not refused
+    assert any(
+        "leaving h1 (limit 2, vmplane.migration.max.outbound.per.host in cluster c1)" in r["waiting_for"]
+        for r in queued
+    )
     rows = wait_migrations(o, ids)
     assert all(r["state"] == "succeeded" for r in rows)
-    events = sorted([(r["started_at"], 1) for r in rows] + [(r["finished_at"], -1) for r in rows],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(r["started_at"], 1) for r in rows] + [(r["finished_at"], -1) for r in rows], key=lambda e: (e[0], e[1])
+    )
     running = peak = 0
     for _, delta in events:
         running += delta
@@ -184,7 +185,7 @@ def test_a_queued_migration_can_be_cancelled_and_gives_back_its_target_claim(thr
     first, second = o.migrator.migrate("a"), o.migrator.migrate("b")
     assert o.migrator.get(second["id"])["state"] == "queued"
     assert o.migrator.cancel("b")["state"] == "cancelled" and o.vm("b").state == "running"
-    o.migrator.cancel("a")                                   # copying: aborted, stays on its source
+    o.migrator.cancel("a")  # copying: aborted, stays on its source
     rows = wait_migrations(o, [first["id"]])
     assert rows[0]["state"] == "cancelled" and o.vm("a").host.name == first["source"]
     assert o.audit() == []
@@ -195,18 +196,23 @@ def test_host_lost_rules():
     assert host_lost("a", "b", failed) is None and host_lost("a", "b", {}) is None
     assert host_lost("a", "f", failed).startswith("not copied: its target f is fenced")
     assert host_lost("d", "b", failed).startswith("not copied: its source d is down")
-    assert host_lost("d", "f", failed).startswith("not copied: its target f")      # the target is named first
+    assert host_lost("d", "f", failed).startswith("not copied: its target f")  # the target is named first
 
 
 def test_limits_rules():
     lim = Limits(per_cluster=3, outbound_per_host=2, inbound_per_host=1, per_project=2)
+
     def m(i, s, t, p="p"):
         return MigrationSlot(str(i), "c", s, t, p)
+
     assert blocking_limit(m(9, "a", "x"), [m(1, "a", "y"), m(2, "a", "z")], lim).startswith("2 migrations leaving a")
     assert blocking_limit(m(9, "b", "x"), [m(1, "a", "x")], lim).startswith("1 migration arriving on x")
-    assert blocking_limit(m(9, "b", "q", "p"), [m(1, "a", "x"), m(2, "c", "y")], lim).startswith("2 migrations of project p")
+    assert blocking_limit(m(9, "b", "q", "p"), [m(1, "a", "x"), m(2, "c", "y")], lim).startswith(
+        "2 migrations of project p"
+    )
     assert blocking_limit(m(9, "b", "q", "r"), [m(1, "a", "x"), m(2, "c", "y"), m(3, "d", "z", "s")], lim).startswith(
-        "3 migrations copying in cluster c")
+        "3 migrations copying in cluster c"
+    )
     assert [x.id for x in startable([m(1, "a", "x"), m(2, "a", "y"), m(3, "a", "z")], [], lambda _: lim)] == ["1", "2"]
     with pytest.raises(Conflict):
         transition(MigrationState.succeeded, "cancel")
@@ -217,11 +223,11 @@ def test_quota_changes_are_allowed_while_migrations_run_and_lowering_below_usage
     add_sim_hosts(o, 2, cores=16, memory_mib=64 * GIB)
     o.catalog.create_offering(Offering("one", OfferingKind.fixed, vcpus=2, memory_mib=4 * GIB))
     o.catalog.create_project("p", 4, 8 * GIB, 10)
-    start_vms(o, "p", "one", ["a", "b"])                       # exactly at the vCPU quota
+    start_vms(o, "p", "one", ["a", "b"])  # exactly at the vCPU quota
     for d in o.drivers.values():
-        d.copy_rate_mib_s = 8 * GIB                           # 0.5 s per VM
+        d.copy_rate_mib_s = 8 * GIB  # 0.5 s per VM
     ids = [o.migrator.migrate(n)["id"] for n in ("a", "b")]
-    o.catalog.set_quota("p", vcpus=8)                         # raised during the copies
+    o.catalog.set_quota("p", vcpus=8)  # raised during the copies
     with pytest.raises(Conflict, match="used 4, asked 3"):
         o.catalog.set_quota("p", vcpus=3)
     assert o.migrator.get(ids[0])["state"] in ("queued", "copying")
@@ -247,7 +253,7 @@ def test_a_drain_lists_the_vms_that_fit_nowhere_and_leaves_them_running(threaded
     [item] = result["unplaceable"]
     assert item["vm"] == "huge" and "small1: memory" in item["reason"]
     wait_migrations(o, [m["migration"] for m in result["migrations"]])
-    assert o.vm("huge").state == "running" and o.vm("huge").host.name == "big1"     # reported, not stopped
+    assert o.vm("huge").state == "running" and o.vm("huge").host.name == "big1"  # reported, not stopped
     assert o.vm("tiny").host.name == "small1" and o.audit() == []
 
 
@@ -266,7 +272,7 @@ def test_a_migration_cancelled_while_the_queue_decides_to_start_it_is_not_starte
 
     def cancelled_meanwhile(queued, copying, limits_of):
         chosen = decide(queued, copying, limits_of)
-        for slot in chosen:                 # what a concurrent `vm migrate --cancel` does first
+        for slot in chosen:  # what a concurrent `vm migrate --cancel` does first
             orch.migrator._finish(slot.id, "cancel", reason="cancelled")
         return chosen
 

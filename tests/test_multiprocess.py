@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 from .conftest import ADMIN_TOKEN
-from .multikit import STORM_STOPPED, Planes, PgBouncer, storm_projects, storm_requests
+from .multikit import STORM_STOPPED, PgBouncer, Planes, storm_projects, storm_requests
 
 LEASE_S = 3.0
 STORM_LEASE_S = 15.0
-WAIT_S = 60.0       # a bounded wait for what comes within a few lease periods (a loaded machine is slow)
+WAIT_S = 60.0  # a bounded wait for what comes within a few lease periods (a loaded machine is slow)
 TERMINAL = {"succeeded", "failed"}
 _databases = itertools.count(1)
 
@@ -45,10 +45,12 @@ def seed(planes: Planes, quotas: dict[str, tuple[int, int, int]], stopped_per_pr
     with planes[0].client() as c:
         for key, value in SEED_SETTINGS.items():
             c.put(f"/settings/{key}", json={"value": value}).raise_for_status()
-        c.post("/offerings", json={"name": "one", "kind": "fixed", "vcpus": 1, "memory_mib": 1024,
-                                   "dynamic_scaling": True}).raise_for_status()
-        c.post("/offerings", json={"name": "two", "kind": "fixed", "vcpus": 2, "memory_mib": 2048,
-                                   "dynamic_scaling": True}).raise_for_status()
+        c.post(
+            "/offerings", json={"name": "one", "kind": "fixed", "vcpus": 1, "memory_mib": 1024, "dynamic_scaling": True}
+        ).raise_for_status()
+        c.post(
+            "/offerings", json={"name": "two", "kind": "fixed", "vcpus": 2, "memory_mib": 2048, "dynamic_scaling": True}
+        ).raise_for_status()
         c.post("/templates", json={"name": "t", "image": "tiny-linux", "dynamic_scaling": True}).raise_for_status()
         storm_projects(c, quotas, stopped_per_project)
     # the others would read the settings again at their next beat; written through each, each has them now
@@ -62,12 +64,14 @@ def settled(planes: Planes, timeout: float = 120.0) -> None:
     with planes.alive()[0].client() as c:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not c.get("/operations", params={"state": "running"}).json() and \
-                    not c.get("/operations", params={"state": "pending"}).json() and \
-                    not c.get("/migrations", params={"active": "true"}).json():
+            if (
+                not c.get("/operations", params={"state": "running"}).json()
+                and not c.get("/operations", params={"state": "pending"}).json()
+                and not c.get("/migrations", params={"active": "true"}).json()
+            ):
                 return
             time.sleep(0.2)
-    raise AssertionError("operations still in flight after %s s" % timeout)
+    raise AssertionError(f"operations still in flight after {timeout} s")
 
 
 def check_shares(planes: Planes, hosts: int) -> list[dict]:
@@ -87,8 +91,10 @@ def check_shares(planes: Planes, hosts: int) -> list[dict]:
 def domains(tmp_path, vm: str) -> list[tuple[str, int, str]]:
     """Where the sim hosts run `vm`'s domain: (host, vcpus, state), from their shared file."""
     with sqlite3.connect(tmp_path / "sim-hosts") as db:
-        return db.execute("SELECT host, vcpus, state FROM domains WHERE name = ? AND state NOT IN "
-                          "('shutoff', 'crashed', 'nostate')", (f"vmplane-{vm}",)).fetchall()
+        return db.execute(
+            "SELECT host, vcpus, state FROM domains WHERE name = ? AND state NOT IN ('shutoff', 'crashed', 'nostate')",
+            (f"vmplane-{vm}",),
+        ).fetchall()
 
 
 def storm(planes: Planes, quotas: dict) -> list[httpx.Response]:
@@ -98,8 +104,9 @@ def storm(planes: Planes, quotas: dict) -> list[httpx.Response]:
     def send(numbered):
         i, (method, path, body) = numbered
         # spread over the processes; a connection each (no keep-alive race with the server's idle timeout)
-        with httpx.Client(base_url=urls[i % len(urls)], timeout=120,
-                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as c:
+        with httpx.Client(
+            base_url=urls[i % len(urls)], timeout=120, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        ) as c:
             return c.request(method, path, json=body)
 
     with ThreadPoolExecutor(max_workers=100) as pool:
@@ -125,16 +132,24 @@ def test_four_processes_share_the_work_and_1000_concurrent_requests_never_overru
         seed(planes, quotas)
         results = storm(planes, quotas)
         codes = {r.status_code for r in results}
-        odd = [f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:300]}" for r in results
-               if r.status_code not in {200, 201, 202, 404, 409, 422}]
-        assert not odd, f"{codes}: {odd[:5]}\n{planes.logs()[-4000:]}"        # no 5xx, nothing unexpected
-        assert sum(r.status_code in (200, 202) for r in results) > 50 and sum(r.status_code == 409 for r in results) > 50
+        odd = [
+            f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:300]}"
+            for r in results
+            if r.status_code not in {200, 201, 202, 404, 409, 422}
+        ]
+        assert not odd, f"{codes}: {odd[:5]}\n{planes.logs()[-4000:]}"  # no 5xx, nothing unexpected
+        assert (
+            sum(r.status_code in (200, 202) for r in results) > 50 and sum(r.status_code == 409 for r in results) > 50
+        )
         settled(planes)
-        op_id = next(r.json()["operation"]["id"] for i, r in enumerate(results)
-                     if i % 4 == 1 and i % len(planes.processes) == 1 and r.status_code == 202)
-        with planes[1].client() as started_here, planes[3].client() as other:   # followed through another
+        op_id = next(
+            r.json()["operation"]["id"]
+            for i, r in enumerate(results)
+            if i % 4 == 1 and i % len(planes.processes) == 1 and r.status_code == 202
+        )
+        with planes[1].client() as started_here, planes[3].client() as other:  # followed through another
             assert other.get(f"/operations/{op_id}").json() == started_here.get(f"/operations/{op_id}").json()
-        for p in planes.processes:      # every process answers the same: the record is the store's
+        for p in planes.processes:  # every process answers the same: the record is the store's
             with p.client() as c:
                 for project, (vcpus, memory, vms) in quotas.items():
                     u = c.get(f"/projects/{project}/usage").json()
@@ -144,7 +159,7 @@ def test_four_processes_share_the_work_and_1000_concurrent_requests_never_overru
             assert c.get("/audit").json() == {"ok": True, "problems": []}
             running = c.get("/vms", params={"state": "running", "limit": 500}).json()
         for vm in running[:60]:
-            assert [d[0] for d in domains(tmp_path, vm["name"])] == [vm["host"]]        # once, where recorded
+            assert [d[0] for d in domains(tmp_path, vm["name"])] == [vm["host"]]  # once, where recorded
         check_shares(planes, 6)
     finally:
         planes.stop()
@@ -173,16 +188,23 @@ def epochs(planes: Planes) -> dict[str, int]:
 
 def test_a_process_killed_mid_migration_mid_scale_and_mid_drain_has_its_work_finished_by_another(tmp_path, pg):
     _, url = new_database(pg)
-    planes = Planes(tmp_path, url, count=4, lease_s=LEASE_S, hosts=4,
-                    failpoints={1: "migrate.mid-copy", 2: "scale.after-memory", 3: "drain.mid"},
-                    extra_env={"VMPLANE_SIM_COPY_RATE_MIB_S": "512"})
+    planes = Planes(
+        tmp_path,
+        url,
+        count=4,
+        lease_s=LEASE_S,
+        hosts=4,
+        failpoints={1: "migrate.mid-copy", 2: "scale.after-memory", 3: "drain.mid"},
+        extra_env={"VMPLANE_SIM_COPY_RATE_MIB_S": "512"},
+    )
     try:
         planes.start()
         seed(planes, {"big": (64, 1 << 20, 50)}, stopped_per_project=0)
         with planes[0].client() as c:
             for vm in ("m1", "s1", "d1", "d2", "d3"):
-                c.post("/vms", json={"name": vm, "project": "big", "offering": "one", "template": "t",
-                                     "start": True}).raise_for_status()
+                c.post(
+                    "/vms", json={"name": vm, "project": "big", "offering": "one", "template": "t", "start": True}
+                ).raise_for_status()
         settled(planes)
         epoch_of = epochs(planes)
         with planes[0].client() as c:
@@ -191,7 +213,7 @@ def test_a_process_killed_mid_migration_mid_scale_and_mid_drain_has_its_work_fin
                 with planes[1].client(timeout=10) as c1:
                     c1.post("/vms/m1/migrate", json={})
             except httpx.TransportError:
-                pass                        # its copy reached the failpoint before the answer was out
+                pass  # its copy reached the failpoint before the answer was out
             planes[1].proc.wait(WAIT_S)
             mig = c.get("/migrations", params={"vm": "m1"}).json()[0]
             wait_terminal(c, f"/migrations/{mig['id']}")
@@ -203,21 +225,21 @@ def test_a_process_killed_mid_migration_mid_scale_and_mid_drain_has_its_work_fin
                     answer = c2.post("/vms/s1/scale", json={"offering": "two"})
                 assert answer.status_code == 202, answer.text
             except httpx.TransportError:
-                pass                        # it died before it answered
+                pass  # it died before it answered
             planes[2].proc.wait(WAIT_S)
             scales = c.get("/operations", params={"kind": "scale"}).json()
             assert len(scales) == 1
             wait_terminal(c, f"/operations/{scales[0]['id']}")
             vm = c.get("/vms/s1").json()
             assert vm["state"] == "running"
-            assert domains(tmp_path, "s1") == [(vm["host"], vm["vcpus"], "running")]       # as recorded
+            assert domains(tmp_path, "s1") == [(vm["host"], vm["vcpus"], "running")]  # as recorded
             # a drain: the process dies after admitting its first migration
             host = c.get("/vms/d1").json()["host"]
             try:
                 with planes[3].client(timeout=10) as c3:
                     c3.post(f"/hosts/{host}/maintenance", json={"action": "enter"})
             except httpx.TransportError:
-                pass                        # it died answering
+                pass  # it died answering
             planes[3].proc.wait(WAIT_S)
             drains = c.get("/operations", params={"kind": "drain"}).json()
             assert len(drains) == 1
@@ -238,15 +260,23 @@ def test_a_process_killed_mid_migration_mid_scale_and_mid_drain_has_its_work_fin
 
 def test_a_process_paused_past_its_lease_changes_nothing_when_it_resumes(tmp_path, pg):
     _, url = new_database(pg)
-    planes = Planes(tmp_path, url, count=3, lease_s=LEASE_S, hosts=8, failpoints={1: "scale.admitted"},
-                    extra_env={"VMPLANE_FAILPOINT_SIGNAL": "STOP"})
+    planes = Planes(
+        tmp_path,
+        url,
+        count=3,
+        lease_s=LEASE_S,
+        hosts=8,
+        failpoints={1: "scale.admitted"},
+        extra_env={"VMPLANE_FAILPOINT_SIGNAL": "STOP"},
+    )
     try:
         planes.start()
         seed(planes, {"big": (64, 1 << 20, 50)}, stopped_per_project=0)
         with planes[0].client() as c:
             for vm in ("s1", "s2", "s3"):
-                c.post("/vms", json={"name": vm, "project": "big", "offering": "one", "template": "t",
-                                     "start": True}).raise_for_status()
+                c.post(
+                    "/vms", json={"name": vm, "project": "big", "offering": "one", "template": "t", "start": True}
+                ).raise_for_status()
         settled(planes)
         rows = {r["name"]: r for r in check_shares(planes, 8)}
         paused = rows["plane-1"]
@@ -255,7 +285,7 @@ def test_a_process_paused_past_its_lease_changes_nothing_when_it_resumes(tmp_pat
         def ask():
             try:
                 with planes[1].client(timeout=4 * LEASE_S) as c1:
-                    c1.post("/vms/s1/scale", json={"offering": "two"})    # admitted; then it stops itself
+                    c1.post("/vms/s1/scale", json={"offering": "two"})  # admitted; then it stops itself
             except httpx.TransportError:
                 pass
 
@@ -266,7 +296,7 @@ def test_a_process_paused_past_its_lease_changes_nothing_when_it_resumes(tmp_pat
             ops = c.get("/operations", params={"kind": "scale"}).json()
             assert len(ops) == 1 and ops[0]["state"] not in TERMINAL, ops
             op = wait_terminal(c, f"/operations/{ops[0]['id']}")
-            handed_over = time.monotonic() + WAIT_S      # its hosts: taken by their new holders at their next beat
+            handed_over = time.monotonic() + WAIT_S  # its hosts: taken by their new holders at their next beat
             while True:
                 gone = {r["epoch"]: r for r in c.get("/controllers").json()}[paused["epoch"]]
                 if not gone["hosts"]:
@@ -276,21 +306,26 @@ def test_a_process_paused_past_its_lease_changes_nothing_when_it_resumes(tmp_pat
             assert gone["state"] == "lapsed", gone
 
             def snapshot():
-                return (c.get("/vms", params={"limit": 100}).json(), c.get("/operations", params={"limit": 100}).json(),
-                        c.get("/hosts").json(), c.get("/migrations").json(),
-                        [domains(tmp_path, vm) for vm in ("s1", "s2", "s3")])
+                return (
+                    c.get("/vms", params={"limit": 100}).json(),
+                    c.get("/operations", params={"limit": 100}).json(),
+                    c.get("/hosts").json(),
+                    c.get("/migrations").json(),
+                    [domains(tmp_path, vm) for vm in ("s1", "s2", "s3")],
+                )
+
             before = snapshot()
-            planes[1].signal(signal.SIGCONT)             # it resumes where it stopped, with its old epoch
-            asking.join(WAIT_S)                          # its request answered: past the failpoint ...
+            planes[1].signal(signal.SIGCONT)  # it resumes where it stopped, with its old epoch
+            asking.join(WAIT_S)  # its request answered: past the failpoint ...
             refused = f"operation {op['id']} is owned by controller"
-            resumed = time.monotonic() + WAIT_S          # ... its scale asked to run, and found itself taken over
+            resumed = time.monotonic() + WAIT_S  # ... its scale asked to run, and found itself taken over
             while refused not in planes[1].log.read_text(errors="replace") or "plane-1" not in epochs(planes):
                 assert time.monotonic() < resumed, planes.logs()
                 time.sleep(0.1)
             assert not asking.is_alive()
-            assert snapshot() == before                    # none of its writes landed; nothing twice on the hosts
+            assert snapshot() == before  # none of its writes landed; nothing twice on the hosts
             rows = {r["name"]: r for r in c.get("/controllers").json() if r["state"] == "live"}
-            assert rows["plane-1"]["epoch"] > paused["epoch"]     # it registered again, as a new incarnation
+            assert rows["plane-1"]["epoch"] > paused["epoch"]  # it registered again, as a new incarnation
             assert c.get("/audit").json() == {"ok": True, "problems": []}
     finally:
         planes.stop()

@@ -15,22 +15,28 @@ LEASE_S = 3.0
 def test_a_process_killed_mid_migration_of_a_real_guest_leaves_it_once_where_the_other_says(tmp_path, postgres):
     require_libvirt()
     _, url = new_database(postgres)
-    live = LiveServer(tmp_path, hosts=2, db_url=url, driver="libvirt").start("--lease", str(LEASE_S), "--name", "plane-0")
+    live = LiveServer(tmp_path, hosts=2, db_url=url, driver="libvirt").start(
+        "--lease", str(LEASE_S), "--name", "plane-0"
+    )
     other = None
     try:
         with live.client() as c:
-            c.put("/settings/cpu.overprovisioning.factor", json={"value": "4", "scope": "cluster",
-                                                                 "scope_name": "cluster1"}).raise_for_status()
+            c.put(
+                "/settings/cpu.overprovisioning.factor",
+                json={"value": "4", "scope": "cluster", "scope_name": "cluster1"},
+            ).raise_for_status()
             c.post("/projects", json={"name": "p", "vcpus": 16, "memory_mib": 16384, "vms": 50}).raise_for_status()
         run_json(live, "offering", "create", "c1", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB")
-        run_json(live, "vm", "create", "k1", "--project", "p", "--offering", "c1", "--template", "tiny-linux", "--start")
+        run_json(
+            live, "vm", "create", "k1", "--project", "p", "--offering", "c1", "--template", "tiny-linux", "--start"
+        )
         other = Process(tmp_path, 1, url, LEASE_S, {**live.env, "VMPLANE_FAILPOINTS": "migrate.mid-copy"}, 0)
         other.start()
         with live.client() as c:
             source = c.get("/vms/k1").json()["host"]
         with other.client(timeout=30) as c1:
             mig = c1.post("/vms/k1/migrate", json={}).json()
-        other.proc.wait(300)                     # it killed itself while the memory was being copied
+        other.proc.wait(300)  # it killed itself while the memory was being copied
         assert other.proc.returncode == -9
         died = time.monotonic()
         with live.client() as c:
@@ -42,15 +48,16 @@ def test_a_process_killed_mid_migration_of_a_real_guest_leaves_it_once_where_the
             settled(live)
             vm = c.get("/vms/k1").json()
             assert c.get("/audit").json() == {"ok": True, "problems": []}
-        print(f"migration of the killed process settled by the other {took:.1f} s after the kill "
-              f"(lease {LEASE_S:g} s): {row['state']} ({row['reason']})")
+        print(
+            f"migration of the killed process settled by the other {took:.1f} s after the kill "
+            f"(lease {LEASE_S:g} s): {row['state']} ({row['reason']})"
+        )
         assert vm["state"] == "running"
         assert vm["host"] == (row["target"] if row["state"] == "succeeded" else source)
-        assert len(qemu_pids("vmplane-k1", live.home)) == 1                      # one QEMU
+        assert len(qemu_pids("vmplane-k1", live.home)) == 1  # one QEMU
         assert [h for h in ("lv1", "lv2") if "vmplane-k1" in domains_on(live, h)] == [vm["host"]]
         assert guest(live, "k1", "nproc").split()[0] == "1"
     finally:
         if other is not None:
             other.stop()
         live.stop()
-

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from vmplane.hosts import liveness, localhosts
 from vmplane.core.driver import DriverError
+from vmplane.hosts import liveness, localhosts
 
 from .hakit import alive, one_guest_host
 
@@ -93,12 +93,14 @@ def test_daemon_failure_leaves_the_guest_running_and_recover_finds_it(guest_host
 
 def test_network_failure_makes_calls_fail_in_bounded_time_and_recover_answers(guest_host):
     h = guest_host
-    assert h.driver.domains()                 # the connection is open before the partition
+    assert h.driver.domains()  # the connection is open before the partition
     localhosts.fail(h.host, "network")
     assert localhosts.failed(h.host) == "network"
     # keepalive (5 s x 3) ends the call on the open connection; opening a new one fails too, without hanging
-    print(f"network mode: driver failed in {_fails_within(h.driver):.1f} s, "
-          f"reconnect failed in {_fails_within(h.driver):.1f} s")
+    print(
+        f"network mode: driver failed in {_fails_within(h.driver):.1f} s, "
+        f"reconnect failed in {_fails_within(h.driver):.1f} s"
+    )
     assert alive(h.qemu) and liveness.local_signal(h.host.uri).alive is True
     localhosts.recover(h.host)
     assert [(d.name, d.running) for d in h.driver.domains()] == [("g1", True)]

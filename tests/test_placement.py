@@ -10,10 +10,22 @@ from vmplane.core.placement import CapacityIndex, choose, explain, lower_bound_h
 from vmplane.core.quota import overhead_mib
 
 
-def host(name, cores=16, memory=65536, used_vcpus=0, used_memory=0, strategy="spread", state=HostState.enabled,
-         cpu_factor=1.0, mem_factor=1.0, ratio=1.0, cluster="c1"):
-    return HostCapacity(name, cluster, state, cores, memory, cpu_factor, mem_factor, ratio, strategy,
-                        used_vcpus, used_memory)
+def host(
+    name,
+    cores=16,
+    memory=65536,
+    used_vcpus=0,
+    used_memory=0,
+    strategy="spread",
+    state=HostState.enabled,
+    cpu_factor=1.0,
+    mem_factor=1.0,
+    ratio=1.0,
+    cluster="c1",
+):
+    return HostCapacity(
+        name, cluster, state, cores, memory, cpu_factor, mem_factor, ratio, strategy, used_vcpus, used_memory
+    )
 
 
 def place_all(index, sizes):
@@ -60,7 +72,7 @@ def test_a_host_without_room_for_memory_plus_overhead_is_refused_with_the_number
 
 def test_cpu_overcommit_factor_multiplies_cores():
     index = CapacityIndex([host("h1", cores=4, memory=65536, cpu_factor=4.0)])
-    assert place_all(index, [Size(1, 512)] * 16) == ["h1"] * 16     # 16 vCPUs on 4 cores at factor 4
+    assert place_all(index, [Size(1, 512)] * 16) == ["h1"] * 16  # 16 vCPUs on 4 cores at factor 4
     with pytest.raises(InsufficientCapacity, match="vcpus 16 of 16 allocated"):
         choose(index, PlacementRequest(Size(1, 512)))
 
@@ -86,12 +98,17 @@ def test_overhead_ratio_of_the_cluster_is_applied():
 
 
 def test_hosts_not_enabled_and_excluded_hosts_are_skipped_with_reasons():
-    index = CapacityIndex([host("m", state=HostState.maintenance), host("d", state=HostState.down),
-                           host("x"), host("ok", used_vcpus=15)])
+    index = CapacityIndex(
+        [host("m", state=HostState.maintenance), host("d", state=HostState.down), host("x"), host("ok", used_vcpus=15)]
+    )
     assert choose(index, PlacementRequest(Size(1, 512), exclude_hosts=frozenset({"x"}))).host == "ok"
     reasons = {r.host: r.reason for r in explain(index, PlacementRequest(Size(2, 512), frozenset({"x"})))}
-    assert reasons == {"m": "state is maintenance, not enabled", "d": "state is down, not enabled",
-                       "x": "excluded by the request", "ok": "vcpus 15 of 16 allocated, 2 needed"}
+    assert reasons == {
+        "m": "state is maintenance, not enabled",
+        "d": "state is down, not enabled",
+        "x": "excluded by the request",
+        "ok": "vcpus 15 of 16 allocated, 2 needed",
+    }
 
 
 def test_cluster_restriction():
@@ -104,11 +121,23 @@ def test_lower_bound():
     assert lower_bound_hosts(10, 200000, 16, 65536) == 4
 
 
-hosts_st = st.lists(st.builds(
-    host, name=st.just("?"), cores=st.integers(1, 64), memory=st.integers(512, 1 << 18),
-    used_vcpus=st.integers(0, 80), used_memory=st.integers(0, 1 << 18), strategy=st.sampled_from(["spread", "pack"]),
-    state=st.sampled_from(list(HostState)), cpu_factor=st.sampled_from([1.0, 2.0, 4.0]),
-    mem_factor=st.sampled_from([1.0, 1.5]), ratio=st.sampled_from([1.0, 1.5])), min_size=0, max_size=25)
+hosts_st = st.lists(
+    st.builds(
+        host,
+        name=st.just("?"),
+        cores=st.integers(1, 64),
+        memory=st.integers(512, 1 << 18),
+        used_vcpus=st.integers(0, 80),
+        used_memory=st.integers(0, 1 << 18),
+        strategy=st.sampled_from(["spread", "pack"]),
+        state=st.sampled_from(list(HostState)),
+        cpu_factor=st.sampled_from([1.0, 2.0, 4.0]),
+        mem_factor=st.sampled_from([1.0, 1.5]),
+        ratio=st.sampled_from([1.0, 1.5]),
+    ),
+    min_size=0,
+    max_size=25,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -120,8 +149,11 @@ def test_chosen_host_always_fits_and_refusal_means_no_host_fits(hosts, vcpus, me
 
     def fits(h):
         need = memory + overhead_mib(size, h.overhead_ratio)
-        return (h.state == HostState.enabled and h.used_vcpus + vcpus <= h.vcpus_capacity
-                and h.used_memory_mib + need <= h.memory_capacity_mib)
+        return (
+            h.state == HostState.enabled
+            and h.used_vcpus + vcpus <= h.vcpus_capacity
+            and h.used_memory_mib + need <= h.memory_capacity_mib
+        )
 
     fitting = {h.name for h in hosts if fits(h)}
     refused = {r.host for r in explain(index, PlacementRequest(size))}

@@ -16,9 +16,19 @@ EVENTS, OPERATIONS, PROJECTS = Event.__table__, Operation.__table__, Project.__t
 
 
 def _project(conn, name: str) -> int:
-    return conn.execute(insert(PROJECTS).values(
-        name=name, quota_vcpus=10, quota_memory_mib=1000, quota_vms=5, quota_storage_mib=0, used_vcpus=1,
-        used_memory_mib=2, used_vms=3, used_storage_mib=4)).inserted_primary_key[0]
+    return conn.execute(
+        insert(PROJECTS).values(
+            name=name,
+            quota_vcpus=10,
+            quota_memory_mib=1000,
+            quota_vms=5,
+            quota_storage_mib=0,
+            used_vcpus=1,
+            used_memory_mib=2,
+            used_vms=3,
+            used_storage_mib=4,
+        )
+    ).inserted_primary_key[0]
 
 
 def _rows(conn, table, key, values) -> list[dict]:
@@ -28,25 +38,68 @@ def _rows(conn, table, key, values) -> list[dict]:
 def test_an_insert_writes_the_same_row_as_sqlalchemy(db):
     at = dt.datetime(2026, 12, 1, 9, 30, 15, 123456)
     with db.transaction() as conn:
-        through_sqlalchemy, prepared_write = (lambda stmt, p: conn.execute(stmt, p)), \
-            (lambda stmt, p: prepared.write(conn, stmt, p))
+        through_sqlalchemy, prepared_write = (
+            (lambda stmt, p: conn.execute(stmt, p)),
+            (lambda stmt, p: prepared.write(conn, stmt, p)),
+        )
         for i, write in enumerate((through_sqlalchemy, prepared_write)):
-            write(insert(EVENTS), {"at": at, "kind": "vm", "subject": f"s{i}", "project_id": None, "vm": "v",
-                                   "host": None, "old_state": None, "new_state": "running", "cause": "c",
-                                   "message": "é ünïcode"})
-            write(insert(OPERATIONS), {"id": f"op-{i}", "kind": "start", "target": "v", "vm_id": None,
-                                       "project_id": None, "state": "pending", "step": "claimed", "progress": 10,
-                                       "message": "m", "result": {"host": "h1", "n": [1, 2]} if i < 2 else None,
-                                       "created_at": at, "updated_at": at, "owner": None})
-            write(insert(OPERATIONS), {"id": f"none-{i}", "kind": "start", "target": "v", "vm_id": None,
-                                       "project_id": None, "state": "pending", "step": "claimed", "progress": 10,
-                                       "message": "m", "result": None, "created_at": at, "updated_at": at,
-                                       "owner": 7})
+            write(
+                insert(EVENTS),
+                {
+                    "at": at,
+                    "kind": "vm",
+                    "subject": f"s{i}",
+                    "project_id": None,
+                    "vm": "v",
+                    "host": None,
+                    "old_state": None,
+                    "new_state": "running",
+                    "cause": "c",
+                    "message": "é ünïcode",
+                },
+            )
+            write(
+                insert(OPERATIONS),
+                {
+                    "id": f"op-{i}",
+                    "kind": "start",
+                    "target": "v",
+                    "vm_id": None,
+                    "project_id": None,
+                    "state": "pending",
+                    "step": "claimed",
+                    "progress": 10,
+                    "message": "m",
+                    "result": {"host": "h1", "n": [1, 2]} if i < 2 else None,
+                    "created_at": at,
+                    "updated_at": at,
+                    "owner": None,
+                },
+            )
+            write(
+                insert(OPERATIONS),
+                {
+                    "id": f"none-{i}",
+                    "kind": "start",
+                    "target": "v",
+                    "vm_id": None,
+                    "project_id": None,
+                    "state": "pending",
+                    "step": "claimed",
+                    "progress": 10,
+                    "message": "m",
+                    "result": None,
+                    "created_at": at,
+                    "updated_at": at,
+                    "owner": 7,
+                },
+            )
     with db.transaction() as conn:
         by_sqlalchemy, by_prepared = (_rows(conn, EVENTS, EVENTS.c.subject, [f"s{i}"]) for i in (0, 1))
         assert by_prepared[0]["at"] == at and by_prepared[0]["message"] == "é ünïcode"
-        assert {k: v for k, v in by_sqlalchemy[0].items() if k not in ("id", "subject")} == \
-               {k: v for k, v in by_prepared[0].items() if k not in ("id", "subject")}
+        assert {k: v for k, v in by_sqlalchemy[0].items() if k not in ("id", "subject")} == {
+            k: v for k, v in by_prepared[0].items() if k not in ("id", "subject")
+        }
         for prefix in ("op-", "none-"):
             a, b = (_rows(conn, OPERATIONS, OPERATIONS.c.id, [f"{prefix}{i}"])[0] for i in (0, 1))
             assert {k: v for k, v in a.items() if k != "id"} == {k: v for k, v in b.items() if k != "id"}
@@ -57,12 +110,15 @@ def test_an_insert_writes_the_same_row_as_sqlalchemy(db):
 
 
 def test_an_update_changes_the_same_rows_and_says_how_many(db):
-    stmt = (update(PROJECTS).where(PROJECTS.c.name == "p", PROJECTS.c.used_vcpus + 5 <= PROJECTS.c.quota_vcpus)
-            .values(used_vcpus=PROJECTS.c.used_vcpus + 5))
+    stmt = (
+        update(PROJECTS)
+        .where(PROJECTS.c.name == "p", PROJECTS.c.used_vcpus + 5 <= PROJECTS.c.quota_vcpus)
+        .values(used_vcpus=PROJECTS.c.used_vcpus + 5)
+    )
     with db.transaction() as conn:
         _project(conn, "p")
-        assert prepared.write(conn, stmt, {}) == 1            # 1 + 5 <= 10
-        assert prepared.write(conn, stmt, {}) == 0            # 6 + 5 > 10: a literal of the statement kept
+        assert prepared.write(conn, stmt, {}) == 1  # 1 + 5 <= 10
+        assert prepared.write(conn, stmt, {}) == 0  # 6 + 5 > 10: a literal of the statement kept
     with db.transaction() as conn:
         assert conn.execute(select(PROJECTS.c.used_vcpus).where(PROJECTS.c.name == "p")).scalar() == 6
 
@@ -82,10 +138,25 @@ def test_an_operations_update_binds_by_the_columns_types(db):
 
     at = dt.datetime(2026, 12, 1, 9, 30, 15, 250000)
     with db.transaction() as conn:
-        prepared.write(conn, insert(OPERATIONS), {
-            "id": "op-u", "kind": "start", "target": "v", "vm_id": None, "project_id": None, "state": "pending",
-            "step": "claimed", "progress": 10, "message": "m", "result": None, "created_at": at, "updated_at": at,
-            "owner": None})
+        prepared.write(
+            conn,
+            insert(OPERATIONS),
+            {
+                "id": "op-u",
+                "kind": "start",
+                "target": "v",
+                "vm_id": None,
+                "project_id": None,
+                "state": "pending",
+                "step": "claimed",
+                "progress": 10,
+                "message": "m",
+                "result": None,
+                "created_at": at,
+                "updated_at": at,
+                "owner": None,
+            },
+        )
         L.set_operation(conn, "op-u", state="running", result={"host": "h1", "sizes": [1, 2]}, progress=30)
     with db.transaction() as conn:
         row = L.operation_row(conn, "op-u")
@@ -96,11 +167,10 @@ def test_an_operations_update_binds_by_the_columns_types(db):
 
 
 def test_a_prepared_write_rolls_back_with_its_transaction(db):
-    with pytest.raises(RuntimeError):
-        with db.transaction() as conn:
-            _project(conn, "q")
-            prepared.write(conn, update(PROJECTS).where(PROJECTS.c.name == "q").values(used_vms=5), {})
-            raise RuntimeError("the caller fails after the write")
+    with pytest.raises(RuntimeError), db.transaction() as conn:
+        _project(conn, "q")
+        prepared.write(conn, update(PROJECTS).where(PROJECTS.c.name == "q").values(used_vms=5), {})
+        raise RuntimeError("the caller fails after the write")
     with db.transaction() as conn:
         assert conn.execute(select(PROJECTS.c.id).where(PROJECTS.c.name == "q")).first() is None
 
@@ -111,10 +181,22 @@ def test_a_prepared_write_that_the_database_refuses_raises_as_sqlalchemy_would(d
     from sqlalchemy.exc import IntegrityError
 
     at = dt.datetime(2026, 12, 1, 9, 30)
-    row = {"id": "op-1", "kind": "start", "target": "v", "vm_id": None, "project_id": None, "state": "pending",
-           "step": "claimed", "progress": 10, "message": "m", "result": None, "created_at": at, "updated_at": at,
-           "owner": None}
+    row = {
+        "id": "op-1",
+        "kind": "start",
+        "target": "v",
+        "vm_id": None,
+        "project_id": None,
+        "state": "pending",
+        "step": "claimed",
+        "progress": 10,
+        "message": "m",
+        "result": None,
+        "created_at": at,
+        "updated_at": at,
+        "owner": None,
+    }
     with pytest.raises(IntegrityError) as refused, db.transaction() as conn:
         prepared.write(conn, insert(OPERATIONS), row)
         prepared.write(conn, insert(OPERATIONS), row)
-    assert type(refused.value.orig).__name__ in ("IntegrityError", "UniqueViolation")     # the driver's own, kept
+    assert type(refused.value.orig).__name__ in ("IntegrityError", "UniqueViolation")  # the driver's own, kept

@@ -56,8 +56,9 @@ def g1(live):
     """`g1` running, as the first test leaves it; created or started again when it is not."""
     show = live.cli("vm", "show", "g1", "--output", "json")
     if show.returncode != 0:
-        run_json(live, "vm", "create", "g1", "--project", "p", "--offering", "one", "--template", "tiny-linux",
-                 "--start")
+        run_json(
+            live, "vm", "create", "g1", "--project", "p", "--offering", "one", "--template", "tiny-linux", "--start"
+        )
     elif json.loads(show.stdout)["state"] != "running":
         run_json(live, "vm", "start", "g1")
     return "g1"
@@ -65,8 +66,9 @@ def g1(live):
 
 def test_a_started_vm_boots_and_the_guest_sees_its_offering(live):
     for vm, offering, vcpus, memory in (("g1", "one", 1, 512), ("g2", "two", 2, 768)):
-        out = run_json(live, "vm", "create", vm, "--project", "p", "--offering", offering, "--template",
-                       "tiny-linux", "--start")
+        out = run_json(
+            live, "vm", "create", vm, "--project", "p", "--offering", offering, "--template", "tiny-linux", "--start"
+        )
         assert out["state"] == "running" and out["host"] in ("lv1", "lv2")
         assert guest(live, vm, "nproc").strip() == str(vcpus)
         memtotal_kib = int(guest(live, vm, "grep MemTotal /proc/meminfo").split()[1])
@@ -76,8 +78,9 @@ def test_a_started_vm_boots_and_the_guest_sees_its_offering(live):
 
 
 def test_stop_start_and_delete_leave_no_domain_no_qemu_and_no_claim(live):
-    vm = run_json(live, "vm", "create", "cycle", "--project", "p", "--offering", "one", "--template", "tiny-linux",
-                  "--start")
+    vm = run_json(
+        live, "vm", "create", "cycle", "--project", "p", "--offering", "one", "--template", "tiny-linux", "--start"
+    )
     host, domain = vm["host"], "vmplane-cycle"
     assert domain in domains_on(live, host) and len(qemu_pids(domain, live.home)) == 1
     assert guest(live, "cycle", "echo hello").strip() == "hello"
@@ -100,10 +103,24 @@ def test_stop_start_and_delete_leave_no_domain_no_qemu_and_no_claim(live):
 
 def test_a_cpu_cap_of_a_quarter_cpu_holds_a_busy_guest_and_lifting_it_frees_it(live):
     mhz = run_json(live, "host", "show", "lv1")["cpu_mhz"]
-    run_json(live, "offering", "create", "quarter", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB",
-             "--cpu-speed", str(mhz // 4), "--cpu-cap")
-    vm = run_json(live, "vm", "create", "capped", "--project", "p", "--offering", "quarter", "--template",
-                  "tiny-linux", "--start")
+    run_json(
+        live,
+        "offering",
+        "create",
+        "quarter",
+        "--kind",
+        "fixed",
+        "--vcpus",
+        "1",
+        "--memory",
+        "512MiB",
+        "--cpu-speed",
+        str(mhz // 4),
+        "--cpu-cap",
+    )
+    vm = run_json(
+        live, "vm", "create", "capped", "--project", "p", "--offering", "quarter", "--template", "tiny-linux", "--start"
+    )
     [pid] = qemu_pids("vmplane-capped", live.home)
     vcpu0 = cpu_cgroup(pid) / "vcpu0"
     cap = cpu_cap(mhz // 4, mhz)
@@ -112,18 +129,19 @@ def test_a_cpu_cap_of_a_quarter_cpu_holds_a_busy_guest_and_lifting_it_frees_it(l
     assert cfs(vcpu0) == (cap.quota_us, cap.period_us)
     wait_until(lambda: throttled(vcpu0) > 0, 120, "the capped booting vCPU held back at its quota")
     used = vcpu_cpu_use(pid)
-    assert used <= cap.quota_us / cap.period_us + 0.05, f"the capped vCPU used {used:.2f} CPU"   # holds under load
+    assert used <= cap.quota_us / cap.period_us + 0.05, f"the capped vCPU used {used:.2f} CPU"  # holds under load
 
     from vmplane.hosts.drivers.libvirt import LibvirtDriver
+
     driver = LibvirtDriver(vm["host"], host_of(live, vm["host"]).uri)
     try:
-        assert driver.domain("vmplane-capped").cpu_cap == cap                     # libvirt reports the same
+        assert driver.domain("vmplane-capped").cpu_cap == cap  # libvirt reports the same
         driver.set_cpu_cap("vmplane-capped", None)
     finally:
         driver.close()
-    assert cap_cpus(vcpu0) is None                                                # lifted in the kernel
-    busy(live, "capped")                                                          # booted, now uncapped
-    assert throttled_during(vcpu0) == 0                                           # busy, never held back again
+    assert cap_cpus(vcpu0) is None  # lifted in the kernel
+    busy(live, "capped")  # booted, now uncapped
+    assert throttled_during(vcpu0) == 0  # busy, never held back again
     run_json(live, "vm", "stop", "capped", "--force")
 
 
@@ -138,12 +156,12 @@ def test_exec_errors_are_clear(live, g1):
 def test_restarting_vmplane_up_finds_running_vms_again(live, g1):
     before = {v["name"]: v for v in run_json(live, "vm", "list") if v["state"] == "running"}
     uptime = float(guest(live, "g1", "cut -d' ' -f1 /proc/uptime"))
-    live.stop("kill")                 # the control plane dies; hosts and guests keep running
+    live.stop("kill")  # the control plane dies; hosts and guests keep running
     live.start()
     after = {v["name"]: v for v in run_json(live, "vm", "list") if v["state"] == "running"}
     assert after.keys() == before.keys() and all(after[n]["host"] == before[n]["host"] for n in after)
-    for name, vm in after.items():
+    for name in after:
         everywhere = domains_on(live, "lv1") + domains_on(live, "lv2")
         assert everywhere.count(f"vmplane-{name}") == 1 and len(qemu_pids(f"vmplane-{name}", live.home)) == 1
-    assert float(guest(live, "g1", "cut -d' ' -f1 /proc/uptime")) > uptime       # no reboot
+    assert float(guest(live, "g1", "cut -d' ' -f1 /proc/uptime")) > uptime  # no reboot
     assert run_json(live, "audit") == {"ok": True, "problems": []}

@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from vmplane.core.driver import DriverError
-from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.core.model import Offering, OfferingKind
+from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.store import ledger as L
 
 from .conftest import add_sim_hosts, ledger_usage
@@ -62,10 +62,10 @@ def test_a_vm_that_runs_on_another_host_is_adopted_there_with_its_claim(cluster)
     findings = o.reconcile()
     vm = o.vm("v")
     assert vm.state == "running" and vm.host.name == target, findings
-    assert used(o, source) == (0, 0) and used(o, target) == footprint           # the claim moved
-    assert o.host_capacity(target).used_vcpus == footprint[0]                   # and the index with it
+    assert used(o, source) == (0, 0) and used(o, target) == footprint  # the claim moved
+    assert o.host_capacity(target).used_vcpus == footprint[0]  # and the index with it
     assert o.host_capacity(source).used_vcpus == 0
-    assert ledger_usage(o, "p") == charged                                      # quota-neutral
+    assert ledger_usage(o, "p") == charged  # quota-neutral
     assert o.audit() == []
     [moved] = [e for e in vm_events(o, "v") if e.kind == "vm" and "adopted" in e.message]
     assert f"moved from {source} to {target}" in moved.message
@@ -78,20 +78,21 @@ def test_a_vm_that_runs_on_a_host_without_room_is_set_unknown_naming_both_and_ke
     target = other(source)
     o.create_vm("big", "p", "huge", "t", start=True)
     big_host = o.vm("big").host.name
-    if big_host != target:                  # put the big VM's domain and claim on the target
+    if big_host != target:  # put the big VM's domain and claim on the target
         target = big_host
     moved_behind_our_back(o, "v", source, target)
     footprint = used(o, source)
     o.reconcile()
     vm = o.vm("v")
     assert vm.state == "unknown" and vm.host.name == source
-    assert used(o, source) == footprint                                         # the claim stays
+    assert used(o, source) == footprint  # the claim stays
     note = [e for e in vm_events(o, "v") if e.new_state == "unknown"][-1].message
     assert source in note and target in note and "no room" in note
     ledger_usage(o, "p")
     # its old host answering again (the monitor, the sync) must not record it stopped: it runs elsewhere
     from vmplane.plane.settle import settle_vm
-    assert settle_vm(o, "v", source, "monitor", f"host {source} is back") is None
+
+    assert settle_vm(o.plane, "v", source, "monitor", f"host {source} is back") is None
     assert o.vm("v").state == "unknown" and used(o, source) == footprint
 
 
@@ -142,11 +143,24 @@ def test_a_vm_with_an_active_migration_is_left_to_the_migration(cluster):
     target = other(source)
     moved_behind_our_back(o, "v", source, target)
     vm = o.vm("v")
-    with o.db.transaction() as conn:        # a migration row still active (its recovery settles it)
-        conn.execute(L.MIGRATIONS.insert().values(
-            id=str(uuid.uuid4()), vm_id=vm.id, vm_name="v", project_id=vm.project_id,
-            source_host_id=o.host(source).id, target_host_id=o.host(target).id, source=source, target=target,
-            cluster="c1", state="queued", reason="", waiting_for="", progress=0))
+    with o.db.transaction() as conn:  # a migration row still active (its recovery settles it)
+        conn.execute(
+            L.MIGRATIONS.insert().values(
+                id=str(uuid.uuid4()),
+                vm_id=vm.id,
+                vm_name="v",
+                project_id=vm.project_id,
+                source_host_id=o.host(source).id,
+                target_host_id=o.host(target).id,
+                source=source,
+                target=target,
+                cluster="c1",
+                state="queued",
+                reason="",
+                waiting_for="",
+                progress=0,
+            )
+        )
     o.reconcile()
     assert o.vm("v").state == "running" and o.vm("v").host.name == source
 

@@ -4,9 +4,8 @@ certtool), the control plane holding only their URIs. A real guest (TCG) starts,
 peer to peer over TLS and scales up live; a daemon whose certificate comes from another CA is refused.
 Then a host added by `qemu+ssh://` (an sshd in its namespaces) takes the guest, peer to peer over ssh."""
 
-import os
-
 import json
+import os
 import subprocess
 import threading
 import time
@@ -56,7 +55,7 @@ def cluster(tmp_path_factory):
         print(f"TLS host tests skipped: {reason}")
         pytest.skip(f"real-QEMU TLS test skipped: {reason}")
     tmp = tmp_path_factory.mktemp("tls")
-    base = tmp / "tlshosts"          # not the server's own hosts folder: these are "remote" to it
+    base = tmp / "tlshosts"  # not the server's own hosts folder: these are "remote" to it
     live = None
     try:
         hosts = [localhosts.start(base, name, i, netns=True, tls=True) for i, name in enumerate(("tls1", "tls2"))]
@@ -67,21 +66,34 @@ def cluster(tmp_path_factory):
             run_json(live, "pool", "create", f"local-{host.name}", "--kind", "local", "--host", host.name)
         run_json(live, "pool", "create", "shared", "--kind", "shared", "--cluster", "cluster1")
         with live.client() as c:
-            c.put("/settings/cpu.overprovisioning.factor", json={"value": "4", "scope": "cluster",
-                                                                 "scope_name": "cluster1"}).raise_for_status()
+            c.put(
+                "/settings/cpu.overprovisioning.factor",
+                json={"value": "4", "scope": "cluster", "scope_name": "cluster1"},
+            ).raise_for_status()
         run_json(live, "project", "create", "p", "--vcpus", "8", "--memory", "8192")
         run_json(live, "setting", "set", "enable.dynamic.scale.vm", "true", "--zone", "zone1")
         run_json(live, "setting", "set", "kvm.cpu.dynamic.scaling.capacity", "2", "--cluster", "cluster1")
         run_json(live, "setting", "set", "kvm.memory.dynamic.scaling.capacity", "1024", "--cluster", "cluster1")
         run_json(live, "template", "create", "scalable", "--image", "tiny-linux", "--dynamic-scaling")
         for name, vcpus, memory in (("f1", 1, "256MiB"), ("f2", 2, "512MiB")):
-            run_json(live, "offering", "create", name, "--kind", "fixed", "--vcpus", str(vcpus), "--memory", memory,
-                     "--dynamic-scaling")
+            run_json(
+                live,
+                "offering",
+                "create",
+                name,
+                "--kind",
+                "fixed",
+                "--vcpus",
+                str(vcpus),
+                "--memory",
+                memory,
+                "--dynamic-scaling",
+            )
         yield TLSCluster(live, base, hosts)
     finally:
         if live is not None:
             live.stop()
-        localhosts.stop_all(base)        # every daemon started here (the other CA's too) and the bridge
+        localhosts.stop_all(base)  # every daemon started here (the other CA's too) and the bridge
 
 
 def test_hosts_are_registered_by_their_tls_uri_only(cluster):
@@ -92,8 +104,9 @@ def test_hosts_are_registered_by_their_tls_uri_only(cluster):
 
 
 def test_a_guest_starts_on_a_tls_host_and_answers(cluster):
-    vm = run_json(cluster.live, "vm", "create", "tv", "--project", "p", "--offering", "f1", "--template",
-                  "scalable", "--start")
+    vm = run_json(
+        cluster.live, "vm", "create", "tv", "--project", "p", "--offering", "f1", "--template", "scalable", "--start"
+    )
     assert vm["host"] in ("tls1", "tls2") and vm["state"] == "running"
     assert guest(cluster.live, "tv", "nproc").strip().splitlines()[-1] == "1"
     guest(cluster.live, "tv", "echo over-tls > /tmp/marker")
@@ -107,7 +120,7 @@ def test_the_guest_live_migrates_peer_to_peer_over_tls(cluster):
     seen: set = set()
     done = threading.Event()
 
-    def watch():          # the source daemon's own connection to the target daemon, while it migrates
+    def watch():  # the source daemon's own connection to the target daemon, while it migrates
         while not done.is_set():
             seen.update(tls_clients(target_host))
             time.sleep(0.1)
@@ -128,7 +141,7 @@ def test_the_guest_live_migrates_peer_to_peer_over_tls(cluster):
     # peer to peer over TLS: the source daemon connected from its own address with the client certificate
     assert any(address == source_host.address for address, _ in seen), seen
     assert run_json(live, "vm", "show", "tv")["host"] == target
-    assert guest(live, "tv", "cat /tmp/marker").strip().splitlines()[-1] == "over-tls"   # the same guest
+    assert guest(live, "tv", "cat /tmp/marker").strip().splitlines()[-1] == "over-tls"  # the same guest
     assert len(qemu_pids("vmplane-tv")) == 1
 
 
@@ -140,7 +153,7 @@ def test_the_guest_scales_up_live_on_a_tls_host(cluster):
     out = json.loads(r.stdout)
     assert (out["vcpus"], out["memory_mib"]) == (2, 512)
     nproc, up1 = guest(live, "tv", "nproc; cut -d' ' -f1 /proc/uptime").split()[-2:]
-    assert int(nproc) == 2 and float(up1) > up0                                  # grew without a reboot
+    assert int(nproc) == 2 and float(up1) > up0  # grew without a reboot
     assert run_json(live, "audit")["ok"]
 
 
@@ -198,9 +211,13 @@ def test_remote_uris_are_passed_to_the_source_daemon_as_added_and_name_the_incom
 def test_a_refused_certificate_is_named_in_the_error():
     from vmplane.hosts.drivers.libvirt import probe_words
 
-    stderr = ("2026-12-01 05:49:27.039+0000: 23949: warning : virNetTLSContextCheckCertificate:1086 : Certificate "
-              "check failed Certificate failed validation: The certificate hasn't got a known issuer.\n"
-              "error: failed to connect to the hypervisor\n"
-              "error: authentication failed: Failed to verify peer's certificate\n")
-    assert probe_words(stderr) == ("authentication failed: Failed to verify peer's certificate (The certificate "
-                                   "hasn't got a known issuer.): the host's certificate is not trusted")
+    stderr = (
+        "2026-12-01 05:49:27.039+0000: 23949: warning : virNetTLSContextCheckCertificate:1086 : Certificate "
+        "check failed Certificate failed validation: The certificate hasn't got a known issuer.\n"
+        "error: failed to connect to the hypervisor\n"
+        "error: authentication failed: Failed to verify peer's certificate\n"
+    )
+    assert probe_words(stderr) == (
+        "authentication failed: Failed to verify peer's certificate (The certificate "
+        "hasn't got a known issuer.): the host's certificate is not trusted"
+    )

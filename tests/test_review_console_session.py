@@ -51,7 +51,7 @@ def test_behind_a_proxy_the_cookie_is_secure_and_is_not_the_token(con):
     assert "secure" in _flags(cookie) and {"httponly", "samesite=strict", "path=/ui"} <= _flags(cookie)
     value = _value(cookie)
     assert value and value != ADMIN and ADMIN not in cookie
-    with con.o.db.read() as s:                       # the store keeps only the session id's hash
+    with con.o.db.read() as s:  # the store keeps only the session id's hash
         rows = s.scalars(select(ConsoleSession)).all()
     assert [r.id_hash for r in rows] == [hash_session(value)] and all(value not in str(vars(r)) for r in rows)
 
@@ -69,34 +69,39 @@ def test_insecure_cookies_lets_plain_http_carry_the_session_to_any_client(con):
     c = TestClient(app, client=("10.0.0.9", 1234), follow_redirects=False)
     cookie = _login(c, ALPHA)
     assert "secure" not in _flags(cookie) and ALPHA not in cookie
-    assert c.get("/ui").status_code == 200                    # the session works over http
+    assert c.get("/ui").status_code == 200  # the session works over http
 
 
 def test_a_trusted_proxy_saying_https_makes_the_cookie_secure(con):
     """uvicorn's ProxyHeadersMiddleware, as `serve --forwarded-allow-ips` configures it: the proxy's word
     on the scheme is taken from the proxies named only."""
     app = create_app(con.o, insecure_cookies=True)
-    trusted = TestClient(ProxyHeadersMiddleware(app, trusted_hosts="10.0.0.1"), client=("10.0.0.1", 1),
-                         follow_redirects=False)
+    trusted = TestClient(
+        ProxyHeadersMiddleware(app, trusted_hosts="10.0.0.1"), client=("10.0.0.1", 1), follow_redirects=False
+    )
     headers = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.5"}
     assert "secure" in _flags(_login(trusted, ALPHA, **headers))
-    untrusted = TestClient(ProxyHeadersMiddleware(app, trusted_hosts="10.0.0.1"), client=("10.0.0.2", 1),
-                           follow_redirects=False)
-    assert "secure" not in _flags(_login(untrusted, ALPHA, **headers))       # http, insecure allowed
+    untrusted = TestClient(
+        ProxyHeadersMiddleware(app, trusted_hosts="10.0.0.1"), client=("10.0.0.2", 1), follow_redirects=False
+    )
+    assert "secure" not in _flags(_login(untrusted, ALPHA, **headers))  # http, insecure allowed
 
 
-@pytest.mark.parametrize("scheme, client, headers, insecure, secure", [
-    ("https", "127.0.0.1", {}, True, True),                  # https: always
-    ("http", "10.0.0.9", {}, False, True),                   # plain http from elsewhere: Secure (not sent back)
-    ("http", "10.0.0.9", {}, True, False),                   # unless --insecure-cookies
-    ("http", "127.0.0.1", {}, False, False),                 # a browser on this machine
-    ("http", "::1", {}, False, False),
-    ("http", "localhost", {}, False, False),
-    ("http", "127.0.0.1", {"x-forwarded-for": "10.0.0.9"}, False, True),    # a proxy on this machine
-    ("http", "127.0.0.1", {"forwarded": "for=10.0.0.9"}, False, True),
-    ("http", None, {}, False, True),
-    ("http", "testclient", {}, False, True),
-])
+@pytest.mark.parametrize(
+    "scheme, client, headers, insecure, secure",
+    [
+        ("https", "127.0.0.1", {}, True, True),  # https: always
+        ("http", "10.0.0.9", {}, False, True),  # plain http from elsewhere: Secure (not sent back)
+        ("http", "10.0.0.9", {}, True, False),  # unless --insecure-cookies
+        ("http", "127.0.0.1", {}, False, False),  # a browser on this machine
+        ("http", "::1", {}, False, False),
+        ("http", "localhost", {}, False, False),
+        ("http", "127.0.0.1", {"x-forwarded-for": "10.0.0.9"}, False, True),  # a proxy on this machine
+        ("http", "127.0.0.1", {"forwarded": "for=10.0.0.9"}, False, True),
+        ("http", None, {}, False, True),
+        ("http", "testclient", {}, False, True),
+    ],
+)
 def test_the_cookie_rule(scheme, client, headers, insecure, secure):
     assert cookie_secure(scheme, client, headers, insecure) is secure
 
@@ -105,15 +110,15 @@ def test_logout_ends_the_session_on_the_server(con):
     c = con.client(ADMIN)
     value = c.cookies[COOKIE]
     thief = TestClient(con.app, client=("127.0.0.1", 1), follow_redirects=False, cookies={COOKIE: value})
-    assert thief.get("/ui").status_code == 200                # a copy of the cookie works while the session lives
+    assert thief.get("/ui").status_code == 200  # a copy of the cookie works while the session lives
     r = c.post("/ui/logout", data={"csrf": csrf(ADMIN)})
     assert (r.status_code, r.headers["location"]) == (303, "/ui/login")
-    r = thief.get("/ui/vms")                                  # ... and not after the logout
+    r = thief.get("/ui/vms")  # ... and not after the logout
     assert (r.status_code, r.headers["location"]) == (303, "/ui/login?next=/ui/vms")
     assert thief.get("/ui/stream?once=true").status_code == 401
     with con.o.db.read() as s:
         assert s.scalars(select(ConsoleSession)).all() == []
-    assert con.api(ADMIN).get("/api/v1/vms").status_code == 200          # the token itself lives on
+    assert con.api(ADMIN).get("/api/v1/vms").status_code == 200  # the token itself lives on
 
 
 def test_revoking_the_token_ends_its_sessions_and_a_new_token_of_that_name_does_not_revive_them(con):
@@ -121,7 +126,7 @@ def test_revoking_the_token_ends_its_sessions_and_a_new_token_of_that_name_does_
     assert alpha.get("/ui").status_code == 200 and other.get("/ui").status_code == 200
     con.o.catalog.revoke_token("alpha-user")
     with con.o.db.read() as s:
-        assert len(s.scalars(select(ConsoleSession)).all()) == 0              # gone with the token
+        assert len(s.scalars(select(ConsoleSession)).all()) == 0  # gone with the token
     con.o.catalog.create_token("alpha-user", "member", "alpha", token=ALPHA)
     for c in (alpha, other):
         r = c.get("/ui/vms")
@@ -186,8 +191,9 @@ def test_the_sample_scrape_config_authenticates_as_prometheus_would(con, tmp_pat
     con.o.catalog.create_token("prometheus", "admin", None, token="scrape-token")
     token_file = tmp_path / "vmplane-token"
     token_file.write_text("scrape-token\n")
-    r = TestClient(con.app).get(job["metrics_path"], headers={
-        "Authorization": f"{auth['type']} {token_file.read_text().strip()}"})
+    r = TestClient(con.app).get(
+        job["metrics_path"], headers={"Authorization": f"{auth['type']} {token_file.read_text().strip()}"}
+    )
     assert r.status_code == 200 and "vmplane_hosts" in r.text
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -195,6 +201,7 @@ def test_the_sample_scrape_config_authenticates_as_prometheus_would(con, tmp_pat
     auth["credentials_file"] = str(token_file)
     shutil.copy(deploy / "vmplane-alerts.yml", tmp_path)
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    check = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
-                           text=True, timeout=60)
+    check = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout + check.stderr

@@ -7,8 +7,8 @@ on a real guest."""
 from __future__ import annotations
 
 import os
-import random
 import pty
+import random
 import select
 import shlex
 import shutil
@@ -25,7 +25,7 @@ from vmplane.core.model import Offering, OfferingKind
 from .conftest import add_sim_hosts
 
 pytest.importorskip("libvirt")
-from vmplane.hosts.drivers.libvirt import _MARK, LibvirtDriver  # noqa: E402
+from vmplane.hosts.drivers.libvirt import _MARK, LibvirtDriver
 
 RUNNER = LibvirtDriver._EXEC_RUNNER
 
@@ -33,23 +33,29 @@ RUNNER = LibvirtDriver._EXEC_RUNNER
 # -- pure rules ----------------------------------------------------------------------------------------
 def test_an_argv_keeps_its_boundaries_and_a_string_is_a_shell_line():
     assert command_line(["sh", "-c", "echo a; echo b"]) == "sh -c 'echo a; echo b'"
-    assert shlex.split(argv_line(["printf", "%s\n", "it's", "$HOME", "*", ""])) == ["printf", "%s\n", "it's", "$HOME",
-                                                                                   "*", ""]
+    assert shlex.split(argv_line(["printf", "%s\n", "it's", "$HOME", "*", ""])) == [
+        "printf",
+        "%s\n",
+        "it's",
+        "$HOME",
+        "*",
+        "",
+    ]
     assert command_line("nproc; free -m") == "nproc; free -m"
-    assert cli_command(["sh", "-c", "echo a; echo b"]) == ["sh", "-c", "echo a; echo b"]     # kubectl exec
-    assert cli_command(["nproc; free -m"]) == "nproc; free -m"                               # as ssh runs it
+    assert cli_command(["sh", "-c", "echo a; echo b"]) == ["sh", "-c", "echo a; echo b"]  # kubectl exec
+    assert cli_command(["nproc; free -m"]) == "nproc; free -m"  # as ssh runs it
 
 
 def test_a_long_command_arrives_in_console_lines_a_tty_can_hold():
     lines = exec_lines("echo " + "x" * 9000, "t1", 30, RUNNER, 2000)
-    assert len(lines) == 8            # 12008 base64 characters: 7 pieces, then the command's own line
+    assert len(lines) == 8  # 12008 base64 characters: 7 pieces, then the command's own line
     assert all(len(line) < 4095 and line.endswith("\n") and line.count("\n") == 1 for line in lines)
-    assert lines[-1].startswith("echo __VMP''_Bt1__; sh -c '") and " vmp 30 \"$_vmpc\" t1;" in lines[-1]
+    assert lines[-1].startswith("echo __VMP''_Bt1__; sh -c '") and ' vmp 30 "$_vmpc" t1;' in lines[-1]
 
 
 def test_a_timeout_marker_becomes_an_error_that_says_so():
     assert exec_result(b"a\r\nb\r\n", 3, "t1", "x", "h1") == ("a\nb\n", 3)
-    with pytest.raises(DriverError, match="did not end in time.*'started\\\\n'"):
+    with pytest.raises(DriverError, match=r"did not end in time.*'started\\n'"):
         exec_result(b"started\r\n\r\n__VMP_Tt1__\r\n", 124, "t1", "sleep 9", "h1")
 
 
@@ -75,7 +81,7 @@ class Console:
         tag = uuid.uuid4().hex[:12]
         for line in exec_lines(command, tag, limit_s, RUNNER, 2000):
             os.write(self.fd, line.encode())
-        out, deadline = b"", time.monotonic() + limit_s + 60       # a bounded wait for its result
+        out, deadline = b"", time.monotonic() + limit_s + 60  # a bounded wait for its result
         while not (match := next((m for m in _MARK.finditer(out) if m.group(1).decode() == tag), None)):
             assert time.monotonic() < deadline, out
             out += self.read_until(b"\n", 1)
@@ -110,7 +116,7 @@ def test_the_runner_stops_a_command_at_its_limit_and_the_shell_is_free_again(con
     # durations no other process of this machine sleeps (`ps` sees them all): the ones this command started
     background, foreground = (f"sleep {n}" for n in random.sample(range(3001, 3999), 2))
     # the runner's own verdict (the sleeps would last an hour; the console waits at most limit + 60 s)
-    with pytest.raises(DriverError, match="did not end in time.*started"):
+    with pytest.raises(DriverError, match=r"did not end in time.*started"):
         console.run(f"echo started; {background} & {foreground}; echo never", limit_s=1)
     assert console.run("echo free") == ("free\n", 0)
     ps = console.run("ps -eo args")[0]
@@ -126,7 +132,7 @@ def test_the_api_takes_an_argv_or_a_line_and_names_the_field_when_neither(api, o
     orch.create_vm("v1", "p", "f", "t", start=True)
     for command in (["sh", "-c", "echo a; echo b"], "echo a; echo b"):
         r = api.post("/api/v1/vms/v1/exec", json={"command": command})
-        assert r.status_code == 409 and r.json()["field"] == "host", r.json()       # a sim host: no guest
+        assert r.status_code == 409 and r.json()["field"] == "host", r.json()  # a sim host: no guest
     for command in ([], [1, 2], "", None, {"argv": ["x"]}, ["x"] * 257):
         r = api.post("/api/v1/vms/v1/exec", json={"command": command})
         assert r.status_code == 422 and r.json()["field"].startswith("command"), (command, r.json())
@@ -157,8 +163,8 @@ def test_a_console_stream_that_can_not_be_opened_is_a_driver_error():
     driver = LibvirtDriver.__new__(LibvirtDriver)
     driver.host, driver._console_locks, driver._conn_lock = "lv1", {}, threading.Lock()
     driver._conn = _Conn(libvirt.libvirtError("connection dropped"))
-    console = _Conn(libvirt.libvirtError("connection dropped"))      # the exchange's own connection
+    console = _Conn(libvirt.libvirtError("connection dropped"))  # the exchange's own connection
     driver._console_conn = lambda: console
     with pytest.raises(DriverError, match="lv1: open a console stream"):
         driver.guest_run("vmplane-v1", "true", 5)
-    assert console.closed           # let go after the failure
+    assert console.closed  # let go after the failure

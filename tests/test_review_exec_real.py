@@ -13,24 +13,24 @@ from .realguest import libvirt_cluster, run_json
 def live(tmp_path_factory):
     server = libvirt_cluster(tmp_path_factory.mktemp("exec"), hosts=1)
     run_json(server, "offering", "create", "one", "--kind", "fixed", "--vcpus", "1", "--memory", "256MiB")
-    run_json(server, "vm", "create", "h1", "--project", "p", "--offering", "one", "--template", "tiny-linux",
-             "--start")
+    run_json(server, "vm", "create", "h1", "--project", "p", "--offering", "one", "--template", "tiny-linux", "--start")
     yield server
     server.stop()
 
 
 def vm_exec(live, *argv: str, timeout: float = 120):
-    return live.cli("vm", "exec", "h1", "--output", "json", "--timeout", str(timeout), "--", *argv,
-                    timeout=timeout + 60)
+    return live.cli(
+        "vm", "exec", "h1", "--output", "json", "--timeout", str(timeout), "--", *argv, timeout=timeout + 60
+    )
 
 
 def test_arguments_keep_their_boundaries_as_kubectl_exec_keeps_them(live):
     r = vm_exec(live, "sh", "-c", "echo a; echo b")
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["output"].split() == ["a", "b"]
-    r = vm_exec(live, "printf", "[%s]\\n", "two words", "it's", "$HOME", "*")      # nothing split or expanded
+    r = vm_exec(live, "printf", "[%s]\\n", "two words", "it's", "$HOME", "*")  # nothing split or expanded
     assert json.loads(r.stdout)["output"].splitlines() == ["[two words]", "[it's]", "[$HOME]", "[*]"]
-    r = vm_exec(live, "echo one; exit 3")                   # a single argument is a shell line, as ssh runs it
+    r = vm_exec(live, "echo one; exit 3")  # a single argument is a shell line, as ssh runs it
     assert r.returncode == 3 and json.loads(r.stdout)["output"] == "one\n"
 
 

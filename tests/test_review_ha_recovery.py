@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import text, update
 from sqlalchemy.exc import OperationalError
 
-from vmplane.store.admission import ADMISSION_LOCK
-from vmplane.core.errors import Conflict
 from vmplane.controllers.harecovery import HostRecovery
+from vmplane.core.errors import Conflict
 from vmplane.core.model import HostState
 from vmplane.store import Database
 from vmplane.store import ledger as L
+from vmplane.store.admission import ADMISSION_LOCK
 from vmplane.store.schema import utcnow
 
 from . import stores
@@ -33,18 +33,20 @@ def ha(db):
 
 # -- minor: a host that answers mid-fence starts its silence again -----------------------------------
 
+
 def test_a_host_given_back_mid_fence_is_not_declared_again_at_once(ha):
     o = ha
     o.catalog.set_setting("vmplane.ha.grace", "30")
     on_h1(o, [("a", "restart", 0)])
     o.drivers["h1"].fabric.set_fence_broken("h1", "BMC busy")
     fail(o, "h1", "network")
-    with o.db.transaction() as conn:            # silent for a minute already: past the grace
-        conn.execute(update(L.HOSTS).where(L.HOSTS.c.name == "h1")
-                     .values(down_since=utcnow() - dt.timedelta(seconds=60)))
+    with o.db.transaction() as conn:  # silent for a minute already: past the grace
+        conn.execute(
+            update(L.HOSTS).where(L.HOSTS.c.name == "h1").values(down_since=utcnow() - dt.timedelta(seconds=60))
+        )
     assert o.ha.check(), "h1 is declared failed"
     wait_for(lambda: "fencing failed" in (o.host("h1").state_reason or ""), 10, "a failed fencing attempt")
-    o.drivers["h1"].fabric.recover_host("h1")           # it answers again before it was fenced
+    o.drivers["h1"].fabric.recover_host("h1")  # it answers again before it was fenced
     wait_for(lambda: recovery(o, "h1").state == "failed", 10, "the recovery to give h1 back")
     assert o.host("h1").state == "down"
     assert o.ha.check() == [], "a host that just answered is not declared failed again within the grace"
@@ -54,16 +56,18 @@ def test_a_host_given_back_mid_fence_is_not_declared_again_at_once(ha):
 
 # -- minor: a drain's dry run never touches the shared capacity index --------------------------------
 
+
 def test_a_drains_dry_run_leaves_the_capacity_index_exact_meanwhile(ha):
     o = ha
     on_h1(o, [("a", "off", 0), ("b", "off", 0)])
     seen: list[list[str]] = []
     plan = o.migrator.plan
 
-    def plan_then_audit(vm, to, **kw):         # a real admission meanwhile sees what the audit sees
+    def plan_then_audit(vm, to, **kw):  # a real admission meanwhile sees what the audit sees
         placement = plan(vm, to, **kw)
         seen.append([p for p in o.audit() if "index" in p])
         return placement
+
     o.migrator.plan = plan_then_audit
     result = o.maintenance.enter("h1", dry_run=True)
     assert [m["vm"] for m in result["migrations"]] == ["a", "b"] and len(seen) == 2
@@ -72,6 +76,7 @@ def test_a_drains_dry_run_leaves_the_capacity_index_exact_meanwhile(ha):
 
 
 # -- minor: an HA restart waits for the admissions' lock, as a start does ----------------------------
+
 
 @pytest.fixture
 def pg_ha(postgres):
@@ -84,9 +89,14 @@ def pg_ha(postgres):
 
 def _waiting_for_admission_lock(o) -> bool:
     with o.db.read() as s:
-        return bool(s.connection().execute(text(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = :key"),
-            {"key": ADMISSION_LOCK}).scalar())
+        return bool(
+            s.connection()
+            .execute(
+                text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = :key"),
+                {"key": ADMISSION_LOCK},
+            )
+            .scalar()
+        )
 
 
 def test_an_ha_restart_takes_the_admission_lock_as_starts_do(pg_ha):
@@ -95,11 +105,11 @@ def test_an_ha_restart_takes_the_admission_lock_as_starts_do(pg_ha):
     fail(o, "h1", "power")
     holder = o.db.engine.connect()
     tx = holder.begin()
-    holder.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADMISSION_LOCK})   # an admission elsewhere
+    holder.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADMISSION_LOCK})  # an admission elsewhere
     try:
         threading.Thread(target=o.ha.check, daemon=True).start()
         wait_for(lambda: _waiting_for_admission_lock(o), 20, "the HA restart to wait for the admissions' lock")
-        assert o.vm("a").state == "unknown" and o.vm("a").host.name == "h1"     # nothing claimed meanwhile
+        assert o.vm("a").state == "unknown" and o.vm("a").host.name == "h1"  # nothing claimed meanwhile
     finally:
         tx.rollback()
         holder.close()
@@ -108,6 +118,7 @@ def test_an_ha_restart_takes_the_admission_lock_as_starts_do(pg_ha):
 
 
 # -- N4: one exception in an HA recovery never strands its fenced host's HA VMs ----------------------
+
 
 def _pass_fails_once(monkeypatch, exc: Exception) -> list[int]:
     """HostRecovery._pass raises `exc` the first time (the host is fenced by then)."""
@@ -119,16 +130,19 @@ def _pass_fails_once(monkeypatch, exc: Exception) -> list[int]:
         if len(calls) == 1:
             raise exc
         return original(self, op_id, host)
+
     monkeypatch.setattr(HostRecovery, "_pass", failing)
     return calls
 
 
 def _drive_until(o, predicate, what: str, timeout: float = 30) -> None:
     """The HA controller and the host monitor, as their loops run them, until `predicate()`."""
+
     def step():
         o.ha.check()
         o.check_hosts()
         return predicate()
+
     wait_for(step, timeout, what)
 
 
@@ -149,7 +163,7 @@ def _failed_recovery(o, monkeypatch) -> None:
     """h1 fenced, its recovery ended failed by an error it could not get past; `a` unknown on it."""
     _pass_fails_once(monkeypatch, RuntimeError("a defect"))
     fail(o, "h1", "power")
-    assert o.ha.declare("h1", "declared by the test")     # as check() does, without its resuming pass
+    assert o.ha.declare("h1", "declared by the test")  # as check() does, without its resuming pass
     wait_for(lambda: recovery(o, "h1") is not None and recovery(o, "h1").state == "failed", 30, "the recovery to fail")
     assert o.host("h1").state == "fenced" and o.vm("a").state == "unknown" and o.vm("a").host.name == "h1"
 
@@ -168,17 +182,20 @@ def test_fence_confirm_off_on_a_host_left_fenced_starts_a_recovery(ha, monkeypat
     on_h1(o, [("a", "restart", 0)])
     _failed_recovery(o, monkeypatch)
     answer = o.ha.fence("h1", confirm_off=True)
-    assert answer["operation"]          # a new recovery, not a 409
+    assert answer["operation"]  # a new recovery, not a 409
     wait_for(lambda: o.vm("a").state == "running", 30, "the HA VM to run again")
-    wait_for(lambda: recovery(o, "h1").state == "succeeded", 30, "the recovery to end")   # (else: "runs already")
+    wait_for(lambda: recovery(o, "h1").state == "succeeded", 30, "the recovery to end")  # (else: "runs already")
     with pytest.raises(Conflict, match="nothing is left to recover"):
         o.ha.fence("h1", confirm_off=True)
 
 
 def test_host_recover_runs_a_failed_recovery_again_and_refuses_when_nothing_is_left(ha, monkeypatch):
     from fastapi.testclient import TestClient
+
     from vmplane.api.app import create_app
+
     from .conftest import ADMIN_TOKEN
+
     o = ha
     on_h1(o, [("a", "restart", 0)])
     _failed_recovery(o, monkeypatch)
@@ -188,7 +205,7 @@ def test_host_recover_runs_a_failed_recovery_again_and_refuses_when_nothing_is_l
     assert r.status_code == 200, r.text
     assert r.json()["operation"] and r.json()["state"] == "fenced"
     wait_for(lambda: o.vm("a").state == "running", 30, "the HA VM to run again")
-    wait_for(lambda: recovery(o, "h1").state == "succeeded", 30, "the recovery to end")   # (else: "runs already")
+    wait_for(lambda: recovery(o, "h1").state == "succeeded", 30, "the recovery to end")  # (else: "runs already")
     with pytest.raises(Conflict, match="nothing is left to recover"):
         o.ha.recover("h1")
 
@@ -205,6 +222,7 @@ def test_a_restart_failed_through_fail_never_leaves_its_vm_starting(ha, monkeypa
             failed.append(1)
             raise RuntimeError("the final write failed")
         return original(conn, op_id, key, vm, value)
+
     monkeypatch.setattr(HostRecovery, "_record", staticmethod(record))
     fail(o, "h1", "power")
     _drive_until(o, lambda: o.vm("a").state == "running" and failed, "the HA VM to run")
@@ -238,10 +256,10 @@ def _ha_disk_vm_on_h1(o) -> None:
 def test_an_ha_restart_refused_on_a_lock_that_outlives_the_fence_waits_for_it(ha):
     o = ha
     _with_shared_disk(o)
-    o.catalog.set_setting("vmplane.ha.max.restart", "1")       # without the window: error at the first refusal
+    o.catalog.set_setting("vmplane.ha.max.restart", "1")  # without the window: error at the first refusal
     _ha_disk_vm_on_h1(o)
     fabric = o.drivers["h1"].fabric
-    fabric.set_lock_hold("h1", LOCK_HOLD_S)        # its NFS lease: the lock outlives the power-off
+    fabric.set_lock_hold("h1", LOCK_HOLD_S)  # its NFS lease: the lock outlives the power-off
     fail(o, "h1", "power")
     assert o.ha.check()
     wait_for(lambda: o.vm("d").state in ("running", "error"), 60, "the restart to end")
@@ -267,6 +285,7 @@ def test_past_the_lock_release_window_the_restart_spends_its_attempts(ha):
 
 def test_lock_refusals_are_told_from_other_failures():
     from vmplane.controllers.harecovery import lock_refusal, within_lock_window
+
     assert lock_refusal('restart on h2 failed: internal error: Failed to get "write" lock')
     assert lock_refusal("resource busy: Lockspace resource '/s/d.qcow2' is locked")
     assert not lock_refusal("no host has room for 1 vCPU(s)")
@@ -275,6 +294,7 @@ def test_lock_refusals_are_told_from_other_failures():
 
 # -- N3, scenario B: a restart whose start failed and whose host stumbled once on the read-back -----
 
+
 def test_a_failed_restart_whose_host_stumbles_once_is_tried_again_not_left_unknown(ha, monkeypatch):
     """The restart's start fails on its new host and that host's next domain() errors once (a reconnect):
     the host is asked again, the domain is found gone there, and the recovery restarts the VM: it runs.
@@ -282,6 +302,7 @@ def test_a_failed_restart_whose_host_stumbles_once_is_tried_again_not_left_unkno
     never restarted."""
     from vmplane.core.driver import DriverError
     from vmplane.hosts.drivers.sim import SimDriver
+
     o = ha
     on_h1(o, [("a", "restart", 0)])
     start, domain = SimDriver.start, SimDriver.domain
@@ -290,7 +311,7 @@ def test_a_failed_restart_whose_host_stumbles_once_is_tried_again_not_left_unkno
     def failing_start(self, spec):
         if spec.name.endswith("-a") and broken["start"]:
             broken["start"] -= 1
-            broken["domain"] = 1            # the read-back that follows stumbles once
+            broken["domain"] = 1  # the read-back that follows stumbles once
             raise DriverError(self.name, "start refused")
         return start(self, spec)
 
@@ -299,6 +320,7 @@ def test_a_failed_restart_whose_host_stumbles_once_is_tried_again_not_left_unkno
             broken["domain"] -= 1
             raise DriverError(self.name, "connection reset; reconnecting")
         return domain(self, name)
+
     monkeypatch.setattr(SimDriver, "start", failing_start)
     monkeypatch.setattr(SimDriver, "domain", stumbling_domain)
     fail(o, "h1", "power")

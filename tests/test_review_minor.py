@@ -2,9 +2,9 @@
 
 import pytest
 
+from vmplane.core.model import Offering, OfferingKind
 from vmplane.hosts.drivers.libvirt import dimms_to_release
 from vmplane.hosts.localhosts import qemu_runs_domain
-from vmplane.core.model import Offering, OfferingKind
 
 from .conftest import add_sim_hosts
 from .conftest import ledger_usage as usage
@@ -14,31 +14,45 @@ GIB = 1024
 
 # -- a stale pid file kills only the QEMU of its own domain -------------------------------------------
 
+
 def _cmdline(*args: str) -> bytes:
-    return b"\0".join(a.encode() for a in args) + b"\0"      # as /proc/PID/cmdline reads
+    return b"\0".join(a.encode() for a in args) + b"\0"  # as /proc/PID/cmdline reads
 
 
 def _qemu(name_arg: str) -> bytes:
-    return _cmdline("/usr/bin/qemu-system-x86_64", "-name", name_arg, "-S", "-machine", "pc-q35,accel=kvm",
-                    "-m", "size=262144k,slots=16,maxmem=8388608k", "-uuid", "0b1c9b4e-0000-0000-0000-000000000001")
+    return _cmdline(
+        "/usr/bin/qemu-system-x86_64",
+        "-name",
+        name_arg,
+        "-S",
+        "-machine",
+        "pc-q35,accel=kvm",
+        "-m",
+        "size=262144k,slots=16,maxmem=8388608k",
+        "-uuid",
+        "0b1c9b4e-0000-0000-0000-000000000001",
+    )
 
 
 def test_the_qemu_of_the_pid_files_domain_is_ours():
     assert qemu_runs_domain(_qemu("guest=vmplane-web,debug-threads=on"), "vmplane-web")
-    assert qemu_runs_domain(_qemu("vmplane-web"), "vmplane-web")                      # older `-name NAME`
+    assert qemu_runs_domain(_qemu("vmplane-web"), "vmplane-web")  # older `-name NAME`
     assert qemu_runs_domain(_cmdline("/usr/libexec/qemu-kvm", "-name", "guest=vmplane-web"), "vmplane-web")
     assert qemu_runs_domain(_qemu("guest=vmplane-a,,b,debug-threads=on"), "vmplane-a,b")  # ",," is a comma
 
 
-@pytest.mark.parametrize("cmdline", [
-    _qemu("guest=vmplane-other,debug-threads=on"),       # pid reused by another VM's QEMU (another host's)
-    _qemu("guest=vmplane-web2,debug-threads=on"),        # a name that only starts like it
-    _qemu("guest=vmplane-we,debug-threads=on"),
-    _cmdline("/usr/bin/qemu-system-x86_64", "-machine", "q35"),                 # a QEMU without a name
-    _cmdline("/usr/bin/python3", "-c", "print('qemu-system -name guest=vmplane-web')"),  # not a QEMU
-    _cmdline("/usr/bin/sleep", "-name", "guest=vmplane-web"),
-    b"",                                                                        # a kernel thread / zombie
-])
+@pytest.mark.parametrize(
+    "cmdline",
+    [
+        _qemu("guest=vmplane-other,debug-threads=on"),  # pid reused by another VM's QEMU (another host's)
+        _qemu("guest=vmplane-web2,debug-threads=on"),  # a name that only starts like it
+        _qemu("guest=vmplane-we,debug-threads=on"),
+        _cmdline("/usr/bin/qemu-system-x86_64", "-machine", "q35"),  # a QEMU without a name
+        _cmdline("/usr/bin/python3", "-c", "print('qemu-system -name guest=vmplane-web')"),  # not a QEMU
+        _cmdline("/usr/bin/sleep", "-name", "guest=vmplane-web"),
+        b"",  # a kernel thread / zombie
+    ],
+)
 def test_a_reused_pid_is_not_ours(cmdline):
     assert not qemu_runs_domain(cmdline, "vmplane-web")
 
@@ -63,7 +77,7 @@ def test_kill_orphaned_qemu_spares_a_reused_pid(tmp_path, monkeypatch):
     killed = []
     monkeypatch.setattr(localhosts, "Path", FakePath)
     monkeypatch.setattr(localhosts.os, "kill", lambda pid, sig: killed.append(pid))
-    monkeypatch.setattr(localhosts, "_zombie", lambda pid: False)      # the fake pids have no /proc/PID/stat
+    monkeypatch.setattr(localhosts, "_zombie", lambda pid: False)  # the fake pids have no /proc/PID/stat
     host = type("H", (), {"dir": real_path(tmp_path / "h1")})()
     localhosts._kill_orphaned_qemu(host)
     assert killed == [4343]
@@ -71,18 +85,22 @@ def test_kill_orphaned_qemu_spares_a_reused_pid(tmp_path, monkeypatch):
 
 # -- the DIMMs to unplug: an exact subset, the fewest --------------------------------------------------
 
+
 def test_an_exact_subset_the_greedy_choice_misses():
-    assert sorted(dimms_to_release([256, 256, 384], 512)) == [0, 1]       # greedy took 384, then refused
+    assert sorted(dimms_to_release([256, 256, 384], 512)) == [0, 1]  # greedy took 384, then refused
 
 
-@pytest.mark.parametrize("sizes,release,want", [
-    ([256, 256, 384], 384, [2]),
-    ([256, 256, 512], 512, [2]),                  # one DIMM rather than two
-    ([256, 256, 256], 256, [2]),                  # the newest among equals
-    ([256, 512, 768], 1280, [2, 1]),              # newest first: the order to unplug them
-    ([128, 256, 384, 640], 1024, [3, 2]),
-    ([256, 256], 0, []),
-])
+@pytest.mark.parametrize(
+    "sizes,release,want",
+    [
+        ([256, 256, 384], 384, [2]),
+        ([256, 256, 512], 512, [2]),  # one DIMM rather than two
+        ([256, 256, 256], 256, [2]),  # the newest among equals
+        ([256, 512, 768], 1280, [2, 1]),  # newest first: the order to unplug them
+        ([128, 256, 384, 640], 1024, [3, 2]),
+        ([256, 256], 0, []),
+    ],
+)
 def test_dimms_to_release(sizes, release, want):
     assert dimms_to_release(sizes, release) == want
 
@@ -99,6 +117,7 @@ def test_many_dimms_are_fast():
 
 
 # -- a scale whose commit raised stays charged at the larger size, consistently -------------------------
+
 
 @pytest.fixture
 def cluster(orch):
@@ -121,6 +140,7 @@ def _commit_raises_once(o, monkeypatch):
         if len(calls) == 1:
             raise RuntimeError("the database went away")
         return real(*args, **kwargs)
+
     monkeypatch.setattr(o.scaler, "_commit", commit)
     return calls, real
 
@@ -138,10 +158,10 @@ def test_a_scale_whose_commit_raised_stays_charged_at_the_larger_size(cluster, m
     op = o.operation(o.scaler.scale("v", offering="f2")["operation_id"])
     assert calls and op.state == "failed" and "the database went away" in op.message
     assert o.vm("v").state == "running"
-    assert _sizes(o, "v") == ((2, 512), (2, 512))        # the domain grew: recorded, charged, claimed so
-    usage(o, "p")                                         # ledger == recomputed
+    assert _sizes(o, "v") == ((2, 512), (2, 512))  # the domain grew: recorded, charged, claimed so
+    usage(o, "p")  # ledger == recomputed
     assert o.audit() == []
-    op_of = o.operation(o.scaler.scale("v", offering="f1")["operation_id"])     # and it can scale again
+    op_of = o.operation(o.scaler.scale("v", offering="f1")["operation_id"])  # and it can scale again
     assert op_of.state == "succeeded", op_of.message
     assert _sizes(o, "v") == ((1, 256), (1, 256)) and o.audit() == []
 
@@ -155,7 +175,7 @@ def test_a_shrink_whose_commit_raised_stays_at_the_larger_size(cluster, monkeypa
     op = o.operation(o.scaler.scale("v", offering="f1")["operation_id"])
     assert op.state == "failed"
     vm = o.vm("v")
-    assert (vm.vcpus, vm.memory_mib) == (2, 512) and usage(o, "p") == before      # nothing given back unasked
+    assert (vm.vcpus, vm.memory_mib) == (2, 512) and usage(o, "p") == before  # nothing given back unasked
     # the domain shrank, the record keeps the larger size: only the size drift shows, the ledger is clean
     assert o.audit() and all("the record says" in problem for problem in o.audit()), o.audit()
 
@@ -164,26 +184,26 @@ def test_mixed_scale_whose_commit_raised_is_charged_at_the_larger_of_each(cluste
     o = cluster
     o.catalog.create_offering(Offering("f4", OfferingKind.fixed, vcpus=1, memory_mib=512, dynamic_scaling=True))
     o.create_vm("v", "p", "f1", "t", start=True)
-    assert o.operation(o.scaler.scale("v", offering="f4")["operation_id"]).state == "succeeded"    # a DIMM
+    assert o.operation(o.scaler.scale("v", offering="f4")["operation_id"]).state == "succeeded"  # a DIMM
     hosts = {h.name: (h.used_vcpus, h.used_memory_mib) for h in o.hosts()}
     _commit_raises_once(o, monkeypatch)
-    op = o.operation(o.scaler.scale("v", offering="f3")["operation_id"])     # 1/512 -> 2/256
+    op = o.operation(o.scaler.scale("v", offering="f3")["operation_id"])  # 1/512 -> 2/256
     assert op.state == "failed"
     vm = o.vm("v")
-    assert (vm.vcpus, vm.memory_mib) == (2, 512)                              # the larger of each
+    assert (vm.vcpus, vm.memory_mib) == (2, 512)  # the larger of each
     assert usage(o, "p").vcpus == 2
     # the claim holds what it took for the larger size; only the size drift (the domain has 256 MiB) shows
-    assert {h.name: (h.used_vcpus, h.used_memory_mib) for h in o.hosts()}[vm.host.name][0] \
-        == hosts[vm.host.name][0] + 1
+    assert {h.name: (h.used_vcpus, h.used_memory_mib) for h in o.hosts()}[vm.host.name][0] == hosts[vm.host.name][0] + 1
     assert o.audit() and all("the record says" in problem for problem in o.audit()), o.audit()
 
 
 # -- the audit reports a finding only if a fresh scan and read find it again ------------------------------
 
+
 def test_an_operation_ending_between_the_scan_and_the_read_is_no_finding(cluster):
     o = cluster
     o.create_vm("v", "p", "f1", "t")
-    last = list(o.drivers)[-1]              # scanned last: every host was scanned before the start ends
+    last = list(o.drivers)[-1]  # scanned last: every host was scanned before the start ends
     driver = o.drivers[last]
     real = driver.domains
     calls = []
@@ -191,7 +211,7 @@ def test_an_operation_ending_between_the_scan_and_the_read_is_no_finding(cluster
     def domains():
         seen = real()
         calls.append(len(seen))
-        if len(calls) == 1:                 # no host showed the domain; the start ends before the store is read
+        if len(calls) == 1:  # no host showed the domain; the start ends before the store is read
             o.start_vm("v")
         return seen
 
@@ -199,8 +219,8 @@ def test_an_operation_ending_between_the_scan_and_the_read_is_no_finding(cluster
     assert o.vm("v").state == "stopped"
     problems = o.audit_hosts()
     assert o.vm("v").state == "running"
-    assert problems == [], problems         # without the re-check: "running ... but no host runs it"
-    assert len(calls) == 2                  # one re-check
+    assert problems == [], problems  # without the re-check: "running ... but no host runs it"
+    assert len(calls) == 2  # one re-check
     del driver.domains
     assert o.audit() == []
 
@@ -209,5 +229,5 @@ def test_a_lasting_finding_is_still_reported(cluster):
     o = cluster
     o.create_vm("v", "p", "f1", "t", start=True)
     vm = o.vm("v")
-    o.drivers[vm.host.name].domains = lambda: []        # the domain is gone behind vmplane's back
+    o.drivers[vm.host.name].domains = lambda: []  # the domain is gone behind vmplane's back
     assert o.audit_hosts() == [f"vm v: running on {vm.host.name} in the store, but no host runs it"]

@@ -61,6 +61,7 @@ def _outage_from_stop_after_domain(o, monkeypatch) -> threading.Event:
         if name == "stop.after-domain" and until[0] is None:
             until[0] = time.monotonic() + OUTAGE_S
         hit(name)
+
     monkeypatch.setattr(o.db, "transaction", failing_transaction)
     monkeypatch.setattr(failpoints, "hit", point)
     return over
@@ -83,7 +84,7 @@ def _op(o, op_id):
 def test_a_stop_whose_failure_path_met_the_outage_ends_stopped(plane, monkeypatch):
     o = plane
     op_id = _stop_meets_the_outage(o, monkeypatch)
-    o.overdue.start()                       # as every process runs it (start_monitor)
+    o.overdue.start()  # as every process runs it (start_monitor)
     wait_for(lambda: o.vm("v").state == "stopped", 60, "the stop to end")
     assert _op(o, op_id).state == "failed" and "past its deadline" in _op(o, op_id).message
     assert o.vm("v").host is None and o.project_usage("p")["ledger"].vcpus == 0
@@ -103,8 +104,10 @@ def test_audit_names_an_operation_left_in_flight_until_it_is_settled(plane, monk
 
 def test_overdue_is_the_uncarried_past_their_deadline():
     now = dt.datetime(2026, 12, 2, 12, 0, 0)
-    ops = [InFlight("a", "stop", "v", "stopping-domain", now - dt.timedelta(seconds=10), 1),
-           InFlight("b", "stop", "w", "stopping-domain", now - dt.timedelta(seconds=2), 1),
-           InFlight("c", "scale", "x", "resizing", now - dt.timedelta(seconds=60), 1)]
+    ops = [
+        InFlight("a", "stop", "v", "stopping-domain", now - dt.timedelta(seconds=10), 1),
+        InFlight("b", "stop", "w", "stopping-domain", now - dt.timedelta(seconds=2), 1),
+        InFlight("c", "scale", "x", "resizing", now - dt.timedelta(seconds=60), 1),
+    ]
     assert [op.id for op in overdue(ops, now, 5, frozenset({"c"}))] == ["a"]
     assert [backoff(n) for n in range(8)] == [1, 2, 5, 10, 30, 60, 60, 60]

@@ -18,21 +18,20 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from vmplane.store import ownership
-from vmplane.store.admission import Batcher
 from vmplane.api.app import create_app
-from vmplane.plane.membership import CONTROLLERS, mark_lapsed
-from vmplane.store.events import EVENTS, record
 from vmplane.core.leases import session_limits
-from vmplane.store import Database, pgsessions
+from vmplane.plane.membership import CONTROLLERS, mark_lapsed
+from vmplane.store import Database, ownership, pgsessions
+from vmplane.store.admission import Batcher
+from vmplane.store.events import EVENTS, record
 
 from . import stores
 from .conftest import ADMIN_TOKEN, add_basics, add_sim_hosts
-from .multikit import Planes, PgBouncer
+from .multikit import PgBouncer, Planes
 from .test_multiprocess import domains, seed, settled
 
-LEASE_S = 1.0           # the in-process tests: one try of a wait that gives way lasts a third of a second
-WAIT_S = 20.0           # a bound on waits that end in well under a second (the frozen side's idle timeout: 45 s)
+LEASE_S = 1.0  # the in-process tests: one try of a wait that gives way lasts a third of a second
+WAIT_S = 20.0  # a bound on waits that end in well under a second (the frozen side's idle timeout: 45 s)
 PLANES_LEASE_S = 3.0
 TERMINAL = ("succeeded", "failed", "cancelled")
 _databases = itertools.count(1)
@@ -60,9 +59,20 @@ def test_each_write_transaction_sets_its_limits_and_its_epoch_for_itself_only():
 def _controller(db: Database, name: str) -> int:
     with db.transaction() as conn:
         now = ownership.db_now(conn)
-        return int(conn.execute(insert(CONTROLLERS).values(
-            name=name, hostname="test", pid=os.getpid(), state="live", lease_s=15.0, started_at=now,
-            renewed_at=now, expires_at=now + 15.0)).inserted_primary_key[0])
+        return int(
+            conn.execute(
+                insert(CONTROLLERS).values(
+                    name=name,
+                    hostname="test",
+                    pid=os.getpid(),
+                    state="live",
+                    lease_s=15.0,
+                    started_at=now,
+                    renewed_at=now,
+                    expires_at=now + 15.0,
+                )
+            ).inserted_primary_key[0]
+        )
 
 
 def _state(db: Database, epoch: int) -> str:
@@ -106,29 +116,35 @@ def test_on_postgresql_a_takeover_ends_the_session_of_a_lapsed_writer_frozen_in_
         with db.transaction() as conn:
             mark_lapsed(conn, CONTROLLERS.c.epoch == epoch, db.limits)
 
-    with pytest.raises(DBAPIError):         # its commit: the session was ended
-        with ownership.owned(epoch), frozen.transaction() as conn:     # the check passed: it holds KEY SHARE
-            record(conn, "vm", "frozen-write", message="written under the frozen process's lease")
-            marked, out = _in_thread(take_over)
-            assert marked.wait(WAIT_S), "the takeover is still waiting for the frozen transaction"
-            assert "error" not in out, out
+    with (
+        pytest.raises(DBAPIError),  # its commit: the session was ended
+        ownership.owned(epoch),
+        frozen.transaction() as conn,  # the check passed: it holds KEY SHARE
+    ):
+        record(conn, "vm", "frozen-write", message="written under the frozen process's lease")
+        marked, out = _in_thread(take_over)
+        assert marked.wait(WAIT_S), "the takeover is still waiting for the frozen transaction"
+        assert "error" not in out, out
     assert _state(db, epoch) == "lapsed"
     with db.read() as s:
-        assert s.connection().execute(select(func.count()).select_from(EVENTS)
-                                      .where(EVENTS.c.subject == "frozen-write")).scalar_one() == 0
+        assert (
+            s.connection()
+            .execute(select(func.count()).select_from(EVENTS).where(EVENTS.c.subject == "frozen-write"))
+            .scalar_one()
+            == 0
+        )
 
 
 def test_on_postgresql_an_admission_ends_the_session_of_a_lapsed_process_frozen_with_the_admissions_lock(two_dbs):
     frozen, db = two_dbs
     epoch = _controller(db, "frozen")
-    with pytest.raises(DBAPIError):
-        with ownership.owned(epoch), frozen.transaction() as conn:
-            Batcher(frozen, threading.RLock()).serialise(conn)          # holds the admissions' lock; then stops
-            admitted, out = _in_thread(lambda: Batcher(db, threading.RLock()).run(lambda c: "admitted"))
-            with db.transaction() as other:         # another process finds it lapsed
-                other.execute(update(CONTROLLERS).where(CONTROLLERS.c.epoch == epoch).values(state="lapsed"))
-            assert admitted.wait(WAIT_S), "the admission is still waiting for the frozen process's lock"
-            assert out == {"result": "admitted"}, out
+    with pytest.raises(DBAPIError), ownership.owned(epoch), frozen.transaction() as conn:
+        Batcher(frozen, threading.RLock()).serialise(conn)  # holds the admissions' lock; then stops
+        admitted, out = _in_thread(lambda: Batcher(db, threading.RLock()).run(lambda c: "admitted"))
+        with db.transaction() as other:  # another process finds it lapsed
+            other.execute(update(CONTROLLERS).where(CONTROLLERS.c.epoch == epoch).values(state="lapsed"))
+        assert admitted.wait(WAIT_S), "the admission is still waiting for the frozen process's lock"
+        assert out == {"result": "admitted"}, out
 
 
 def test_on_postgresql_a_live_holder_of_the_admissions_lock_is_waited_for_never_ended(two_dbs):
@@ -144,14 +160,19 @@ def test_on_postgresql_a_live_holder_of_the_admissions_lock_is_waited_for_never_
         assert isinstance(out.get("error"), OperationalError) and pgsessions.lock_not_available(out["error"]), out
     assert _state(db, epoch) == "live"
     with db.read() as s:
-        assert s.connection().execute(select(func.count()).select_from(EVENTS)
-                                      .where(EVENTS.c.subject == "slow-write")).scalar_one() == 1
+        assert (
+            s.connection()
+            .execute(select(func.count()).select_from(EVENTS).where(EVENTS.c.subject == "slow-write"))
+            .scalar_one()
+            == 1
+        )
 
 
 def test_on_postgresql_a_request_that_finds_the_admissions_lock_held_past_lock_timeout_gets_409_and_changes_nothing(
-        pg_orch):
+    pg_orch,
+):
     o = pg_orch
-    o.db.use_lease(0.5)                 # lock_timeout 2 s
+    o.db.use_lease(0.5)  # lock_timeout 2 s
     add_sim_hosts(o, 2)
     add_basics(o)
     o.catalog.create_project("p", 8, 1 << 20, 10)
@@ -161,7 +182,7 @@ def test_on_postgresql_a_request_that_finds_the_admissions_lock_held_past_lock_t
     body = {"name": "v1", "project": "p", "offering": "small", "template": "tiny", "start": True}
     try:
         with TestClient(create_app(o), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as api:
-            with ownership.owned(epoch), holder.transaction() as conn:      # a live process holds it
+            with ownership.owned(epoch), holder.transaction() as conn:  # a live process holds it
                 Batcher(holder, threading.RLock()).serialise(conn)
                 answer = api.post("/api/v1/vms", json=body)
             assert answer.status_code == 409 and "nothing changed, retry" in answer.json()["message"], answer.text
@@ -184,7 +205,8 @@ def _wait(what: str, check, limit_s: float, planes: Planes):
 
 @pytest.mark.parametrize("through", ["postgresql", "pgbouncer"])
 def test_a_process_frozen_inside_an_admission_stalls_no_other_admission_and_its_work_is_taken_over(
-        tmp_path, postgres, through):
+    tmp_path, postgres, through
+):
     bouncer = None
     name = f"frozen{os.getpid()}x{next(_databases)}"
     url = postgres.create_database(name)
@@ -196,19 +218,27 @@ def test_a_process_frozen_inside_an_admission_stalls_no_other_admission_and_its_
         url = bouncer.url(name)
     lease = PLANES_LEASE_S
     # plane-1 stops itself inside its second admission (the first: a migration it then copies, slowly)
-    planes = Planes(tmp_path, url, count=3, lease_s=lease, hosts=4, failpoints={1: "admission.serialised=2"},
-                    extra_env={"VMPLANE_FAILPOINT_SIGNAL": "STOP", "VMPLANE_SIM_COPY_RATE_MIB_S": "64"})
+    planes = Planes(
+        tmp_path,
+        url,
+        count=3,
+        lease_s=lease,
+        hosts=4,
+        failpoints={1: "admission.serialised=2"},
+        extra_env={"VMPLANE_FAILPOINT_SIGNAL": "STOP", "VMPLANE_SIM_COPY_RATE_MIB_S": "64"},
+    )
     try:
         planes.start()
         seed(planes, {"big": (64, 1 << 20, 50)}, stopped_per_project=0)
         with planes[0].client() as c:
             for vm, start in (("m1", True), ("a1", False), ("a2", False)):
-                c.post("/vms", json={"name": vm, "project": "big", "offering": "one", "template": "t",
-                                     "start": start}).raise_for_status()
+                c.post(
+                    "/vms", json={"name": vm, "project": "big", "offering": "one", "template": "t", "start": start}
+                ).raise_for_status()
         settled(planes)
         frozen_epoch = next(r["epoch"] for r in planes.controllers() if r["name"] == "plane-1" and r["state"] == "live")
         with planes[1].client() as c1:
-            c1.post("/vms/m1/migrate", json={}).raise_for_status()      # plane-1 copies it (about 16 s)
+            c1.post("/vms/m1/migrate", json={}).raise_for_status()  # plane-1 copies it (about 16 s)
 
         def start_through_the_frozen_one():
             try:
@@ -222,19 +252,22 @@ def test_a_process_frozen_inside_an_admission_stalls_no_other_admission_and_its_
         frozen_at = time.monotonic()
         with planes[0].client() as c:
             mig = c.get("/migrations", params={"vm": "m1"}).json()[0]
-            assert mig["state"] not in TERMINAL, mig        # its work in flight
+            assert mig["state"] not in TERMINAL, mig  # its work in flight
         # a few lease periods: found lapsed within about one, then its session is ended (its idle timeout: 3)
-        with planes[2].client(timeout=6 * lease) as c2:       # (it waits while the admissions' lock is held)
+        with planes[2].client(timeout=6 * lease) as c2:  # (it waits while the admissions' lock is held)
             answer = c2.post("/vms/a2/start")
             assert answer.status_code == 202, answer.text
             admitted = time.monotonic() - frozen_at
             op = answer.json()["operation"]["id"]
             _wait("a2's start", lambda: c2.get(f"/operations/{op}").json()["state"] == "succeeded", 4 * lease, planes)
         with planes[0].client() as c:
-            limits = session_limits(lease)      # two lease periods, plus the timeouts
-            _wait("the frozen process's migration settled by another",
-                  lambda: c.get(f"/migrations/{mig['id']}").json()["state"] in TERMINAL,
-                  2 * lease + (limits.idle_ms + limits.give_way_ms) / 1000, planes)
+            limits = session_limits(lease)  # two lease periods, plus the timeouts
+            _wait(
+                "the frozen process's migration settled by another",
+                lambda: c.get(f"/migrations/{mig['id']}").json()["state"] in TERMINAL,
+                2 * lease + (limits.idle_ms + limits.give_way_ms) / 1000,
+                planes,
+            )
             taken_over = time.monotonic() - frozen_at
 
             def handed_over():
@@ -243,23 +276,33 @@ def test_a_process_frozen_inside_an_admission_stalls_no_other_admission_and_its_
                 live_hosts = [h for r in rows if r["state"] == "live" for h in r["hosts"]]
                 once_each = sorted(live_hosts) == sorted(set(live_hosts)) and len(live_hosts) == 4
                 return gone["state"] == "lapsed" and not gone["hosts"] and once_each
+
             _wait("plane-1's hosts held by the others", handed_over, 2 * lease, planes)
-        planes[1].signal(signal.SIGCONT)        # it resumes: its session was ended, its epoch lapsed
+        planes[1].signal(signal.SIGCONT)  # it resumes: its session was ended, its epoch lapsed
         with planes[0].client() as c:
-            _wait("plane-1 registered again", lambda: any(
-                r["name"] == "plane-1" and r["state"] == "live" and r["epoch"] > frozen_epoch
-                for r in c.get("/controllers").json()), 4 * lease, planes)
+            _wait(
+                "plane-1 registered again",
+                lambda: any(
+                    r["name"] == "plane-1" and r["state"] == "live" and r["epoch"] > frozen_epoch
+                    for r in c.get("/controllers").json()
+                ),
+                4 * lease,
+                planes,
+            )
             settled(planes)
             # (each process's capacity index learns the others' claims at its next beat)
-            _wait("a consistent record", lambda: c.get("/audit").json() == {"ok": True, "problems": []}, 2 * lease,
-                  planes)
+            _wait(
+                "a consistent record", lambda: c.get("/audit").json() == {"ok": True, "problems": []}, 2 * lease, planes
+            )
             for vm in ("m1", "a1", "a2"):
                 row = c.get(f"/vms/{vm}").json()
                 where = [d[0] for d in domains(tmp_path, vm)]
                 assert where == ([row["host"]] if row["state"] == "running" else []), (row, where)
             assert c.get("/vms/a2").json()["state"] == "running"
-        print(f"through {through}, lease {lease:g} s: another process admitted {admitted:.1f} s after the freeze; "
-              f"the frozen one's migration was settled after {taken_over:.1f} s")
+        print(
+            f"through {through}, lease {lease:g} s: another process admitted {admitted:.1f} s after the freeze; "
+            f"the frozen one's migration was settled after {taken_over:.1f} s"
+        )
     finally:
         planes.stop()
         if bouncer is not None:

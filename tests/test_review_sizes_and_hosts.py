@@ -11,8 +11,8 @@ import subprocess
 import pytest
 import typer
 
-from vmplane.hosts import localhosts
 from vmplane.cli import app
+from vmplane.hosts import localhosts
 
 from .conftest import VMPLANE, LiveServer
 from .realguest import require_libvirt
@@ -41,9 +41,17 @@ def _options(command, path: str = ""):
 def test_every_size_flag_states_the_one_rule_in_its_help():
     sizes = [(path, opt) for path, opt in _options(typer.main.get_command(app)) if opt.metavar == "SIZE"]
     flags = {f"{path} {opt.opts[0]}" for path, opt in sizes}
-    assert {"project create --storage", "project create --memory", "project quota --storage",
-            "volume create --size", "volume resize --size", "vm create --root-disk", "offering create --root-disk",
-            "host add --memory", "up --host-memory"} <= flags
+    assert {
+        "project create --storage",
+        "project create --memory",
+        "project quota --storage",
+        "volume create --size",
+        "volume resize --size",
+        "vm create --root-disk",
+        "offering create --root-disk",
+        "host add --memory",
+        "up --host-memory",
+    } <= flags
     wrong = {f"{path} {opt.opts[0]}": opt.help for path, opt in sizes if RULE not in (opt.help or "")}
     assert wrong == {}
     assert not any("(GiB, TiB)" in (opt.help or "") for _, opt in sizes)
@@ -51,9 +59,12 @@ def test_every_size_flag_states_the_one_rule_in_its_help():
 
 def test_project_create_storage_20_is_20_mib_as_its_help_says(live):
     r = live.cli("project", "create", "--help")
-    words = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())          # the help's box, unwrapped
-    assert r.returncode == 0 and "storage quota (the provisioned size of its volumes and root disks): 512MiB, " \
-        f"16GiB, 1TiB, or {RULE}" in words
+    words = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())  # the help's box, unwrapped
+    assert (
+        r.returncode == 0
+        and f"storage quota (the provisioned size of its volumes and root disks): 512MiB, 16GiB, 1TiB, or {RULE}"
+        in words
+    )
     p = run_json(live, "project", "create", "sp", "--vcpus", "1", "--memory", "1024", "--storage", "20")
     assert p["quota"]["storage_mib"] == 20 and p["quota"]["memory_mib"] == 1024
     p = run_json(live, "project", "create", "sg", "--vcpus", "1", "--memory", "1GiB", "--storage", "20GiB")
@@ -62,7 +73,7 @@ def test_project_create_storage_20_is_20_mib_as_its_help_says(live):
     r = live.cli("project", "create", "sd", "--vcpus", "1", "--memory", "1024", "--storage", "20GB")
     assert r.returncode == 2 and "--storage" in r.stderr and "ambiguous" in r.stderr
     r = live.cli("project", "show", "sd", "--output", "json")
-    assert r.returncode == 1                                           # nothing was created
+    assert r.returncode == 1  # nothing was created
 
 
 # -- local hosts share the machine ---------------------------------------------------------------------
@@ -71,8 +82,8 @@ def test_project_create_storage_20_is_20_mib_as_its_help_says(live):
 def test_the_hosts_shares_add_up_to_at_most_the_machine_less_the_reserve(total, hosts):
     each = localhosts.host_memory_mib(total, hosts)
     reserve = max(1024, total // 10)
-    assert each * hosts <= total - reserve and each * hosts > total - reserve - hosts     # evenly, nothing lost
-    assert localhosts.host_memory_mib(total, hosts, each) == each                         # asking the share is fine
+    assert each * hosts <= total - reserve and each * hosts > total - reserve - hosts  # evenly, nothing lost
+    assert localhosts.host_memory_mib(total, hosts, each) == each  # asking the share is fine
     with pytest.raises(ValueError, match="at most"):
         localhosts.host_memory_mib(total, hosts, each + 1)
 
@@ -84,9 +95,13 @@ def test_the_machines_memory_is_the_kernels_memtotal():
 def test_up_refuses_host_memory_beyond_the_machine_before_starting_anything(tmp_path):
     require_libvirt()
     home = tmp_path / "home"
-    r = subprocess.run([VMPLANE, "up", "--driver", "libvirt", "--hosts", "3", "--host-memory", "1TiB"],
-                       env={"VMPLANE_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [VMPLANE, "up", "--driver", "libvirt", "--hosts", "3", "--host-memory", "1TiB"],
+        env={"VMPLANE_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "--host-memory" in r.stderr and "at most" in r.stderr, r.stderr
     assert not (home / "hosts").exists()
 
@@ -103,7 +118,7 @@ def test_up_on_libvirt_shares_the_memory_and_host_memory_overrides_it(tmp_path):
         memory = [run_json(live, "host", "show", h["name"])["memory_mib"] for h in hosts]
         assert memory[0] == memory[1] == localhosts.host_memory_mib(total, 2)
         assert sum(memory) <= total - max(1024, total // 10)
-        assert [h["memory_capacity_mib"] for h in hosts] == memory             # host list shows it (factor 1)
+        assert [h["memory_capacity_mib"] for h in hosts] == memory  # host list shows it (factor 1)
     finally:
         live.stop()
     live.start("--host-memory", "2GiB")

@@ -12,16 +12,16 @@ import pytest
 from alembic import command
 from sqlalchemy import select, update
 
+from vmplane.controllers.volumes import disk_spec
 from vmplane.core.driver import DriverError
 from vmplane.core.errors import AlreadyExists, Conflict
-from vmplane.store.events import EVENTS
 from vmplane.core.model import HostState, Offering, OfferingKind
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import ledger as L
 from vmplane.store import storageledger as SL
+from vmplane.store.events import EVENTS
 from vmplane.store.migrate import alembic_config
 from vmplane.store.schema import Volume
-from vmplane.controllers.volumes import disk_spec
 
 from . import storagetruth
 from .conftest import add_sim_hosts
@@ -98,7 +98,7 @@ def test_tenant_b_s_new_disk_of_the_same_name_reads_as_zeros(threaded):
     a_generation, _ = file_facts(o, "web1-root", "h1")
 
     migrate_and_leave_the_copy(o, "web1", "h1", "h2")
-    assert o.drivers["h2"].guest_read_marker("vmplane-web1", "vda") == SECRET     # the copy carried the data
+    assert o.drivers["h2"].guest_read_marker("vmplane-web1", "vda") == SECRET  # the copy carried the data
     assert o.volumes.row("web1-root").copy_pool_name == "local-h1"
     o.stop_vm("web1", force=True)
     wait("web1 stopped", lambda: o.vm("web1").state == "stopped")
@@ -108,7 +108,7 @@ def test_tenant_b_s_new_disk_of_the_same_name_reads_as_zeros(threaded):
     root = o.volumes.row("web1-root")
     assert (root.state, root.pool_name, root.copy_pool_name, root.vm_name) == ("deleting", "local-h1", None, None)
     assert usage(o, "a").storage_mib == 256 and o.pools.row("local-h2").used_mib == 0
-    with pytest.raises(AlreadyExists, match="still being deleted"):       # its name waits for the copy
+    with pytest.raises(AlreadyExists, match="still being deleted"):  # its name waits for the copy
         o.volumes.create("web1-root", "b", 256, pool="local-h2")
     assert usage(o, "b").storage_mib == 0 and o.pools.row("local-h2").used_mib == 0
 
@@ -120,8 +120,8 @@ def test_tenant_b_s_new_disk_of_the_same_name_reads_as_zeros(threaded):
     o.create_vm("web1", "b", "small", "disk", start=True, pool="local-h1")
     assert running(o, "web1") == "h1"
     generation, marker = file_facts(o, "web1-root", "h1")
-    assert marker is None and generation != a_generation                  # a fresh file
-    assert o.drivers["h1"].guest_read_marker("vmplane-web1", "vda") is None   # B reads zeros, not A's data
+    assert marker is None and generation != a_generation  # a fresh file
+    assert o.drivers["h1"].guest_read_marker("vmplane-web1", "vda") is None  # B reads zeros, not A's data
     assert o.audit() == []
 
 
@@ -137,20 +137,20 @@ def test_a_volume_deleted_while_its_copy_waits_for_its_host_deletes_the_copy_onc
     d_path = disk_spec(o.volumes.row("d")).path
 
     o.volumes.detach("d")
-    assert o.volumes.row("d").copy_pool_name == "local-h1"         # the detach keeps tracking it
-    with pytest.raises(Conflict, match="pool local-h1 did not confirm the delete.*stays deleting"):
-        o.volumes.delete("d")                                      # h2's file goes; h1 does not answer
+    assert o.volumes.row("d").copy_pool_name == "local-h1"  # the detach keeps tracking it
+    with pytest.raises(Conflict, match=r"pool local-h1 did not confirm the delete.*stays deleting"):
+        o.volumes.delete("d")  # h2's file goes; h1 does not answer
     d = o.volumes.row("d")
     assert (d.state, d.pool_name, d.copy_pool_name) == ("deleting", "local-h1", None)
-    assert o.pools.row("local-h2").used_mib == 256                 # only vm1's root disk there now
-    assert usage(o, "a").storage_mib == 256 + 512                  # charged until the copy is gone
-    assert o.drivers["h1"].fabric.file_facts("h1", d_path)[1] == SECRET     # the copy, on h1
+    assert o.pools.row("local-h2").used_mib == 256  # only vm1's root disk there now
+    assert usage(o, "a").storage_mib == 256 + 512  # charged until the copy is gone
+    assert o.drivers["h1"].fabric.file_facts("h1", d_path)[1] == SECRET  # the copy, on h1
 
     bring_back(o, "h1")
     o.storage_settle.run_once(min_age_s=0)
     assert [v.name for v in o.volumes.rows()] == ["vm1-root"]
     assert o.drivers["h1"].fabric.file_facts("h1", d_path) is None
-    assert o.volumes.row("vm1-root").copy_pool_name is None         # and the root disk's copy was cleaned
+    assert o.volumes.row("vm1-root").copy_pool_name is None  # and the root disk's copy was cleaned
     assert usage(o, "a").storage_mib == 256
     assert o.pools.row("local-h1").used_mib == 0 and o.pools.row("local-h2").used_mib == 256
     assert o.audit() == []
@@ -160,12 +160,14 @@ def test_the_audit_names_a_pool_file_that_no_volume_owns(orch, api):
     add_sim_hosts(orch, 1)
     orch.pools.create("local-h1", "local", host="h1")
     assert api.get("/api/v1/audit").json() == {"ok": True, "problems": []}
-    orch.drivers["h1"].create_volume("local-h1", "vmp-web1-root.qcow2", 64)   # left by a volume deleted long ago
+    orch.drivers["h1"].create_volume("local-h1", "vmp-web1-root.qcow2", 64)  # left by a volume deleted long ago
     body = api.get("/api/v1/audit").json()
-    assert body["ok"] is False                                     # `vmplane audit` exits 1
-    assert body["problems"] == ["pool local-h1 on h1 holds vmp-web1-root.qcow2, a vmplane volume file that no "
-                                "volume owns (once its data is not needed: `virsh vol-delete --pool local-h1 "
-                                "vmp-web1-root.qcow2` on h1)"]
+    assert body["ok"] is False  # `vmplane audit` exits 1
+    assert body["problems"] == [
+        "pool local-h1 on h1 holds vmp-web1-root.qcow2, a vmplane volume file that no "
+        "volume owns (once its data is not needed: `virsh vol-delete --pool local-h1 "
+        "vmp-web1-root.qcow2` on h1)"
+    ]
 
 
 def test_a_new_volume_never_takes_a_file_an_older_volume_of_its_name_left(orch):
@@ -184,7 +186,7 @@ def test_a_new_volume_never_takes_a_file_an_older_volume_of_its_name_left(orch):
     assert disk_spec(root).path != old.path
     assert fabric.file_facts("h1", disk_spec(root).path)[0] != old_generation
     assert orch.drivers["h1"].domain_disks("vmplane-web1")["vda"] == disk_spec(root).path
-    assert any("holds vmp-web1-root.qcow2" in p for p in orch.audit())   # the old file is still reported
+    assert any("holds vmp-web1-root.qcow2" in p for p in orch.audit())  # the old file is still reported
 
 
 def test_a_migration_target_never_adopts_a_file_already_there(threaded):
@@ -215,7 +217,7 @@ def test_sim_files_have_generations_never_reused_and_a_copy_carries_the_marker(o
     again = d.create_volume("local-h1", "vmp-x.qcow2", 64)
     g2 = fabric.file_facts("h1", again.path)
     assert g1[0] is not None and g2[0] is not None and g2[0] > g1[0] and g2[1] is None
-    with pytest.raises(DriverError, match="not the volume asked for"):    # another format: not returned as it is
+    with pytest.raises(DriverError, match="not the volume asked for"):  # another format: not returned as it is
         d.create_volume("local-h1", "vmp-x.qcow2", 64, format="raw")
 
 
@@ -225,10 +227,11 @@ def test_the_truth_harness_counts_a_pool_file_no_volume_owns_even_on_a_failed_ho
     orch.pools.create("local-h2", "local", host="h2")
     assert storagetruth.unowned_pool_files(orch) == []
     orch.drivers["h1"].create_volume("local-h1", "vmp-left.abc.qcow2", 64)
-    orch.drivers["h1"].fabric.fail_host("h1", "power")          # its disk keeps the file; the audit can not ask
+    orch.drivers["h1"].fabric.fail_host("h1", "power")  # its disk keeps the file; the audit can not ask
     assert storagetruth.unowned_pool_files(orch) == [
         "truth: pool local-h1 on h1 holds vmp-left.abc.qcow2, a vmplane volume file that no volume owns (once its "
-        "data is not needed: `virsh vol-delete --pool local-h1 vmp-left.abc.qcow2` on h1)"]
+        "data is not needed: `virsh vol-delete --pool local-h1 vmp-left.abc.qcow2` on h1)"
+    ]
 
 
 def test_a_volume_left_creating_never_adopts_a_file_it_did_not_make(orch):
@@ -241,9 +244,17 @@ def test_a_volume_left_creating_never_adopts_a_file_it_did_not_make(orch):
     with orch.db.transaction() as conn:
         pool = SL.pool_row(conn, "local-h1")
         assert SL.take_on_pool(conn, pool.id, 256)
-        SL.insert_volume(conn, name="old", project_id=L.lock_project(conn, None, name="b").id, pool_id=pool.id,
-                         size_mib=256, format="qcow2", role="data", file_name="vmp-old.qcow2")
-    orch.drivers["h1"].create_volume("local-h1", "vmp-old.qcow2", 256, format="raw")   # someone else's
+        SL.insert_volume(
+            conn,
+            name="old",
+            project_id=L.lock_project(conn, None, name="b").id,
+            pool_id=pool.id,
+            size_mib=256,
+            format="qcow2",
+            role="data",
+            file_name="vmp-old.qcow2",
+        )
+    orch.drivers["h1"].create_volume("local-h1", "vmp-old.qcow2", 256, format="raw")  # someone else's
     assert orch.volumes.resolve(0) == []
     assert orch.volumes.rows() == [] and usage(orch, "b").storage_mib == 0 and orch.pools.row("local-h1").used_mib == 0
     assert orch.drivers["h1"].volume("local-h1", "vmp-old.qcow2").format == "raw"
@@ -259,7 +270,7 @@ def test_volumes_made_before_0010_keep_their_files(orch):
     orch.volumes.create("d", "b", 64)
     with orch.db.transaction() as conn:
         conn.execute(update(Volume.__table__).values(file_name=None))
-    assert disk_spec(orch.volumes.row("d")).volume == "vmp-d.qcow2"       # a row without one: its name's file
+    assert disk_spec(orch.volumes.row("d")).volume == "vmp-d.qcow2"  # a row without one: its name's file
     cfg = alembic_config(orch.db.url)
     command.downgrade(cfg, "0009")
     command.upgrade(cfg, "0010")

@@ -25,13 +25,30 @@ def live(tmp_path_factory):
 def clone(pool, source: str, name: str) -> None:
     """A copy of volume `source` of the pool, named `name` (libvirt's vol-clone)."""
     src = pool.storageVolLookupByName(source)
-    pool.createXMLFrom(f"<volume><name>{name}</name><capacity>{src.info()[1]}</capacity>"
-                       f"<target><format type='qcow2'/></target></volume>", src, 0)
+    pool.createXMLFrom(
+        f"<volume><name>{name}</name><capacity>{src.info()[1]}</capacity>"
+        f"<target><format type='qcow2'/></target></volume>",
+        src,
+        0,
+    )
 
 
 def test_a_new_vm_of_a_deleted_vm_s_name_never_gets_the_file_it_left(live):
-    run_json(live, "vm", "create", "web1", "--project", "p", "--offering", "disk", "--template", "tiny-linux",
-             "--pool", "local-lv1", "--start")
+    run_json(
+        live,
+        "vm",
+        "create",
+        "web1",
+        "--project",
+        "p",
+        "--offering",
+        "disk",
+        "--template",
+        "tiny-linux",
+        "--pool",
+        "local-lv1",
+        "--start",
+    )
     guest(live, "web1", f"echo {MARKER} > /data/marker && sync")
     # forced: the data is synced, and the guest's init ignores ACPI, so a clean stop would wait out
     # vmplane.vm.shutdown.timeout (30 s) and then force it anyway
@@ -41,19 +58,32 @@ def test_a_new_vm_of_a_deleted_vm_s_name_never_gets_the_file_it_left(live):
         pool = conn.storagePoolLookupByName("local-lv1")
         pool.refresh(0)
         root = next(n for n in pool.listVolumes() if n.startswith("vmp-web1-root"))
-        clone(pool, root, "vmp-web1-left.qcow2")            # what a copy left behind holds: A's disk
+        clone(pool, root, "vmp-web1-left.qcow2")  # what a copy left behind holds: A's disk
         assert live.cli("vm", "delete", "web1").returncode == 0
-        clone(pool, "vmp-web1-left.qcow2", "vmp-web1-root.qcow2")   # at the name every root disk once had
+        clone(pool, "vmp-web1-left.qcow2", "vmp-web1-root.qcow2")  # at the name every root disk once had
         pool.storageVolLookupByName("vmp-web1-left.qcow2").delete(0)
         audit = live.cli("audit", "--output", "json")
-        assert audit.returncode == 1, audit.stdout                  # `vmplane audit || alert`
+        assert audit.returncode == 1, audit.stdout  # `vmplane audit || alert`
         problems = json.loads(audit.stdout)["problems"]
         assert any("pool local-lv1 on lv1 holds vmp-web1-root.qcow2" in p for p in problems), problems
 
-        run_json(live, "vm", "create", "web1", "--project", "tenant-b", "--offering", "disk", "--template",
-                 "tiny-linux", "--pool", "local-lv1", "--start")
+        run_json(
+            live,
+            "vm",
+            "create",
+            "web1",
+            "--project",
+            "tenant-b",
+            "--offering",
+            "disk",
+            "--template",
+            "tiny-linux",
+            "--pool",
+            "local-lv1",
+            "--start",
+        )
         seen = guest(live, "web1", "cat /data/marker 2>/dev/null; echo end")
-        assert MARKER not in seen                           # B's disk is its own: A's data is not there
+        assert MARKER not in seen  # B's disk is its own: A's data is not there
         pool.refresh(0)
         assert "vmp-web1-root.qcow2" in pool.listVolumes()  # the leftover was left alone, for the operator
         pool.storageVolLookupByName("vmp-web1-root.qcow2").delete(0)

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from vmplane.controllers.adopt import sync_vm
-from vmplane.hosts.drivers.simfabric import SimFabric
-from vmplane.hosts.drivers.simfaults import SimFaults
 from vmplane.core.errors import Conflict, Invalid
 from vmplane.core.model import Offering, OfferingKind
 from vmplane.core.settings import parse_value
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.hosts.drivers.simfaults import SimFaults
 from vmplane.plane.settle import settle_vm
 
 from .conftest import add_sim_hosts, ledger_usage
@@ -77,11 +77,11 @@ def test_a_vm_moved_behind_vmplanes_back_is_not_recorded_stopped_and_can_not_sta
     if seen_by == "event":
         for event in events:
             o.host_events.handle(*event)
-    else:                                   # the event was lost: the full sync finds the domain gone
+    else:  # the event was lost: the full sync finds the domain gone
         o.sync.sync()
     vm = o.vm("x")
-    assert vm.state == "unknown" and vm.host.name == source               # not stopped: it runs on the target
-    assert ledger_usage(o, "p") == charged and used(o, source) == claimed   # still charged and claimed
+    assert vm.state == "unknown" and vm.host.name == source  # not stopped: it runs on the target
+    assert ledger_usage(o, "p") == charged and used(o, source) == claimed  # still charged and claimed
     assert fabric.hosts_of(DOMAIN.format("x")) == [target]
     # the sync and the monitor's pass leave it so: it runs elsewhere, an operator decides
     o.sync.sync()
@@ -89,10 +89,10 @@ def test_a_vm_moved_behind_vmplanes_back_is_not_recorded_stopped_and_can_not_sta
     assert o.vm("x").state == "unknown"
     with pytest.raises(Conflict):
         o.start_vm("x")
-    assert fabric.hosts_of(DOMAIN.format("x")) == [target]                # never a second copy
+    assert fabric.hosts_of(DOMAIN.format("x")) == [target]  # never a second copy
     assert any("vmplane vm sync x" in p for p in o.audit())
     # `vm sync` adopts it where it runs: charge and claim follow
-    sync_vm(o, "x")
+    sync_vm(o.plane, "x")
     vm = o.vm("x")
     assert vm.state == "running" and vm.host.name == target and used(o, source) == (0, 0)
     ledger_usage(o, "p")
@@ -103,10 +103,10 @@ def test_a_vm_whose_domain_vanished_is_unknown_while_another_host_can_not_be_ask
     o = cluster
     host = run(o, "v")
     silent = other(host)
-    assert fabric.remove(host, DOMAIN.format("v"))                          # gone from its host
-    fabric.fail_host(silent, "daemon")                                      # and another host does not answer
+    assert fabric.remove(host, DOMAIN.format("v"))  # gone from its host
+    fabric.fail_host(silent, "daemon")  # and another host does not answer
     o.sync.sync()
-    assert o.vm("v").state == "unknown"                                     # unknown is not absent
+    assert o.vm("v").state == "unknown"  # unknown is not absent
     fabric.recover_host(silent)
     o.monitor.settle_unknown(["h1", "h2", "h3"])
     vm = o.vm("v")
@@ -119,21 +119,21 @@ def test_settle_never_destroys_a_domain_started_after_it_was_read_shut_off(clust
     o = cluster
     host = run(o, "s")
     fabric = SimFabric.for_store(o.db.url)
-    fabric.set_state(host, DOMAIN.format("s"), "shutoff", "shutdown")     # the guest powered off
+    fabric.set_state(host, DOMAIN.format("s"), "shutoff", "shutdown")  # the guest powered off
     driver = o.drivers[host]
     read = driver.domain
 
     def read_then_started(name):
-        info = read(name)               # read shut off ...
-        fabric.set_state(host, name, "running", "booted")    # ... and running again before the settle acts
+        info = read(name)  # read shut off ...
+        fabric.set_state(host, name, "running", "booted")  # ... and running again before the settle acts
         return info
 
     monkeypatch.setattr(driver, "domain", read_then_started)
-    settle_vm(o, "s", host, "sync", "sync: test")
+    settle_vm(o.plane, "s", host, "sync", "sync: test")
     monkeypatch.undo()
     info = fabric.domain(host, DOMAIN.format("s"))
-    assert info is not None and info.active                                # not destroyed
-    assert o.vm("s").state == "running"                                    # and the record says so
+    assert info is not None and info.active  # not destroyed
+    assert o.vm("s").state == "running"  # and the record says so
 
 
 def test_the_driver_removes_only_a_shut_off_definition(cluster):
@@ -141,11 +141,11 @@ def test_the_driver_removes_only_a_shut_off_definition(cluster):
     host = run(o, "d")
     fabric = SimFabric.for_store(o.db.url)
     assert o.drivers[host].undefine_if_shut_off(DOMAIN.format("d")) is False
-    assert fabric.domain(host, DOMAIN.format("d")).active                 # left running
+    assert fabric.domain(host, DOMAIN.format("d")).active  # left running
     fabric.set_state(host, DOMAIN.format("d"), "shutoff", "shutdown")
     assert o.drivers[host].undefine_if_shut_off(DOMAIN.format("d")) is True
     assert fabric.domain(host, DOMAIN.format("d")) is None
-    assert o.drivers[host].undefine_if_shut_off(DOMAIN.format("d")) is True   # absent: nothing to do
+    assert o.drivers[host].undefine_if_shut_off(DOMAIN.format("d")) is True  # absent: nothing to do
 
 
 def test_the_libvirt_driver_removes_only_a_shut_off_definition_and_keeps_one_started_meanwhile():
@@ -155,14 +155,13 @@ def test_the_libvirt_driver_removes_only_a_shut_off_definition_and_keeps_one_sta
     from vmplane.hosts.drivers.libvirt import LibvirtDriver
 
     driver = LibvirtDriver("t", "test:///default")
-    driver._conn = conn = libvirt.open("test:///default")      # (the test driver has no keepalive)
+    driver._conn = conn = libvirt.open("test:///default")  # (the test driver has no keepalive)
     dom = conn.lookupByName("test")
     assert driver.undefine_if_shut_off("test") is False and dom.isActive() and dom.isPersistent()
     dom.destroy()
     assert driver.undefine_if_shut_off("test") is True and driver.domain("test") is None
     assert driver.undefine_if_shut_off("test") is True
-    raced = conn.defineXML("<domain type='test'><name>r</name><memory>1024</memory><os><type>hvm</type></os>"
-                           "</domain>")
+    raced = conn.defineXML("<domain type='test'><name>r</name><memory>1024</memory><os><type>hvm</type></os></domain>")
     checked = driver._is_active
 
     def started_right_after_the_check(d):
@@ -188,10 +187,10 @@ def test_a_migration_settle_drops_a_definition_but_never_a_running_domain(cluste
 def test_a_start_during_a_burst_of_errors_is_settled_once_its_host_answers_and_audited_until_then(cluster, fabric):
     o = cluster
     o.catalog.set_setting("vmplane.unknown.settle.interval", "0.5")
-    for host in ("h1", "h2", "h3"):         # libvirtd restarting everywhere: the start and its read-back fail
+    for host in ("h1", "h2", "h3"):  # libvirtd restarting everywhere: the start and its read-back fail
         fabric.faults.burst(host, 30)
-    o.create_vm("b", "p", "one", "t", start=True)      # its operation fails: the host could not say
-    fabric.faults.enabled = False           # the burst is over, shorter than a host check: no host went down
+    o.create_vm("b", "p", "one", "t", start=True)  # its operation fails: the host could not say
+    fabric.faults.enabled = False  # the burst is over, shorter than a host check: no host went down
     vm = o.vm("b")
     assert vm.state == "unknown"
     host = vm.host.name
@@ -219,10 +218,10 @@ def test_vms_start_up_recovery_was_busy_with_are_settled_by_a_pass_after_it(clus
     assert o.host(host).state == "down" and o.vm("r").state == "unknown"
     fabric.recover_host(host)
     busy = {"r"}
-    monkeypatch.setattr(o.recovery, "busy", lambda vm: vm in busy)
-    o.check_hosts()                         # the host is back while recovery still reconciles: skipped
+    monkeypatch.setattr(o.plane.recovering, "busy", lambda vm: vm in busy)
+    o.check_hosts()  # the host is back while recovery still reconciles: skipped
     assert o.host(host).state == "enabled" and o.vm("r").state == "unknown"
-    busy.clear()                            # recovery is done
+    busy.clear()  # recovery is done
     deadline = time.monotonic() + 30
     while o.vm("r").state == "unknown" and time.monotonic() < deadline:
         o.check_hosts()

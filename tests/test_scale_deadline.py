@@ -29,8 +29,17 @@ def threaded(db):
     o.catalog.set_setting("enable.dynamic.scale.vm", "true", "zone", "z1")
     o.catalog.create_offering(Offering("f1", OfferingKind.fixed, vcpus=1, memory_mib=256, dynamic_scaling=True))
     o.catalog.create_offering(Offering("big", OfferingKind.fixed, vcpus=4, memory_mib=6 * GIB, dynamic_scaling=True))
-    o.catalog.create_offering(Offering("flex", OfferingKind.custom_constrained, min_vcpus=1, max_vcpus=8,
-                                       min_memory_mib=256, max_memory_mib=8 * GIB, dynamic_scaling=True))
+    o.catalog.create_offering(
+        Offering(
+            "flex",
+            OfferingKind.custom_constrained,
+            min_vcpus=1,
+            max_vcpus=8,
+            min_memory_mib=256,
+            max_memory_mib=8 * GIB,
+            dynamic_scaling=True,
+        )
+    )
     o.catalog.create_template("t", "tiny-linux", dynamic_scaling=True)
     o.catalog.create_project("p", 16, 32 * GIB, 10, count_overhead=True)
     yield o
@@ -52,18 +61,18 @@ def started(o, name: str, *args, **kwargs) -> None:
 
 def test_a_migration_that_does_not_end_is_cancelled_and_the_scale_fails_naming_why(threaded, monkeypatch):
     o = threaded
-    started(o, "filler", "flex", "t", vcpus=1, memory_mib=5 * GIB)     # h1
-    started(o, "v", "f1", "t")                                           # spread: h2
-    started(o, "filler2", "flex", "t", vcpus=1, memory_mib=5 * GIB)    # fills h2
+    started(o, "filler", "flex", "t", vcpus=1, memory_mib=5 * GIB)  # h1
+    started(o, "v", "f1", "t")  # spread: h2
+    started(o, "filler2", "flex", "t", vcpus=1, memory_mib=5 * GIB)  # fills h2
     wait_op(o, o.stop_vm("filler").operation_id)
     host = o.vm("v").host.name
-    o.drivers[host].copy_rate_mib_s = 0.01         # 256 MiB at 0.01 MiB/s: the copy would take 7 hours
+    o.drivers[host].copy_rate_mib_s = 0.01  # 256 MiB at 0.01 MiB/s: the copy would take 7 hours
     monkeypatch.setattr(scaler_module.Scaler, "_migration_timeout", lambda self, host: 1)
     monkeypatch.setattr(scaler_module, "MIGRATE_FIRST_SLACK_S", 0)
     before = ledger_usage(o, "p")
     used_before = o.host(host).used_vcpus, o.host(host).used_memory_mib
     result = o.scaler.scale("v", offering="big")
-    op = wait_op(o, result["operation_id"], timeout=120)     # ended by its deadline: the copy would take hours
+    op = wait_op(o, result["operation_id"], timeout=120)  # ended by its deadline: the copy would take hours
     assert op.state == "failed", op.message
     assert "still copying after 2 s" in op.message and "vmplane.migration.timeout" in op.message
     assert "cancelled" in op.message
@@ -71,7 +80,7 @@ def test_a_migration_that_does_not_end_is_cancelled_and_the_scale_fails_naming_w
     assert mig["state"] in ("cancelled", "failed")
     vm = o.vm("v")
     assert vm.state == "running" and vm.host.name == host and (vm.vcpus, vm.memory_mib) == (1, 256)
-    assert ledger_usage(o, "p") == before                                # the increase given back
+    assert ledger_usage(o, "p") == before  # the increase given back
     assert (o.host(host).used_vcpus, o.host(host).used_memory_mib) == used_before
     assert o.audit() == []
 

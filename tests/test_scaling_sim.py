@@ -1,6 +1,5 @@
 """Live scaling rules and ledger on sim hosts (DESIGN section 5)."""
 
-
 from concurrent.futures import Executor
 
 import pytest
@@ -15,8 +14,6 @@ from .conftest import ledger_usage as usage
 GIB = 1024
 
 
-
-
 def op_of(o, result):
     op = o.operation(result["operation_id"])
     assert op.state == "succeeded", op.message
@@ -28,11 +25,23 @@ def cluster(orch):
     add_sim_hosts(orch, 2, cores=8, memory_mib=8 * GIB)
     orch.catalog.set_setting("enable.dynamic.scale.vm", "true", "zone", "z1")
     orch.catalog.create_offering(Offering("f1", OfferingKind.fixed, vcpus=1, memory_mib=256, dynamic_scaling=True))
-    orch.catalog.create_offering(Offering("f2", OfferingKind.fixed, vcpus=2, memory_mib=512, dynamic_scaling=True,
-                                          cpu_cap=True, cpu_speed_mhz=1200))
+    orch.catalog.create_offering(
+        Offering(
+            "f2", OfferingKind.fixed, vcpus=2, memory_mib=512, dynamic_scaling=True, cpu_cap=True, cpu_speed_mhz=1200
+        )
+    )
     orch.catalog.create_offering(Offering("big", OfferingKind.fixed, vcpus=4, memory_mib=6 * GIB, dynamic_scaling=True))
-    orch.catalog.create_offering(Offering("flex", OfferingKind.custom_constrained, min_vcpus=1, max_vcpus=8,
-                                          min_memory_mib=256, max_memory_mib=8 * GIB, dynamic_scaling=True))
+    orch.catalog.create_offering(
+        Offering(
+            "flex",
+            OfferingKind.custom_constrained,
+            min_vcpus=1,
+            max_vcpus=8,
+            min_memory_mib=256,
+            max_memory_mib=8 * GIB,
+            dynamic_scaling=True,
+        )
+    )
     orch.catalog.create_template("t", "tiny-linux", dynamic_scaling=True)
     orch.catalog.create_project("p", 16, 32 * GIB, 10, count_overhead=True)
     return orch
@@ -45,26 +54,30 @@ def test_a_fixed_offering_vm_scales_to_another_fixed_offering_and_back(cluster):
     op = op_of(o, o.scaler.scale("v", offering="f2"))
     vm = o.vm("v")
     assert (vm.vcpus, vm.memory_mib, vm.offering.name) == (2, 512, "f2")
-    assert vm.cpu_cap_percent == 50.0                         # 1200 MHz of a 2400 MHz sim host
+    assert vm.cpu_cap_percent == 50.0  # 1200 MHz of a 2400 MHz sim host
     assert "memory dimm" in op.message and "vcpus hotplug" in op.message and "cpu cap 0.50" in op.message
     grown = usage(o, "p")
     assert grown - before == Usage(1, 256 + overhead_mib(Size(2, 512)) - overhead_mib(Size(1, 256)), 0)
-    op_of(o, o.scaler.scale("v", offering="f1"))             # and down again, live
+    op_of(o, o.scaler.scale("v", offering="f1"))  # and down again, live
     assert usage(o, "p") == before and o.vm("v").cpu_cap_percent is None and o.audit() == []
 
 
-@pytest.mark.parametrize("switch,words", [
-    ("zone", "setting enable.dynamic.scale.vm is false in zone z1 \\(host h[12]\\)"),
-    ("offering", "offering dynamic_scaling is false"),
-    ("template", "template dynamic_scaling is false"),
-    ("vm", "vm dynamic_scaling is false"),
-])
+@pytest.mark.parametrize(
+    "switch,words",
+    [
+        ("zone", "setting enable.dynamic.scale.vm is false in zone z1 \\(host h[12]\\)"),
+        ("offering", "offering dynamic_scaling is false"),
+        ("template", "template dynamic_scaling is false"),
+        ("vm", "vm dynamic_scaling is false"),
+    ],
+)
 def test_each_switch_off_means_not_prepared_and_scaling_refused_naming_it(cluster, switch, words):
     o = cluster
     if switch == "zone":
         o.catalog.set_setting("enable.dynamic.scale.vm", "false", "zone", "z1")
-    o.catalog.create_offering(Offering("fo", OfferingKind.fixed, vcpus=1, memory_mib=256,
-                                       dynamic_scaling=switch != "offering"))
+    o.catalog.create_offering(
+        Offering("fo", OfferingKind.fixed, vcpus=1, memory_mib=256, dynamic_scaling=switch != "offering")
+    )
     o.catalog.create_template("to", "tiny-linux", dynamic_scaling=switch != "template")
     o.create_vm("v", "p", "fo", "to", dynamically_scalable=switch != "vm", start=True)
     vm = o.vm("v")
@@ -100,17 +113,20 @@ def test_memory_moves_in_128_mib_steps(cluster):
 
 def test_a_full_host_moves_the_vm_first_when_auto_migrate_is_on_and_refuses_when_off(cluster):
     o = cluster
-    o.create_vm("filler", "p", "flex", "t", vcpus=1, memory_mib=5 * GIB, start=True)     # on h1
-    o.create_vm("v", "p", "f1", "t", start=True)                                         # spread: on h2
-    o.create_vm("filler2", "p", "flex", "t", vcpus=1, memory_mib=5 * GIB, start=True)    # fills h2
+    o.create_vm("filler", "p", "flex", "t", vcpus=1, memory_mib=5 * GIB, start=True)  # on h1
+    o.create_vm("v", "p", "f1", "t", start=True)  # spread: on h2
+    o.create_vm("filler2", "p", "flex", "t", vcpus=1, memory_mib=5 * GIB, start=True)  # fills h2
     host = o.vm("v").host.name
     o.catalog.set_setting("auto.migrate.vm.on.live.scale.insufficient.capacity", "false", "cluster", "c1")
     before = usage(o, "p")
-    with pytest.raises(InsufficientCapacity, match=f"host {host} has no room.*auto.migrate.vm.on.live.scale"
-                                                   f".insufficient.capacity is false in cluster c1 \\(host {host}\\)"):
+    with pytest.raises(
+        InsufficientCapacity,
+        match=f"host {host} has no room.*auto.migrate.vm.on.live.scale"
+        f".insufficient.capacity is false in cluster c1 \\(host {host}\\)",
+    ):
         o.scaler.scale("v", vcpus=None, offering="big")
     assert usage(o, "p") == before and o.vm("v").host.name == host and o.audit() == []
-    o.stop_vm("filler")                                   # make room elsewhere
+    o.stop_vm("filler")  # make room elsewhere
     o.catalog.set_setting("auto.migrate.vm.on.live.scale.insufficient.capacity", "true", "cluster", "c1")
     plan = o.scaler.scale("v", offering="big", dry_run=True)
     assert plan["path"] == "migrate-then-scale" and plan["migrate_to"] != host
@@ -163,16 +179,16 @@ def test_a_step_that_changed_the_domain_then_failed_is_recorded_at_what_the_doma
 
     def plugs_then_times_out(name, vcpus):
         if vcpus < 2:
-            raise RuntimeError("the console does not answer")     # the undo: no effect
+            raise RuntimeError("the console does not answer")  # the undo: no effect
         real(name, vcpus)
         raise RuntimeError("the guest shows 1 vCPUs online, not 2")
 
     driver.set_vcpus = plugs_then_times_out
     op = o.operation(o.scaler.scale("v", offering="f2")["operation_id"])
     assert op.state == "failed" and "not 2" in op.message and "recorded and charged at that size" in op.message
-    assert _sizes(o, "v") == ((2, 256), (2, 256))      # the DIMM was unplugged by the undo, the vCPU stays
-    usage(o, "p")                                       # ledger == recomputed from the record
-    assert o.audit() == []                              # claims == record == domain
+    assert _sizes(o, "v") == ((2, 256), (2, 256))  # the DIMM was unplugged by the undo, the vCPU stays
+    usage(o, "p")  # ledger == recomputed from the record
+    assert o.audit() == []  # claims == record == domain
 
 
 def test_an_unplug_the_guest_refuses_keeps_the_larger_size_recorded_and_charged(cluster):
@@ -184,8 +200,9 @@ def test_an_unplug_the_guest_refuses_keeps_the_larger_size_recorded_and_charged(
 
     def refused(name, mib):
         if mib < 512:
-            raise RuntimeError("DIMM dimm0 (256 MiB) still attached after 3 unplug requests: the guest did not "
-                               "release it")
+            raise RuntimeError(
+                "DIMM dimm0 (256 MiB) still attached after 3 unplug requests: the guest did not release it"
+            )
         return type(driver).set_memory(driver, name, mib)
 
     driver.set_memory = refused
@@ -225,6 +242,7 @@ def test_a_stopped_vm_is_resized_offline_charged_only_at_its_next_start(cluster)
 def test_an_error_vm_is_refused(cluster):
     cluster.create_vm("v", "p", "f1", "t")
     from vmplane.store import ledger as L
+
     with cluster.db.transaction() as conn:
         L.set_vm(conn, cluster.vm("v").id, state="error")
     with pytest.raises(Conflict, match="live scaling needs a running VM"):
@@ -249,12 +267,12 @@ class Deferred(Executor):
 def test_count_overhead_can_not_flip_while_a_vm_of_the_project_is_being_scaled(cluster):
     o = cluster
     o.create_vm("v", "p", "f1", "t", start=True)
-    o.executor = deferred = Deferred()
-    o.scaler.scale("v", offering="f2")                 # admitted: increase charged, size not yet changed
+    o.plane.executor = deferred = Deferred()
+    o.scaler.scale("v", offering="f2")  # admitted: increase charged, size not yet changed
     with pytest.raises(Conflict, match=r"VMs being scaled \(v\)") as refused:
         o.catalog.set_quota("p", count_overhead=False)
     assert refused.value.field == "count_overhead" and o.catalog.project("p").count_overhead
     assert o.audit() == [] and o.project_usage("p")["ledger"] == o.project_usage("p")["recomputed"]  # in flight
     deferred.run()
-    o.catalog.set_quota("p", count_overhead=False)      # once it is done
+    o.catalog.set_quota("p", count_overhead=False)  # once it is done
     assert o.vm("v").vcpus == 2 and usage(o, "p").memory_mib == 512 and o.audit() == []

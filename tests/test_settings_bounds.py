@@ -9,18 +9,31 @@ from vmplane.core.settings import KEYS
 from .conftest import ADMIN_TOKEN, add_basics, add_sim_hosts
 
 BAD = [
-    ("cpu.overprovisioning.factor", "inf"), ("cpu.overprovisioning.factor", "nan"),
-    ("cpu.overprovisioning.factor", "1e308"), ("cpu.overprovisioning.factor", 1e308),
+    ("cpu.overprovisioning.factor", "inf"),
+    ("cpu.overprovisioning.factor", "nan"),
+    ("cpu.overprovisioning.factor", "1e308"),
+    ("cpu.overprovisioning.factor", 1e308),
     ("cpu.overprovisioning.factor", 0),
-    ("cpu.overprovisioning.factor", "-1"), ("cpu.overprovisioning.factor", 101),
-    ("mem.overprovisioning.factor", "1e308"), ("mem.overprovisioning.factor", "default"),
-    ("vmplane.overhead.ratio", "inf"), ("vmplane.overhead.ratio", 0.4), ("vmplane.overhead.ratio", 11),
-    ("vmplane.migration.max.per.cluster", -1), ("vmplane.migration.max.per.cluster", "abc"),
-    ("vmplane.migration.max.per.cluster", 1001), ("vmplane.migration.max.per.cluster", 2.5),
-    ("vmplane.migration.max.outbound.per.host", 0), ("vmplane.vm.shutdown.timeout", -1),
-    ("vmplane.host.check.interval", "inf"), ("vmplane.host.check.interval", 0),
-    ("kvm.cpu.dynamic.scaling.capacity", -2), ("kvm.memory.dynamic.scaling.capacity", 2**31),
-    ("enable.dynamic.scale.vm", "maybe"), ("enable.dynamic.scale.vm", 1), ("vmplane.placement.strategy", True),
+    ("cpu.overprovisioning.factor", "-1"),
+    ("cpu.overprovisioning.factor", 101),
+    ("mem.overprovisioning.factor", "1e308"),
+    ("mem.overprovisioning.factor", "default"),
+    ("vmplane.overhead.ratio", "inf"),
+    ("vmplane.overhead.ratio", 0.4),
+    ("vmplane.overhead.ratio", 11),
+    ("vmplane.migration.max.per.cluster", -1),
+    ("vmplane.migration.max.per.cluster", "abc"),
+    ("vmplane.migration.max.per.cluster", 1001),
+    ("vmplane.migration.max.per.cluster", 2.5),
+    ("vmplane.migration.max.outbound.per.host", 0),
+    ("vmplane.vm.shutdown.timeout", -1),
+    ("vmplane.host.check.interval", "inf"),
+    ("vmplane.host.check.interval", 0),
+    ("kvm.cpu.dynamic.scaling.capacity", -2),
+    ("kvm.memory.dynamic.scaling.capacity", 2**31),
+    ("enable.dynamic.scale.vm", "maybe"),
+    ("enable.dynamic.scale.vm", 1),
+    ("vmplane.placement.strategy", True),
 ]
 
 
@@ -44,8 +57,11 @@ def test_a_bad_value_is_422_naming_key_value_and_range_and_nothing_is_saved(api,
 
 def test_non_finite_json_numbers_are_refused(api):
     for raw in ("Infinity", "NaN", "-Infinity", "1e400"):
-        r = api.put("/api/v1/settings/cpu.overprovisioning.factor", content='{"value": %s}' % raw,
-                    headers={"Content-Type": "application/json"})
+        r = api.put(
+            "/api/v1/settings/cpu.overprovisioning.factor",
+            content=f'{{"value": {raw}}}',
+            headers={"Content-Type": "application/json"},
+        )
         assert r.status_code == 422 and r.json()["field"] == "value", (raw, r.text)
     assert _stored(api)["cpu.overprovisioning.factor"] == []
 
@@ -64,8 +80,13 @@ def test_json_numbers_booleans_and_strings_are_accepted_and_listed_typed(api):
     assert api.put("/api/v1/settings/vmplane.migration.max.per.cluster", json={"value": "7"}).json()["value"] == 7
     r = api.put("/api/v1/settings/enable.dynamic.scale.vm", json={"value": True, "scope": "zone", "scope_name": "z1"})
     assert r.json()["value"] is True
-    assert api.put("/api/v1/settings/kvm.cpu.dynamic.scaling.capacity",
-                   json={"value": -1, "scope": "cluster", "scope_name": "c1"}).json()["value"] == -1
+    assert (
+        api.put(
+            "/api/v1/settings/kvm.cpu.dynamic.scaling.capacity",
+            json={"value": -1, "scope": "cluster", "scope_name": "c1"},
+        ).json()["value"]
+        == -1
+    )
     listed = {s["key"]: s for s in api.get("/api/v1/settings").json()}
     assert listed["cpu.overprovisioning.factor"]["values"] == [{"scope": "global", "scope_name": None, "value": 2.0}]
     assert listed["enable.dynamic.scale.vm"]["values"][0]["value"] is True
@@ -75,6 +96,7 @@ def test_json_numbers_booleans_and_strings_are_accepted_and_listed_typed(api):
 
 def test_a_value_stored_before_the_checks_is_ignored_not_a_500(orch, api):
     from vmplane.store.schema import Setting
+
     with orch.db.write() as s:
         s.add(Setting(key="cpu.overprovisioning.factor", scope="global", scope_name="", value="inf"))
     orch.catalog._settings_changed()
@@ -102,8 +124,9 @@ def test_a_lower_factor_is_kept_but_names_the_hosts_now_over_capacity(orch, api)
     api.put("/api/v1/settings/mem.overprovisioning.factor", json={"value": 2, "scope": "cluster", "scope_name": "c1"})
     for i in range(3):
         orch.create_vm(f"v{i}", "p", "any", "tiny", vcpus=1, memory_mib=2048, start=True)
-    r = api.put("/api/v1/settings/mem.overprovisioning.factor",
-                json={"value": 1.0, "scope": "cluster", "scope_name": "c1"})
+    r = api.put(
+        "/api/v1/settings/mem.overprovisioning.factor", json={"value": 1.0, "scope": "cluster", "scope_name": "c1"}
+    )
     assert r.status_code == 200 and r.json()["value"] == 1.0
     warnings = r.json()["warnings"]
     assert warnings and all("MiB allocated, capacity now 4096 MiB" in w for w in warnings)
@@ -134,8 +157,12 @@ def cli(api, monkeypatch):
 def test_cli_accepts_negative_values_and_unsets(cli, api):
     r = cli("setting", "set", "kvm.cpu.dynamic.scaling.capacity", "-1", "--cluster", "c1", "-o", "json")
     assert r.exit_code == 0, r.output
-    assert api.get("/api/v1/settings/kvm.cpu.dynamic.scaling.capacity",
-                   params={"scope": "cluster", "scope_name": "c1"}).json()["value"] == -1
+    assert (
+        api.get(
+            "/api/v1/settings/kvm.cpu.dynamic.scaling.capacity", params={"scope": "cluster", "scope_name": "c1"}
+        ).json()["value"]
+        == -1
+    )
     r = cli("setting", "set", "vmplane.migration.max.per.cluster", "-1", "-o", "json")
     assert r.exit_code == 1 and "1..1000" in r.output
     r = cli("setting", "unset", "kvm.cpu.dynamic.scaling.capacity", "--cluster", "c1", "-o", "json")

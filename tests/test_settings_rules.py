@@ -27,9 +27,16 @@ def test_a_zone_scoped_key_cannot_be_set_per_cluster():
     assert exc.value.field == "scope"
 
 
-@pytest.mark.parametrize("key,value", [("cpu.overprovisioning.factor", "0"), ("cpu.overprovisioning.factor", "x"),
-                                       ("enable.dynamic.scale.vm", "maybe"), ("vmplane.placement.strategy", "random"),
-                                       ("vmplane.migration.max.per.cluster", "-1")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("cpu.overprovisioning.factor", "0"),
+        ("cpu.overprovisioning.factor", "x"),
+        ("enable.dynamic.scale.vm", "maybe"),
+        ("vmplane.placement.strategy", "random"),
+        ("vmplane.migration.max.per.cluster", "-1"),
+    ],
+)
 def test_bad_values_are_refused_naming_the_value(key, value):
     with pytest.raises(Invalid) as exc:
         parse_value(key, "global", value)

@@ -13,10 +13,11 @@ import time
 
 import pytest
 
-from vmplane.hosts.drivers import simhosts
 from vmplane.core.driver import DomainSpec, DriverError, HostInfo, MigrationParams
+from vmplane.hosts.drivers import simhosts
 from vmplane.hosts.drivers.sim import SimDriver
-from vmplane.hosts.drivers.simfabric import STOPPED, SimFabric
+from vmplane.hosts.drivers.simevents import STOPPED
+from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.hosts.drivers.simfaults import KINDS, SimFaults
 from vmplane.hosts.drivers.simstorage import SimStorageError
 from vmplane.hosts.fencing import sim as sim_fencing
@@ -88,29 +89,35 @@ def test_a_power_failure_empties_the_host_at_once_with_no_event_and_another_view
     h1.start(spec("d1"))
     h1.start(spec("d2"))
     h2.start(spec("d3"))
-    a.set_state("h1", "d2", "shutoff", "crashed")       # defined, shut off: gone too after a power cut
+    a.set_state("h1", "d2", "shutoff", "crashed")  # defined, shut off: gone too after a power cut
     events = []
-    a.faults = SimFaults(seed=1)                         # fault mode with no fault: events are sent
+    a.faults = SimFaults(seed=1)  # fault mode with no fault: events are sent
     h1.watch(lambda *e: events.append(e))
 
     a.fail_host("h1", "power")
 
     other = SimDriver("h1", INFO, b)
-    for call in (other.domains, lambda: other.domain("d1"), lambda: other.start(spec("d4")), other.host_info,
-                 lambda: other.stop("d1"), lambda: other.migration_active("d1")):
-        with pytest.raises(DriverError, match="cannot connect to the hypervisor.*retry"):
+    for call in (
+        other.domains,
+        lambda: other.domain("d1"),
+        lambda: other.start(spec("d4")),
+        other.host_info,
+        lambda: other.stop("d1"),
+        lambda: other.migration_active("d1"),
+    ):
+        with pytest.raises(DriverError, match=r"cannot connect to the hypervisor.*retry"):
             call()
     state = b.host_state("h1")
     assert (state.power, state.reachable, state.mode) == ("off", False, "power")
     assert b.domains("h1") == [] and b.hosts_of("d1") == []
-    assert [d.name for d in SimDriver("h2", INFO, b).domains()] == ["d3"]       # the others run on
+    assert [d.name for d in SimDriver("h2", INFO, b).domains()] == ["d3"]  # the others run on
     assert events == []
-    with pytest.raises(SimStorageError, match="down"):      # nothing starts on it, even behind the driver
+    with pytest.raises(SimStorageError, match="down"):  # nothing starts on it, even behind the driver
         b.put("h1", spec("d5"))
 
     b.recover_host("h1")
     assert a.host_state("h1").power == "on" and h1.domains() == []
-    h1.start(spec("d1"))                                   # it runs what it is asked again
+    h1.start(spec("d1"))  # it runs what it is asked again
     assert a.hosts_of("d1") == ["h1"]
 
 
@@ -131,9 +138,9 @@ def test_a_daemon_or_network_failure_keeps_the_guests_running_but_the_host_does_
         SimDriver("h1", INFO, b).domain("d1")
     state = a.host_state("h1")
     assert (state.power, state.reachable, state.mode) == ("on", False, mode)
-    assert [(d.name, d.running) for d in a.domains("h1")] == [("d1", True)]       # what the host runs
+    assert [(d.name, d.running) for d in a.domains("h1")] == [("d1", True)]  # what the host runs
     a.emit("h1", "d1", STOPPED, 0)
-    assert events == []                                   # nothing comes from a host not reached
+    assert events == []  # nothing comes from a host not reached
 
     a.recover_host("h1")
     assert [d.name for d in SimDriver("h1", INFO, b).domains()] == ["d1"]
@@ -145,18 +152,29 @@ def test_another_process_fails_and_recovers_a_host(path):
     fabric = SimFabric(path)
     (h1,) = drivers(fabric, "h1")
     h1.start(spec("d1"))
-    script = ("import sys; from pathlib import Path; from vmplane.hosts.drivers.simfabric import SimFabric; "
-              "f = SimFabric(Path(sys.argv[1])); f.fail_host('h1', sys.argv[2]); print(len(f.domains('h1')))")
+    script = (
+        "import sys; from pathlib import Path; from vmplane.hosts.drivers.simfabric import SimFabric; "
+        "f = SimFabric(Path(sys.argv[1])); f.fail_host('h1', sys.argv[2]); print(len(f.domains('h1')))"
+    )
 
-    out = subprocess.run([sys.executable, "-c", script, str(path), "network"], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path), "network"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "1"
     with pytest.raises(DriverError, match="Connection reset"):
         h1.domains()
     subprocess.run([sys.executable, "-c", script, str(path), "power"], check=True, capture_output=True)
     assert fabric.host_state("h1").power == "off" and fabric.domains("h1") == []
-    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from vmplane.hosts.drivers.simfabric "
-                    "import SimFabric; SimFabric(Path(sys.argv[1])).recover_host('h1')", str(path)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from vmplane.hosts.drivers.simfabric "
+            "import SimFabric; SimFabric(Path(sys.argv[1])).recover_host('h1')",
+            str(path),
+        ],
+        check=True,
+    )
     assert h1.domains() == []
     fabric.close()
 
@@ -173,12 +191,20 @@ def test_a_migration_to_or_from_a_failed_host_is_refused_and_the_domain_stays(fa
     assert a.domains("h2") == []
 
 
-@pytest.mark.parametrize("dies,mode,left", [("h1", "power", []), ("h1", "daemon", ["h1"]), ("h1", "network", ["h1"]),
-                                            ("h2", "power", ["h1"]), ("h2", "network", ["h1"])])
+@pytest.mark.parametrize(
+    "dies,mode,left",
+    [
+        ("h1", "power", []),
+        ("h1", "daemon", ["h1"]),
+        ("h1", "network", ["h1"]),
+        ("h2", "power", ["h1"]),
+        ("h2", "network", ["h1"]),
+    ],
+)
 def test_an_end_failing_mid_copy_fails_the_migration_and_the_target_keeps_nothing(fabrics, dies, mode, left):
     a, b = fabrics
     h1, h2 = drivers(a, "h1", "h2")
-    h1.copy_rate_mib_s = 8.0                     # 1 GiB: a two-minute copy, failed long before it ends
+    h1.copy_rate_mib_s = 8.0  # 1 GiB: a two-minute copy, failed long before it ends
     h1.start(spec("d1"))
     errors = []
 
@@ -198,8 +224,7 @@ def test_an_end_failing_mid_copy_fails_the_migration_and_the_target_keeps_nothin
     assert a.domains("h2") == [] or dies == "h2"
 
 
-def test_a_copy_going_on_without_the_client_dies_with_its_source_or_completes_through_a_partition(
-        fabrics, monkeypatch):
+def test_a_copy_going_on_without_the_client_dies_with_its_source_or_completes_through_a_partition(fabrics, monkeypatch):
     a, b = fabrics
     a.faults = SimFaults(seed=3, lost_connection=1.0, copy_delay_s=(0.01, 0.01))
     h1, h2 = drivers(a, "h1", "h2")
@@ -208,7 +233,7 @@ def test_a_copy_going_on_without_the_client_dies_with_its_source_or_completes_th
     release = held_copy(a, monkeypatch)
     with pytest.raises(DriverError, match="lost mid-copy"):
         h1.migrate("d1", h2, MigrationParams())
-    b.fail_host("h1", "power")                    # the source dies during the copy: the guest is lost
+    b.fail_host("h1", "power")  # the source dies during the copy: the guest is lost
     release.set()
     copy_ended(h1)
     assert a.hosts_of("d1") == [] and a.domains("h2") == []
@@ -218,14 +243,15 @@ def test_a_copy_going_on_without_the_client_dies_with_its_source_or_completes_th
     release = held_copy(a, monkeypatch)
     with pytest.raises(DriverError, match="lost mid-copy"):
         h1.migrate("d1", h2, MigrationParams())
-    b.fail_host("h1", "network")                  # the control plane loses the source: the hosts copy on
+    b.fail_host("h1", "network")  # the control plane loses the source: the hosts copy on
     release.set()
     copy_ended(h1)
     assert a.hosts_of("d1") == ["h2"]
 
 
 def test_a_copy_going_on_without_the_client_lands_nowhere_if_its_target_was_power_cycled_meanwhile(
-        fabrics, monkeypatch):
+    fabrics, monkeypatch
+):
     """The incoming domain lives in the target's QEMU, under its libvirtd: a target whose power (or daemon)
     failed during the copy lost it, even if it answers again before the copy would have ended. The guest
     stays on its source, as with libvirt."""
@@ -238,7 +264,7 @@ def test_a_copy_going_on_without_the_client_lands_nowhere_if_its_target_was_powe
         with pytest.raises(DriverError, match="lost mid-copy"):
             h1.migrate("d1", h2, MigrationParams())
         b.fail_host("h2", mode)
-        b.recover_host("h2")                      # back (empty after a power cut) before the copy ends
+        b.recover_host("h2")  # back (empty after a power cut) before the copy ends
         release.set()
         copy_ended(h1)
         assert a.hosts_of("d1") == ["h1"] and a.domains("h2") == [], mode
@@ -247,26 +273,26 @@ def test_a_copy_going_on_without_the_client_lands_nowhere_if_its_target_was_powe
 
 def test_the_sim_agent_powers_a_host_off_and_reads_it_back_from_another_view(fabrics, monkeypatch):
     a, b = fabrics
-    clock = fakeclock.install(monkeypatch, sim_fencing)       # the agent's polls, counted
+    clock = fakeclock.install(monkeypatch, sim_fencing)  # the agent's polls, counted
     (h1,) = drivers(a, "h1")
     h1.start(spec("d1"))
     agent, other = SimAgent(a), SimAgent(b)
     assert agent.status("h1") == "on"
-    a.fail_host("h1", "daemon")                   # the daemon is dead: the BMC works all the same
+    a.fail_host("h1", "daemon")  # the daemon is dead: the BMC works all the same
     assert other.status("h1") == "on"
 
     fenced = agent.power_off("h1")
     assert (fenced.agent, fenced.host) == ("sim", "h1") and "off" in fenced.detail
-    assert clock.slept == [] and fenced.seconds == 0        # confirmed by its first read-back: no poll
+    assert clock.slept == [] and fenced.seconds == 0  # confirmed by its first read-back: no poll
     assert other.status("h1") == "off" and b.domains("h1") == []
-    assert agent.power_off("h1").host == "h1"    # off already: confirmed again
+    assert agent.power_off("h1").host == "h1"  # off already: confirmed again
     b.recover_host("h1")
     assert agent.status("h1") == "on"
 
 
 def test_broken_fencing_fails_and_changes_nothing(fabrics, monkeypatch):
     a, b = fabrics
-    clock = fakeclock.install(monkeypatch, sim_fencing)       # the agent's wait for its read-back
+    clock = fakeclock.install(monkeypatch, sim_fencing)  # the agent's wait for its read-back
     (h1,) = drivers(a, "h1")
     h1.start(spec("d1"))
     a.fail_host("h1", "network")
@@ -281,9 +307,9 @@ def test_broken_fencing_fails_and_changes_nothing(fabrics, monkeypatch):
 
     b.set_fence_broken("h1", "the BMC ignores power-off", mode="ignores")
     t0 = clock.monotonic()
-    with pytest.raises(FenceError, match="still on after 0.2 s.*ignores"):
+    with pytest.raises(FenceError, match=r"still on after 0.2 s.*ignores"):
         agent.power_off("h1", timeout_s=0.2)
-    assert clock.monotonic() - t0 >= 0.2 and len(clock.slept) >= 0.2 / sim_fencing.POLL_S - 1   # read back till then
+    assert clock.monotonic() - t0 >= 0.2 and len(clock.slept) >= 0.2 / sim_fencing.POLL_S - 1  # read back till then
     assert agent.status("h1") == "on" and [d.name for d in b.domains("h1")] == ["d1"]
 
     b.set_fence_broken("h1", None)
@@ -311,29 +337,29 @@ def test_host_faults_are_off_by_default_even_when_nasty():
 
 def test_a_flap_is_a_short_blip_counted_seen_by_every_view_and_ends_by_itself(fabrics, monkeypatch):
     a, b = fabrics
-    clock = fakeclock.install(monkeypatch, simhosts)          # when the flap ends: moved by the test
+    clock = fakeclock.install(monkeypatch, simhosts)  # when the flap ends: moved by the test
     (h1,) = drivers(a, "h1")
     h1.start(spec("d1"))
     faults = a.faults = SimFaults(seed=4, host_flap=1.0, flap_s=(0.3, 0.3))
     with pytest.raises(DriverError, match="Connection reset"):
         h1.domains()
-    faults.enabled = False                        # no new flap; the one under way still ends
+    faults.enabled = False  # no new flap; the one under way still ends
     assert faults.counts["host_flap"] == 1
     assert not b.host_state("h1").reachable and not a.settled()
     with pytest.raises(DriverError):
         SimDriver("h1", INFO, b).domains()
     with pytest.raises(DriverError):
         h1.domains()
-    assert faults.counts["host_call"] == 2      # the two refused calls of this process's fault mode
+    assert faults.counts["host_call"] == 2  # the two refused calls of this process's fault mode
     assert not a.settled()
-    clock.advance(0.3)                          # the flap's length
+    clock.advance(0.3)  # the flap's length
     assert a.settled() and b.host_state("h1").reachable
-    assert [d.name for d in h1.domains()] == ["d1"]     # its guests ran on
+    assert [d.name for d in h1.domains()] == ["d1"]  # its guests ran on
 
 
 def test_partitions_and_reboots_are_counted_and_end_by_themselves(fabrics, monkeypatch):
     a, b = fabrics
-    clock = fakeclock.install(monkeypatch, simhosts)          # when they end: moved by the test
+    clock = fakeclock.install(monkeypatch, simhosts)  # when they end: moved by the test
     h1, h2 = drivers(a, "h1", "h2")
     h1.start(spec("d1"))
     h2.start(spec("d2"))
@@ -349,9 +375,9 @@ def test_partitions_and_reboots_are_counted_and_end_by_themselves(fabrics, monke
     assert set(b.failed_hosts()) == {"h1", "h2"}
     faults.enabled = False
     assert set(b.failed_hosts()) == {"h1", "h2"} and not a.settled()
-    clock.advance(0.3)                          # their length
+    clock.advance(0.3)  # their length
     assert b.failed_hosts() == {} and a.settled()
-    assert [d.name for d in h1.domains()] == ["d1"] and h2.domains() == []   # a rebooted host is back empty
+    assert [d.name for d in h1.domains()] == ["d1"] and h2.domains() == []  # a rebooted host is back empty
 
 
 def test_flaps_at_a_rate_on_many_hosts_leave_every_guest_where_it_was():

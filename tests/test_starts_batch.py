@@ -12,16 +12,15 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from vmplane.store import events
 from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.orchestrator import Orchestrator
-from vmplane.store import Database
+from vmplane.store import Database, events
 from vmplane.store.schema import Event, Operation
 
 from .conftest import add_basics, add_sim_hosts, ledger_usage
+from .stores import store_url
 from .test_admission_batch import _failing
 from .test_controllers import Held
-from .stores import store_url
 
 
 def _plane(folder: Path, executor: Executor) -> Orchestrator:
@@ -55,15 +54,19 @@ def _create(o: Orchestrator, names: list[str]) -> dict[str, str]:
 
 def _log(o: Orchestrator, kind: str) -> list[tuple[str, str | None, str]]:
     with o.db.read() as s:
-        return [tuple(r) for r in s.execute(select(Event.subject, Event.new_state, Event.cause)
-                                            .where(Event.kind == kind).order_by(Event.id))]
+        return [
+            tuple(r)
+            for r in s.execute(
+                select(Event.subject, Event.new_state, Event.cause).where(Event.kind == kind).order_by(Event.id)
+            )
+        ]
 
 
 def test_queued_starts_run_as_one_batch_and_each_keeps_its_own_cause(tmp_path):
     o, held = _cluster(tmp_path)
     try:
         ops = _create(o, ["a1", "a2", "a3", "a4"])
-        assert len(held.queue) == 1                 # one drain for the four
+        assert len(held.queue) == 1  # one drain for the four
         assert {v.name: v.state for v in o.vms()} == dict.fromkeys(ops, "starting")
         held.run_all()
         assert {v.name: v.state for v in o.vms()} == dict.fromkeys(ops, "running")
@@ -86,14 +89,14 @@ def test_queued_starts_run_as_one_batch_and_each_keeps_its_own_cause(tmp_path):
 def test_a_start_whose_host_does_not_answer_ends_alone_and_stays_charged(tmp_path):
     o, held = _cluster(tmp_path)
     try:
-        ops = _create(o, ["b1", "b2", "b3", "b4"])      # spread: b1, b3 on one host, b2, b4 on the other
+        ops = _create(o, ["b1", "b2", "b3", "b4"])  # spread: b1, b3 on one host, b2, b4 on the other
         hosts = {v.name: v.host.name for v in o.vms()}
         down = hosts["b1"]
         SimFabric.for_store(o.db.url).fail_host(down, "daemon")
         held.run_all()
         states = {v.name: v.state for v in o.vms()}
         for name in ops:
-            if hosts[name] == down:         # nobody can tell whether it runs: unknown, charged and claimed
+            if hosts[name] == down:  # nobody can tell whether it runs: unknown, charged and claimed
                 assert states[name] == "unknown" and o.operation(ops[name]).state == "failed"
             else:
                 assert states[name] == "running" and o.operation(ops[name]).state == "succeeded"
@@ -109,12 +112,13 @@ def test_a_batch_whose_confirmation_fails_to_commit_confirms_each_start_alone(tm
         real = o.db.transaction
         calls = []
 
-        def flaky():            # the second transaction (the batch's confirmations) fails at its commit
+        def flaky():  # the second transaction (the batch's confirmations) fails at its commit
             calls.append(1)
             return _failing(real) if len(calls) == 2 else real()
+
         monkeypatch.setattr(o.db, "transaction", flaky)
         held.run_all()
-        assert len(calls) == 5          # the steps; the confirmations (failed); each of the three again alone
+        assert len(calls) == 5  # the steps; the confirmations (failed); each of the three again alone
         assert {v.name: v.state for v in o.vms()} == dict.fromkeys(ops, "running")
         assert {o.operation(op).state for op in ops.values()} == {"succeeded"}
         assert o.audit() == []
@@ -126,7 +130,7 @@ def test_a_start_another_process_owns_is_not_run_here(tmp_path):
     o, held = _cluster(tmp_path)
     try:
         ops = _create(o, ["d1", "d2"])
-        with o.db.transaction() as conn:            # d2's start was taken over by another process
+        with o.db.transaction() as conn:  # d2's start was taken over by another process
             conn.execute(Operation.__table__.update().where(Operation.id == ops["d2"]).values(owner=10**6))
         held.run_all()
         assert o.operation(ops["d1"]).state == "succeeded"
@@ -143,12 +147,12 @@ def test_a_start_queued_again_while_its_host_is_asked_runs_once(tmp_path):
     try:
         op = _create(o, ["e1"])["e1"]
         _wait(lambda: calls, "the host asked")
-        o.starts.submit(op, "recovery")             # handed back while its host is being asked
-        time.sleep(0.3)                             # (a second run would ask the host now)
+        o.starts.submit(op, "recovery")  # handed back while its host is being asked
+        time.sleep(0.3)  # (a second run would ask the host now)
         release.set()
         _wait(lambda: o.operation(op).state == "succeeded", "the start ended")
         time.sleep(0.3)
-        assert calls == ["vmplane-e1"]              # its host asked once
+        assert calls == ["vmplane-e1"]  # its host asked once
         assert [st for s, st, _ in _log(o, "operation") if s == op] == ["pending", "running", "succeeded"]
         assert o.audit() == []
     finally:
@@ -165,7 +169,7 @@ def test_a_late_failure_of_a_start_that_ended_changes_nothing(tmp_path):
         op = _create(o, ["h1vm"])["h1vm"]
         held.run_all()
         before = (o.vm("h1vm").state, ledger_usage(o, "p"))
-        o._fail(op, RuntimeError("database is locked"))
+        o.ops.fail(op, RuntimeError("database is locked"))
         assert o.operation(op).state == "succeeded"
         assert (o.vm("h1vm").state, ledger_usage(o, "p")) == before
         assert o.audit() == []
@@ -176,19 +180,20 @@ def test_a_late_failure_of_a_start_that_ended_changes_nothing(tmp_path):
 def test_a_failure_while_ending_one_start_leaves_the_others_of_its_batch_to_end(tmp_path, monkeypatch):
     o, held = _cluster(tmp_path)
     try:
-        ops = _create(o, ["f1", "f2", "f3", "f4"])      # spread: f1, f3 on one host, f2, f4 on the other
+        ops = _create(o, ["f1", "f2", "f3", "f4"])  # spread: f1, f3 on one host, f2, f4 on the other
         hosts = {v.name: v.host.name for v in o.vms()}
         SimFabric.for_store(o.db.url).fail_host(hosts["f1"], "daemon")
-        real = o._fail
+        real = o.ops.fail
 
         def fail(op_id, exc):
             if op_id == ops["f1"]:
                 raise RuntimeError("database is locked")
             return real(op_id, exc)
-        monkeypatch.setattr(o, "_fail", fail)
+
+        monkeypatch.setattr(o.ops, "fail", fail)
         held.run_all()
         states = {v.name: v.state for v in o.vms()}
-        assert states["f1"] == "starting"           # left at its step (resumed at the next start-up)
+        assert states["f1"] == "starting"  # left at its step (resumed at the next start-up)
         assert (states["f3"], o.operation(ops["f3"]).state) == ("unknown", "failed")
         assert states["f2"] == states["f4"] == "running"
     finally:
@@ -209,6 +214,7 @@ def _threaded(folder: Path) -> tuple[Orchestrator, threading.Event, list[str]]:
         calls.append(spec.name)
         release.wait(30)
         return real_start(spec)
+
     slow.start = hung
     return o, release, calls
 

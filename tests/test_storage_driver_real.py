@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from vmplane.hosts import localhosts
 from vmplane.core.driver import DiskSpec, DomainSpec, DriverError, MigrationParams, PoolSpec
+from vmplane.hosts import localhosts
 from vmplane.hosts.guest import build as guest
 
 from .realguest import require_libvirt
 
 LOCAL, IMAGES = localhosts.LOCAL_PATH, localhosts.IMAGES_PATH
-SHARED = f"{localhosts.SHARED_PATH}/pool1"          # a shared pool is a subfolder of the shared export
+SHARED = f"{localhosts.SHARED_PATH}/pool1"  # a shared pool is a subfolder of the shared export
 MEMORY_MIB = 256
 
 
@@ -96,19 +96,19 @@ def test_a_pool_is_defined_read_back_and_redefined_idempotently(cluster):
     info = a.define_pool(PoolSpec("shared", cluster.shared_path))
     assert info.state == "running" and info.path == cluster.shared_path
     assert info.capacity_mib > 0 and 0 < info.available_mib <= info.capacity_mib
-    again = a.define_pool(PoolSpec("shared", cluster.shared_path))           # idempotent
+    again = a.define_pool(PoolSpec("shared", cluster.shared_path))  # idempotent
     assert (again.name, again.path, again.state) == (info.name, info.path, info.state)
     with pytest.raises(DriverError, match=r"^st1: pool shared exists at .* not /elsewhere"):
         a.define_pool(PoolSpec("shared", "/elsewhere"))
     assert a.pool_info("no-such-pool") is None
-    a.remove_pool("no-such-pool")                                           # absent is fine
+    a.remove_pool("no-such-pool")  # absent is fine
     # a pool removed (files kept) and defined again finds its volumes
     assert any(v.name == "tiny-linux.qcow2" for v in b.volumes("images"))
     b.remove_pool("images")
     assert b.pool_info("images") is None
     b.define_pool(PoolSpec("images", cluster.images_path))
     assert b.volume("images", "tiny-linux.qcow2").format == "qcow2"
-    with pytest.raises(DriverError, match="^st1: pool no-such-pool does not exist here"):
+    with pytest.raises(DriverError, match=r"^st1: pool no-such-pool does not exist here"):
         a.volumes("no-such-pool")
 
 
@@ -118,9 +118,9 @@ def test_an_overlay_volume_is_created_read_back_resized_and_deleted(cluster, tmp
     assert template.format == "qcow2" and template.capacity_mib == guest.ROOT_DISK_MIB
     vol = a.create_volume("shared", "ov1.qcow2", 512, "qcow2", template.path, "qcow2")
     assert (vol.format, vol.capacity_mib, vol.backing) == ("qcow2", 512, template.path)
-    assert vol.allocation_mib < 8                                           # thin: only the overlay's header
-    assert a.create_volume("shared", "ov1.qcow2", 999, "qcow2", template.path, "qcow2") == vol   # returned as it is
-    assert b.volume("shared", "ov1.qcow2").path == vol.path                 # the other host sees it (shared)
+    assert vol.allocation_mib < 8  # thin: only the overlay's header
+    assert a.create_volume("shared", "ov1.qcow2", 999, "qcow2", template.path, "qcow2") == vol  # returned as it is
+    assert b.volume("shared", "ov1.qcow2").path == vol.path  # the other host sees it (shared)
     with pytest.raises(DriverError, match="smaller than its backing image"):
         a.create_volume("shared", "ov2.qcow2", 128, "qcow2", template.path, "qcow2")
     assert a.volume("shared", "ov2.qcow2") is None
@@ -129,19 +129,21 @@ def test_an_overlay_volume_is_created_read_back_resized_and_deleted(cluster, tmp
         a.resize_volume("shared", "ov1.qcow2", 600)
     a.delete_volume("shared", "ov1.qcow2")
     assert a.volume("shared", "ov1.qcow2") is None and b.volume("shared", "ov1.qcow2") is None
-    a.delete_volume("shared", "ov1.qcow2")                                  # absent is fine
+    a.delete_volume("shared", "ov1.qcow2")  # absent is fine
     junk = tmp_path / "junk.img"
     junk.write_bytes(b"not an image\n" * 1000)
     with pytest.raises(DriverError, match="is a raw image, not qcow2"):
         a.upload_volume("shared", "junk.qcow2", str(junk), "qcow2")
-    assert a.volume("shared", "junk.qcow2") is None                         # removed again
+    assert a.volume("shared", "junk.qcow2") is None  # removed again
 
 
 def test_libvirt_takes_a_domain_that_boots_from_its_first_disk(cluster):
     """image == "": no kernel, <boot dev='hd'/> (the test guest's disk has no boot loader: defined only)."""
     a, _ = cluster.drivers
     vol = a.create_volume("shared", "bootable.qcow2", 512, "qcow2", cluster.template_path, "qcow2")
-    d = DomainSpec("vmp-fromdisk", 1, 1, MEMORY_MIB, MEMORY_MIB, "", disks=(DiskSpec("shared", vol.name, vol.path, "vda"),))
+    d = DomainSpec(
+        "vmp-fromdisk", 1, 1, MEMORY_MIB, MEMORY_MIB, "", disks=(DiskSpec("shared", vol.name, vol.path, "vda"),)
+    )
     dom = a.conn.defineXML(a.domain_xml(d))
     try:
         xml = dom.XMLDesc(0)
@@ -164,7 +166,7 @@ def test_a_guest_boots_with_a_disk_and_its_data_survives_destroy_and_start(clust
         run(a, "vmp-disk1", "echo kept-across-restart > /data/marker && sync")
         with pytest.raises(DriverError, match="in use by domain vmp-disk1"):
             a.delete_volume("shared", vol.name)
-        a.stop("vmp-disk1")                                                 # destroyed and undefined
+        a.stop("vmp-disk1")  # destroyed and undefined
         a.start(spec("vmp-disk1", disk))
         assert run(a, "vmp-disk1", "cat /data/marker") == "kept-across-restart"
         # the root disk grows live: the guest's kernel sees the new size
@@ -190,14 +192,18 @@ def test_a_volume_is_hot_plugged_seen_by_the_guest_and_detached_confirmed(cluste
         run(a, "vmp-hp", "test -b /dev/vda")
         extra = DiskSpec("shared", data.name, data.path, "vdb")
         a.attach_disk("vmp-hp", extra)
-        a.attach_disk("vmp-hp", extra)                                      # a retry: already there
+        a.attach_disk("vmp-hp", extra)  # a retry: already there
         assert a.domain_disks("vmp-hp") == {"vda": root.path, "vdb": data.path}
         deadline = time.monotonic() + 30
         while run(a, "vmp-hp", "test -b /dev/vdb && echo yes || echo no") != "yes":
             assert time.monotonic() < deadline, "the guest never saw /dev/vdb"
             time.sleep(0.5)
-        run(a, "vmp-hp", "mke2fs -q /dev/vdb && mkdir -p /mnt/v && mount /dev/vdb /mnt/v && "
-                         "echo on-the-volume > /mnt/v/f && umount /mnt/v")
+        run(
+            a,
+            "vmp-hp",
+            "mke2fs -q /dev/vdb && mkdir -p /mnt/v && mount /dev/vdb /mnt/v && "
+            "echo on-the-volume > /mnt/v/f && umount /mnt/v",
+        )
         with pytest.raises(DriverError, match="has another disk at vdb"):
             a.attach_disk("vmp-hp", DiskSpec("shared", "x", "/nowhere/x.qcow2", "vdb"))
         t0 = time.monotonic()
@@ -205,7 +211,7 @@ def test_a_volume_is_hot_plugged_seen_by_the_guest_and_detached_confirmed(cluste
         detach_s = time.monotonic() - t0
         assert "vdb" not in a.domain_disks("vmp-hp")
         run(a, "vmp-hp", "test ! -b /dev/vdb")
-        a.detach_disk("vmp-hp", "vdb")                                      # absent already: fine
+        a.detach_disk("vmp-hp", "vdb")  # absent already: fine
         print(f"\ndetach confirmed in {detach_s:.1f} s")
         # attached again, the data is there
         a.attach_disk("vmp-hp", extra)
@@ -246,7 +252,7 @@ def test_a_shared_pool_disk_migrates_live_with_unsafe_and_keeps_its_data(cluster
     a.start(spec(name, DiskSpec("shared", vol.name, vol.path, "vda")))
     try:
         md5 = _fill(a, name)
-        with pytest.raises(DriverError, match="(?i)unsafe"):          # libvirt's own check: ext4 is not shared
+        with pytest.raises(DriverError, match=r"(?i)unsafe"):  # libvirt's own check: ext4 is not shared
             a.migrate(name, b, MigrationParams())
         assert a.domain(name).running
         stats, _ = _migrate(a, b, name, MigrationParams(shared_disks=True))
@@ -266,32 +272,38 @@ def test_a_local_pool_disk_is_copied_by_a_live_migration_while_the_guest_writes(
         d.define_pool(PoolSpec("local", LOCAL))
     name = "vmp-local"
     vol = a.create_volume("local", "mig-local.qcow2", 512, "qcow2", cluster.template_path, "qcow2")
-    assert b.volume("local", vol.name) is None                              # a folder of its own per host
+    assert b.volume("local", vol.name) is None  # a folder of its own per host
     a.start(spec(name, DiskSpec("local", vol.name, vol.path, "vda")))
     try:
         md5 = _fill(a, name)
         # the guest keeps writing (1 MiB every 0.2 s) while the disk and the memory are copied
-        run(a, name, "(i=0; while [ ! -e /data/stop ]; do dd if=/dev/urandom of=/data/busy bs=1M count=1 seek=$((i % 32)) "
-                     "conv=notrunc 2>/dev/null; i=$((i+1)); echo $i > /data/busy.count; sleep 0.2; done) "
-                     ">/dev/null 2>&1 &")
+        run(
+            a,
+            name,
+            "(i=0; while [ ! -e /data/stop ]; do dd if=/dev/urandom of=/data/busy bs=1M count=1 seek=$((i % 32)) "
+            "conv=notrunc 2>/dev/null; i=$((i+1)); echo $i > /data/busy.count; sleep 0.2; done) "
+            ">/dev/null 2>&1 &",
+        )
         # vmplane creates the overlay on the target first: same name, same path, same backing image
         made = b.create_volume("local", vol.name, 512, "qcow2", cluster.template_path, "qcow2")
         assert made.path == vol.path and made.allocation_mib < 8
         t0 = time.monotonic()
         stats, reports = _migrate(a, b, name, MigrationParams(copy_disks=("vda",)))
         wall = time.monotonic() - t0
-        print(f"\nlocal-pool migration (disk copied): {wall:.1f} s wall, {stats.total_ms} ms, "
-              f"{stats.bytes_sent >> 20} MiB sent, disk {stats.extra['disk_bytes'] >> 20} MiB "
-              f"of {stats.extra['disk_total'] >> 20} MiB, memory {stats.extra['memory_bytes'] >> 20} MiB, "
-              f"downtime {stats.downtime_ms} ms; reports: {reports[:2]} ... {reports[-2:]}")
+        print(
+            f"\nlocal-pool migration (disk copied): {wall:.1f} s wall, {stats.total_ms} ms, "
+            f"{stats.bytes_sent >> 20} MiB sent, disk {stats.extra['disk_bytes'] >> 20} MiB "
+            f"of {stats.extra['disk_total'] >> 20} MiB, memory {stats.extra['memory_bytes'] >> 20} MiB, "
+            f"downtime {stats.downtime_ms} ms; reports: {reports[:2]} ... {reports[-2:]}"
+        )
         assert a.domain(name) is None and b.domain(name).running
-        assert stats.extra["disk_bytes"] >= 64 << 20                        # the overlay's data crossed
+        assert stats.extra["disk_bytes"] >= 64 << 20  # the overlay's data crossed
         assert any(m.startswith("disks ") for _, m in reports)
         percents = [p for p, _ in reports]
-        assert percents == sorted(percents)                                 # progress never goes back
+        assert percents == sorted(percents)  # progress never goes back
         counted = int(run(b, name, "cat /data/busy.count"))
         time.sleep(1)
-        assert int(run(b, name, "cat /data/busy.count")) > counted         # still writing, on the target
+        assert int(run(b, name, "cat /data/busy.count")) > counted  # still writing, on the target
         run(b, name, "touch /data/stop; sleep 1; sync")
         assert _md5_from_disk(b, name) == md5
         assert b.domain_disks(name) == {"vda": vol.path}

@@ -13,21 +13,33 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from vmplane.hosts.drivers.simfabric import SimFabric
-from vmplane.hosts.drivers.simstorage import SHARED
 from vmplane.core.errors import Conflict, InsufficientCapacity, Invalid, QuotaExceeded, VmplaneError
 from vmplane.core.model import Offering, OfferingKind
+from vmplane.hosts.drivers.simfabric import SimFabric
+from vmplane.hosts.drivers.simstorage import SHARED
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 
 from .conftest import add_sim_hosts
 from .stores import store_url
 
-QUOTA = {"p": 1500, "q": 900}           # MiB of storage
-POOL_MIB = {"h1": 1200, "h2": 1200, SHARED: 1800}      # what each storage reports (the pools' capacity)
+QUOTA = {"p": 1500, "q": 900}  # MiB of storage
+POOL_MIB = {"h1": 1200, "h2": 1200, SHARED: 1800}  # what each storage reports (the pools' capacity)
 REFUSED = (QuotaExceeded, InsufficientCapacity, Conflict, Invalid)
-FIELDS = {"storage_mib", "pool", "volume", "vm", "state", "size", "to", "root_disk_mib", "host", "vcpus",
-          "memory_mib", "vms"}
+FIELDS = {
+    "storage_mib",
+    "pool",
+    "volume",
+    "vm",
+    "state",
+    "size",
+    "to",
+    "root_disk_mib",
+    "host",
+    "vcpus",
+    "memory_mib",
+    "vms",
+}
 
 
 def storage_cluster(url: str, executor=None) -> Orchestrator:
@@ -106,8 +118,11 @@ class StorageLedgerMachine(RuleBasedStateMachine):
         return [v.name for v in self.o.vms() if v.state in states]
 
     # -- volumes ---------------------------------------------------------------------------------
-    @rule(project=st.sampled_from(sorted(QUOTA)), size=st.sampled_from([64, 200, 400, 700]),
-          pool=st.sampled_from([None, None, "local-h1", "local-h2", "shared"]))
+    @rule(
+        project=st.sampled_from(sorted(QUOTA)),
+        size=st.sampled_from([64, 200, 400, 700]),
+        pool=st.sampled_from([None, None, "local-h1", "local-h2", "shared"]),
+    )
     def create_volume(self, project, size, pool):
         self.n += 1
         name = f"vol{self.n}"
@@ -127,9 +142,15 @@ class StorageLedgerMachine(RuleBasedStateMachine):
     def attach(self, data):
         name = self._pick(data, self._volumes("available"))
         project = name and self.o.volumes.row(name).project
-        same = data.draw(st.integers(0, 9)) > 0         # mostly a VM of the volume's project
-        vm = name and self._pick(data, [v.name for v in self.o.vms() if v.state in ("running", "stopped")
-                                        and (v.project.name == project or not same)])
+        same = data.draw(st.integers(0, 9)) > 0  # mostly a VM of the volume's project
+        vm = name and self._pick(
+            data,
+            [
+                v.name
+                for v in self.o.vms()
+                if v.state in ("running", "stopped") and (v.project.name == project or not same)
+            ],
+        )
         if name and vm:
             try:
                 v = self.o.volumes.attach(name, vm)
@@ -156,9 +177,10 @@ class StorageLedgerMachine(RuleBasedStateMachine):
     @precondition(lambda m: m._volumes("available", "attached"))
     @rule(data=st.data())
     def delete_volume(self, data):
-        attached = data.draw(st.integers(0, 4)) == 0    # sometimes one that is attached: refused
-        name = self._pick(data, self._volumes("attached" if attached else "available")
-                          or self._volumes("available", "attached"))
+        attached = data.draw(st.integers(0, 4)) == 0  # sometimes one that is attached: refused
+        name = self._pick(
+            data, self._volumes("attached" if attached else "available") or self._volumes("available", "attached")
+        )
         if name:
             attached = self.o.volumes.row(name).vm_name is not None
             try:
@@ -185,8 +207,12 @@ class StorageLedgerMachine(RuleBasedStateMachine):
             event("grown")
 
     # -- VMs with root disks ---------------------------------------------------------------------
-    @rule(project=st.sampled_from(sorted(QUOTA)), root=st.sampled_from([None, 256, 600]),
-          pool=st.sampled_from([None, "local-h1", "local-h2", "shared"]), start=st.booleans())
+    @rule(
+        project=st.sampled_from(sorted(QUOTA)),
+        root=st.sampled_from([None, 256, 600]),
+        pool=st.sampled_from([None, "local-h1", "local-h2", "shared"]),
+        start=st.booleans(),
+    )
     def create_vm(self, project, root, pool, start):
         self.n += 1
         name = f"vm{self.n}"
@@ -194,8 +220,9 @@ class StorageLedgerMachine(RuleBasedStateMachine):
             if root is None:
                 self.o.create_vm(name, project, "small", "disk", start=start, pool=pool)
             else:
-                self.o.create_vm(name, project, "sized", "disk", vcpus=1, memory_mib=512, root_disk_mib=root,
-                                 start=start, pool=pool)
+                self.o.create_vm(
+                    name, project, "sized", "disk", vcpus=1, memory_mib=512, root_disk_mib=root, start=start, pool=pool
+                )
         except REFUSED as exc:
             self._refused(exc)
             assert name not in {v.name for v in self.o.vms()}
@@ -262,8 +289,9 @@ class StorageLedgerMachine(RuleBasedStateMachine):
 
 
 TestStorageLedgerMachine = StorageLedgerMachine.TestCase
-TestStorageLedgerMachine.settings = settings(max_examples=15, stateful_step_count=40, deadline=None,
-                                             suppress_health_check=[HealthCheck.too_slow])
+TestStorageLedgerMachine.settings = settings(
+    max_examples=15, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def test_the_audit_agrees_after_a_random_walk():
@@ -277,7 +305,7 @@ def test_the_audit_agrees_after_a_random_walk():
         for i in range(60):
             try:
                 kind = rng.choice(["vol", "vm", "attach", "detach", "grow", "stop", "migrate", "delete"])
-                vols = [v for v in o.volumes.rows()]
+                vols = list(o.volumes.rows())
                 vms = o.vms()
                 if kind == "vol":
                     o.volumes.create(f"v{i}", rng.choice(sorted(QUOTA)), rng.choice([64, 300]))
@@ -305,8 +333,9 @@ def test_the_audit_agrees_after_a_random_walk():
 
 
 # -- concurrency -------------------------------------------------------------------------------------
-def _storm(url: str, planes: int = 4, threads_per_plane: int = 4, volumes: int = 96, size: int = 100,
-           quota: int = 900) -> None:
+def _storm(
+    url: str, planes: int = 4, threads_per_plane: int = 4, volumes: int = 96, size: int = 100, quota: int = 900
+) -> None:
     """`planes` control planes on one database, each with threads creating 100 MiB volumes (and VMs
     with 256 MiB root disks) against a project whose storage quota fits 9 volumes: the quota is never
     overrun, every refusal names storage, and the ledger == the volumes."""
@@ -332,13 +361,15 @@ def _storm(url: str, planes: int = 4, threads_per_plane: int = 4, volumes: int =
             except QuotaExceeded as exc:
                 with lock:
                     refused.append(exc.field)
-            except Exception as exc:  # anything else is a bug
+            except Exception as exc:  # noqa: BLE001 (anything else is a bug, reported below)
                 with lock:
                     errors.append(repr(exc))
 
     names = [f"vm{i}" if i % 8 == 0 else f"vol{i}" for i in range(volumes)]
-    workers = [threading.Thread(target=worker, args=(o, names[k::planes * threads_per_plane]))
-               for k, o in enumerate([a, *others] * threads_per_plane)]
+    workers = [
+        threading.Thread(target=worker, args=(o, names[k :: planes * threads_per_plane]))
+        for k, o in enumerate([a, *others] * threads_per_plane)
+    ]
     for t in workers:
         t.start()
     for t in workers:
@@ -350,7 +381,7 @@ def _storm(url: str, planes: int = 4, threads_per_plane: int = 4, volumes: int =
         assert u["ledger"] == u["recomputed"]
         used = sum(a.volumes.row(f"{n}-root" if n.startswith("vm") else n).size_mib for n in made)
         assert u["ledger"].storage_mib == used <= quota
-        assert quota - used < 256           # it filled up: the refusals were real
+        assert quota - used < 256  # it filled up: the refusals were real
         with a.db.transaction() as conn:
             assert a.volumes.usage_check(conn) == []
         assert a.pools.row("shared").used_mib == used
@@ -415,7 +446,10 @@ def test_a_hot_plug_whose_vm_stopped_before_it_was_settled_is_finished_cold(tmp_
         assert (o.volumes.row("v").state, o.volumes.row("v").vm_name) == ("attached", "a")
         o.start_vm("a")
         assert o.vm("a").state == "running"
-        assert any(p.endswith(o.volumes.row("v").file_name) for p in o.drivers[o.vm("a").host.name].domain_disks("vmplane-a").values())
+        assert any(
+            p.endswith(o.volumes.row("v").file_name)
+            for p in o.drivers[o.vm("a").host.name].domain_disks("vmplane-a").values()
+        )
         assert o.audit() == []
     finally:
         o.close()
@@ -480,7 +514,7 @@ def test_an_unplug_the_guest_completes_after_the_detach_gave_up_is_adopted(tmp_p
         o.volumes.create("v", "p", 64, pool="shared")
         o.volumes.attach("v", "a")
         host = o.vm("a").host.name
-        o.drivers[host].fabric.detach(host, "vmplane-a", "vdb")          # the late unplug lands
+        o.drivers[host].fabric.detach(host, "vmplane-a", "vdb")  # the late unplug lands
         assert o.volumes.row("v").state == "attached"
         assert "v" in o.storage_settle.run_once(min_age_s=0)
         assert (o.volumes.row("v").state, o.volumes.row("v").vm_name) == ("available", None)

@@ -22,8 +22,8 @@ import pytest
 from vmplane.hosts import localhosts
 from vmplane.hosts.guest import build as guest
 
-LOCKD_REFUSAL = "resource busy: lockspace resource"        # virtlockd's words
-QEMU_REFUSAL = 'failed to get "write" lock'                # QEMU's image locking
+LOCKD_REFUSAL = "resource busy: lockspace resource"  # virtlockd's words
+QEMU_REFUSAL = 'failed to get "write" lock'  # QEMU's image locking
 
 
 def _skip_unless_hosts() -> None:
@@ -89,15 +89,19 @@ def _shared_disk(base: Path, host, name: str) -> str:
         if "shared" in conn.listStoragePools():
             pool = conn.storagePoolLookupByName("shared")
         else:
-            pool = conn.storagePoolCreateXML(f"<pool type='dir'><name>shared</name><target><path>"
-                                             f"{localhosts.SHARED_PATH}</path></target></pool>", 0)
+            pool = conn.storagePoolCreateXML(
+                f"<pool type='dir'><name>shared</name><target><path>{localhosts.SHARED_PATH}</path></target></pool>", 0
+            )
         pool.refresh(0)
         if name in pool.listVolumes():
             pool.storageVolLookupByName(name).delete(0)
-        vol = pool.createXML(f"""<volume><name>{name}</name><capacity unit='MiB'>256</capacity>
+        vol = pool.createXML(
+            f"""<volume><name>{name}</name><capacity unit='MiB'>256</capacity>
   <target><format type='qcow2'/></target>
   <backingStore><path>{localhosts.IMAGES_PATH}/root.qcow2</path><format type='qcow2'/></backingStore>
-</volume>""", 0)
+</volume>""",
+            0,
+        )
         return vol.path()
     finally:
         conn.close()
@@ -139,7 +143,7 @@ def test_second_domain_on_a_disk_in_use_is_refused_by_the_lock(hosts, tmp_path):
     r = _virsh(h1, "create", "a", xml=_domain_xml("lock-a", disk), tmp=tmp_path)
     assert r.returncode == 0, r.stderr
     _exec(h1, "lock-a", "grep -q ' /data ' /proc/mounts && echo written-by-a > /data/owner && sync")
-    assert _lease_holder(base, "a.qcow2") == h1.lockd_pid() is not None          # A's lease, in h1's virtlockd
+    assert _lease_holder(base, "a.qcow2") == h1.lockd_pid() is not None  # A's lease, in h1's virtlockd
 
     # behind vmplane's back: the same disk for a second domain on the other host
     r = _virsh(h2, "create", "b", xml=_domain_xml("lock-b", disk), tmp=tmp_path)
@@ -161,7 +165,7 @@ def test_second_domain_on_a_disk_in_use_is_refused_by_the_lock(hosts, tmp_path):
 
 def test_lockd_alone_refuses_a_disk_whose_lease_is_held_elsewhere(hosts, tmp_path):
     """The lease held as a virtlockd on another machine holds it (QEMU's own locks do not object)."""
-    base, (h1, h2) = hosts
+    base, (_h1, h2) = hosts
     disk = _shared_disk(base, h2, "c.qcow2")
     fd = os.open(base / "shared" / "c.qcow2", os.O_RDWR)
     try:
@@ -170,7 +174,7 @@ def test_lockd_alone_refuses_a_disk_whose_lease_is_held_elsewhere(hosts, tmp_pat
         assert r.returncode != 0 and LOCKD_REFUSAL in r.stderr.lower(), r.stderr
         assert _state(h2, "lock-c") == "absent"
     finally:
-        os.close(fd)                                      # the other machine lets go
+        os.close(fd)  # the other machine lets go
     r = _virsh(h2, "create", "c", xml=_domain_xml("lock-c", disk), tmp=tmp_path)
     assert r.returncode == 0, r.stderr
     assert _virsh(h2, "destroy", "lock-c").returncode == 0
@@ -188,13 +192,15 @@ def test_the_lease_follows_a_live_migration_on_the_shared_disk(hosts, tmp_path):
         t0 = time.monotonic()
         # UNSAFE: the shared folder is ext4 to statfs(), so libvirt can not tell it is shared
         src.lookupByName("lock-m").migrateToURI3(
-            h2.uri, {libvirt.VIR_MIGRATE_PARAM_URI: f"tcp://{h2.address}"},
-            libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_UNSAFE)
+            h2.uri,
+            {libvirt.VIR_MIGRATE_PARAM_URI: f"tcp://{h2.address}"},
+            libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_UNSAFE,
+        )
         print(f"shared-disk migration with lockd: {time.monotonic() - t0:.1f} s")
     finally:
         src.close()
     assert _state(h1, "lock-m") == "absent" and _state(h2, "lock-m") == "running"
-    assert _lease_holder(base, "m.qcow2") == h2.lockd_pid()                     # released on h1, taken on h2
+    assert _lease_holder(base, "m.qcow2") == h2.lockd_pid()  # released on h1, taken on h2
     assert _exec(h2, "lock-m", "echo after >> /data/f; sync; cat /data/f").split() == ["before", "after"]
 
     # the target holds the disk now: the source host can not start another writer on it

@@ -54,8 +54,21 @@ def wait_gone_copy(live, name: str, timeout: float = 60) -> dict:
 
 def test_a_file_on_the_root_disk_survives_stop_start_and_a_local_pool_migration_at_full_storage_quota(live):
     run_json(live, "project", "create", "full", "--vcpus", "2", "--memory", "2GiB", "--storage", "256MiB")
-    run_json(live, "vm", "create", "keeper", "--project", "full", "--offering", "disk", "--template", "tiny-linux",
-             "--pool", "local-lv1", "--start")
+    run_json(
+        live,
+        "vm",
+        "create",
+        "keeper",
+        "--project",
+        "full",
+        "--offering",
+        "disk",
+        "--template",
+        "tiny-linux",
+        "--pool",
+        "local-lv1",
+        "--start",
+    )
     assert run_json(live, "project", "usage", "full")["storage_mib"]["percent"] == 100.0
     assert "/dev/vda" in guest(live, "keeper", "grep ' /data ' /proc/mounts")
     digest = write_file(live, "keeper", "/data/f")
@@ -63,20 +76,24 @@ def test_a_file_on_the_root_disk_survives_stop_start_and_a_local_pool_migration_
     # vmplane.vm.shutdown.timeout (30 s) and then force it anyway
     run_json(live, "vm", "stop", "keeper", "--force")
     run_json(live, "vm", "start", "keeper")
-    assert md5(live, "keeper", "/data/f") == digest                 # it kept its data across stop/start
+    assert md5(live, "keeper", "/data/f") == digest  # it kept its data across stop/start
     # the guest writes while its disk is copied to lv2 (VIR_MIGRATE_NON_SHARED_INC)
-    guest(live, "keeper", "(i=0; while [ $i -lt 40 ]; do dd if=/dev/urandom of=/data/w$i bs=1M count=1 "
-                          "2>/dev/null; sync; i=$((i+1)); sleep 0.1; done) >/dev/null 2>&1 &")
+    guest(
+        live,
+        "keeper",
+        "(i=0; while [ $i -lt 40 ]; do dd if=/dev/urandom of=/data/w$i bs=1M count=1 "
+        "2>/dev/null; sync; i=$((i+1)); sleep 0.1; done) >/dev/null 2>&1 &",
+    )
     m = run_json(live, "vm", "migrate", "keeper", "--to", "lv2")
     assert m["state"] == "succeeded", m
     assert m["stats"]["disk_bytes"] >= FILE_MIB * 1024 * 1024, m["stats"]
     assert run_json(live, "vm", "show", "keeper")["host"] == "lv2"
-    assert md5(live, "keeper", "/data/f") == digest                 # identical after the copy
-    files = _files_once_written(live, "keeper")                     # the writer wrote across the copy
+    assert md5(live, "keeper", "/data/f") == digest  # identical after the copy
+    files = _files_once_written(live, "keeper")  # the writer wrote across the copy
     assert "f" in files and any(f.startswith("w") for f in files)
     root = wait_gone_copy(live, "keeper-root")
-    assert (root["pool"], root["copy_to"]) == ("local-lv2", None)   # the source's copy deleted once checked
-    assert run_json(live, "project", "usage", "full")["storage_mib"]["used"] == 256   # never charged twice
+    assert (root["pool"], root["copy_to"]) == ("local-lv2", None)  # the source's copy deleted once checked
+    assert run_json(live, "project", "usage", "full")["storage_mib"]["used"] == 256  # never charged twice
     assert run_json(live, "audit")["ok"]
     run_json(live, "vm", "stop", "keeper", "--force")
     run_json(live, "vm", "delete", "keeper")
@@ -84,13 +101,26 @@ def test_a_file_on_the_root_disk_survives_stop_start_and_a_local_pool_migration_
 
 
 def test_a_file_survives_a_shared_pool_migration(live):
-    run_json(live, "vm", "create", "sharer", "--project", "p", "--offering", "disk", "--template", "tiny-linux",
-             "--pool", "shared", "--start")
+    run_json(
+        live,
+        "vm",
+        "create",
+        "sharer",
+        "--project",
+        "p",
+        "--offering",
+        "disk",
+        "--template",
+        "tiny-linux",
+        "--pool",
+        "shared",
+        "--start",
+    )
     digest = write_file(live, "sharer", "/data/f")
     source = run_json(live, "vm", "show", "sharer")["host"]
     m = run_json(live, "vm", "migrate", "sharer")
     assert m["state"] == "succeeded", m
-    assert m["stats"].get("disk_bytes", 0) == 0                     # the same file: nothing copied
+    assert m["stats"].get("disk_bytes", 0) == 0  # the same file: nothing copied
     assert run_json(live, "vm", "show", "sharer")["host"] != source
     assert md5(live, "sharer", "/data/f") == digest
     assert volume(live, "sharer-root")["pool"] == "shared"
@@ -99,8 +129,21 @@ def test_a_file_survives_a_shared_pool_migration(live):
 
 def test_a_volume_is_hot_plugged_formatted_detached_live_and_keeps_its_data_on_another_vm(live):
     for vm in ("va", "vb"):
-        run_json(live, "vm", "create", vm, "--project", "p", "--offering", "disk", "--template", "tiny-linux",
-                 "--pool", "shared", "--start")
+        run_json(
+            live,
+            "vm",
+            "create",
+            vm,
+            "--project",
+            "p",
+            "--offering",
+            "disk",
+            "--template",
+            "tiny-linux",
+            "--pool",
+            "shared",
+            "--start",
+        )
     run_json(live, "volume", "create", "data", "--project", "p", "--size", "128MiB")
     v = run_json(live, "volume", "attach", "data", "--vm", "va")
     assert (v["state"], v["device"]) == ("attached", "vdb")
@@ -110,7 +153,7 @@ def test_a_volume_is_hot_plugged_formatted_detached_live_and_keeps_its_data_on_a
     guest(live, "va", "mke2fs -q /dev/vdb && mkdir -p /mnt/v && mount /dev/vdb /mnt/v")
     digest = write_file(live, "va", "/mnt/v/f", 16)
     guest(live, "va", "umount /mnt/v")
-    v = run_json(live, "volume", "detach", "data")                  # confirmed by libvirt, never assumed
+    v = run_json(live, "volume", "detach", "data")  # confirmed by libvirt, never assumed
     assert (v["state"], v["vm"]) == ("available", None)
     assert "vdb" not in guest(live, "va", "cat /proc/partitions")
     run_json(live, "volume", "attach", "data", "--vm", "vb")
@@ -120,11 +163,11 @@ def test_a_volume_is_hot_plugged_formatted_detached_live_and_keeps_its_data_on_a
     guest(live, "vb", "mkdir -p /mnt/v && mount /dev/vdb /mnt/v")
     assert md5(live, "vb", "/mnt/v/f") == digest
     r = live.cli("volume", "delete", "data")
-    assert r.returncode != 0 and "only an available" in r.stdout + r.stderr     # refused while attached
+    assert r.returncode != 0 and "only an available" in r.stdout + r.stderr  # refused while attached
     for vm in ("va", "vb"):
         run_json(live, "vm", "stop", vm, "--force")
         run_json(live, "vm", "delete", vm)
-    assert volume(live, "data")["state"] == "available"             # it outlives both VMs
+    assert volume(live, "data")["state"] == "available"  # it outlives both VMs
     r = live.cli("volume", "delete", "data")
     assert r.returncode == 0, r.stdout + r.stderr
     assert all(not d.startswith("vmplane-v") for h in ("lv1", "lv2") for d in domains_on(live, h))

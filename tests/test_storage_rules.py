@@ -11,14 +11,22 @@ from vmplane.core.quota import check_admission, check_quota_change, storage_usag
 
 
 def pool(name, kind="local", host="h1", cluster="c1", capacity=1000, used=0, state="running", path=None):
-    return R.PoolView(name, kind, cluster, host if kind == "local" else None,
-                      path or R.default_pool_path(kind, name), state, capacity, used)
+    return R.PoolView(
+        name,
+        kind,
+        cluster,
+        host if kind == "local" else None,
+        path or R.default_pool_path(kind, name),
+        state,
+        capacity,
+        used,
+    )
 
 
 def test_a_shared_pool_is_preferred_then_the_local_pool_with_most_room():
     pools = [pool("l1", used=100), pool("l2", host="h2", used=10), pool("s", kind="shared", used=900)]
     assert R.choose_pool(pools, 50).name == "s"
-    assert R.choose_pool(pools, 200).name == "l2"             # the shared one has 100 free
+    assert R.choose_pool(pools, 200).name == "l2"  # the shared one has 100 free
     assert R.choose_pool(pools, 200, host="h1").name == "l1"  # placed on h1: its own local pool
 
 
@@ -77,13 +85,20 @@ def test_a_migration_copies_local_disks_and_leaves_shared_ones():
 
 
 def test_a_migration_is_refused_when_a_disk_can_not_follow():
-    pools = [pool("l1"), pool("l2", host="h2", used=900), pool("l3", host="h3", path="/elsewhere"),
-             pool("s", kind="shared", cluster="c1")]
-    with pytest.raises(InsufficientCapacity, match="volume root is on l1, local to h1: h2 has no running local pool "
-                                                   "at /var/lib/vmplane/local with 300 MiB free"):
+    pools = [
+        pool("l1"),
+        pool("l2", host="h2", used=900),
+        pool("l3", host="h3", path="/elsewhere"),
+        pool("s", kind="shared", cluster="c1"),
+    ]
+    with pytest.raises(
+        InsufficientCapacity,
+        match="volume root is on l1, local to h1: h2 has no running local pool "
+        "at /var/lib/vmplane/local with 300 MiB free",
+    ):
         R.plan_disk_moves([("root", "vda", 300, "l1")], pools, "h2", "c1")
     with pytest.raises(InsufficientCapacity, match="h3 has no running local pool"):
-        R.plan_disk_moves([("root", "vda", 10, "l1")], pools, "h3", "c1")      # another path
+        R.plan_disk_moves([("root", "vda", 10, "l1")], pools, "h3", "c1")  # another path
     with pytest.raises(Conflict, match="cluster c1; h9 is in cluster c2"):
         R.plan_disk_moves([("d", "vdb", 10, "s")], pools, "h9", "c2")
 

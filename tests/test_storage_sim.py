@@ -36,13 +36,18 @@ def test_a_vm_gets_a_root_disk_charged_while_it_exists(orch):
     setup(orch)
     orch.create_vm("a", "p", "small", "disk", start=True, pool="local-h1")
     root = vol(orch, "a-root")
-    assert (root.state, root.role, root.device, root.pool_name, root.size_mib) == ("attached", "root", "vda",
-                                                                                   "local-h1", 256)
+    assert (root.state, root.role, root.device, root.pool_name, root.size_mib) == (
+        "attached",
+        "root",
+        "vda",
+        "local-h1",
+        256,
+    )
     assert usage(orch, "p").storage_mib == 256
     assert orch.drivers["h1"].volume("local-h1", root.file_name) is not None
-    assert orch.vm("a").host.name == "h1"                                  # it runs where its disk is
+    assert orch.vm("a").host.name == "h1"  # it runs where its disk is
     orch.stop_vm("a")
-    assert usage(orch, "p").storage_mib == 256                             # stopped: still charged
+    assert usage(orch, "p").storage_mib == 256  # stopped: still charged
     orch.delete_vm("a")
     assert usage(orch, "p").storage_mib == 0
     assert orch.drivers["h1"].volume("local-h1", root.file_name) is None
@@ -61,8 +66,11 @@ def test_keep_disk_leaves_the_root_disk_as_a_volume(orch):
 def test_storage_quota_refuses_naming_storage_and_changes_nothing(orch):
     setup(orch, storage=300)
     orch.create_vm("a", "p", "small", "disk")
-    with pytest.raises(QuotaExceeded, match="storage_mib quota exceeded: 256 MiB of storage used \\+ 256 MiB of "
-                                            "storage asked > quota 300 MiB of storage"):
+    with pytest.raises(
+        QuotaExceeded,
+        match="storage_mib quota exceeded: 256 MiB of storage used \\+ 256 MiB of "
+        "storage asked > quota 300 MiB of storage",
+    ):
         orch.create_vm("b", "p", "small", "disk")
     with pytest.raises(QuotaExceeded, match="storage"):
         orch.volumes.create("v", "p", 100)
@@ -79,8 +87,8 @@ def test_root_disk_size_from_the_request_within_the_offering(orch):
     assert orch.drivers["h1"].volumes("local-h1") or orch.drivers["h2"].volumes("local-h2")
     with pytest.raises(Invalid, match="above offering sized's maximum 8 GiB"):
         orch.create_vm("b", "p", "sized", "disk", vcpus=1, memory_mib=512, root_disk_mib=9 * GIB)
-    with pytest.raises(Invalid, match="fixed at|no disk image|root_disk"):
-        orch.create_vm("c", "p", "small", "disk", root_disk_mib=GIB)    # a fixed offering has the image's size
+    with pytest.raises(Invalid, match=r"fixed at|no disk image|root_disk"):
+        orch.create_vm("c", "p", "small", "disk", root_disk_mib=GIB)  # a fixed offering has the image's size
 
 
 def test_volumes_attach_live_detach_confirmed_and_outlive_the_vm(orch):
@@ -101,11 +109,13 @@ def test_volumes_attach_live_detach_confirmed_and_outlive_the_vm(orch):
         orch.volumes.attach("data", "b")
     v = orch.volumes.detach("data")
     assert (v.state, v.vm_name) == ("available", None)
-    assert not any(p.endswith(vol(orch, "data").file_name) for p in orch.drivers[host].domain_disks("vmplane-a").values())
+    assert not any(
+        p.endswith(vol(orch, "data").file_name) for p in orch.drivers[host].domain_disks("vmplane-a").values()
+    )
     orch.volumes.attach("data", "b")
     orch.stop_vm("b")
     orch.delete_vm("b")
-    assert vol(orch, "data").state == "available"                          # it outlives its VM
+    assert vol(orch, "data").state == "available"  # it outlives its VM
     assert usage(orch, "p").storage_mib == 256 + 512
     orch.volumes.delete("data")
     assert usage(orch, "p").storage_mib == 256
@@ -124,7 +134,7 @@ def test_a_detach_locks_its_vm_before_its_volume_as_a_vm_delete_does(pg_orch):
     o.volumes.create("data", "p", 512)
     o.volumes.attach("data", "a")
     with ThreadPoolExecutor(1) as pool, row_held(o.db.url, "SELECT id FROM vms WHERE name = 'a' FOR UPDATE") as probe:
-        detached = pool.submit(o.volumes.detach, "data")        # waits behind a VM's writer, midway
+        detached = pool.submit(o.volumes.detach, "data")  # waits behind a VM's writer, midway
         probe.wait_for_a_waiter()
         probe.lock_now("SELECT id FROM volumes WHERE name = 'data' FOR UPDATE")  # the VM's writer can go on
     assert (detached.result(timeout=30).state, vol(o, "data").vm_name) == ("available", None)
@@ -190,7 +200,7 @@ def wait_migration(o, vm, timeout=30):
 
 def test_a_local_disk_is_copied_at_full_storage_quota_and_the_source_copy_deleted(threaded):
     o = threaded
-    setup(o, storage=256)                      # the project is at 100 % of its storage quota
+    setup(o, storage=256)  # the project is at 100 % of its storage quota
     o.create_vm("a", "p", "small", "disk", start=True, pool="local-h1")
     o.executor.submit(lambda: None).result()
     deadline = time.monotonic() + 10
@@ -200,12 +210,12 @@ def test_a_local_disk_is_copied_at_full_storage_quota_and_the_source_copy_delete
     o.migrator.migrate("a", to="h2")
     m = wait_migration(o, "a")
     assert m["state"] == "succeeded", m
-    deadline = time.monotonic() + 10             # the source's copy goes right after the migration ends
+    deadline = time.monotonic() + 10  # the source's copy goes right after the migration ends
     while vol(o, "a-root").copy_pool_name is not None and time.monotonic() < deadline:
         time.sleep(0.02)
     root = vol(o, "a-root")
     assert (root.pool_name, root.copy_pool_name) == ("local-h2", None)
-    assert usage(o, "p") == before                                          # never charged twice
+    assert usage(o, "p") == before  # never charged twice
     assert o.drivers["h2"].volume("local-h2", root.file_name) is not None
     assert o.drivers["h1"].volume("local-h1", root.file_name) is None  # deleted after the check
     assert o.pools.row("local-h1").used_mib == 0 and o.pools.row("local-h2").used_mib == 256
@@ -215,9 +225,10 @@ def test_a_local_disk_is_copied_at_full_storage_quota_and_the_source_copy_delete
 def test_a_migration_is_refused_when_no_target_pool_has_room(orch):
     setup(orch)
     orch.create_vm("a", "p", "small", "disk", start=True, pool="local-h1")
-    with orch.db.write() as s:                 # the target's pool is full (as other volumes would make it)
-        s.query(Pool).filter_by(name="local-h2").one().used_mib = s.query(Pool).filter_by(
-            name="local-h2").one().capacity_mib
+    with orch.db.write() as s:  # the target's pool is full (as other volumes would make it)
+        s.query(Pool).filter_by(name="local-h2").one().used_mib = (
+            s.query(Pool).filter_by(name="local-h2").one().capacity_mib
+        )
     with pytest.raises(InsufficientCapacity, match="its disks can not follow it here"):
         orch.migrator.migrate("a", to="h2")
     assert orch.vm("a").host.name == "h1" and orch.vm("a").state == "running"
@@ -227,10 +238,10 @@ def test_a_migration_is_refused_when_no_target_pool_has_room(orch):
 def test_a_root_disk_grows_offline_and_live_charged_first(orch):
     setup(orch, storage=1024)
     orch.create_vm("a", "p", "small", "disk", pool="local-h1")
-    assert orch.volumes.resize("a-root", 512).size_mib == 512                    # stopped: the file grows
+    assert orch.volumes.resize("a-root", 512).size_mib == 512  # stopped: the file grows
     assert orch.drivers["h1"].volume("local-h1", vol(orch, "a-root").file_name).capacity_mib == 512
     orch.start_vm("a")
-    assert orch.volumes.resize("a-root", 768).size_mib == 768                    # running: blockResize
+    assert orch.volumes.resize("a-root", 768).size_mib == 768  # running: blockResize
     assert usage(orch, "p").storage_mib == 768
     with pytest.raises(QuotaExceeded, match="storage"):
         orch.volumes.resize("a-root", 2048)

@@ -11,9 +11,6 @@ import time
 import pytest
 
 from vmplane.core import driver as driver_base
-from vmplane.hosts.drivers import sim as sim_module
-from vmplane.hosts.drivers import simfabric as simfabric_module
-from vmplane.hosts.drivers import simstorage as simstorage_module
 from vmplane.core.driver import (
     DiskSpec,
     DomainSpec,
@@ -22,6 +19,9 @@ from vmplane.core.driver import (
     MigrationParams,
     PoolSpec,
 )
+from vmplane.hosts.drivers import sim as sim_module
+from vmplane.hosts.drivers import simfabric as simfabric_module
+from vmplane.hosts.drivers import simstorage as simstorage_module
 from vmplane.hosts.drivers.sim import SimDriver
 from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.hosts.drivers.simfaults import SimFaults
@@ -37,7 +37,7 @@ TIB = 1 << 20
 @pytest.fixture
 def fabric():
     f = SimFabric()
-    f.disk_copy_rate_mib_s = None       # instant unless a test sets a rate
+    f.disk_copy_rate_mib_s = None  # instant unless a test sets a rate
     yield f
     assert_usage_counted(f)
     f.close()
@@ -47,8 +47,11 @@ def assert_usage_counted(fabric):
     """The per-storage allocation the triggers keep == recounted from the files."""
     with fabric._lock:
         kept = dict(fabric._db.execute("SELECT storage, mib FROM used WHERE mib != 0").fetchall())
-        counted = dict(fabric._db.execute("SELECT storage, SUM(allocation_mib) FROM files GROUP BY storage "
-                                          "HAVING SUM(allocation_mib) != 0").fetchall())
+        counted = dict(
+            fabric._db.execute(
+                "SELECT storage, SUM(allocation_mib) FROM files GROUP BY storage HAVING SUM(allocation_mib) != 0"
+            ).fetchall()
+        )
     assert kept == counted
 
 
@@ -65,7 +68,7 @@ def clock(monkeypatch) -> fakeclock.FakeTime:
     """The sim driver's, its fabric's and its storage's clock, and the unplug wait's (drivers/base.py),
     moved only by their own sleeps and by the test."""
     fake = fakeclock.install(monkeypatch, sim_module, simfabric_module, simstorage_module, driver_base)
-    monkeypatch.setattr(driver_base.confirm_unplug, "__defaults__", (fake.sleep,))     # its `pause`
+    monkeypatch.setattr(driver_base.confirm_unplug, "__defaults__", (fake.sleep,))  # its `pause`
     return fake
 
 
@@ -93,8 +96,9 @@ def image(driver, pool=LOCAL, name="base.qcow2", capacity=2048):
 
 
 def overlay(driver, name, pool=LOCAL, capacity=8192, base="base.qcow2"):
-    return driver.create_volume(pool.name, name, capacity, "qcow2", backing=f"{pool.path}/{base}",
-                                backing_format="qcow2")
+    return driver.create_volume(
+        pool.name, name, capacity, "qcow2", backing=f"{pool.path}/{base}", backing_format="qcow2"
+    )
 
 
 # -- pools ---------------------------------------------------------------------------------------------
@@ -107,7 +111,7 @@ def test_define_pool_is_idempotent_and_refuses_another_path_or_a_second_name_for
     h1.fabric.set_pool_state("h1", "local", "inactive")
     with pytest.raises(DriverError, match="not active"):
         h1.volumes("local")
-    assert h1.define_pool(LOCAL).state == "running"           # an existing pool is started
+    assert h1.define_pool(LOCAL).state == "running"  # an existing pool is started
 
 
 def test_pools_report_their_storage_with_default_and_settable_capacity(fabric, pair):
@@ -132,7 +136,7 @@ def test_pools_report_their_storage_with_default_and_settable_capacity(fabric, p
 def test_remove_pool_leaves_its_files_and_an_unknown_pool_is_none(h1):
     h1.create_volume("local", "v", 10)
     h1.remove_pool("local")
-    h1.remove_pool("local")                         # absent is fine
+    h1.remove_pool("local")  # absent is fine
     assert h1.pool_info("local") is None
     with pytest.raises(DriverError, match="Storage pool not found"):
         h1.volumes("local")
@@ -161,7 +165,7 @@ def test_volumes_allocate_as_qcow2_overlays_and_raw_files_do(h1):
     raw = h1.create_volume("local", "data.raw", 300, "raw")
     assert raw.allocation_mib == 300
     assert h1.pool_info("local").allocation_mib == 302
-    assert h1.create_volume("local", "data.raw", 999, "raw") == raw       # there already: returned as it is
+    assert h1.create_volume("local", "data.raw", 999, "raw") == raw  # there already: returned as it is
     assert [v.name for v in h1.volumes("local")] == ["base.qcow2", "data.raw", "root.qcow2"]
 
 
@@ -182,9 +186,9 @@ def test_the_guest_writes_into_its_overlay_until_the_storage_is_full_then_it_pau
     h1.start(vm("v", disk("root.qcow2")))
     assert h1.guest_write("v", "vda", 100) == 100
     assert h1.volume("local", "root.qcow2").allocation_mib == 101
-    assert h1.guest_write("v", "vda", 500) == 50                 # no more than the disk's capacity
+    assert h1.guest_write("v", "vda", 500) == 50  # no more than the disk's capacity
     assert h1.domain("v").running
-    h1.create_volume("local", "filler", 47, "raw")               # 1 MiB left on the disk
+    h1.create_volume("local", "filler", 47, "raw")  # 1 MiB left on the disk
     h1.grow_disk("v", "vda", 400)
     assert h1.guest_write("v", "vda", 10) == 1
     info = h1.domain("v")
@@ -211,15 +215,15 @@ def test_delete_and_resize_are_refused_while_a_running_domain_uses_the_volume(h1
     overlay(h1, "root.qcow2")
     h1.create_volume("local", "unused", 10)
     h1.delete_volume("local", "unused")
-    h1.delete_volume("local", "unused")                 # absent is fine
+    h1.delete_volume("local", "unused")  # absent is fine
     h1.start(vm("v", disk("root.qcow2")))
     with pytest.raises(DriverError, match="in use by domain v on h1"):
         h1.delete_volume("local", "root.qcow2")
     with pytest.raises(DriverError, match="in use by domain v"):
-        h1.delete_volume("local", "base.qcow2")        # the backing file of its disk
+        h1.delete_volume("local", "base.qcow2")  # the backing file of its disk
     with pytest.raises(DriverError, match="in use by running domain v"):
         h1.resize_volume("local", "root.qcow2", 10000)
-    h1.grow_disk("v", "vda", 10000)                    # live: blockResize
+    h1.grow_disk("v", "vda", 10000)  # live: blockResize
     assert h1.volume("local", "root.qcow2").capacity_mib == 10000
     with pytest.raises(DriverError, match="shrink"):
         h1.grow_disk("v", "vda", 100)
@@ -240,7 +244,7 @@ def test_start_records_the_disks_and_refuses_a_file_the_host_does_not_see(pair):
     h1.create_volume("local", "data", 100, "raw")
     spec = vm("v", disk("root.qcow2"), disk("data", target="vdb", format="raw"))
     with pytest.raises(DriverError, match="Cannot access storage file"):
-        h2.start(spec)                                  # the same path on h2's own disk: no such file
+        h2.start(spec)  # the same path on h2's own disk: no such file
     with pytest.raises(DriverError, match="no disk to boot from"):
         h1.start(vm("v"))
     h1.start(spec)
@@ -256,14 +260,14 @@ def test_never_two_writers_on_a_shared_file_even_across_hosts(fabric):
     overlay(h1, "root.qcow2", SHARED_POOL)
     h1.start(vm("a", disk("root.qcow2", SHARED_POOL)))
     for driver in (h2, h3, h1):
-        with pytest.raises(DriverError, match="resource busy.*domain a on h1"):
+        with pytest.raises(DriverError, match=r"resource busy.*domain a on h1"):
             driver.start(vm("b", disk("root.qcow2", SHARED_POOL)))
     assert fabric.hosts_of("b") == []
     # read-only openers take no lease; a crashed (shut-off) domain holds none
     h2.start(vm("r", disk("root.qcow2", SHARED_POOL, readonly=True)))
     fabric.set_state("h1", "a", "shutoff", "crashed")
     h2.start(vm("b", disk("root.qcow2", SHARED_POOL)))
-    with pytest.raises(DriverError, match="resource busy.*domain b on h2"):
+    with pytest.raises(DriverError, match=r"resource busy.*domain b on h2"):
         h1.start(vm("a", disk("root.qcow2", SHARED_POOL)))
 
 
@@ -296,13 +300,13 @@ def test_attach_and_a_confirmed_detach_on_a_running_domain(pair):
         h1.delete_volume("shared", "vol")
     h2.create_volume("local", "root", 10)
     h2.start(vm("w", disk("root")))
-    with pytest.raises(DriverError, match="resource busy.*domain v on h1"):
+    with pytest.raises(DriverError, match=r"resource busy.*domain v on h1"):
         h2.attach_disk("w", disk("vol", SHARED_POOL, "vdb"))
     h1.detach_disk("v", "vdb")
     assert list(h1.domain_disks("v")) == ["vda"]
     with pytest.raises(DriverError, match="no such disk"):
         h1.detach_disk("v", "vdb")
-    h2.attach_disk("w", disk("vol", SHARED_POOL, "vdb"))     # the volume moves on to another VM
+    h2.attach_disk("w", disk("vol", SHARED_POOL, "vdb"))  # the volume moves on to another VM
     assert h2.domain_disks("w") == {"vda": f"{LOCAL.path}/root", "vdb": SHARED_ROOT + "pool/vol"}
 
 
@@ -318,15 +322,15 @@ def test_a_detach_the_guest_never_completes_is_not_confirmed_one_it_completes_la
     assert "vdb" in h1.domain_disks("v")
     assert fabric.faults.counts["detach_never"] == 3
     fabric.faults = SimFaults(seed=1, detach_late=1.0, unplug_delay_s=(0.05, 0.1))
-    h1.detach_disk("v", "vdb")                      # completes within the wait
+    h1.detach_disk("v", "vdb")  # completes within the wait
     assert "vdb" not in h1.domain_disks("v")
     h1.attach_disk("v", disk("vol", target="vdb"))
     fabric.faults = SimFaults(seed=1, detach_late=1.0, unplug_delay_s=(0.6, 0.7))
     with pytest.raises(DriverError, match="still attached"):
-        h1.detach_disk("v", "vdb")                  # later than vmplane waits (3 x 0.15 s) ...
+        h1.detach_disk("v", "vdb")  # later than vmplane waits (3 x 0.15 s) ...
     assert not fabric.settled() and "vdb" in h1.domain_disks("v")
     clock.advance(0.7)
-    assert "vdb" not in h1.domain_disks("v")        # ... but it does complete
+    assert "vdb" not in h1.domain_disks("v")  # ... but it does complete
     assert fabric.settled()
 
 
@@ -336,7 +340,7 @@ def test_faults_on_volume_calls_a_transient_error_and_an_error_after_the_effect(
         h1.create_volume("local", "v", 10)
     fabric.faults = None
     assert h1.volume("local", "v") is None
-    time.sleep(0.05)        # the daemon's restart (at most 0.02 s of this clock) is over: a sleep lasts at least that
+    time.sleep(0.05)  # the daemon's restart (at most 0.02 s of this clock) is over: a sleep lasts at least that
     fabric.faults = SimFaults(seed=3, partial=1.0)
     with pytest.raises(DriverError, match="after the change was made"):
         h1.create_volume("local", "v", 10)
@@ -379,9 +383,9 @@ def test_a_local_disk_must_be_copied_onto_an_overlay_already_on_the_target(pair)
     assert stats.extra["disk_bytes"] == 101 << 20
     assert stats.bytes_sent == (101 + 256) << 20
     assert h2.volume("local", "v.qcow2").allocation_mib == 101
-    assert h1.volume("local", "v.qcow2").allocation_mib == 101      # the source's overlay is left
+    assert h1.volume("local", "v.qcow2").allocation_mib == 101  # the source's overlay is left
     assert h2.domain_disks("v") == {"vda": f"{LOCAL.path}/v.qcow2"}
-    h1.delete_volume("local", "v.qcow2")                            # no longer in use on h1
+    h1.delete_volume("local", "v.qcow2")  # no longer in use on h1
     with pytest.raises(DriverError, match="in use by domain v on h2"):
         h2.delete_volume("local", "v.qcow2")
 
@@ -398,11 +402,11 @@ def test_a_disk_on_shared_storage_is_not_copied_and_must_not_be(pair, clock):
     h1.guest_write("v", "vda", 500)
     with pytest.raises(DriverError, match="onto itself"):
         h1.migrate("v", h2, MigrationParams(copy_disks=("vda",)))
-    h1.disk_copy_rate_mib_s = 1.0               # would take minutes: nothing is copied
+    h1.disk_copy_rate_mib_s = 1.0  # would take minutes: nothing is copied
     stats = h1.migrate("v", h2, MigrationParams(shared_disks=True))
-    assert stats.extra["disk_bytes"] == 0 and stats.total_ms == 0 and clock.slept == []     # no time copying
+    assert stats.extra["disk_bytes"] == 0 and stats.total_ms == 0 and clock.slept == []  # no time copying
     assert fabric_hosts(h1, "v") == ["h2"]
-    with pytest.raises(DriverError, match="resource busy.*domain v on h2"):   # the lease went along
+    with pytest.raises(DriverError, match=r"resource busy.*domain v on h2"):  # the lease went along
         h1.start(vm("w", disk("v.qcow2", SHARED_POOL)))
 
 
@@ -420,7 +424,7 @@ def timed_migration(fabric, clock, names, written, rate):
 
 
 def test_the_disk_copy_takes_disk_bytes_over_the_rate_and_progress_counts_them(fabric, clock):
-    small, _, _ = timed_migration(fabric, clock, ("a1", "a2"), written=19, rate=400)      # 20 MiB
+    small, _, _ = timed_migration(fabric, clock, ("a1", "a2"), written=19, rate=400)  # 20 MiB
     large, stats_large, seen = timed_migration(fabric, clock, ("b1", "b2"), written=119, rate=400)  # 120 MiB
     assert small == pytest.approx(20 / 400) and large == pytest.approx(120 / 400)
     assert stats_large.extra["disk_bytes"] == 120 << 20
@@ -432,9 +436,9 @@ def test_the_disk_copy_takes_disk_bytes_over_the_rate_and_progress_counts_them(f
     start_local((h1, h2), written=19, memory=100)
     overlay(h2, "v.qcow2")
     h1.disk_copy_rate_mib_s = 10_000
-    h1.copy_rate_mib_s = 1000                   # 0.1 s of memory
+    h1.copy_rate_mib_s = 1000  # 0.1 s of memory
     t0 = clock.monotonic()
-    h1.migrate("v", h2, MigrationParams(copy_disks=("vda",), bandwidth_mib_s=200))   # 0.1 s of disk (not 0.002)
+    h1.migrate("v", h2, MigrationParams(copy_disks=("vda",), bandwidth_mib_s=200))  # 0.1 s of disk (not 0.002)
     assert clock.monotonic() - t0 == pytest.approx(20 / 200 + 100 / 1000)
 
 
@@ -452,7 +456,7 @@ def test_the_knobs_can_come_from_the_environment(monkeypatch, clock):
     """For a sim cluster in its own process (`vmplane up --driver sim`), whose fabric a test can't reach."""
     monkeypatch.setenv("VMPLANE_SIM_LOCAL_POOL_MIB", "1000")
     monkeypatch.setenv("VMPLANE_SIM_SHARED_POOL_MIB", "3000")
-    monkeypatch.setenv("VMPLANE_SIM_DISK_COPY_RATE_MIB_S", "0")         # 0: disks copy at once
+    monkeypatch.setenv("VMPLANE_SIM_DISK_COPY_RATE_MIB_S", "0")  # 0: disks copy at once
     fabric = SimFabric()
     h1, h2 = hosts(fabric, "h1", "h2")
     assert (h1.pool_info("local").capacity_mib, h1.pool_info("shared").capacity_mib) == (1000, 3000)
@@ -460,16 +464,16 @@ def test_the_knobs_can_come_from_the_environment(monkeypatch, clock):
     overlay(h2, "v.qcow2")
     t0 = clock.monotonic()
     h1.migrate("v", h2, MigrationParams(copy_disks=("vda",)))
-    assert clock.monotonic() - t0 == 0 and clock.slept == []      # 900 MiB copied at once: no time
+    assert clock.monotonic() - t0 == 0 and clock.slept == []  # 900 MiB copied at once: no time
     fabric.close()
 
 
 def test_an_aborted_disk_copy_leaves_the_target_overlay_partly_written(fabric, pair, clock):
     h1, h2 = start_local(pair, written=199)
     overlay(h2, "v.qcow2")
-    h1.disk_copy_rate_mib_s = 1000          # 0.2 s
+    h1.disk_copy_rate_mib_s = 1000  # 0.2 s
 
-    def abort_once_under_way(percent, message):     # the cancel comes while the disk is being copied
+    def abort_once_under_way(percent, message):  # the cancel comes while the disk is being copied
         if 0 < percent < 100:
             h1.abort_migration("v")
 
@@ -483,19 +487,19 @@ def test_a_copy_error_mid_copy_leaves_the_domain_here_and_the_target_overlay_par
     h1, h2 = start_local(pair, written=199)
     overlay(h2, "v.qcow2")
     fabric.faults = SimFaults(seed=5, disk_copy_error=1.0)
-    with pytest.raises(DriverError, match="copying its disks to h2 failed after .* Input/output error"):
+    with pytest.raises(DriverError, match=r"copying its disks to h2 failed after .* Input/output error"):
         h1.migrate("v", h2, MigrationParams(copy_disks=("vda",)))
     fabric.faults = None
     assert fabric_hosts(h1, "v") == ["h1"] and h1.domain("v").running
     assert 1 < h2.volume("local", "v.qcow2").allocation_mib < 200
-    h1.migrate("v", h2, MigrationParams(copy_disks=("vda",)))     # again, on the partial overlay
+    h1.migrate("v", h2, MigrationParams(copy_disks=("vda",)))  # again, on the partial overlay
     assert h2.volume("local", "v.qcow2").allocation_mib == 200
 
 
 def test_a_target_that_runs_out_of_space_fails_the_copy(fabric, pair):
     h1, h2 = start_local(pair, written=199)
     overlay(h2, "v.qcow2")
-    fabric.set_capacity("h2", 52)           # 2 MiB used (the image, the overlay): 50 MiB left
+    fabric.set_capacity("h2", 52)  # 2 MiB used (the image, the overlay): 50 MiB left
     with pytest.raises(DriverError, match="failed after 51 of 200 MiB: No space left on device"):
         h1.migrate("v", h2, MigrationParams(copy_disks=("vda",)))
     assert h2.pool_info("local").available_mib == 0
@@ -535,8 +539,8 @@ def test_a_failed_post_copy_leaves_the_disks_on_both_then_on_the_target(fabric, 
 def test_storage_lives_in_the_fabric_file_shared_by_processes(tmp_path):
     a, b = SimFabric(tmp_path / "f.sim-hosts"), SimFabric(tmp_path / "f.sim-hosts")
     try:
-        ha, = hosts(a, "h1")
-        hb, = hosts(b, "h2")
+        (ha,) = hosts(a, "h1")
+        (hb,) = hosts(b, "h2")
         a.set_capacity(SHARED, 5000)
         assert hb.pool_info("shared").capacity_mib == 5000
         ha.create_volume("shared", "root", 100)

@@ -19,8 +19,9 @@ from .conftest import ADMIN_TOKEN, LiveServer
 from .realguest import require_libvirt, run_json, scalable_cluster
 from .uikit import SLOW_MS, Console
 
-expect = pytest.importorskip("playwright.sync_api", reason="browser tests need Playwright for Python "
-                                                           "(pip install -e '.[test]')").expect
+expect = pytest.importorskip(
+    "playwright.sync_api", reason="browser tests need Playwright for Python (pip install -e '.[test]')"
+).expect
 
 
 @pytest.fixture(scope="module")
@@ -45,17 +46,33 @@ def member_token(server: LiveServer, name: str, project: str) -> str:
 def sim(tmp_path_factory, browser):
     server = LiveServer(tmp_path_factory.mktemp("ui-sim"), hosts=3).start()
     try:
-        api(server, "PUT", "/settings/enable.dynamic.scale.vm", json={"value": "true", "scope": "zone",
-                                                                      "scope_name": "zone1"})
+        api(
+            server,
+            "PUT",
+            "/settings/enable.dynamic.scale.vm",
+            json={"value": "true", "scope": "zone", "scope_name": "zone1"},
+        )
         for name, vcpus, memory in (("small", 1, 1024), ("big", 4, 4096)):
-            api(server, "POST", "/offerings", json={"name": name, "kind": "fixed", "vcpus": vcpus,
-                                                   "memory_mib": memory, "dynamic_scaling": True})
+            api(
+                server,
+                "POST",
+                "/offerings",
+                json={"name": name, "kind": "fixed", "vcpus": vcpus, "memory_mib": memory, "dynamic_scaling": True},
+            )
         api(server, "POST", "/projects", json={"name": "alpha", "vcpus": 3, "memory_mib": 8192, "vms": 5})
         api(server, "POST", "/projects", json={"name": "beta", "vcpus": 8, "memory_mib": 16384, "vms": 5})
-        for vm, project, offering, start in (("a1", "alpha", "small", True), ("a2", "alpha", "big", False),
-                                             ("b1", "beta", "small", True), ("b2", "beta", "small", False)):
-            api(server, "POST", "/vms", json={"name": vm, "project": project, "offering": offering,
-                                              "template": "tiny-linux", "start": start})
+        for vm, project, offering, start in (
+            ("a1", "alpha", "small", True),
+            ("a2", "alpha", "big", False),
+            ("b1", "beta", "small", True),
+            ("b2", "beta", "small", False),
+        ):
+            api(
+                server,
+                "POST",
+                "/vms",
+                json={"name": vm, "project": project, "offering": offering, "template": "tiny-linux", "start": start},
+            )
         server.member_token = member_token(server, "alpha-member", "alpha")
         yield server
     finally:
@@ -81,9 +98,9 @@ def member(sim, browser):
 def test_admin_sees_hosts_and_vms_and_takes_a_host_through_maintenance_after_its_plan(sim, admin):
     page = admin.page
     bars = page.locator("#host-bars [data-host]")
-    expect(bars).to_have_count(3)                                       # the overview's host bars
-    expect(bars.first.locator(".bar")).to_have_count(2)                 # vCPUs and memory
-    expect(page.locator("[data-project]")).to_have_count(2)             # alpha and beta quota bars
+    expect(bars).to_have_count(3)  # the overview's host bars
+    expect(bars.first.locator(".bar")).to_have_count(2)  # vCPUs and memory
+    expect(page.locator("[data-project]")).to_have_count(2)  # alpha and beta quota bars
 
     page.get_by_role("link", name="Hosts", exact=True).click()
     expect(page.locator("main h1")).to_have_text("Hosts")
@@ -103,14 +120,14 @@ def test_admin_sees_hosts_and_vms_and_takes_a_host_through_maintenance_after_its
     expect(plan).to_contain_text(f"would move {len(on_home)} VM(s)")
     for vm in on_home:
         expect(plan.locator("li", has_text=vm)).to_contain_text("→ sim")
-    assert api(sim, "GET", f"/hosts/{home}")["state"] == "enabled"       # the plan changed nothing
+    assert api(sim, "GET", f"/hosts/{home}")["state"] == "enabled"  # the plan changed nothing
     box.get_by_role("button", name="Enter maintenance").click()
     expect(box).to_contain_text("In maintenance")
     expect(box.get_by_role("button", name="Leave maintenance")).to_be_visible()
     admin.assert_not_reloaded()
     assert api(sim, "GET", f"/hosts/{home}")["state"] == "maintenance"
-    other = admin.context.new_page()                                      # drained by live migration: each
-    for vm in on_home:                                                    # VM's page (live) shows it moved
+    other = admin.context.new_page()  # drained by live migration: each
+    for vm in on_home:  # VM's page (live) shows it moved
         other.goto(f"/ui/vms/{vm}")
         expect(other.locator("#vm-detail [data-host]")).not_to_have_text(home)
         expect(other.locator("#vm-detail h1")).to_contain_text("running")
@@ -122,12 +139,14 @@ def test_admin_sees_hosts_and_vms_and_takes_a_host_through_maintenance_after_its
     assert api(sim, "GET", f"/hosts/{home}")["state"] == "enabled"
 
 
-BETA = re.compile(r"(?<![\w-])(beta|b1|b2)(?![\w-])")       # project beta's names, as whole words
+BETA = re.compile(r"(?<![\w-])(beta|b1|b2)(?![\w-])")  # project beta's names, as whole words
 
 
 def no_beta(html: str, where: str) -> None:
     found = BETA.search(html)
-    assert found is None, f"{where} shows {found.group(0)!r} of project beta: ...{html[max(0, found.start() - 200):found.end() + 200]}..."
+    if found is not None:
+        around = html[max(0, found.start() - 200) : found.end() + 200]
+        raise AssertionError(f"{where} shows {found.group(0)!r} of project beta: ...{around}...")
 
 
 def loaded(console: Console) -> None:
@@ -141,7 +160,7 @@ def test_a_member_sees_and_reaches_nothing_of_another_project(sim, admin, member
     admin.page.goto("/ui/vms")
     expect(admin.page.locator("#vm-list tr[data-vm=b1]")).to_be_visible()
     api(sim, "POST", "/vms/b2/start")
-    expect(admin.page.locator("#events-pane")).to_contain_text("vm b2")       # pushed over the stream
+    expect(admin.page.locator("#events-pane")).to_contain_text("vm b2")  # pushed over the stream
     assert BETA.search(admin.fetch("/ui/stream?once=1").text())
     admin.page.goto("/ui/events")
     expect(admin.page.locator("#event-list")).to_contain_text("b1")
@@ -149,9 +168,9 @@ def test_a_member_sees_and_reaches_nothing_of_another_project(sim, admin, member
     page = member.page
     page.goto("/ui")
     loaded(member)
-    expect(page.locator("[data-project]")).to_have_count(1)                    # its own quota bars only
+    expect(page.locator("[data-project]")).to_have_count(1)  # its own quota bars only
     expect(page.locator("[data-project=alpha]")).to_be_visible()
-    expect(page.locator("#host-bars")).to_have_count(0)                        # hosts are the admin's
+    expect(page.locator("#host-bars")).to_have_count(0)  # hosts are the admin's
     expect(page.get_by_role("link", name="Hosts", exact=True)).to_have_count(0)
     no_beta(page.content(), "the overview (with its tasks and events panes)")
 
@@ -171,18 +190,33 @@ def test_a_member_sees_and_reaches_nothing_of_another_project(sim, admin, member
     assert response.status == 404
     expect(page.locator("main h1")).to_have_text("not found")
     expect(page.locator("main p.error")).to_have_text("vm 'b1' does not exist")
-    for path, status in (("/ui/vms/b2", 404), ("/ui/projects/beta", 404), ("/ui/hosts", 403),
-                         ("/ui/hosts/sim1", 403), ("/ui/vms?project=beta", 200), ("/ui/events?kind=vm", 200)):
+    for path, status in (
+        ("/ui/vms/b2", 404),
+        ("/ui/projects/beta", 404),
+        ("/ui/hosts", 403),
+        ("/ui/hosts/sim1", 403),
+        ("/ui/vms?project=beta", 200),
+        ("/ui/events?kind=vm", 200),
+    ):
         r = member.fetch(path)
         assert r.status == status, (path, r.status, r.text()[:300])
-        if status == 200:                       # (the filter asked for is echoed in its links: not a leak)
+        if status == 200:  # (the filter asked for is echoed in its links: not a leak)
             no_beta(r.text().replace("project=beta", ""), path)
     # the fragments htmx asks for, by URL too: the same answers, as fragments (no layout)
-    for path, status in (("/ui/f/vms/b1", 404), ("/ui/f/hosts", 403), ("/ui/f/overview/hosts", 403),
-                         ("/ui/hosts/sim1/maintenance", 403), ("/ui/f/vms?project=beta", 200),
-                         ("/ui/f/vms?name=b", 200), ("/ui/f/vms?sort=project", 200), ("/ui/f/events", 200),
-                         ("/ui/f/events?kind=vm", 200), ("/ui/f/events?pane=1", 200), ("/ui/f/tasks", 200),
-                         ("/ui/stream?once=1", 200)):
+    for path, status in (
+        ("/ui/f/vms/b1", 404),
+        ("/ui/f/hosts", 403),
+        ("/ui/f/overview/hosts", 403),
+        ("/ui/hosts/sim1/maintenance", 403),
+        ("/ui/f/vms?project=beta", 200),
+        ("/ui/f/vms?name=b", 200),
+        ("/ui/f/vms?sort=project", 200),
+        ("/ui/f/events", 200),
+        ("/ui/f/events?kind=vm", 200),
+        ("/ui/f/events?pane=1", 200),
+        ("/ui/f/tasks", 200),
+        ("/ui/stream?once=1", 200),
+    ):
         r = member.fetch(path, htmx=True)
         assert r.status == status, (path, r.status, r.text()[:300])
         assert "<html" not in r.text(), path
@@ -190,19 +224,20 @@ def test_a_member_sees_and_reaches_nothing_of_another_project(sim, admin, member
             no_beta(r.text().replace("project=beta", ""), path)
         else:
             assert 'class="error"' in r.text(), (path, r.text())
-    assert 'data-vm="a1"' in member.fetch("/ui/f/vms", htmx=True).text()       # the same list does show alpha
+    assert 'data-vm="a1"' in member.fetch("/ui/f/vms", htmx=True).text()  # the same list does show alpha
     # nor can it act on beta's VMs (with its own valid CSRF token): the API's 404
     csrf = page.evaluate("JSON.parse(document.body.getAttribute('hx-headers'))['X-CSRF-Token']")
     for action in ("start", "stop", "delete", "migrate/plan", "scale/plan"):
-        r = member.context.request.post(f"/ui/vms/b1/{action}", headers={"HX-Request": "true", "X-CSRF-Token": csrf},
-                                        form={"vcpus": "2"})
+        r = member.context.request.post(
+            f"/ui/vms/b1/{action}", headers={"HX-Request": "true", "X-CSRF-Token": csrf}, form={"vcpus": "2"}
+        )
         assert r.status == 404, (action, r.status, r.text())
     assert api(sim, "GET", "/vms/b1")["state"] == "running"
 
 
 def test_a_refusal_by_quota_shows_the_apis_words_next_to_its_control_without_a_reload(sim, member):
     page = member.page
-    with sim.client() as c:             # what the API itself says to this member (nothing is changed)
+    with sim.client() as c:  # what the API itself says to this member (nothing is changed)
         c.headers["Authorization"] = f"Bearer {sim.member_token}"
         said_start = c.post("/vms/a2/start").json()
         said_scale = c.post("/vms/a1/scale", json={"offering": "big", "dry_run": True}).json()
@@ -230,8 +265,14 @@ def test_a_refusal_by_quota_shows_the_apis_words_next_to_its_control_without_a_r
 def test_screenshots_of_the_main_pages(sim, admin, member, browser):
     page = admin.page
     shots = []
-    for name, path in (("overview", "/ui"), ("hosts", "/ui/hosts"), ("vms", "/ui/vms"), ("projects", "/ui/projects"),
-                       ("project", "/ui/projects/alpha"), ("events", "/ui/events")):
+    for name, path in (
+        ("overview", "/ui"),
+        ("hosts", "/ui/hosts"),
+        ("vms", "/ui/vms"),
+        ("projects", "/ui/projects"),
+        ("project", "/ui/projects/alpha"),
+        ("events", "/ui/events"),
+    ):
         page.goto(path)
         loaded(admin)
         shots.append(admin.screenshot(name))
@@ -271,8 +312,9 @@ def real(tmp_path_factory, browser):
     require_libvirt()
     server = scalable_cluster(tmp_path_factory.mktemp("ui-real"), 2, 1024, {"f1": (1, "256MiB"), "f2": (2, "512MiB")})
     try:
-        run_json(server, "vm", "create", "web", "--project", "p", "--offering", "f1", "--template", "scalable",
-                 "--start")
+        run_json(
+            server, "vm", "create", "web", "--project", "p", "--offering", "f1", "--template", "scalable", "--start"
+        )
         api(server, "POST", "/projects", json={"name": "mine", "vcpus": 2, "memory_mib": 2048, "vms": 2})
         server.member_token = member_token(server, "mine-member", "mine")
         yield server
@@ -282,7 +324,7 @@ def real(tmp_path_factory, browser):
 
 def test_admin_migrates_then_scales_a_real_guest_from_its_page_watching_it_live(real, browser):
     admin = Console(browser, real.url).login(ADMIN_TOKEN)
-    other = Console(browser, real.url).login(real.member_token)       # a member of another project, watching
+    other = Console(browser, real.url).login(real.member_token)  # a member of another project, watching
     page = admin.page
     expect(page.locator("#host-bars [data-host]")).to_have_count(2)
     page.get_by_role("link", name="Hosts", exact=True).click()
@@ -306,8 +348,8 @@ def test_admin_migrates_then_scales_a_real_guest_from_its_page_watching_it_live(
     migrate.get_by_role("button", name="Plan migration…").click()
     plan = migrate.locator("[data-plan=migrate]")
     expect(plan.locator("[data-target]")).to_have_text(target)
-    expect(plan.locator("p.muted")).not_to_be_empty()                  # placement's reason
-    assert api(real, "GET", "/vms/web")["host"] == source             # a plan changes nothing
+    expect(plan.locator("p.muted")).not_to_be_empty()  # placement's reason
+    assert api(real, "GET", "/vms/web")["host"] == source  # a plan changes nothing
     migrate.get_by_role("button", name="Migrate now").click()
     expect(migrate.locator("#migrate-result [data-migration]")).to_contain_text(f"to {target}")
     # the detail follows by itself (it fetches itself again on the stream's `changed`)
@@ -320,7 +362,7 @@ def test_admin_migrates_then_scales_a_real_guest_from_its_page_watching_it_live(
     shown = [h for h in admin.recorded("#tasks") if 'data-task="migration" data-vm="web"' in h]
     assert shown, "the migration never showed under Running now"
     progress = [int(v) for h in shown for v in re.findall(r'<progress max="100" value="(\d+)"', h)]
-    assert progress == sorted(progress), progress                     # it only went forward
+    assert progress == sorted(progress), progress  # it only went forward
     assert api(real, "GET", "/vms/web")["host"] == target
 
     # scale: the plan (its path) first, then the scale, the new size seen in the detail
@@ -329,7 +371,7 @@ def test_admin_migrates_then_scales_a_real_guest_from_its_page_watching_it_live(
     scale.get_by_role("button", name="Plan scale…").click()
     plan = scale.locator("[data-plan=scale]")
     expect(plan).to_contain_text("web")
-    expect(plan.locator(".muted").first).to_contain_text(re.compile(r"\w"))   # the path, e.g. in-place
+    expect(plan.locator(".muted").first).to_contain_text(re.compile(r"\w"))  # the path, e.g. in-place
     assert api(real, "GET", "/vms/web")["vcpus"] == 1
     scale.get_by_role("button", name="Scale now").click()
     expect(scale.locator("#scale-result p.done")).to_contain_text("scaling web")

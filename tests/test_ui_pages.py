@@ -92,9 +92,12 @@ def test_a_bad_token_is_refused_401_with_the_message_and_no_cookie(con):
     assert r.status_code == 401 and COOKIE not in r.headers.get("set-cookie", "")
     assert error(r.text)["message"] == "the bearer token is not valid" and 'name="next" value="/ui/vms"' in r.text
     r = c.post("/ui/login", data={"token": "  "})
-    assert r.status_code == 401 and error(r.text) == {"error": None, "field": "token",
-                                                      "message": "token: give an API token"}
-    assert c.get("/ui").status_code == 303                   # still logged out
+    assert r.status_code == 401 and error(r.text) == {
+        "error": None,
+        "field": "token",
+        "message": "token: give an API token",
+    }
+    assert c.get("/ui").status_code == 303  # still logged out
 
 
 def test_login_sets_an_httponly_strict_cookie_on_ui_and_goes_to_the_page_asked_for(con):
@@ -103,10 +106,10 @@ def test_login_sets_an_httponly_strict_cookie_on_ui_and_goes_to_the_page_asked_f
     assert (r.status_code, r.headers["location"]) == (303, "/ui/vms?state=running")
     cookie = r.headers["set-cookie"]
     flags = {f.strip().lower() for f in cookie.split(";")[1:]}
-    assert cookie.startswith(f"{COOKIE}=") and ALPHA not in cookie                 # a session id, not the token
-    assert {"httponly", "samesite=strict", "path=/ui"} <= flags and "secure" not in flags   # loopback http: no Secure
+    assert cookie.startswith(f"{COOKIE}=") and ALPHA not in cookie  # a session id, not the token
+    assert {"httponly", "samesite=strict", "path=/ui"} <= flags and "secure" not in flags  # loopback http: no Secure
     assert any(f.startswith("max-age=") for f in flags)
-    page = c.get("/ui/vms?state=running")                   # the cookie jar sends it back
+    page = c.get("/ui/vms?state=running")  # the cookie jar sends it back
     assert page.status_code == 200 and "alpha-user · member" in text(page.text)
     assert rows(page.text) == ["a1", "a2"]
 
@@ -147,15 +150,25 @@ def test_overview_shows_counts_host_bars_with_the_overhead_apart_and_project_quo
     o = con.o
     r = admin.get("/ui")
     assert r.status_code == 200
-    counts = dict((label, int(n)) for n, label in re.findall(r'<div class="count"><b>(\d+)</b>(?:<span[^>]*>)?'
-                                                                  r'([\w ]+)', r.text))
+    counts = {
+        label: int(n)
+        for n, label in re.findall(
+            r'<div class="count"><b>(\d+)</b>(?:<span[^>]*>)?'
+            r"([\w ]+)",
+            r.text,
+        )
+    }
     assert counts == {"VMs": 4, "running": 3, "stopped": 1, "hosts": 3, "enabled": 3}
     for h in o.hosts():
         cap = o.host_capacity(h.name)
         on_host = [v for v in o.vms() if v.host and v.host.name == h.name and v.state != "stopped"]
         got = bars(block(r.text, "data-host", h.name))
-        assert got["vCPUs"] == {"used": h.used_vcpus, "total": cap.vcpus_capacity, "overhead": 0,
-                                "pct": round(100 * h.used_vcpus / cap.vcpus_capacity, 1)}
+        assert got["vCPUs"] == {
+            "used": h.used_vcpus,
+            "total": cap.vcpus_capacity,
+            "overhead": 0,
+            "pct": round(100 * h.used_vcpus / cap.vcpus_capacity, 1),
+        }
         assert got["memory (MiB)"]["used"] == h.used_memory_mib == sum(v.memory_mib + v.overhead_mib for v in on_host)
         assert got["memory (MiB)"]["total"] == cap.memory_capacity_mib == 65536
         assert got["memory (MiB)"]["overhead"] == sum(v.overhead_mib for v in on_host) > 0
@@ -164,10 +177,14 @@ def test_overview_shows_counts_host_bars_with_the_overhead_apart_and_project_quo
     alpha_bars = bars(block(r.text, "data-project", "alpha"))
     over = overhead_mib_of(o, "a1") + overhead_mib_of(o, "a2")
     assert alpha_bars["vCPUs"] == {"used": 3, "total": 8, "pct": 37.5, "overhead": 0}
-    assert alpha_bars["memory (MiB)"] == {"used": 1024 + 2048 + over, "total": 16384, "overhead": over,
-                                          "pct": round(100 * (3072 + over) / 16384, 1)}
+    assert alpha_bars["memory (MiB)"] == {
+        "used": 1024 + 2048 + over,
+        "total": 16384,
+        "overhead": over,
+        "pct": round(100 * (3072 + over) / 16384, 1),
+    }
     assert alpha_bars["VMs"] == {"used": 3, "total": 10, "pct": 30.0, "overhead": 0}
-    beta_bars = bars(block(r.text, "data-project", "beta"))            # beta does not count overhead
+    beta_bars = bars(block(r.text, "data-project", "beta"))  # beta does not count overhead
     assert beta_bars["memory (MiB)"] == {"used": 1024, "total": 8192, "overhead": 0, "pct": 12.5}
     assert "overhead counted" in block(r.text, "data-project", "alpha")
     assert "overhead counted" not in block(r.text, "data-project", "beta")
@@ -176,18 +193,21 @@ def test_overview_shows_counts_host_bars_with_the_overhead_apart_and_project_quo
 def overhead_mib_of(o, vm: str) -> int:
     v = o.vm(vm)
     from vmplane.core.model import Size
+
     assert v.overhead_mib == overhead_mib(Size(v.vcpus, v.memory_mib))
     return v.overhead_mib
 
 
 def test_an_over_allocated_host_bar_says_so_and_stays_inside_its_track(fresh):
     o, admin = fresh.o, fresh.client(ADMIN)
-    o.catalog.set_setting("cpu.overprovisioning.factor", "0.1", "cluster", "c1")   # 16 cores -> 1.6 vCPUs
+    o.catalog.set_setting("cpu.overprovisioning.factor", "0.1", "cluster", "c1")  # 16 cores -> 1.6 vCPUs
     h2 = o.vm("a2").host.name
     html_ = admin.get("/ui").text
     got = bars(block(html_, "data-host", h2))["vCPUs"]
     assert got["used"] == 2 and got["total"] == o.host_capacity(h2).vcpus_capacity < 2 and got["pct"] > 100
-    assert re.search(r'<div class="track over">\s*<span class="fill" style="width: 100.0%"', block(html_, "data-host", h2))
+    assert re.search(
+        r'<div class="track over">\s*<span class="fill" style="width: 100.0%"', block(html_, "data-host", h2)
+    )
 
 
 def test_a_members_overview_counts_its_project_only_and_has_no_hosts(alpha):
@@ -197,7 +217,7 @@ def test_a_members_overview_counts_its_project_only_and_has_no_hosts(alpha):
     assert "hosts" not in re.findall(r'<div class="count"><b>\d+</b>([\w ]+)', r.text)
     assert 'data-host="' not in r.text and 'href="/ui/hosts"' not in r.text
     assert re.findall(r'data-project="(\w+)"', r.text) == ["alpha"] and "beta" not in page
-    assert re.search(r"<b>3</b>VMs", r.text)                             # a1 a2 a3, not b1
+    assert re.search(r"<b>3</b>VMs", r.text)  # a1 a2 a3, not b1
 
 
 def test_overview_host_bars_are_paged(big):
@@ -209,12 +229,13 @@ def test_overview_host_bars_are_paged(big):
     assert p["next_url"].startswith("/ui/f/overview/hosts?")
     rest = admin.get(p["next_url"], headers={"HX-Request": "true"})
     assert rest.status_code == 200 and "<html" not in rest.text
-    names = re.findall(r'<div class="host" data-host="(\w+)"', first.text) + \
-        re.findall(r'<div class="host" data-host="(\w+)"', rest.text)
-    assert len(names) == len(set(names)) == 60                          # every host once
+    names = re.findall(r'<div class="host" data-host="(\w+)"', first.text) + re.findall(
+        r'<div class="host" data-host="(\w+)"', rest.text
+    )
+    assert len(names) == len(set(names)) == 60  # every host once
     assert pager(rest.text)["first"] == PAGE_SIZE + 1 and pager(rest.text)["next"] is None
     by_name = {h.name: h.used_memory_mib for h in big.o.hosts()}
-    assert [by_name[n] for n in names] == sorted(by_name.values(), reverse=True)    # the most allocated first
+    assert [by_name[n] for n in names] == sorted(by_name.values(), reverse=True)  # the most allocated first
     assert big.client(ALPHA).get("/ui/f/overview/hosts").status_code == 403
 
 
@@ -225,12 +246,14 @@ def test_hosts_list_shows_allocation_against_capacity_with_filters_and_sorting(f
     assert r.status_code == 200 and rows(r.text, "data-host") == ["h1", "h2", "h3"]
     h2 = o.vm("a2").host.name
     cap = o.host_capacity(h2)
-    assert row(r.text, h2, "data-host") == (f"{h2} c1 enabled 2 / {cap.vcpus_capacity} "
-                                            f"{mib(o.host(h2).used_memory_mib)} / {mib(cap.memory_capacity_mib)} "
-                                            f"{mib(overhead_mib_of(o, 'a2'))}")
+    assert row(r.text, h2, "data-host") == (
+        f"{h2} c1 enabled 2 / {cap.vcpus_capacity} "
+        f"{mib(o.host(h2).used_memory_mib)} / {mib(cap.memory_capacity_mib)} "
+        f"{mib(overhead_mib_of(o, 'a2'))}"
+    )
     by_vcpus = admin.get("/ui/f/hosts?sort=-used_vcpus")
     assert by_vcpus.status_code == 200 and rows(by_vcpus.text, "data-host")[0] == h2 and "<html" not in by_vcpus.text
-    assert '?sort=used_vcpus"' in by_vcpus.text                                  # its header flips the order
+    assert '?sort=used_vcpus"' in by_vcpus.text  # its header flips the order
     o.maintenance.enter("h3")
     maint = admin.get("/ui/f/hosts?state=maintenance")
     assert rows(maint.text, "data-host") == ["h3"] and pager(maint.text)["total"] == 1
@@ -239,9 +262,16 @@ def test_hosts_list_shows_allocation_against_capacity_with_filters_and_sorting(f
     assert none.status_code == 200 and rows(none.text, "data-host") == [] and "no host matches" in none.text
 
 
-@pytest.mark.parametrize("url,field", [("/ui/hosts?sort=bogus", "sort"), ("/ui/f/hosts?sort=-cores2", "sort"),
-                                       ("/ui/hosts?offset=-1", "offset"), ("/ui/f/hosts?cluster=" + "c" * 64, "cluster"),
-                                       ("/ui/hosts?colour=red", "colour")])
+@pytest.mark.parametrize(
+    "url,field",
+    [
+        ("/ui/hosts?sort=bogus", "sort"),
+        ("/ui/f/hosts?sort=-cores2", "sort"),
+        ("/ui/hosts?offset=-1", "offset"),
+        ("/ui/f/hosts?cluster=" + "c" * 64, "cluster"),
+        ("/ui/hosts?colour=red", "colour"),
+    ],
+)
 def test_hosts_list_refuses_bad_input_naming_the_field(admin, url, field):
     r = admin.get(url)
     assert r.status_code == 422 and error(r.text)["field"] == field and error(r.text)["error"] == "invalid"
@@ -256,7 +286,7 @@ def test_host_detail_shows_its_vms_bars_maintenance_controls_and_events(con, adm
     assert re.findall(r'<td><a href="/ui/vms/(\w+)">', here) == ["a2"]
     a2 = o.vm("a2")
     claimed = [text(m) for m in re.findall(r"<tr><td>(.*?)</tr>", claims.split("</table>")[0], re.S)]
-    assert len(claimed) == 1 and claimed[0].startswith("a2 ")          # its one claim: the VM with its overhead
+    assert len(claimed) == 1 and claimed[0].startswith("a2 ")  # its one claim: the VM with its overhead
     assert claimed[0].endswith(f" 2 {mib(a2.memory_mib + a2.overhead_mib)}")
     got = bars(r.text)
     assert got["vCPUs"]["used"] == 2 and got["memory (MiB)"]["overhead"] == overhead_mib_of(o, "a2")
@@ -267,8 +297,11 @@ def test_host_detail_shows_its_vms_bars_maintenance_controls_and_events(con, adm
     controls = admin.get(f"/ui/hosts/{h}/maintenance")
     assert controls.status_code == 200 and "Plan maintenance" in controls.text and "<html" not in controls.text
     missing = admin.get("/ui/hosts/nope")
-    assert missing.status_code == 404 and error(missing.text) == {"error": "not_found", "field": "host",
-                                                                  "message": "host 'nope' does not exist"}
+    assert missing.status_code == 404 and error(missing.text) == {
+        "error": "not_found",
+        "field": "host",
+        "message": "host 'nope' does not exist",
+    }
 
 
 def test_host_detail_lists_a_page_of_its_vms_and_says_how_many(big):
@@ -305,6 +338,7 @@ def test_vm_list_filters_by_project_host_state_and_name_prefix(con, admin):
         assert page.status_code == frag.status_code == 200 and rows(page.text) == rows(frag.text)
         assert pager(frag.text)["total"] == len(rows(frag.text))
         return rows(frag.text)
+
     assert names("project=alpha") == ["a1", "a2", "a3"]
     assert names("project=beta") == ["b1"]
     assert names(f"host={h2}") == ["a2"]
@@ -315,7 +349,7 @@ def test_vm_list_filters_by_project_host_state_and_name_prefix(con, admin):
     assert names("project=nope") == [] and names("host=nope") == [] and names("name=%25") == []
     assert "no VM matches" in admin.get("/ui/f/vms?project=nope").text
     page = admin.get("/ui/vms?state=running&name=a")
-    assert re.search(r'<option selected>running</option>', page.text) and 'name="name" value="a"' in page.text
+    assert re.search(r"<option selected>running</option>", page.text) and 'name="name" value="a"' in page.text
 
 
 def test_vm_list_sorts_and_its_headers_flip_the_order(con, admin):
@@ -323,29 +357,39 @@ def test_vm_list_sorts_and_its_headers_flip_the_order(con, admin):
         r = admin.get(f"/ui/f/vms?sort={sort}")
         assert r.status_code == 200
         return rows(r.text), r.text
+
     assert names("-name")[0] == ["b1", "a3", "a2", "a1"]
     assert names("-vcpus")[0][0] == "a2"
-    assert names("state")[0][-1] == "a3"                                 # running < stopped
+    assert names("state")[0][-1] == "a3"  # running < stopped
     assert names("project")[0] == ["a1", "a2", "a3", "b1"] and names("-project")[0][0] == "b1"
-    listed, markup = names("name")
+    _listed, markup = names("name")
     assert 'hx-get="/ui/f/vms?sort=-name"' in markup and "VM ▲" in markup
     _, markup = names("-memory_mib")
     assert "Memory ▼" in markup and 'hx-get="/ui/f/vms?sort=memory_mib"' in markup
     filtered = admin.get("/ui/f/vms?state=running&sort=-name").text
-    assert 'hx-get="/ui/f/vms?state=running&amp;sort=name"' in filtered             # filters kept by the headers
+    assert 'hx-get="/ui/f/vms?state=running&amp;sort=name"' in filtered  # filters kept by the headers
 
 
-@pytest.mark.parametrize("query,field", [("sort=bogus", "sort"), ("sort=-password", "sort"), ("state=bogus", "state"),
-                                         ("offset=-1", "offset"), ("offset=x", "offset"), ("name=" + "n" * 64, "name"),
-                                         ("colour=red", "colour")])
+@pytest.mark.parametrize(
+    "query,field",
+    [
+        ("sort=bogus", "sort"),
+        ("sort=-password", "sort"),
+        ("state=bogus", "state"),
+        ("offset=-1", "offset"),
+        ("offset=x", "offset"),
+        ("name=" + "n" * 64, "name"),
+        ("colour=red", "colour"),
+    ],
+)
 def test_vm_list_refuses_bad_input_422_naming_the_field_as_page_and_as_fragment(admin, query, field):
     for url in (f"/ui/vms?{query}", f"/ui/f/vms?{query}"):
         for headers in ({}, {"HX-Request": "true"}):
             r = admin.get(url, headers=headers)
             assert r.status_code == 422, (url, headers, r.status_code)
             assert error(r.text)["field"] == field and error(r.text)["error"] == "invalid"
-            if headers or url.startswith("/ui/f/") and field in ("sort", "state"):
-                assert "<html" not in r.text                # an htmx swap gets the error slot alone
+            if headers or (url.startswith("/ui/f/") and field in ("sort", "state")):
+                assert "<html" not in r.text  # an htmx swap gets the error slot alone
             else:
                 assert "<html" in r.text
 
@@ -359,14 +403,19 @@ def test_vm_list_pages_on_the_server(big):
     p = pager(first.text)
     assert (p["first"], p["last"], p["total"], p["prev"], p["next"]) == (1, PAGE_SIZE, 124, None, PAGE_SIZE)
     second = admin.get(p["next_url"], headers={"HX-Request": "true"})
-    assert rows(second.text) == everything[PAGE_SIZE:2 * PAGE_SIZE]
+    assert rows(second.text) == everything[PAGE_SIZE : 2 * PAGE_SIZE]
     p2 = pager(second.text)
     assert (p2["first"], p2["last"], p2["prev"], p2["next"]) == (PAGE_SIZE + 1, 2 * PAGE_SIZE, 0, 2 * PAGE_SIZE)
     last = admin.get(p2["next_url"])
-    assert rows(last.text) == everything[2 * PAGE_SIZE:] and len(rows(last.text)) == 124 - 2 * PAGE_SIZE
+    assert rows(last.text) == everything[2 * PAGE_SIZE :] and len(rows(last.text)) == 124 - 2 * PAGE_SIZE
     p3 = pager(last.text)
-    assert (p3["first"], p3["last"], p3["total"], p3["prev"], p3["next"]) == (2 * PAGE_SIZE + 1, 124, 124, PAGE_SIZE,
-                                                                              None)
+    assert (p3["first"], p3["last"], p3["total"], p3["prev"], p3["next"]) == (
+        2 * PAGE_SIZE + 1,
+        124,
+        124,
+        PAGE_SIZE,
+        None,
+    )
     beyond = admin.get("/ui/f/vms?offset=500")
     assert rows(beyond.text) == [] and pager(beyond.text)["total"] == 124
 
@@ -380,7 +429,7 @@ def test_vm_list_paging_keeps_the_filter_and_the_sort(big):
     assert rows(first.text) == stopped[:PAGE_SIZE] and p["total"] == len(stopped)
     assert "state=stopped" in p["next_url"] and "sort=-name" in p["next_url"]
     second = admin.get(p["next_url"])
-    assert rows(second.text) == stopped[PAGE_SIZE:2 * PAGE_SIZE]
+    assert rows(second.text) == stopped[PAGE_SIZE : 2 * PAGE_SIZE]
 
 
 def test_vm_detail_shows_size_offering_host_operations_and_its_events(con, admin):
@@ -398,10 +447,13 @@ def test_vm_detail_shows_size_offering_host_operations_and_its_events(con, admin
     assert events and all(" a2 " in f" {text(e)} " or "start a2" in text(e) for e in events)
     assert all("b1" not in text(e) and "a1" not in text(e) for e in events)
     assert 'hx-post="/ui/vms/a2/migrate/plan"' in r.text and 'hx-get="/ui/f/vms/a2"' in r.text
-    assert re.search(r'<button hx-post="/ui/vms/a2/start"[^>]*disabled', r.text)            # running: no start
+    assert re.search(r'<button hx-post="/ui/vms/a2/start"[^>]*disabled', r.text)  # running: no start
     fragment = admin.get("/ui/f/vms/a2", headers={"HX-Request": "true"})
     assert fragment.status_code == 200 and "<html" not in fragment.text and "<span data-vcpus>2</span>" in fragment.text
-    assert "<span data-host>" not in admin.get("/ui/vms/a3").text and "<dd data-host>-</dd>" in admin.get("/ui/vms/a3").text
+    assert (
+        "<span data-host>" not in admin.get("/ui/vms/a3").text
+        and "<dd data-host>-</dd>" in admin.get("/ui/vms/a3").text
+    )
 
 
 def test_an_unknown_vm_is_a_404_page_or_fragment_in_the_apis_words(admin):
@@ -435,8 +487,7 @@ def test_a_project_page_with_many_vms_shows_one_page_of_them(big):
     assert r.status_code == 200 and len(rows(r.text)) == PAGE_SIZE
     p = pager(r.text)
     assert p["total"] == 123 and p["next"] == PAGE_SIZE and "project=alpha" in p["next_url"]
-    assert rows(big.client(ADMIN).get(p["next_url"]).text)[0] == sorted(
-        v.name for v in big.o.vms("alpha"))[PAGE_SIZE]
+    assert rows(big.client(ADMIN).get(p["next_url"]).text)[0] == sorted(v.name for v in big.o.vms("alpha"))[PAGE_SIZE]
 
 
 def test_projects_are_paged_on_the_projects_page_and_the_overview(big):
@@ -454,7 +505,7 @@ def test_projects_are_paged_on_the_projects_page_and_the_overview(big):
         rest = admin.get(p["next_url"], headers={"HX-Request": "true"})
         assert rest.status_code == 200 and "<html" not in rest.text
         assert re.findall(r'data-project="(\w+)"', rest.text) == names[PAGE_SIZE:]
-        assert ('<div class="card">' in rest.text) == (url == "/ui/projects")      # the same look as the page's
+        assert ('<div class="card">' in rest.text) == (url == "/ui/projects")  # the same look as the page's
     assert re.findall(r'data-project="(\w+)"', big.client(ALPHA).get("/ui/f/projects?offset=0").text) == ["alpha"]
     assert admin.get("/ui/f/projects?offset=-1").status_code == 422
 
@@ -464,14 +515,13 @@ def test_events_page_fragment_and_pane(con, admin):
     r = admin.get("/ui/events")
     assert r.status_code == 200
     listed = rows(r.text, "data-event")
-    assert listed and [int(x) for x in listed] == sorted((int(x) for x in listed), reverse=True)   # newest first
+    assert listed and [int(x) for x in listed] == sorted((int(x) for x in listed), reverse=True)  # newest first
     vm_only = admin.get("/ui/f/events?kind=vm", headers={"HX-Request": "true"})
     assert vm_only.status_code == 200 and "<html" not in vm_only.text
-    kinds = [text(m).split()[0] for m in re.findall(r'<tr data-event="\d+"><td>[^<]*</td><td>(.*?)</td>',
-                                                    vm_only.text)]
+    kinds = [text(m).split()[0] for m in re.findall(r'<tr data-event="\d+"><td>[^<]*</td><td>(.*?)</td>', vm_only.text)]
     assert kinds and set(kinds) == {"vm"}
-    assert pager(vm_only.text)["total"] == len(kinds)                  # a few: one page
-    assert rows(admin.get("/ui/f/events?kind=bogus").text, "data-event") == listed      # unknown kind: all
+    assert pager(vm_only.text)["total"] == len(kinds)  # a few: one page
+    assert rows(admin.get("/ui/f/events?kind=bogus").text, "data-event") == listed  # unknown kind: all
     pane = admin.get("/ui/f/events?pane=1")
     assert pane.status_code == 200 and 0 < len(re.findall(r"<li data-event=", pane.text)) <= 12
     assert '<a href="/ui/events">all events</a>' in pane.text
@@ -505,8 +555,16 @@ def test_the_stream_sends_tasks_events_and_the_newest_event_id_once(con, admin):
 
 
 def test_every_page_has_the_live_pane_and_the_csrf_header_of_its_session(con, admin, alpha):
-    for url in ("/ui", "/ui/hosts", "/ui/hosts/h1", "/ui/vms", "/ui/vms/a1", "/ui/projects", "/ui/projects/alpha",
-                "/ui/events"):
+    for url in (
+        "/ui",
+        "/ui/hosts",
+        "/ui/hosts/h1",
+        "/ui/vms",
+        "/ui/vms/a1",
+        "/ui/projects",
+        "/ui/projects/alpha",
+        "/ui/events",
+    ):
         r = admin.get(url)
         assert r.status_code == 200, url
         assert 'sse-connect="/ui/stream"' in r.text and 'hx-get="/ui/f/tasks"' in r.text, url
@@ -534,8 +592,10 @@ def test_another_projects_objects_do_not_exist_for_a_member(con, alpha, url):
         assert "b1" not in text(r.text).replace("'b1'", "") and "beta" not in text(r.text).replace("'beta'", "")
 
 
-@pytest.mark.parametrize("url", ["/ui/hosts", "/ui/f/hosts", "/ui/hosts/h1", "/ui/hosts/nope", "/ui/f/overview/hosts",
-                                 "/ui/hosts/h1/maintenance"])
+@pytest.mark.parametrize(
+    "url",
+    ["/ui/hosts", "/ui/f/hosts", "/ui/hosts/h1", "/ui/hosts/nope", "/ui/f/overview/hosts", "/ui/hosts/h1/maintenance"],
+)
 def test_hosts_are_for_admins_only(alpha, url):
     r = alpha.get(url)
     assert r.status_code == 403 and error(r.text)["error"] == "forbidden"
@@ -544,7 +604,7 @@ def test_hosts_are_for_admins_only(alpha, url):
 
 def test_a_members_lists_panes_and_stream_show_its_project_only(fresh):
     con, alpha = fresh, fresh.client(ALPHA)
-    con.o.migrator.migrate("b1")                 # beta's work in the log and (held) in flight
+    con.o.migrator.migrate("b1")  # beta's work in the log and (held) in flight
     con.executor.hold = True
     con.o.migrator.migrate("b1")
     beta_everywhere = con.client(BETA)
@@ -553,13 +613,21 @@ def test_a_members_lists_panes_and_stream_show_its_project_only(fresh):
     assert rows(alpha.get("/ui/f/vms?project=beta").text) == []
     b1_host = con.o.vm("b1").host.name
     assert set(rows(alpha.get(f"/ui/f/vms?host={b1_host}").text)) == {
-        v.name for v in con.o.vms("alpha") if v.host and v.host.name == b1_host}
+        v.name for v in con.o.vms("alpha") if v.host and v.host.name == b1_host
+    }
     assert rows(alpha.get("/ui/f/vms?name=b").text) == [] and pager(alpha.get("/ui/f/vms?name=b").text)["total"] == 0
     assert re.findall(r'data-project="(\w+)"', alpha.get("/ui/projects").text) == ["alpha"]
     listed = alpha.get("/ui/projects/alpha")
     assert rows(listed.text) == ["a1", "a2", "a3"]
-    for url in ("/ui/f/tasks", "/ui/f/events?pane=1", "/ui/events", "/ui/f/events?kind=migration",
-                "/ui/stream?once=true", "/ui", "/ui/vms/a1"):
+    for url in (
+        "/ui/f/tasks",
+        "/ui/f/events?pane=1",
+        "/ui/events",
+        "/ui/f/events?kind=migration",
+        "/ui/stream?once=true",
+        "/ui",
+        "/ui/vms/a1",
+    ):
         r = alpha.get(url)
         assert r.status_code == 200, url
         assert not re.search(r"\bb1\b", r.text) and "beta" not in r.text, url

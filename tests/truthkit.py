@@ -2,7 +2,8 @@
 period, then: is the record the truth?
 
 One control plane (an Orchestrator with its thread pool and the loops that listen to the hosts: the
-monitor, the periodic full sync, the libvirt-event loop, the migration settle loop) over a SQLite store and sim hosts in fault mode. Each round:
+monitor, the periodic full sync, the libvirt-event loop, the migration settle loop) over a SQLite store
+and sim hosts in fault mode. Each round:
 - faults on: a random workload (crashkit's: create/start, stop, delete, migrate, cancel, scale up and
   down incl. past a full host, drain and back, quota changes; plus CPU-cap changes, scale-downs that
   unplug DIMMs and small VMs that grow and give it back) while the hosts
@@ -61,22 +62,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy.exc import DBAPIError
+
 from vmplane.core import driver as base
+from vmplane.core.errors import VmplaneError
 from vmplane.hosts.drivers import simfabric
 from vmplane.hosts.drivers.sim import SimDriver
 from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.hosts.drivers.simfaults import KINDS, SimFaults
-from vmplane.core.errors import VmplaneError
-from sqlalchemy.exc import DBAPIError
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
 
 from . import crashkit, storagetruth, stores
 
 QUIET_S = 30.0
-OPERATION_DEADLINE_S = 10      # within the quiet: the overdue loop settles what no thread carries first
-HA_QUIET_S = 90.0       # a restart that finds no room is tried again after 1, 3, 10, 30, 30 s (harecovery)
-MIGRATION_FAULTS = ("lost_connection", "postcopy_failed")     # settled by the migrator's rewrite (in progress)
+OPERATION_DEADLINE_S = 10  # within the quiet: the overdue loop settles what no thread carries first
+HA_QUIET_S = 90.0  # a restart that finds no room is tried again after 1, 3, 10, 30, 30 s (harecovery)
+MIGRATION_FAULTS = ("lost_connection", "postcopy_failed")  # settled by the migrator's rewrite (in progress)
 
 
 def _scale_cap(o, rng, n):
@@ -103,15 +105,21 @@ def _scale_down(o, rng, n):
 
 def _create_small(o, rng, n):
     """A VM that boots at the smallest size, so that what it grows by can be given back live."""
-    o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", rng.choice(list(crashkit.PROJECTS)), crashkit.OFFERINGS[0][0], "t",
-                start=True)
+    o.create_vm(
+        f"vm-{n}-{rng.randrange(10**6)}", rng.choice(list(crashkit.PROJECTS)), crashkit.OFFERINGS[0][0], "t", start=True
+    )
 
 
 # crashkit's actions, with more stops and deletes (the cluster keeps churning instead of filling its
 # quotas), more volume attaches and detaches (hot-plugs that the guest completes late or never), CPU-cap
 # changes, scale-downs that unplug DIMMs, and small VMs (which can give back growth)
 _WEIGHTS = {crashkit._delete: 2, crashkit._migrate: 4, crashkit._attach: 3, crashkit._detach: 3}
-ACTIONS = (*((a, _WEIGHTS.get(a, w)) for a, w in crashkit.ACTIONS), (_scale_cap, 2), (_scale_down, 5), (_create_small, 3))
+ACTIONS = (
+    *((a, _WEIGHTS.get(a, w)) for a, w in crashkit.ACTIONS),
+    (_scale_cap, 2),
+    (_scale_down, 5),
+    (_create_small, 3),
+)
 
 
 # More detaches still: a detach the guest never completes keeps its volume attached for good, so that
@@ -122,13 +130,30 @@ MORE_DETACHES = {crashkit._attach: 4, crashkit._detach: 8}
 # -- the fault schedule: every kind met by construction ----------------------------------------------------
 # The kinds a run forces, each once, in an order drawn from its seed (those whose rate is not 0): the
 # others of KINDS follow from them (transient_call, host_call) or are not faults of their own.
-SCHEDULED = ("transient", "partial", "unplug_late", "unplug_never", "lost_connection", "postcopy_failed",
-             "guest_poweroff", "guest_crash", "guest_pause", "event_late", "event_twice", "event_lost",
-             "detach_late", "detach_never", "disk_copy_error", "host_flap", "host_partition", "host_reboot")
+SCHEDULED = (
+    "transient",
+    "partial",
+    "unplug_late",
+    "unplug_never",
+    "lost_connection",
+    "postcopy_failed",
+    "guest_poweroff",
+    "guest_crash",
+    "guest_pause",
+    "event_late",
+    "event_twice",
+    "event_lost",
+    "detach_late",
+    "detach_never",
+    "disk_copy_error",
+    "host_flap",
+    "host_partition",
+    "host_reboot",
+)
 
 
 GUEST_KINDS = ("guest_poweroff", "guest_crash", "guest_pause")
-DUE_AT_ONCE = 4         # kinds forced at once: those that need no step of their own do not wait for the others
+DUE_AT_ONCE = 4  # kinds forced at once: those that need no step of their own do not wait for the others
 
 
 @dataclass
@@ -138,9 +163,10 @@ class ScheduledFaults(SimFaults):
     its order, DUE_AT_ONCE at a time: a kind due (among the first not met yet) happens at its next chance.
     Rates go on as usual meanwhile (a kind they meet first is skipped). Each fault is logged with where the
     workload was (`where`) and the host, when the caller names one."""
+
     schedule: tuple[str, ...] = ()
     where: str = ""
-    log: list[str] = field(default_factory=list)           # every fault, in order
+    log: list[str] = field(default_factory=list)  # every fault, in order
 
     def __post_init__(self):
         super().__post_init__()
@@ -154,18 +180,22 @@ class ScheduledFaults(SimFaults):
         if not self.enabled:
             return False
         with self._lock:
-            drawn = p > 0 and self._streams[kind].random() < p      # drawn whether forced or not
+            drawn = p > 0 and self._streams[kind].random() < p  # drawn whether forced or not
             forced = kind in self.due()
         if not (drawn or forced):
             return False
         host, caller = _caller()
-        if kind in GUEST_KINDS and isinstance(caller, SimDriver) and \
-                not any(d.running for d in caller.fabric.domains(caller.host)):
-            return False        # no guest there to act on its own: no fault (one forced waits for a host with one)
+        if (
+            kind in GUEST_KINDS
+            and isinstance(caller, SimDriver)
+            and not any(d.running for d in caller.fabric.domains(caller.host))
+        ):
+            return False  # no guest there to act on its own: no fault (one forced waits for a host with one)
         with self._lock:
             self.counts[kind] += 1
-            self.log.append(f"{self.where}: {kind}{f' on {host}' if host else ''}"
-                            f"{' (forced: due)' if forced and not drawn else ''}")
+            self.log.append(
+                f"{self.where}: {kind}{f' on {host}' if host else ''}{' (forced: due)' if forced and not drawn else ''}"
+            )
         return True
 
     def note(self, text: str) -> None:
@@ -189,14 +219,15 @@ def _caller() -> tuple[str, object]:
 
 
 # -- steps forced toward the fault due ----------------------------------------------------------------------
-FAULT_STEER = 0.5       # share of the steps that go toward the fault due, when it needs a step of its own
+FAULT_STEER = 0.5  # share of the steps that go toward the fault due, when it needs a step of its own
 
 
 def _toward_unplug(o, rng, n):
     """A DIMM unplug: a grown VM scaled down (else a small VM grown, else one made)."""
     running = [v for v in o.vms() if v.state == "running"]
-    if any(v.boot_memory_mib and v.boot_memory_mib < v.memory_mib for v in running) or \
-            any(v.memory_mib == crashkit.OFFERINGS[0][2] for v in running):
+    if any(v.boot_memory_mib and v.boot_memory_mib < v.memory_mib for v in running) or any(
+        v.memory_mib == crashkit.OFFERINGS[0][2] for v in running
+    ):
         return _scale_down(o, rng, n)
     _create_small(o, rng, n)
 
@@ -204,29 +235,55 @@ def _toward_unplug(o, rng, n):
 def _toward_disk_copy(o, rng, n):
     """A migration that copies disks: a running VM whose root disk is on a local pool migrated; else such a
     VM made; else room made."""
-    local = {v.vm_name for v in crashkit._volumes(o, "attached", role="root") if (v.pool_name or "").startswith("local-")}
+    local = {
+        v.vm_name for v in crashkit._volumes(o, "attached", role="root") if (v.pool_name or "").startswith("local-")
+    }
     running = crashkit._shuffled(rng, [x for x in crashkit._vms(o, "running") if x in local])
-    if crashkit._first_accepted([lambda x=x: o.migrator.migrate(x) for x in running[:crashkit.TRIES]]):
+    if crashkit._first_accepted([lambda x=x: o.migrator.migrate(x) for x in running[: crashkit.TRIES]]):
         return
-    creates = [lambda p=p: o.create_vm(f"vm-{n}-{rng.randrange(10**6)}", p, crashkit.OFFERINGS[0][0], "disk", start=True,
-                                       pool=f"local-h{rng.randint(1, crashkit.HOSTS)}")
-               for p in crashkit._shuffled(rng, crashkit.PROJECTS)]
+    creates = [
+        lambda p=p: o.create_vm(
+            f"vm-{n}-{rng.randrange(10**6)}",
+            p,
+            crashkit.OFFERINGS[0][0],
+            "disk",
+            start=True,
+            pool=f"local-h{rng.randint(1, crashkit.HOSTS)}",
+        )
+        for p in crashkit._shuffled(rng, crashkit.PROJECTS)
+    ]
     if not crashkit._first_accepted(creates):
         crashkit._make_room(o, rng)
 
 
-TOWARD_FAULT = {"unplug_late": _toward_unplug, "unplug_never": _toward_unplug,
-                "lost_connection": crashkit._toward_migrate, "postcopy_failed": crashkit._toward_migrate,
-                "disk_copy_error": _toward_disk_copy, "detach_late": crashkit._toward_detach,
-                "detach_never": crashkit._toward_detach, "partial": crashkit._toward_start,
-                "guest_poweroff": crashkit._toward_start, "guest_crash": crashkit._toward_start,
-                "guest_pause": crashkit._toward_start, "event_late": crashkit._toward_stop,
-                "event_twice": crashkit._toward_stop, "event_lost": crashkit._toward_stop}
+TOWARD_FAULT = {
+    "unplug_late": _toward_unplug,
+    "unplug_never": _toward_unplug,
+    "lost_connection": crashkit._toward_migrate,
+    "postcopy_failed": crashkit._toward_migrate,
+    "disk_copy_error": _toward_disk_copy,
+    "detach_late": crashkit._toward_detach,
+    "detach_never": crashkit._toward_detach,
+    "partial": crashkit._toward_start,
+    "guest_poweroff": crashkit._toward_start,
+    "guest_crash": crashkit._toward_start,
+    "guest_pause": crashkit._toward_start,
+    "event_late": crashkit._toward_stop,
+    "event_twice": crashkit._toward_stop,
+    "event_lost": crashkit._toward_stop,
+}
 
 
-def workload(o: Orchestrator, rng: random.Random, steps: int, nemesis: "Nemesis | None" = None,
-             weights: dict | None = None, faults: ScheduledFaults | None = None, where: str = "",
-             steer: tuple[str, ...] = ()) -> None:
+def workload(
+    o: Orchestrator,
+    rng: random.Random,
+    steps: int,
+    nemesis: Nemesis | None = None,
+    weights: dict | None = None,
+    faults: ScheduledFaults | None = None,
+    where: str = "",
+    steer: tuple[str, ...] = (),
+) -> None:
     """`steps` actions; while faults that need a step of their own are due (TOWARD_FAULT), FAULT_STEER of
     the steps take such a step (toward each of them in turn; toward the kinds of `steer` all along), and while
     the nemesis has failures scheduled it is asked for one now and then (Nemesis.wants). Each step draws from
@@ -240,7 +297,7 @@ def workload(o: Orchestrator, rng: random.Random, steps: int, nemesis: "Nemesis 
             faults.where = f"{where} step {n}"
         needs = [k for k in (faults.due() if faults is not None else []) if k in TOWARD_FAULT and k not in steer]
         needs += list(steer)
-        toward = TOWARD_FAULT[needs[n // 10 % len(needs)]] if needs else None     # (each in turn, 10 steps)
+        toward = TOWARD_FAULT[needs[n // 10 % len(needs)]] if needs else None  # (each in turn, 10 steps)
         if nemesis and nemesis.wants(o, fail):
             action = nemesis.fail
         elif toward and draw < FAULT_STEER:
@@ -250,8 +307,8 @@ def workload(o: Orchestrator, rng: random.Random, steps: int, nemesis: "Nemesis 
         try:
             action(o, step, n)
         except VmplaneError:
-            pass                       # refused (quota, capacity, state): as a user would be
-        except DBAPIError as exc:      # PostgreSQL's deadlock victim, rolled back whole: the API's 409 "retry"
+            pass  # refused (quota, capacity, state): as a user would be
+        except DBAPIError as exc:  # PostgreSQL's deadlock victim, rolled back whole: the API's 409 "retry"
             if getattr(exc.orig, "sqlstate", None) not in ("40P01", "40001"):
                 raise
         if nemesis:
@@ -263,23 +320,26 @@ def workload(o: Orchestrator, rng: random.Random, steps: int, nemesis: "Nemesis 
 @dataclass
 class HaMode:
     """The knobs of HA mode."""
-    grace_s: float = 0.7                    # vmplane.ha.grace
+
+    grace_s: float = 0.7  # vmplane.ha.grace
     modes: tuple[str, ...] = ("power", "daemon", "network")
-    fail_weight: int = 3                    # weight of a host failure among the workload's actions
-    for_good: float = 0.4                   # share of failures that last until repaired (else 0.1-4 s)
-    fence_broken: float = 0.3               # share of failures whose fence agent is broken for 1-4 s
-    max_failed: int = 2                     # hosts failed at once by the harness, or fencing or fenced (of 4)
-    step_s: float = 0.08                    # the workload's pace: failures last long enough to be seen
-    host_faults: dict = field(default_factory=lambda: {"host_flap": 0.02, "host_partition": 0.006,
-                                                       "host_reboot": 0.004})   # per driver call
-    ask_every: float = 0.25                 # share of the steps that ask for a scheduled failure (while any)
+    fail_weight: int = 3  # weight of a host failure among the workload's actions
+    for_good: float = 0.4  # share of failures that last until repaired (else 0.1-4 s)
+    fence_broken: float = 0.3  # share of failures whose fence agent is broken for 1-4 s
+    max_failed: int = 2  # hosts failed at once by the harness, or fencing or fenced (of 4)
+    step_s: float = 0.08  # the workload's pace: failures last long enough to be seen
+    host_faults: dict = field(
+        default_factory=lambda: {"host_flap": 0.02, "host_partition": 0.006, "host_reboot": 0.004}
+    )  # per driver call
+    ask_every: float = 0.25  # share of the steps that ask for a scheduled failure (while any)
 
 
 @dataclass(frozen=True)
 class Failure:
     """One host failure of the nemesis's schedule."""
+
     mode: str
-    lasting: str                # "for good" (until repaired), "for a while" (past the grace), "blip" (< grace)
+    lasting: str  # "for good" (until repaired), "for a while" (past the grace), "blip" (< grace)
     fence_broken: bool = False
 
 
@@ -313,18 +373,17 @@ class Nemesis:
     def __init__(self, mode: HaMode, fabric: SimFabric, seed: int = 0, faults: ScheduledFaults | None = None):
         self.mode, self.fabric = mode, fabric
         self.counts: collections.Counter = collections.Counter()
-        self._fix_fence: dict[str, float] = {}          # host -> when its fence agent works again
+        self._fix_fence: dict[str, float] = {}  # host -> when its fence agent works again
         self.schedule = failure_schedule(mode, seed)
-        self.faults = faults                            # its fault log gets the host failures too
-        self.watch = None                               # crashkit.TwiceWatch, sampled after every step
+        self.faults = faults  # its fault log gets the host failures too
+        self.watch = None  # crashkit.TwiceWatch, sampled after every step
 
     def _note(self, text: str) -> None:
         if self.faults is not None:
             self.faults.note(text)
 
     def actions(self) -> tuple:
-        return ((crashkit._create_ha, 6), (self.fail, self.mode.fail_weight), (self.repair, 1),
-                (self.confirm_off, 1))
+        return ((crashkit._create_ha, 6), (self.fail, self.mode.fail_weight), (self.repair, 1), (self.confirm_off, 1))
 
     def wants(self, o, draw: float) -> bool:
         """Whether this step asks for a scheduled failure (`draw`: the step's own)."""
@@ -333,13 +392,13 @@ class Nemesis:
     def fail(self, o, rng, n):
         failing = set(self.fabric.failed_hosts()) | {h.name for h in o.hosts() if h.state in ("fencing", "fenced")}
         if len(failing) >= self.mode.max_failed:
-            if self.schedule:       # the schedule waits for no repair by chance: one repaired now
+            if self.schedule:  # the schedule waits for no repair by chance: one repaired now
                 self.repair(o, rng, n)
             return
         running = [v for v in o.vms() if v.state == "running" and v.host]
         ha_hosts = sorted({v.host.name for v in running if v.ha_policy == "restart"})
         healthy = sorted(set(o.drivers) - set(crashkit.out_of_service(o)))
-        if self.schedule and not ha_hosts:      # a scheduled failure is for a host with an HA VM: one made first
+        if self.schedule and not ha_hosts:  # a scheduled failure is for a host with an HA VM: one made first
             return self._make_ha(o, rng, n)
         prefer = rng.random() < 0.9 or bool(self.schedule)
         host = rng.choice(ha_hosts if ha_hosts and prefer else healthy)
@@ -357,10 +416,12 @@ class Nemesis:
         self.counts[f"{mode} {'for good' if seconds is None else 'for a while'}"] += 1
         if seconds is not None and seconds < self.mode.grace_s:
             self.counts["blips (< grace)"] += 1
-        self._note(f"{host} fails ({mode}, "
-                        f"{'for good' if seconds is None else f'for {seconds:.2f} s'}"
-                        f"{', its fence agent broken' if broken else ''}"
-                        f"{', scheduled' if planned else ''})")
+        self._note(
+            f"{host} fails ({mode}, "
+            f"{'for good' if seconds is None else f'for {seconds:.2f} s'}"
+            f"{', its fence agent broken' if broken else ''}"
+            f"{', scheduled' if planned else ''})"
+        )
 
     def _make_ha(self, o, rng, n) -> None:
         """An HA VM made (room made when the quotas refuse it)."""
@@ -370,14 +431,18 @@ class Nemesis:
     def _seconds(self, planned: Failure | None, rng) -> float | None:
         if planned is None:
             return None if rng.random() < self.mode.for_good else rng.uniform(0.1, 4.0)
-        return {"for good": None, "for a while": rng.uniform(self.mode.grace_s + 0.5, 4.0),
-                "blip": rng.uniform(0.1, self.mode.grace_s * 0.6)}[planned.lasting]
+        return {
+            "for good": None,
+            "for a while": rng.uniform(self.mode.grace_s + 0.5, 4.0),
+            "blip": rng.uniform(0.1, self.mode.grace_s * 0.6),
+        }[planned.lasting]
 
     def repair(self, o, rng, n):
         """A host failed for good (or fenced) is repaired: it answers again (empty if it was off)."""
         failed = self.fabric.failed_hosts()
-        fixable = sorted({h for h, st in failed.items() if st.until is None}
-                         | {h.name for h in o.hosts() if h.state == "fenced"})
+        fixable = sorted(
+            {h for h, st in failed.items() if st.until is None} | {h.name for h in o.hosts() if h.state == "fenced"}
+        )
         if fixable:
             host = rng.choice(fixable)
             self.fabric.recover_host(host)
@@ -422,12 +487,21 @@ def _ha_unsettled(o: Orchestrator) -> list[str]:
     ha = {v.name for v in vms if v.ha_policy == "restart"}
     held = {v.host.name for v in vms if v.name in ha and v.host and v.state not in ("stopped", "error")}
     held |= {m["target"] for m in o.migrator.list(active_only=True) if m["vm_name"] in ha}
-    return crashkit.in_flight(o) + [f"host {h.name} is {h.state}" for h in o.hosts()
-                                    if h.state == "fencing" or (h.state == "down" and h.name in held)]
+    return crashkit.in_flight(o) + [
+        f"host {h.name} is {h.state}"
+        for h in o.hosts()
+        if h.state == "fencing" or (h.state == "down" and h.name in held)
+    ]
 
 
-def ha_quiet(o: Orchestrator, fabric: SimFabric, faults: SimFaults, nemesis: Nemesis, order: "crashkit.FenceOrder",
-             timeout_s: float = HA_QUIET_S) -> list[str]:
+def ha_quiet(
+    o: Orchestrator,
+    fabric: SimFabric,
+    faults: SimFaults,
+    nemesis: Nemesis,
+    order: crashkit.FenceOrder,
+    timeout_s: float = HA_QUIET_S,
+) -> list[str]:
     """Failures stop (faults off, fence agents fixed, timed failures run out); wait until the recoveries
     ended; check what HA promises; then repair every host, so that the usual quiet and check follow.
     Returns the problems found."""
@@ -436,7 +510,7 @@ def ha_quiet(o: Orchestrator, fabric: SimFabric, faults: SimFaults, nemesis: Nem
     deadline = time.monotonic() + timeout_s
     while fabric.hosts_failing_for_a_while() and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(2.5)         # a host that came back is seen by the monitor, one that did not is declared
+    time.sleep(2.5)  # a host that came back is seen by the monitor, one that did not is declared
     while (left := _ha_unsettled(o)) and time.monotonic() < deadline:
         time.sleep(0.1)
     problems = [f"HA not settled after {timeout_s:.0f} s: {x}" for x in left]
@@ -474,24 +548,25 @@ def quiet(o: Orchestrator, fabric: SimFabric, faults: SimFaults) -> list[str]:
     fabric.tick()
     while not o.host_events._queue.empty() and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.2)         # the event being handled
+    time.sleep(0.2)  # the event being handled
     for _ in range(3):
         _loops_once(o)
         left = crashkit.settle(o, 1.0)
         if not left and not any(h.state == "down" for h in o.hosts()):
             break
     left = crashkit.settle(o, max(deadline - time.monotonic(), 1.0))
-    _loops_once(o)          # a sync after the last operation ended
+    _loops_once(o)  # a sync after the last operation ended
     return left
 
 
 def check(o: Orchestrator, left: list[str]) -> list[str]:
     problems = [f"still in flight after {QUIET_S:.0f} s: {x}" for x in left]
     problems += [f"host {h.name} left {h.state}" for h in o.hosts() if h.state in ("down", "fencing", "fenced")]
-    problems += [f"vm {v.name} left {v.state}" for v in o.vms()
-                 if v.state in ("starting", "stopping", "migrating", "scaling")]
+    problems += [
+        f"vm {v.name} left {v.state}" for v in o.vms() if v.state in ("starting", "stopping", "migrating", "scaling")
+    ]
     problems += unknown_left(o)
-    problems += storagetruth.unowned_pool_files(o)      # a pool file no volume owns (review N2)
+    problems += storagetruth.unowned_pool_files(o)  # a pool file no volume owns (review N2)
     return problems + crashkit.storage_problems(o) + o.audit()
 
 
@@ -505,10 +580,12 @@ def unknown_left(o: Orchestrator) -> list[str]:
     while (left := crashkit.unknown_on_answering_hosts(o)) and time.monotonic() < deadline:
         waited = True
         time.sleep(0.1)
-    if waited:      # what the settled VMs leave to the other loops (a size the sync adopts, a volume left
-        _loops_once(o)      # attaching to a VM now stopped): one pass of each, as after the quiet period's last one
-    return [f"vm {vm} left unknown on {host}, which answers, after the monitor's settle interval ({interval:g} s)"
-            for vm, host in left]
+    if waited:  # what the settled VMs leave to the other loops (a size the sync adopts, a volume left
+        _loops_once(o)  # attaching to a VM now stopped): one pass of each, as after the quiet period's last one
+    return [
+        f"vm {vm} left unknown on {host}, which answers, after the monitor's settle interval ({interval:g} s)"
+        for vm, host in left
+    ]
 
 
 # -- mutants: one rule of the code under test broken, by rewriting its source ----------------------
@@ -538,14 +615,19 @@ def _patched(*targets):
 
 
 def _no_wait(fn=None):
-    return _rewrite(base.confirm_unplug, r"        while True:.*?pause\(min\(0\.2, wait_s / 4\)\)\n", "        return\n")
+    return _rewrite(
+        base.confirm_unplug, r"        while True:.*?pause\(min\(0\.2, wait_s / 4\)\)\n", "        return\n"
+    )
 
 
 def _no_unplug_wait():
     """The DIMM unplug is taken as done once asked: no wait for DEVICE_REMOVED / the DIMM gone, and the
     size asked for reported (what the libvirt driver did before issue 10)."""
-    set_memory = _rewrite(SimDriver.set_memory, r'return self\._read_back\(name, "dimm-unplug"\)',
-                          'return Resized("dimm-unplug", spec.vcpus, memory_mib, spec.cpu_cap, spec.vcpus)')
+    set_memory = _rewrite(
+        SimDriver.set_memory,
+        r'return self\._read_back\(name, "dimm-unplug"\)',
+        'return Resized("dimm-unplug", spec.vcpus, memory_mib, spec.cpu_cap, spec.vcpus)',
+    )
     return _patched((base, "confirm_unplug", _no_wait()), (SimDriver, "set_memory", set_memory))
 
 
@@ -560,10 +642,13 @@ def _unknown_is_absent():
     from vmplane.controllers import hostevents, hostmonitor, hostsync
     from vmplane.plane import settle
 
-    settle_vm = _rewrite(settle.settle_vm, r"(except DriverError as exc:\n\s+)log\.info\(.*?\n\s+return None",
-                         r"\1info = None")
-    presence = _rewrite(Orchestrator._domain_presence, r'return "unknown"', 'return "gone"')
-    targets = [(settle, "settle_vm", settle_vm), (Orchestrator, "_domain_presence", presence)]
+    settle_vm = _rewrite(
+        settle.settle_vm, r"(except DriverError as exc:\n\s+)log\.info\(.*?\n\s+return None", r"\1info = None"
+    )
+    from vmplane.controllers.vms import Vms
+
+    presence = _rewrite(Vms.domain_presence, r'return "unknown"', 'return "gone"')
+    targets = [(settle, "settle_vm", settle_vm), (Vms, "domain_presence", presence)]
     targets += [(m, "settle_vm", settle_vm) for m in (hostevents, hostsync, hostmonitor) if hasattr(m, "settle_vm")]
     return _patched(*targets)
 
@@ -573,8 +658,11 @@ def _copy_error_stays():
     back unasked (what the migrator did before its failure path asked both hosts)."""
     from vmplane.controllers.migrator import Migrator
 
-    run = _rewrite(Migrator._run, r"self\.settle\(migration_id, why=str\(exc\), wait_s=SETTLE_WAIT_S\)",
-                   'self._finish(migration_id, "copy-failed", reason=str(exc))')
+    run = _rewrite(
+        Migrator._run,
+        r"self\.settle\(migration_id, why=str\(exc\), wait_s=SETTLE_WAIT_S\)",
+        'self._finish(migration_id, "copy-failed", reason=str(exc))',
+    )
     return _patched((Migrator, "_run", run))
 
 
@@ -583,13 +671,21 @@ def _ha_no_fence():
     daemon died or that is cut off still runs them (caught by the running-twice watch)."""
     from vmplane.controllers.harecovery import HostRecovery
 
-    fence = _rewrite(HostRecovery._fence, r"fenced, errors = self\._try_agents\(host, row\)",
-                     "return self._fenced(op_id, host, None)")
+    fence = _rewrite(
+        HostRecovery._fence,
+        r"fenced, errors = self\._try_agents\(host, row\)",
+        "return self._fenced(op_id, host, None)",
+    )
     return _patched((HostRecovery, "_fence", fence))
 
 
-MUTANTS = {"no-unplug-wait": _no_unplug_wait, "no-unplug-wait-only": _no_unplug_wait_only, "unknown-is-absent": _unknown_is_absent,
-           "copy-error-stays": _copy_error_stays, "ha-no-fence": _ha_no_fence}
+MUTANTS = {
+    "no-unplug-wait": _no_unplug_wait,
+    "no-unplug-wait-only": _no_unplug_wait_only,
+    "unknown-is-absent": _unknown_is_absent,
+    "copy-error-stays": _copy_error_stays,
+    "ha-no-fence": _ha_no_fence,
+}
 # the HA mode a mutant needs to be seen (guests that run on while their host does not answer)
 MUTANT_HA = {"ha-no-fence": HaMode(modes=("daemon", "network"), fence_broken=0.0, for_good=1.0, fail_weight=5)}
 # the faults a mutant needs to be seen (the others may stay off)
@@ -604,7 +700,6 @@ MUTANT_UNSCHEDULED = ("no-unplug-wait",)
 MUTANT_STEER = {"copy-error-stays": ("lost_connection",)}
 
 
-
 # -- the run -------------------------------------------------------------------------------------
 DEFAULT_SEED = 20261130
 
@@ -614,21 +709,21 @@ class Round:
     number: int
     problems: list[str]
     vms: int
-    faults: int                     # injected during this round
-    failures: int = 0               # host failures by the harness (HA mode)
+    faults: int  # injected during this round
+    failures: int = 0  # host failures by the harness (HA mode)
 
 
 @dataclass
 class Report:
     rounds: list[Round] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)       # injected faults by kind
-    ha: dict[str, int] = field(default_factory=dict)           # HA mode: failures, repairs, fences, restarts, samples
-    lost: list[str] = field(default_factory=list)              # HA VMs settled stopped (their host back without them)
+    counts: dict[str, int] = field(default_factory=dict)  # injected faults by kind
+    ha: dict[str, int] = field(default_factory=dict)  # HA mode: failures, repairs, fences, restarts, samples
+    lost: list[str] = field(default_factory=list)  # HA VMs settled stopped (their host back without them)
     seed: int = 0
     url: str = ""
     home: Path | None = None
-    schedule: tuple[str, ...] = ()                             # the fault kinds forced, in order
-    log: list[str] = field(default_factory=list)               # the fault log: every fault and host failure
+    schedule: tuple[str, ...] = ()  # the fault kinds forced, in order
+    log: list[str] = field(default_factory=list)  # the fault log: every fault and host failure
 
     @property
     def faults(self) -> int:
@@ -644,16 +739,19 @@ class Report:
         return next((r.number for r in self.rounds if r.problems), None)
 
     def fault_log(self) -> str:
-        return (f"seed {self.seed}; fault kinds forced, in order: {', '.join(self.schedule)}\n"
-                f"injected by kind: { {k: n for k, n in self.counts.items() if n} }\n"
-                + "".join(line + "\n" for line in self.log))
+        return (
+            f"seed {self.seed}; fault kinds forced, in order: {', '.join(self.schedule)}\n"
+            f"injected by kind: { {k: n for k, n in self.counts.items() if n} }\n"
+            + "".join(line + "\n" for line in self.log)
+        )
 
 
-def make_faults(seed: int, migration_faults: bool, scale: float = 1.0, overrides: dict | None = None,
-                scheduled: bool = True) -> ScheduledFaults:
+def make_faults(
+    seed: int, migration_faults: bool, scale: float = 1.0, overrides: dict | None = None, scheduled: bool = True
+) -> ScheduledFaults:
     """SimFaults.nasty (x `scale`, with `overrides`), whose kinds of SCHEDULED with a rate are each forced once,
     in an order drawn from the seed (`scheduled`; else by their rates only)."""
-    off = {k: 0.0 for k in MIGRATION_FAULTS} if not migration_faults else {}
+    off = dict.fromkeys(MIGRATION_FAULTS, 0.0) if not migration_faults else {}
     faults = ScheduledFaults.nasty(seed, scale, **(off | (overrides or {})))
     order = [k for k in SCHEDULED if getattr(faults, k) > 0]
     random.Random(f"{seed}/order").shuffle(order)
@@ -661,10 +759,24 @@ def make_faults(seed: int, migration_faults: bool, scale: float = 1.0, overrides
     return faults
 
 
-def run(home: Path, rounds: int, seed: int | None = None, steps: int = 60, migration_faults: bool = False,
-        mutant: str | None = None, fault_scale: float = 3.0, faults: dict | None = None, log=lambda line: None,
-        stop_at_problem: bool = True, storage: bool = True, ha: HaMode | None = None,
-        weights: dict | None = None, extra_rounds: int = 0, steer: tuple[str, ...] = (), scheduled: bool = True) -> Report:
+def run(
+    home: Path,
+    rounds: int,
+    seed: int | None = None,
+    steps: int = 60,
+    migration_faults: bool = False,
+    mutant: str | None = None,
+    fault_scale: float = 3.0,
+    faults: dict | None = None,
+    log=lambda line: None,
+    stop_at_problem: bool = True,
+    storage: bool = True,
+    ha: HaMode | None = None,
+    weights: dict | None = None,
+    extra_rounds: int = 0,
+    steer: tuple[str, ...] = (),
+    scheduled: bool = True,
+) -> Report:
     """`rounds` rounds (workload under faults, quiet, check) on one cluster; `mutant` names a rule to
     break (MUTANTS). Every kind of fault with a rate is forced once (ScheduledFaults, in an order drawn from
     the seed), the workload stepping toward the one due; in HA mode the nemesis's failure schedule comes
@@ -678,13 +790,45 @@ def run(home: Path, rounds: int, seed: int | None = None, steps: int = 60, migra
     `scheduled`: False, no kind forced (the rates only: MUTANT_UNSCHEDULED). The seed (DEFAULT_SEED when
     None) fixes every choice of the harness; the module docstring says what it does not fix."""
     seed = DEFAULT_SEED if seed is None else seed
-    with stores.sim_hosts_env(home):        # (PostgreSQL: sim hosts in a file, as beside a SQLite store)
-        return _run(home, rounds, seed, steps, migration_faults, mutant, fault_scale, faults, log, stop_at_problem,
-                    storage, ha, weights, extra_rounds, steer, scheduled)
+    with stores.sim_hosts_env(home):  # (PostgreSQL: sim hosts in a file, as beside a SQLite store)
+        return _run(
+            home,
+            rounds,
+            seed,
+            steps,
+            migration_faults,
+            mutant,
+            fault_scale,
+            faults,
+            log,
+            stop_at_problem,
+            storage,
+            ha,
+            weights,
+            extra_rounds,
+            steer,
+            scheduled,
+        )
 
 
-def _run(home, rounds, seed, steps, migration_faults, mutant, fault_scale, faults, log, stop_at_problem, storage,
-         ha, weights, extra_rounds, steer, scheduled) -> Report:
+def _run(
+    home,
+    rounds,
+    seed,
+    steps,
+    migration_faults,
+    mutant,
+    fault_scale,
+    faults,
+    log,
+    stop_at_problem,
+    storage,
+    ha,
+    weights,
+    extra_rounds,
+    steer,
+    scheduled,
+) -> Report:
     url = stores.store_url(home)
     crashkit.seed_cluster(url, storage=storage)
     simfabric.forget_shared()
@@ -715,16 +859,24 @@ def _run(home, rounds, seed, steps, migration_faults, mutant, fault_scale, fault
                 o.catalog.set_setting("vmplane.ha.grace", str(ha.grace_s))
                 nemesis = Nemesis(ha, fabric, seed, faults)
                 watch = nemesis.watch = crashkit.TwiceWatch(fabric.path).__enter__()
-                order.check(db)                 # from now on
-            o.start_monitor()       # the host monitor, the full sync, the event loop, the migration settle loop
+                order.check(db)  # from now on
+            o.start_monitor()  # the host monitor, the full sync, the event loop, the migration settle loop
             fabric.faults = faults
             for number in range(rounds + extra_rounds):
                 if number >= rounds and not faults.due() and not (nemesis and nemesis.schedule):
                     break
                 before, failed_before = faults.total(), sum(nemesis.counts.values()) if nemesis else 0
                 faults.enabled = True
-                workload(o, random.Random(f"{seed}/round/{number}"), steps, nemesis, weights, faults, f"round {number}",
-                         steer)
+                workload(
+                    o,
+                    random.Random(f"{seed}/round/{number}"),
+                    steps,
+                    nemesis,
+                    weights,
+                    faults,
+                    f"round {number}",
+                    steer,
+                )
                 faults.where = f"round {number} quiet"
                 problems = ha_quiet(o, fabric, faults, nemesis, order) if nemesis else []
                 problems += check(o, quiet(o, fabric, faults))
@@ -734,9 +886,17 @@ def _run(home, rounds, seed, steps, migration_faults, mutant, fault_scale, fault
                 vms = len(o.vms())
                 failures = sum(nemesis.counts.values()) - failed_before if nemesis else 0
                 report.rounds.append(Round(number, problems, vms, faults.total() - before, failures))
-                log(f"round {number}: {vms} VMs, {faults.total() - before} faults"
-                    + (f", {failures} host failures/repairs, {order.fences} fences, {order.restarts} HA restarts so "
-                       f"far" if nemesis else "") + f", {len(problems)} problem(s)" + (f": {problems[:3]}" if problems else ""))
+                log(
+                    f"round {number}: {vms} VMs, {faults.total() - before} faults"
+                    + (
+                        f", {failures} host failures/repairs, {order.fences} fences, {order.restarts} HA restarts so "
+                        f"far"
+                        if nemesis
+                        else ""
+                    )
+                    + f", {len(problems)} problem(s)"
+                    + (f": {problems[:3]}" if problems else "")
+                )
                 if problems and (stop_at_problem(problems) if callable(stop_at_problem) else stop_at_problem):
                     break
         finally:
@@ -749,8 +909,13 @@ def _run(home, rounds, seed, steps, migration_faults, mutant, fault_scale, fault
             simfabric.forget_shared()
     report.counts = {k: faults.counts.get(k, 0) for k in KINDS}
     if nemesis:
-        report.ha = {**nemesis.counts, "fences": order.fences, "HA restarts": order.restarts,
-                     "running-twice samples": watch.samples, "HA VMs stopped, not restarted": len(order.lost)}
+        report.ha = {
+            **nemesis.counts,
+            "fences": order.fences,
+            "HA restarts": order.restarts,
+            "running-twice samples": watch.samples,
+            "HA VMs stopped, not restarted": len(order.lost),
+        }
         report.lost = order.lost
     return report
 
@@ -766,5 +931,12 @@ def assert_clean(report: Report, nodeid: str) -> None:
 
 
 def keep_evidence(report: Report, nodeid: str) -> Path:
-    return crashkit.keep_evidence(nodeid, report.url, report.home, report.seed, report.fault_log(), report.problems(),
-                                  crashkit.replay_command(nodeid, report.seed))
+    return crashkit.keep_evidence(
+        nodeid,
+        report.url,
+        report.home,
+        report.seed,
+        report.fault_log(),
+        report.problems(),
+        crashkit.replay_command(nodeid, report.seed),
+    )

@@ -95,7 +95,7 @@ def build(db) -> Console:
 def text(markup: str) -> str:
     """The page's words: tags dropped, entities decoded, spaces squeezed."""
     words = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", markup))).strip()
-    return re.sub(r" ([:,.;])(?=\s|$)", r"\1", words)              # "a1 : h1" (a tag's edge) reads "a1: h1"
+    return re.sub(r" ([:,.;])(?=\s|$)", r"\1", words)  # "a1 : h1" (a tag's edge) reads "a1: h1"
 
 
 def rows(markup: str, attr: str = "data-vm") -> list[str]:
@@ -112,8 +112,9 @@ def row(markup: str, name: str, attr: str = "data-vm") -> str:
 
 def block(markup: str, attr: str, name: str) -> str:
     """The markup of a <div {attr}="name"> (a host's or a project's bars), up to the next one."""
-    m = re.search(rf'<div class="\w+" {attr}="{re.escape(name)}">(.*?)(?=<div class="\w+" {attr}=|</section>|\Z)',
-                  markup, re.S)
+    m = re.search(
+        rf'<div class="\w+" {attr}="{re.escape(name)}">(.*?)(?=<div class="\w+" {attr}=|</section>|\Z)', markup, re.S
+    )
     assert m, f"no block {attr}={name}"
     return m.group(1)
 
@@ -121,15 +122,22 @@ def block(markup: str, attr: str, name: str) -> str:
 def bars(markup: str) -> dict[str, dict]:
     """The bars of a block: label -> {used, total, pct, overhead} as rendered (title and label agree)."""
     out = {}
-    for title, label in re.findall(r'<div class="bar" title="([^"]*)">\s*<div class="bar-label"><span>[^<]*</span>'
-                                   r'<span>([^<]*)</span>', markup):
+    for title, label in re.findall(
+        r'<div class="bar" title="([^"]*)">\s*<div class="bar-label"><span>[^<]*</span>'
+        r"<span>([^<]*)</span>",
+        markup,
+    ):
         m = re.match(r"(.+?): (-?\d+) of (\d+)(?: \((\d+) overhead\))?$", html.unescape(title))
         assert m, title
         lm = re.match(r"(-?\d+) / (\d+) · ([\d.]+)%", html.unescape(label))
         assert lm, label
-        assert (lm.group(1), lm.group(2)) == (m.group(2), m.group(3))       # the label says what the title says
-        out[m.group(1)] = {"used": int(m.group(2)), "total": int(m.group(3)), "pct": float(lm.group(3)),
-                           "overhead": int(m.group(4) or 0)}
+        assert (lm.group(1), lm.group(2)) == (m.group(2), m.group(3))  # the label says what the title says
+        out[m.group(1)] = {
+            "used": int(m.group(2)),
+            "total": int(m.group(3)),
+            "pct": float(lm.group(3)),
+            "overhead": int(m.group(4) or 0),
+        }
     return out
 
 
@@ -154,8 +162,15 @@ def pager(markup: str) -> dict:
             return None
         found = re.search(r"[?&]offset=(\d+)", links[label])
         return int(found.group(1)) if found else 0
-    return {"first": int(shown.group(1)), "last": int(shown.group(2)), "total": int(shown.group(3)),
-            "prev": offset("‹ Previous"), "next": offset("Next ›"), "next_url": links.get("Next ›")}
+
+    return {
+        "first": int(shown.group(1)),
+        "last": int(shown.group(2)),
+        "total": int(shown.group(3)),
+        "prev": offset("‹ Previous"),
+        "next": offset("Next ›"),
+        "next_url": links.get("Next ›"),
+    }
 
 
 def csrf(token: str) -> str:

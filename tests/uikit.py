@@ -16,7 +16,7 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = Path(os.environ.get("VMPLANE_SCREENSHOTS") or ROOT / "test-artifacts" / "screenshots")
-SLOW_MS = 240_000          # TCG guests: a boot, a live migration, a DIMM hotplug
+SLOW_MS = 240_000  # TCG guests: a boot, a live migration, a DIMM hotplug
 
 
 def require_chromium() -> None:
@@ -52,10 +52,10 @@ class Console:
         self.url = url
         self.context = browser.new_context(base_url=url, viewport={"width": 1280, "height": 800})
         self.page = self.context.new_page()
-        self.errors: list[str] = []          # script errors on any page: a console must have none
+        self.errors: list[str] = []  # script errors on any page: a console must have none
         self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
 
-    def login(self, token: str) -> "Console":
+    def login(self, token: str) -> Console:
         """Through the form, as a person does: /ui redirects to the login page; the token is posted."""
         from playwright.sync_api import expect
 
@@ -81,12 +81,15 @@ class Console:
     # -- what a live pane showed ------------------------------------------------------------
     def record(self, selector: str) -> None:
         """Keep every content `selector` had from now on (server-sent swaps included)."""
-        self.page.evaluate("""sel => {
+        self.page.evaluate(
+            """sel => {
             window.__seen = window.__seen || {};
             const el = document.querySelector(sel), seen = window.__seen[sel] = [el.innerHTML];
             new MutationObserver(() => seen.push(el.innerHTML)).observe(el, {childList: true, subtree: true,
                                                                               characterData: true, attributes: true});
-        }""", selector)
+        }""",
+            selector,
+        )
 
     def recorded(self, selector: str) -> list[str]:
         return self.page.evaluate("sel => (window.__seen || {})[sel] || []", selector)
@@ -94,8 +97,7 @@ class Console:
     # -- by URL ---------------------------------------------------------------------------------
     def fetch(self, path: str, htmx: bool = False):
         """A GET with this session's cookie, as a typed URL (or, `htmx`, as htmx asks for a fragment)."""
-        return self.context.request.get(path, headers={"HX-Request": "true"} if htmx else None,
-                                        max_redirects=0)
+        return self.context.request.get(path, headers={"HX-Request": "true"} if htmx else None, max_redirects=0)
 
     def screenshot(self, name: str) -> Path:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)

@@ -137,7 +137,7 @@ def create_app(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
     from vmplane.ui import install as install_console  # the web console at /ui (same process, same rules)
     install_console(app)
 
-    state = app.state.metrics_state = StateCollector(orch)     # this app's: never on the process-wide registry
+    state = app.state.metrics_state = StateCollector(orch.plane)     # this app's: never on the process-wide registry
 
     @app.get("/metrics", tags=["health"], responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **ERRORS})
     def metrics(who: Admin) -> PlainTextResponse:

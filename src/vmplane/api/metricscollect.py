@@ -44,7 +44,7 @@ from vmplane.store import ledger as L
 from vmplane.store.schema import Cluster, Pool, Zone, utcnow
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.metrics")
 
@@ -136,8 +136,8 @@ def exposition(families: list[Family]) -> str:
 class StateCollector:
     """Reads the cluster's state at each scrape (no describe(): nothing is read at registration)."""
 
-    def __init__(self, orch: "Orchestrator"):
-        self.o = orch
+    def __init__(self, plane: "Plane"):
+        self.plane = plane
 
     def collect(self) -> Iterator[Metric]:
         for family in self.families():
@@ -160,7 +160,7 @@ class StateCollector:
                    [time.perf_counter() - t0])]
 
     def _read(self) -> list[Family]:
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             conn = s.connection()
             vms = dict(conn.execute(VMS_BY_STATE).all())
             projects = conn.execute(PROJECTS).all()
@@ -216,7 +216,7 @@ class StateCollector:
     def _hosts(self, hosts, placed: dict, targets: dict) -> list[Family]:
         ids, names, states, drivers, vcpus, memory, clusters, zones = (
             tuple(map(list, zip(*hosts))) if hosts else ([],) * 8)
-        index = self.o.index
+        index = self.plane.capacity.index
         known = [name for name in names if name in index]   # else added by another process, not indexed here yet
         capacity = [index.capacity_of(name) for name in known]
         counts = dict.fromkeys((st.value for st in HostState), 0)

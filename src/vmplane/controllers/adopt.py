@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
 from vmplane.store import events
-from vmplane.controllers.audit import MOVING_STATES, StoredVm
+from vmplane.core.drift import MOVING_STATES
 from vmplane.core.drift import cap_words, host_size, is_active
 from vmplane.core.driver import DomainInfo, DriverError
 from vmplane.core.errors import Conflict
@@ -24,30 +24,13 @@ from vmplane.core.migration import ACTIVE, COPYING
 from vmplane.core.model import IN_FLIGHT_OPERATION_STATES, ClaimKind, Size, Usage, VmState
 from vmplane.core.quota import overhead_mib, running_charge
 from vmplane.store import ledger as L
+from vmplane.core.names import domain_name
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.plane.context import Plane
 
 _IN_FLIGHT = [st.value for st in IN_FLIGHT_OPERATION_STATES]
 _ACTIVE_MIGRATION = [st.value for st in ACTIVE]
-
-
-def drift_view(conn: Connection, domain_name: Callable[[str], str]) -> list[StoredVm]:
-    """Every VM as the audit compares it with the hosts: size, CPU cap, state and host, whether an
-    operation or a migration of it is in flight, and where its migration copies between."""
-    v, h, o, m = L.VMS.c, L.HOSTS.c, L.OPERATIONS.c, L.MIGRATIONS.c
-    rows = conn.execute(select(v.id, v.name, v.state, h.name, v.vcpus, v.memory_mib, v.cpu_cap_percent)
-                        .outerjoin(L.HOSTS, h.id == v.host_id)).all()
-    busy = set(conn.execute(select(o.vm_id).where(o.state.in_(_IN_FLIGHT), o.vm_id.is_not(None))).scalars())
-    copying: dict[int, tuple[str, str]] = {}
-    for vm_id, state, source, target in conn.execute(
-            select(m.vm_id, m.state, m.source, m.target).where(m.state.in_(_ACTIVE_MIGRATION))):
-        busy.add(vm_id)
-        if state in {s.value for s in COPYING}:
-            copying[vm_id] = (source, target)
-    return [StoredVm(name, domain_name(name), VmState(state), host, vcpus, memory, cap, vm_id in busy,
-                     copying.get(vm_id))
-            for vm_id, name, state, host, vcpus, memory, cap in rows]
 
 
 def _owner(conn: Connection, vm) -> str | None:
@@ -64,11 +47,11 @@ def _owner(conn: Connection, vm) -> str | None:
     return None
 
 
-def _where_it_runs(o: "Orchestrator", vm) -> tuple[str, DomainInfo] | None:
+def _where_it_runs(plane: "Plane", vm) -> tuple[str, DomainInfo] | None:
     """The one host whose domain of this VM is active, or None when every host says it has none."""
-    domain = o.domain_name(vm.name)
+    domain = domain_name(vm.name)
     found, silent = [], []
-    for host, driver in sorted(o.drivers.items()):
+    for host, driver in sorted(plane.drivers.items()):
         try:
             info = driver.domain(domain)
         except DriverError as exc:
@@ -96,22 +79,22 @@ def _over_quota(p, ledger: Usage) -> str | None:
     return f"over quota by {' and '.join(parts)}" if parts else None
 
 
-def sync_vm(o: "Orchestrator", name: str) -> dict:
+def sync_vm(plane: "Plane", name: str) -> dict:
     """Read what the hosts run for vm `name` and adopt it: size (vCPUs the guest may use, memory), CPU
     cap, state (no domain anywhere: stopped; running elsewhere: that host), the charge and the host
     claim following in the same transaction. Returns the changes (field: record -> host)."""
-    with o.db.read() as s:
+    with plane.db.read() as s:
         conn = s.connection()
         vm = L.vm_row(conn, name=name)
         owner = _owner(conn, vm)
     if owner:
         raise Conflict(f"vm {name} is owned by {owner}; sync it once that ends", field="state")
-    found = _where_it_runs(o, vm)
+    found = _where_it_runs(plane, vm)
     freed: list[tuple[str, int, int]] = []
     taken: tuple[str, int, int] | None = None
     over = None
-    with o._lock:
-        with o.db.transaction() as conn:
+    with plane.capacity.lock:
+        with plane.db.transaction() as conn:
             now = L.vm_row(conn, vm.id, lock=True)
             if (now.state, now.host_id, now.updated_at) != (vm.state, vm.host_id, vm.updated_at) or _owner(conn, now):
                 raise Conflict(f"vm {name} changed while its hosts were asked; sync it again", field="state")
@@ -137,7 +120,7 @@ def sync_vm(o: "Orchestrator", name: str) -> dict:
                 if before_cap != after_cap:
                     changes.append({"field": "cpu_cap", "record": cap_words(before_cap), "host": cap_words(after_cap)})
                 if changes:
-                    freed, taken, over = _adopt(o, conn, vm, p, host, size, changes)
+                    freed, taken, over = _adopt(plane, conn, vm, p, host, size, changes)
             message = "; ".join(f"{c['field']}: {c['record']} -> {c['host']}" for c in changes) or "in sync"
             if over:
                 message += f"; {over}"
@@ -146,22 +129,22 @@ def sync_vm(o: "Orchestrator", name: str) -> dict:
                 events.record(conn, "vm", name, old_state=vm.state, new_state=vm.state, message=f"sync: {message}",
                               vm=name, host=vm.host_name, project_id=vm.project_id)
         for host, vcpus, memory in freed:
-            if host in o.index:
-                o.index.add_usage(host, -vcpus, -memory)
-        if taken is not None and taken[0] in o.index:
-            o.index.add_usage(*taken)
+            if host in plane.capacity.index:
+                plane.capacity.add(host, -vcpus, -memory)
+        if taken is not None and taken[0] in plane.capacity.index:
+            plane.capacity.add(*taken)
     return {"vm": name, "in_sync": not changes, "changes": changes, "over_quota": over, "message": message,
             "host": found[0] if found else None}
 
 
-def _adopt(o: "Orchestrator", conn: Connection, vm, p, host: str, size, changes: list[dict]):
+def _adopt(plane: "Plane", conn: Connection, vm, p, host: str, size, changes: list[dict]):
     """Write the VM as it runs on `host` at `size`: its claim there (whatever the host's free room: it runs),
     its charge on the ledger (whatever the quota), its row. Returns (freed, taken, over-quota words)."""
     new = Size(size.vcpus, size.memory_mib)
-    ratio = o.index.host(host).overhead_ratio if host in o.index else 1.0
+    ratio = plane.capacity.index.host(host).overhead_ratio if host in plane.capacity.index else 1.0
     overhead = overhead_mib(new, ratio)
     footprint = new.memory_mib + overhead
-    host_id = o._hosts[host].id
+    host_id = plane.capacity.hosts[host].id
     freed = L.release_claim(conn, vm.id, None)
     conn.execute(update(L.HOSTS).where(L.HOSTS.c.id == host_id).values(
         used_vcpus=L.HOSTS.c.used_vcpus + new.vcpus, used_memory_mib=L.HOSTS.c.used_memory_mib + footprint))

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
 from vmplane.store.catalog import ledger_of, quota_of
-from vmplane.core.drift import is_active, is_paused, size_drift
+from vmplane.core.drift import MOVING_STATES, StoredVm, is_active, is_paused, size_drift
 from vmplane.core.driver import DomainInfo
 from vmplane.core.model import CHARGED_STATES, VmState
 from vmplane.core.placement import CapacityIndex
 from vmplane.store import Database
 from vmplane.store.schema import Claim, Host, Project, Vm
+from vmplane.controllers.storageaudit import storage_problems
+from vmplane.core.driver import DriverError
+from vmplane.core.names import DOMAIN_PREFIX, domain_name
+from vmplane.store.reads import drift_view
+
+if TYPE_CHECKING:
+    from vmplane.controllers.pools import Pools
+    from vmplane.controllers.volumes import Volumes
+    from vmplane.plane.context import Plane
 
 
 def audit(db: Database, recomputed_usage, index: CapacityIndex | None = None) -> list[str]:
@@ -59,24 +68,6 @@ def overdue_operations(conn) -> list[str]:
 
 
 # VMs in these states are between two steps of an operation: where their domain is may change any moment.
-MOVING_STATES = frozenset({VmState.starting, VmState.stopping, VmState.migrating, VmState.scaling})
-
-
-@dataclass(frozen=True)
-class StoredVm:
-    """What the store says of one VM, for comparing with what the hosts run."""
-
-    name: str
-    domain: str
-    state: VmState
-    host: str | None
-    vcpus: int
-    memory_mib: int
-    cpu_cap_percent: float | None = None
-    busy: bool = False                              # an operation or a migration of it is in flight
-    migration: tuple[str, str] | None = None        # (source, target) of its migration while it copies/checks
-
-
 def _migration_copies(vm: StoredVm, found: list[tuple[str, DomainInfo]]) -> bool:
     """Two copies of a VM that is being migrated, one on its source and one on its target: libvirt's incoming
     domain (paused until the switch-over) or, in post-copy, the paused source. Not a VM running twice."""
@@ -143,3 +134,48 @@ def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | N
         else:
             problems.append(f"domain {domain}: runs on {on} but the store has no such VM")
     return problems
+
+
+class Audit:
+    """`vmplane audit`: the ledger and claims, the store against what every host runs, and storage."""
+
+    def __init__(self, plane: Plane, volumes: Volumes, pools: Pools):
+        self.plane = plane
+        self.volumes, self.pools = volumes, pools
+
+    def audit(self) -> list[str]:
+        """Broken invariants in words: the ledger and claims (audit), then the store against what every
+        host runs (placement_problems), then storage (storageaudit)."""
+        plane = self.plane
+        with plane.capacity.lock:
+            problems = audit(plane.db, plane.catalog.recomputed_usage, plane.capacity.index)
+        return problems + self.audit_hosts() + self.audit_storage()
+
+    def audit_storage(self) -> list[str]:
+        """Storage findings, reported when a second pass finds them again (as for the hosts)."""
+        first = storage_problems(self.plane, self.volumes, self.pools)
+        if not first:
+            return first
+        again = set(storage_problems(self.plane, self.volumes, self.pools))
+        return [problem for problem in first if problem in again]
+
+    def audit_hosts(self) -> list[str]:
+        """The store against what every host runs. The hosts are scanned, then the store is read, with no
+        lock between: an operation that ends in between shows as a finding that is already gone. So a
+        finding is reported only if a second pass (a fresh scan and a fresh read) finds it again."""
+        def scan() -> list[str]:
+            seen: dict[str, list | None] = {}
+            for name, driver in list(self.plane.drivers.items()):
+                try:
+                    seen[name] = driver.domains()
+                except DriverError:
+                    seen[name] = None
+            with self.plane.db.read() as s:
+                vms = drift_view(s.connection(), domain_name)
+            return placement_problems(vms, seen, DOMAIN_PREFIX)
+
+        first = scan()
+        if not first:
+            return first
+        again = set(scan())
+        return [problem for problem in first if problem in again]

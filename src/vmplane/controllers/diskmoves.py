@@ -30,15 +30,17 @@ from vmplane.store.schema import Volume
 from vmplane.controllers.volumes import file_of
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.controllers.pools import Pools
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger(__name__)
 _VO = Volume.__table__.c
 
 
 class DiskMoves:
-    def __init__(self, o: "Orchestrator"):
-        self.o = o
+    def __init__(self, plane: Plane, pools: Pools):
+        self.plane = plane
+        self.pools = pools
 
     def reach(self, conn: Connection, vm_id: int) -> frozenset[str] | None:
         """Hosts every disk of the VM can follow it to (None: it has no disk): a shared pool's cluster,
@@ -46,12 +48,12 @@ class DiskMoves:
         disks = SL.vm_volumes(conn, vm_id)
         if not disks:
             return None
-        pools = self.o.pools.views(conn)
+        pools = self.pools.views(conn)
         hosts: set[str] | None = None
         for v in disks:
             source = next(p for p in pools if p.name == v.pool_name)
             if source.kind == "shared":
-                reach = {h for h, meta in self.o._hosts.items() if meta.cluster == source.cluster}
+                reach = {h for h, meta in self.plane.capacity.hosts.items() if meta.cluster == source.cluster}
             else:
                 reach = {p.host for p in pools if p.kind == "local" and p.path == source.path
                          and p.state == "running" and p.free_mib >= v.size_mib and p.host}
@@ -68,7 +70,7 @@ class DiskMoves:
                 raise Conflict(f"volume {v.name} still has a copy on pool {v.copy_pool_name} from an earlier "
                                f"migration, being deleted; retry in a moment", field="vm")
         moves = R.plan_disk_moves([(v.name, v.device or "vda", v.size_mib, v.pool_name) for v in disks],
-                                  self.o.pools.views(conn), target, self.o._hosts[target].cluster)
+                                  self.pools.views(conn), target, self.plane.capacity.hosts[target].cluster)
         for move in moves:
             if move.how != "copy":
                 continue
@@ -82,17 +84,17 @@ class DiskMoves:
     def prepare(self, vm_id: int, target_host: str, params: MigrationParams) -> MigrationParams:
         """Right before the copy: make each copied disk's overlay in the target's pool (its backing image
         there first), and say which disks libvirt copies and whether the others are shared."""
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             disks = SL.vm_volumes(conn, vm_id)
             copy_pools = {v.name: SL.pool_row(conn, v.copy_pool_name) for v in disks if v.copy_pool_name}
         if not disks:
             return params
-        target = self.o.drivers[target_host]
+        target = self.plane.drivers[target_host]
         copied: list[str] = []
         for v in disks:
             backing = backing_format = None
             if v.template is not None:      # a shared disk's backing image must be on the target too
-                t = self.o.catalog.template(v.template)
+                t = self.plane.catalog.template(v.template)
                 backing, backing_format = images.ensure_on_host(target, t.disk_image, t.disk_format), t.disk_format
             pool = copy_pools.get(v.name)
             if pool is None:
@@ -114,7 +116,7 @@ class DiskMoves:
         target.delete_volume(pool, file)
         if target.volume(pool, file) is not None:
             raise DriverError(target.host, f"pool {pool} still holds {file} after it was deleted")
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             SL.file_event(conn, SL.volume_row(conn, v.name), f"a file {file} already in pool {pool} on "
                                                              f"{target.host} (no copy of it) removed before the copy")
 
@@ -130,7 +132,7 @@ class DiskMoves:
     def cleanup(self, vm_id: int | None = None) -> list[str]:
         """Delete the copy each volume has on its copy pool (no migration carries it any more), confirmed
         by the pool; then its space there is released. Returns the volumes cleaned."""
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             where = [_VO.copy_pool_id.is_not(None)] + ([_VO.vm_id == vm_id] if vm_id is not None else [])
             rows = SL.volume_rows(conn, *where)
             busy = {r.vm_id for r in rows if r.vm_id and self._migrating(conn, r.vm_id)}
@@ -138,10 +140,10 @@ class DiskMoves:
         for v in rows:
             if v.vm_id in busy:
                 continue
-            pool = self.o.pools.row(v.copy_pool_name)
+            pool = self.pools.row(v.copy_pool_name)
             file = file_of(v)
             try:
-                driver = self.o.pools.driver_for(pool)
+                driver = self.pools.driver_for(pool)
                 driver.delete_volume(pool.name, file)
                 gone = driver.volume(pool.name, file) is None
             except (DriverError, Conflict) as exc:
@@ -149,7 +151,7 @@ class DiskMoves:
                 continue
             if not gone:
                 continue
-            with self.o.db.transaction() as conn:
+            with self.plane.db.transaction() as conn:
                 now = SL.volume_row(conn, v.name, lock=True)
                 if now.copy_pool_id != pool.id:
                     continue

@@ -36,6 +36,12 @@ from vmplane.plane.loops import every
 from vmplane.core.model import HostState, OperationState, VmState
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vmplane.controllers.migrationsettle import MigrationSettle
+    from vmplane.controllers.volumes import Volumes
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.ha")
 CHECK_INTERVAL_S = 1.0
@@ -43,14 +49,14 @@ IN_FLIGHT = [OperationState.pending.value, OperationState.running.value]
 
 
 class HaController:
-    def __init__(self, o):
-        self.o = o
-        self.recovery = HostRecovery(o)
+    def __init__(self, plane: Plane, volumes: Volumes, migration_settle: MigrationSettle):
+        self.plane = plane
+        self.recovery = HostRecovery(plane, self.agent, volumes, migration_settle)
         self._stop = threading.Event()
 
     def start(self) -> None:
-        every(lambda: CHECK_INTERVAL_S, self.check, self._stop, "ha", log, when=self.o.controllers.coordinates,
-              owner=lambda: self.o.controllers.epoch)
+        every(lambda: CHECK_INTERVAL_S, self.check, self._stop, "ha", log, when=self.plane.membership.coordinates,
+              owner=lambda: self.plane.membership.epoch)
 
     def stop(self) -> None:
         self._stop.set()
@@ -60,7 +66,7 @@ class HaController:
         """One pass: every down host past its grace with VMs on it is declared failed. Returns what
         was declared, in words."""
         h, v = L.HOSTS.c, L.VMS.c
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             conn = s.connection()
             down = conn.execute(select(h.name, h.down_since).where(h.state == HostState.down.value,
                                                                    h.down_since.is_not(None))).all()
@@ -74,10 +80,10 @@ class HaController:
                            .scalars())
         now, declared = utcnow(), []
         for name, since in down:
-            meta = self.o._hosts.get(name)
+            meta = self.plane.capacity.hosts.get(name)
             if meta is None or name not in with_vms:
                 continue
-            grace = float(self.o.catalog.effective("vmplane.ha.grace", meta.zone, meta.cluster))
+            grace = float(self.plane.catalog.effective("vmplane.ha.grace", meta.zone, meta.cluster))
             silent = (now - since).total_seconds()
             if silent < grace:
                 continue
@@ -110,7 +116,7 @@ class HaController:
         return list(conn.execute(query).scalars())
 
     def _resume_stranded(self) -> list[str]:
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             hosts = self.stranded(s.connection())
         resumed = []
         for name in hosts:
@@ -122,8 +128,8 @@ class HaController:
     def resume_host(self, name: str, reason: str) -> str | None:
         """A new recovery of a `fencing` host (fenced first) or a `fenced` one (its HA VMs restarted);
         None if it is neither or a recovery of it runs already."""
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 row = conn.execute(select(L.HOSTS.c.state).where(L.HOSTS.c.name == name).with_for_update()).first()
                 if row is None or row.state not in (HostState.fencing.value, HostState.fenced.value):
                     return None
@@ -138,13 +144,13 @@ class HaController:
 
     def has_stranded(self, name: str) -> bool:
         """Whether a failed recovery left `name` with HA VMs unknown and no recovery in flight."""
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             return bool(self.stranded(s.connection(), name))
 
     def recover(self, name: str, who: str = "an operator") -> dict:
         """`host recover NAME` on a host a failed recovery left `fencing`/`fenced` with HA VMs unknown:
         its recovery runs again. Conflict when nothing is left to recover there."""
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             conn = s.connection()
             row = conn.execute(select(L.HOSTS.c.state, L.HOSTS.c.state_reason).where(L.HOSTS.c.name == name)).first()
             if row is None:
@@ -163,14 +169,14 @@ class HaController:
         return {"host": name, "state": row.state, "operation": op_id}
 
     def _whole_cluster_down(self, cluster: str) -> bool:
-        members = [n for n, meta in self.o._hosts.items() if meta.cluster == cluster]
-        return len(members) > 1 and all(self.o.index.host(n).state == HostState.down for n in members
-                                        if n in self.o.index)
+        members = [n for n, meta in self.plane.capacity.hosts.items() if meta.cluster == cluster]
+        return len(members) > 1 and all(self.plane.capacity.index.host(n).state == HostState.down for n in members
+                                        if n in self.plane.capacity.index)
 
     def _hold(self, name: str, cluster: str) -> None:
         reason = (f"every host of cluster {cluster} stopped answering at once: the control plane's own network is "
                   f"the likely failure; nothing is fenced (fence by hand: vmplane host fence {name})")
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             row = conn.execute(select(L.HOSTS.c.state_reason).where(L.HOSTS.c.name == name)).first()
             if row and row.state_reason != reason:
                 L.set_host_state(conn, name, HostState.down, state_reason=reason)
@@ -181,12 +187,12 @@ class HaController:
         host's own processes; else unknown (a remote host's heartbeat needs the shared storage mounted
         on the control plane)."""
         from vmplane.hosts.liveness import Signal, local_signal
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             row = s.connection().execute(select(L.HOSTS.c.driver, L.HOSTS.c.uri).where(L.HOSTS.c.name == name)).first()
         try:
             if row.driver == "sim":
                 from vmplane.hosts.fencing.sim import sim_signal
-                return sim_signal(self.o.drivers[name].fabric, name)
+                return sim_signal(self.plane.drivers[name].fabric, name)
             return (local_signal(row.uri) if row.uri else None) or Signal(None, "no second signal for a remote host")
         except Exception as exc:      # noqa: BLE001 - a second signal that fails is "unknown"
             return Signal(None, f"can not be read ({exc})")
@@ -194,8 +200,8 @@ class HaController:
     def declare(self, name: str, reason: str) -> str | None:
         """Declare `name` failed: `fencing`, with a recovery operation that runs now. None if it is not
         down (any more) or a recovery of it already runs."""
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 row = conn.execute(select(L.HOSTS.c.state).where(L.HOSTS.c.name == name).with_for_update()).first()
                 if row is None or row.state not in (HostState.down.value, HostState.fencing.value):
                     return None
@@ -203,7 +209,7 @@ class HaController:
                     return None
                 L.set_host_state(conn, name, HostState.fencing, f"declared failed: {reason}", state_reason=reason)
                 op_id = self.recovery.begin(conn, name, reason)
-            self.o.index.upsert(replace(self.o.index.host(name), state=HostState.fencing))
+            self.plane.capacity.set_state(name, HostState.fencing)
         log.error("host %s declared failed: %s", name, reason)
         self._launch(op_id)
         return op_id
@@ -215,14 +221,14 @@ class HaController:
                             ).scalar()
 
     def _launch(self, op_id: str) -> None:
-        self.o.executor.submit(self.o._run, op_id, self.recovery.run, CAUSE)
+        self.plane.executor.submit(self.plane.ops.run, op_id, self.recovery.run, CAUSE)
 
     # -- what operators do -----------------------------------------------------------------------
     def fence(self, name: str, confirm_off: bool = False, who: str = "an operator") -> dict:
         """`host fence NAME`: fence a host that does not answer now, without waiting for the grace.
         `--confirm-off`: the operator's word that it is off (pulled the plug, checked the BMC): its HA
         VMs are restarted without asking an agent. Refused for a host that answers."""
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             row = s.connection().execute(select(L.HOSTS).where(L.HOSTS.c.name == name)).first()
         if row is None:
             raise NotFound(f"host {name!r} does not exist", field="host")
@@ -230,15 +236,15 @@ class HaController:
             raise Conflict(f"host {name} is {row.state}: it answers; only a host that does not can be fenced "
                            f"(maintenance drains a host that answers)", field="host")
         if row.state == HostState.fenced.value:
-            with self.o.db.read() as s:
+            with self.plane.db.read() as s:
                 stranded = bool(self.stranded(s.connection(), name))
             if not stranded:
                 raise Conflict(f"host {name} is already fenced ({row.state_reason}) and nothing is left to recover "
                                f"there", field="host")
             return self.recover(name, who)          # a recovery that failed left it so: run again
         if confirm_off:
-            with self.o._lock:
-                with self.o.db.transaction() as conn:
+            with self.plane.capacity.lock:
+                with self.plane.db.transaction() as conn:
                     how = f"confirmed off by {who}"
                     L.set_host_state(conn, name, HostState.fenced, how, state_reason=how)
                     op_id = self._recovering(conn, name)
@@ -248,7 +254,7 @@ class HaController:
                         launch = True
                     else:
                         launch = False      # the running recovery sees `fenced` on its next attempt
-                self.o.index.upsert(replace(self.o.index.host(name), state=HostState.fenced))
+                self.plane.capacity.set_state(name, HostState.fenced)
             if launch:
                 self._launch(op_id)
             return {"host": name, "state": HostState.fenced.value, "operation": op_id}
@@ -257,7 +263,7 @@ class HaController:
         return {"host": name, "state": HostState.fencing.value, "operation": op_id}
 
     def _current(self, name: str) -> str | None:
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             return self._recovering(s.connection(), name)
 
     def set_agents(self, name: str, agents: list[dict]) -> list[dict]:
@@ -266,7 +272,7 @@ class HaController:
             agents = validate_agents(agents)
         except ValueError as exc:
             raise Invalid(f"fence agent: {exc}", field="agents") from None
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             if conn.execute(L.HOSTS.update().where(L.HOSTS.c.name == name).values(fence_agents=agents)).rowcount != 1:
                 raise NotFound(f"host {name!r} does not exist", field="host")
         return agents
@@ -275,7 +281,7 @@ class HaController:
         """`vm update --ha restart|off --ha-priority N`. Restart needs every disk of the VM on a shared
         pool: a disk on a host's own pool is lost with that host."""
         from vmplane.store import storageledger as SL
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             row = L.vm_row(conn, name=vm, lock=True)
             policy = check_ha(policy or row.ha_policy, row.ha_priority if priority is None else priority)
             if policy == "restart":
@@ -287,12 +293,12 @@ class HaController:
 
     def nemesis(self, name: str, mode: str | None) -> dict:
         """`host fail NAME --mode M` (mode None: `host recover NAME`) on a local or simulated host."""
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             row = s.connection().execute(select(L.HOSTS).where(L.HOSTS.c.name == name)).first()
         if row is None:
             raise NotFound(f"host {name!r} does not exist", field="host")
         if row.driver == "sim":
-            fabric = self.o.drivers[name].fabric
+            fabric = self.plane.drivers[name].fabric
             fabric.fail_host(name, mode) if mode else fabric.recover_host(name)
         else:
             from vmplane.hosts import localhosts
@@ -311,7 +317,7 @@ class HaController:
         """The fence agent of one config entry of host `row`."""
         if config.get("agent") == "sim":
             from vmplane.hosts.fencing.sim import SimAgent
-            return SimAgent(self.o.drivers[row.name].fabric)
+            return SimAgent(self.plane.drivers[row.name].fabric)
         from vmplane.hosts.fencing import agent_for
         return agent_for(config, row.uri, row.name)
 
@@ -328,12 +334,3 @@ def check_ha(policy: str, priority: int) -> str:
     if not 0 <= priority <= MAX_PRIORITY:
         raise Invalid(f"ha_priority must be in 0..{MAX_PRIORITY}, got {priority}", field="ha_priority")
     return policy
-
-
-def default_agents(driver: str, uri: str | None) -> list[dict] | None:
-    """A new host's fence agents: a sim host's is the sim fabric, a local host's its own processes;
-    a remote host has none until an operator configures its BMC (`vmplane host fence-agents`)."""
-    if driver == "sim":
-        return [{"agent": "sim"}]
-    from vmplane.hosts.localhosts import from_uri
-    return [{"agent": "local"}] if uri and from_uri(uri) is not None else None

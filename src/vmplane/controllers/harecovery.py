@@ -28,6 +28,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -38,13 +39,20 @@ from vmplane.core.errors import Interrupted, VmplaneError
 from vmplane.hosts.fencing.base import FenceError, Fenced
 from vmplane.core.model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
 from vmplane.core.names import DOMAIN_PREFIX
-from vmplane.plane.overdue import carrying
+from vmplane.plane.carried import carrying
 from vmplane.plane.reserves import placement_rules
 from vmplane.core.scope import Scope
 from vmplane.controllers.hostmonitor import probe
 from vmplane.core.migration import SETTLING
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
+from vmplane.core.domain import spec_of
+
+if TYPE_CHECKING:
+    from vmplane.controllers.migrationsettle import MigrationSettle
+    from vmplane.controllers.volumes import Volumes
+    from vmplane.hosts.fencing.base import FenceAgent
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.ha")
 
@@ -90,8 +98,11 @@ def _backoff(table: tuple[int, ...], attempt: int) -> float:
 
 
 class HostRecovery:
-    def __init__(self, o):
-        self.o = o
+    def __init__(self, plane: Plane, agent: Callable[[dict, Any], FenceAgent], volumes: Volumes,
+                 migration_settle: MigrationSettle):
+        self.plane = plane
+        self.agent = agent                  # a host's fence agent (HaController.agent)
+        self.volumes, self.migration_settle = volumes, migration_settle
         self._running: set[str] = set()         # restart operations being run in this process
         self._runs_lock = threading.Lock()
 
@@ -119,7 +130,7 @@ class HostRecovery:
                 self._wait(wait)
 
     def _run_from_step(self, op_id: str) -> None:
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             op = L.operation_row(s.connection(), op_id)
         if op.state not in ("pending", "running"):
             return
@@ -133,7 +144,7 @@ class HostRecovery:
         """This recovery's restart operations left in flight (the error that interrupted it came between
         their claim and their end), that no thread carries: driven to their end first."""
         op = L.OPERATIONS.c
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             rows = s.connection().execute(select(op.id, op.result).where(
                 op.kind == "restart", op.state.in_(["pending", "running"]))).all()
         for row in rows:
@@ -143,20 +154,20 @@ class HostRecovery:
     resume = run
 
     def _op(self, op_id: str):
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             return L.operation_row(s.connection(), op_id)
 
     def _host(self, host: str):
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             return s.connection().execute(select(L.HOSTS).where(L.HOSTS.c.name == host)).first()
 
     def _wait(self, seconds: float) -> None:
-        if self.o.closing.wait(seconds):
+        if self.plane.closing.wait(seconds):
             raise Interrupted()
 
     # -- fencing ---------------------------------------------------------------------------------
     def _answers(self, host: str) -> bool:
-        driver = self.o.drivers.get(host)
+        driver = self.plane.drivers.get(host)
         return driver is not None and probe(driver) is None
 
     def _fence(self, op_id: str, host: str) -> bool:
@@ -164,7 +175,7 @@ class HostRecovery:
         answers again, or was brought back)."""
         attempt = 0
         while True:
-            if self.o.closing.is_set():
+            if self.plane.closing.is_set():
                 raise Interrupted()
             row = self._host(host)
             if row is None:
@@ -185,7 +196,7 @@ class HostRecovery:
             wait = _backoff(FENCE_BACKOFF_S, attempt - 1)
             reason = (f"fencing failed (attempt {attempt}): {'; '.join(errors)}; retrying in {wait:g} s (or confirm "
                       f"it off: vmplane host fence {host} --confirm-off)")
-            with self.o.db.transaction() as conn:
+            with self.plane.db.transaction() as conn:
                 L.set_host_state(conn, host, HostState.fencing, state_reason=reason)
                 L.set_operation(conn, op_id, state=OperationState.running, message=reason)
             log.error("host %s: %s", host, reason)
@@ -198,7 +209,7 @@ class HostRecovery:
         errors = []
         for config in configs:
             try:
-                agent = self.o.ha.agent(config, row)
+                agent = self.agent(config, row)
                 return agent.power_off(host), errors
             except (FenceError, ValueError, OSError) as exc:
                 errors.append(str(exc))
@@ -208,12 +219,12 @@ class HostRecovery:
         failpoints.hit("ha.before-fenced")
         how = (f"fenced by its {fenced.agent} agent: {fenced.detail} ({fenced.seconds:.1f} s)" if fenced
                else "confirmed off by an operator")
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 L.set_host_state(conn, host, HostState.fenced, how, state_reason=how)
                 L.set_operation(conn, op_id, state=OperationState.running, step="restarting", progress=30,
                                 message=f"{host} {how}; restarting its HA VMs")
-            self.o.index.upsert(replace(self.o.index.host(host), state=HostState.fenced))
+            self.plane.capacity.set_state(host, HostState.fenced)
         metrics.OPERATIONS.labels("fence", "succeeded").inc()
         log.warning("host %s %s", host, how)
         failpoints.hit("ha.fenced")
@@ -222,22 +233,22 @@ class HostRecovery:
     def _give_back(self, op_id: str, host: str) -> None:
         """It answers again before it was fenced: a blip longer than the grace. Down again, so that the
         monitor brings it back and settles its VMs from what it runs; nothing was restarted."""
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 # its silence starts again from now: the old down_since would let HA declare it again at
                 # once, before the monitor brings it back (and fence it if one probe fails meanwhile)
                 L.set_host_state(conn, host, HostState.down, "it answers again before it was fenced",
                                  state_reason="it answers again; the monitor brings it back", down_since=utcnow())
                 L.set_operation(conn, op_id, state=OperationState.failed, step="done", progress=100,
                                 message=f"{host} answers again before it was fenced; nothing was restarted")
-            self.o.index.upsert(replace(self.o.index.host(host), state=HostState.down))
+            self.plane.capacity.set_state(host, HostState.down)
         log.warning("host %s answers again before it was fenced; recovery ends", host)
 
     # -- restarting ------------------------------------------------------------------------------
     def _restart_all(self, op_id: str, host: str) -> None:
         rounds = 0          # passes that left an HA VM to restart: the backoff between attempts
         while True:
-            if self.o.closing.is_set():
+            if self.plane.closing.is_set():
                 raise Interrupted()
             row = self._host(host)
             if row is None or row.state != HostState.fenced.value:     # repaired (and maybe failed again,
@@ -249,7 +260,7 @@ class HostRecovery:
             if not left and not owned:
                 break
             if owned:       # a migration into or out of the fenced host: settled now that it is off
-                self.o.migration_settle.run_once()
+                self.migration_settle.run_once()
             # a pass that only waited for an owned VM does not lengthen the backoff of the next attempt
             self._wait(_backoff(RESTART_BACKOFF_S, rounds) if left else 0.5)
             rounds += bool(left)
@@ -268,15 +279,15 @@ class HostRecovery:
         """After the last pass: the VMs still recorded on the fenced host (it answered again and runs them).
         The host goes back to `down`: the monitor brings it back when it answers, and HA declares and fences
         it again if it fails again (a fenced host is never declared again: its VMs would be stranded)."""
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 kept = conn.execute(select(func.count()).select_from(_recorded_on(host).subquery())).scalar() or 0
                 if not kept:
                     return 0
                 L.set_host_state(conn, host, HostState.down, f"it runs {kept} of its VMs again since its fence",
                                  state_reason="powered on again since its fence; the monitor brings it back",
                                  down_since=utcnow())
-            self.o.index.upsert(replace(self.o.index.host(host), state=HostState.down))
+            self.plane.capacity.set_state(host, HostState.down)
         return kept
 
     def _pass(self, op_id: str, host: str) -> tuple[list[str], int]:
@@ -286,10 +297,10 @@ class HostRecovery:
         settled: the recovery settles them before it ends, as those out of it)."""
         v, h = L.VMS.c, L.HOSTS.c
         on_host = _recorded_on(host)
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             before = set(s.connection().execute(on_host).all())
         runs = self._runs_there(host) if before else set()
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             for r in conn.execute(on_host.with_for_update()).all():
                 if r not in before:     # recorded there after the host was asked (a settle): the next pass
                     continue
@@ -299,7 +310,7 @@ class HostRecovery:
                 elif r.name not in runs and r.state == VmState.running.value:   # put back to running there by an
                     L.set_vm(conn, r.id, f"its host {host} is fenced: it runs nowhere",   # operation's failure path
                              state=VmState.unknown)                                    # (a scale whose migration failed)
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             conn = s.connection()
             rows = conn.execute(select(v.name, v.state, v.ha_policy, v.cluster_id).join(L.HOSTS, h.id == v.host_id)
                                 .where(h.name == host).order_by(v.ha_priority.desc(), v.name)).all()
@@ -314,8 +325,8 @@ class HostRecovery:
         queue = [r.name for r in unknown if r.ha_policy == "restart"]
         if not queue:
             return [], owned
-        cluster = self.o._hosts[host].cluster
-        parallel = int(self.o.catalog.effective("vmplane.ha.max.parallel", self.o._hosts[host].zone, cluster))
+        cluster = self.plane.capacity.hosts[host].cluster
+        parallel = int(self.plane.catalog.effective("vmplane.ha.max.parallel", self.plane.capacity.hosts[host].zone, cluster))
         with ThreadPoolExecutor(min(parallel, len(queue)), thread_name_prefix="vmplane-ha") as pool:
             done = list(pool.map(lambda vm: self._restart(op_id, vm, host), queue))    # submitted in order
         return [vm for vm, ok in zip(queue, done) if not ok], owned
@@ -324,7 +335,7 @@ class HostRecovery:
         """The VMs whose domain runs on the fenced `host`, if it answers again (powered on while its
         recovery runs: its old guests are gone, but what runs there now is not restarted elsewhere).
         Empty when it does not answer: confirmed off by its fence, it runs nothing."""
-        driver = self.o.drivers.get(host)
+        driver = self.plane.drivers.get(host)
         if driver is None:
             return set()
         pool = ThreadPoolExecutor(1, thread_name_prefix="vmplane-ha-ask")
@@ -343,8 +354,8 @@ class HostRecovery:
     def _release(self, vm: str, host: str, note: str, then=None) -> bool:
         """Give back all `vm` holds, if it is still unknown on the fenced `host` (else False); `then(conn,
         row)` runs in the same transaction."""
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 row = L.vm_row(conn, name=vm, lock=True)
                 if row.state != VmState.unknown.value or row.host_name != host:
                     return False
@@ -352,12 +363,12 @@ class HostRecovery:
                 freed = L.release_vm(conn, row.id, note=note)
                 if then is not None:
                     then(conn, row)
-            self.o._unindex(freed)
+            self.plane.capacity.give_back(freed)
         return True
 
     def _attempt(self, op_id: str, vm: str, max_restart: int) -> int | None:
         """Count one more attempt for `vm` in the operation's result; None once it has used them all."""
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             op = L.operation_row(conn, op_id, lock=True)
             result = dict(op.result or {})
             attempts = dict(result.get("attempts", {}))
@@ -371,8 +382,8 @@ class HostRecovery:
     def _restart(self, op_id: str, vm: str, host: str) -> bool:
         """One attempt to run `vm` (unknown on the fenced `host`) elsewhere; True when it needs no more.
         When the last allowed attempt fails, the VM is in error at once (no backoff to wait for first)."""
-        meta = self.o._hosts[host]
-        max_restart = int(self.o.catalog.effective("vmplane.ha.max.restart", meta.zone, meta.cluster))
+        meta = self.plane.capacity.hosts[host]
+        max_restart = int(self.plane.catalog.effective("vmplane.ha.max.restart", meta.zone, meta.cluster))
         attempt = self._attempt(op_id, vm, max_restart)
         if attempt is None:             # counted used up before (a recovery resumed after a restart)
             self._give_up(op_id, vm, host, f"not restarted after {max_restart} attempt(s)")
@@ -397,9 +408,9 @@ class HostRecovery:
     def _lock_wait(self, op_id: str, vm: str, meta) -> bool:
         """A restart of `vm` refused on a disk lock: True (its attempt given back, tried again after the
         backoff) while within `vmplane.ha.lock.release.window` of its first lock refusal; False after."""
-        window = float(self.o.catalog.effective("vmplane.ha.lock.release.window", meta.zone, meta.cluster))
+        window = float(self.plane.catalog.effective("vmplane.ha.lock.release.window", meta.zone, meta.cluster))
         now = time.time()
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             op = L.operation_row(conn, op_id, lock=True)
             result = dict(op.result or {})
             locked = dict(result.get("locked", {}))
@@ -422,25 +433,25 @@ class HostRecovery:
         return True
 
     def _claim_elsewhere(self, op_id: str, vm: str, host: str, attempt: int) -> str | None:
-        o = self.o
-        with o._lock:
-            with o.db.transaction() as conn:
+        plane = self.plane
+        with plane.capacity.lock:
+            with plane.db.transaction() as conn:
                 # the admissions' lock first, as a start's: its group check (hard anti-affinity) and its
                 # claim can not interleave with another process's admission
-                o.admissions.serialise(conn)
+                plane.admissions.serialise(conn)
                 row = L.vm_row(conn, name=vm, lock=True)
                 if row.state != VmState.unknown.value or row.host_name != host:
                     return None
                 size = Size(row.vcpus, row.memory_mib)
-                cluster = o._hosts[host].cluster
-                rules = placement_rules(o, conn, Scope(o._hosts[host].zone, cluster), vm_id=row.id, ha=True,
+                cluster = plane.capacity.hosts[host].cluster
+                rules = placement_rules(plane, conn, Scope(plane.capacity.hosts[host].zone, cluster), vm_id=row.id, ha=True,
                                         action=f"restarting {vm} on {{host}}", keep_reserve=False)
                 request = PlacementRequest(size, exclude_hosts=frozenset({host}), cluster=cluster,
                                            exclude_reason=f"the failed host {host}",
-                                           storage_hosts=o.volumes.storage_hosts(conn, row.id),
+                                           storage_hosts=self.volumes.storage_hosts(conn, row.id),
                                            storage_reason="can not open the VM's disks (their pools are not on it)",
                                            **rules)
-                placement, host_id = o.take_placement(conn, request)
+                placement, host_id = plane.capacity.take_placement(conn, request)
                 restart_op = L.new_operation(conn, "restart", vm, row.id, row.project_id, step="claimed",
                                              message=f"attempt {attempt}: claimed {size.vcpus} vCPU(s) / "
                                                      f"{placement.memory_mib} MiB on {placement.host}",
@@ -450,8 +461,8 @@ class HostRecovery:
                                              taken=True)
                 L.set_vm(conn, row.id, note=f"HA restart after {host} failed (attempt {attempt})",
                          state=VmState.starting, host_id=host_id, overhead_mib=placement.overhead_mib)
-            o._unindex(freed)
-            o.index.add_usage(placement.host, size.vcpus, placement.memory_mib)
+            plane.capacity.give_back(freed)
+            plane.capacity.add(placement.host, size.vcpus, placement.memory_mib)
         failpoints.hit("ha.claimed")
         return restart_op
 
@@ -480,7 +491,7 @@ class HostRecovery:
     def _settle_restart(self, op_id: str, exc: Exception) -> bool | None:
         """None: not a restart. Else as `_restart_failed`: False when the VM went back to its fenced host to
         be tried again."""
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             conn = s.connection()
             op = L.operation_row(conn, op_id)
             if op.kind != "restart":
@@ -491,23 +502,23 @@ class HostRecovery:
         return self._restart_failed(op_id, op, vm, exc)
 
     def _run_restart(self, op_id: str) -> bool:
-        o = self.o
-        vm = o._begin_step(op_id, "starting-domain")
+        plane = self.plane
+        vm = plane.ops.begin_step(op_id, "starting-domain")
         if vm is None:
             return True
         op = self._op(op_id)
         try:
             if vm.state != VmState.starting.value:
                 raise VmplaneError(f"vm {vm.name} is {vm.state}, not starting")
-            driver = o.drivers[vm.host_name]
-            spec = replace(o._spec(vm), disks=o.volumes.disks_of(vm.id))
+            driver = plane.drivers[vm.host_name]
+            spec = replace(spec_of(vm), disks=self.volumes.disks_of(vm.id))
             failpoints.hit("ha.before-domain")
             current = driver.domain(spec.name)
             if current is None or not current.active:
                 driver.start(spec)
         except Exception as exc:          # noqa: BLE001 - every failure is settled by asking the host
             return self._restart_failed(op_id, op, vm, exc)
-        with o.db.transaction() as conn:
+        with plane.db.transaction() as conn:
             L.set_vm(conn, vm.id, note=f"restarted by HA after {op.result['from']} failed", state=VmState.running)
             L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100,
                             message=f"running on {vm.host_name}")
@@ -525,7 +536,7 @@ class HostRecovery:
             if attempt:
                 time.sleep(1.0)
             try:
-                info = self.o.drivers[host].domain(domain)
+                info = self.plane.drivers[host].domain(domain)
             except Exception as exc:        # noqa: BLE001 - unknown is not absent
                 log.info("restart of %s: %s can not tell whether it runs (%s)", domain, host, exc)
                 continue
@@ -533,12 +544,12 @@ class HostRecovery:
         return "unknown"
 
     def _restart_failed(self, op_id: str, op, vm, exc: Exception) -> bool:
-        o = self.o
+        plane = self.plane
         reason = exc.message if isinstance(exc, VmplaneError) else str(exc) or type(exc).__name__
         presence = self._presence(vm.host_name, DOMAIN_PREFIX + vm.name)
         dead = op.result["from"]
-        with o._lock:
-            with o.db.transaction() as conn:
+        with plane.capacity.lock:
+            with plane.db.transaction() as conn:
                 row = L.vm_row(conn, vm.id, lock=True)
                 freed: list = []
                 if row.state != VmState.starting.value:
@@ -551,17 +562,17 @@ class HostRecovery:
                     L.set_vm(conn, vm.id, note=f"its restart failed and {vm.host_name} can not tell whether it runs: "
                                                f"{reason}", state=VmState.unknown)
                 else:                       # confirmed not running there: back to the fenced host, tried again
-                    dead_id = o._hosts[dead].id
+                    dead_id = plane.capacity.hosts[dead].id
                     claim = conn.execute(select(L.CLAIMS.c.vcpus, L.CLAIMS.c.memory_mib).where(
                         L.CLAIMS.c.vm_id == vm.id, L.CLAIMS.c.kind == ClaimKind.running.value)).first()
                     freed = L.move_running_claim(conn, vm.id, dead_id, None, claim.vcpus, claim.memory_mib,
                                                  taken=False)
                     L.set_vm(conn, vm.id, note=f"HA restart on {vm.host_name} failed: {reason}", state=VmState.unknown,
                              host_id=dead_id)
-                    o.index.add_usage(dead, claim.vcpus, claim.memory_mib)
+                    plane.capacity.add(dead, claim.vcpus, claim.memory_mib)
                 L.set_operation(conn, op_id, state=OperationState.failed, step="done", progress=100,
                                 message=f"restart on {vm.host_name} failed: {reason}")
-            o._unindex(freed)
+            plane.capacity.give_back(freed)
         metrics.OPERATIONS.labels("restart", "failed").inc()
         self._note(op.result.get("recovery"), vm.name, f"attempt {op.result.get('attempt')} on {vm.host_name}: {reason}")
         log.error("vm %s: HA restart on %s failed (%s); its domain is %s there", vm.name, vm.host_name, reason,
@@ -569,7 +580,7 @@ class HostRecovery:
         return presence != "gone"
 
     def _give_up(self, op_id: str, vm: str, host: str, why: str) -> None:
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             last = ((L.operation_row(s.connection(), op_id).result or {}).get("notes", {})).get(vm, "")
         why += f"; last: {last}" if last else ""
 
@@ -590,11 +601,11 @@ class HostRecovery:
         L.set_operation(conn, op_id, result=result)
 
     def _note(self, op_id: str | None, vm: str, note: str) -> None:
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             self._record(conn, op_id, "notes", vm, note)
 
     def _end(self, op_id: str, state: OperationState, message: str) -> None:
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             L.set_operation(conn, op_id, state=state, step="done", progress=100, message=message)
         metrics.OPERATIONS.labels("recover", state.value).inc()
         log.warning("recovery %s: %s", op_id[:8], message)

@@ -30,6 +30,11 @@ from vmplane.core.model import VmState
 from vmplane.store.ownership import owned
 from vmplane.plane.settle import settle_vm
 from vmplane.store import ledger as L
+from vmplane.core.names import domain_name
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.hostevents")
 CAUSE = "libvirt event"
@@ -46,8 +51,8 @@ ATTACH_EVERY_S = 1.0
 
 
 class HostEvents:
-    def __init__(self, o):
-        self.o = o
+    def __init__(self, plane: Plane):
+        self.plane = plane
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._watched: set[int] = set()
@@ -60,8 +65,8 @@ class HostEvents:
 
     def _attach(self) -> None:
         """Watch every driver that can be watched (hosts added later included)."""
-        for host, driver in list(self.o.drivers.items()):
-            if not self.o.controllers.owns_host(host):
+        for host, driver in list(self.plane.drivers.items()):
+            if not self.plane.membership.owns_host(host):
                 continue            # another control-plane process listens to it
             watch = getattr(driver, "watch", None)
             if watch is not None and id(driver) not in self._watched:
@@ -82,16 +87,16 @@ class HostEvents:
                 item = self._queue.get(timeout=ATTACH_EVERY_S)
             except queue.Empty:
                 continue
-            if not self.o.controllers.owns_host(item[0]):
+            if not self.plane.membership.owns_host(item[0]):
                 continue            # no longer this process's host: its new listener reads it at attach
             try:
-                with acting_as(CAUSE), owned(self.o.controllers.epoch):
+                with acting_as(CAUSE), owned(self.plane.membership.epoch):
                     self.handle(*item)
             except Exception:       # one bad event must not end the loop
                 log.exception("libvirt event %s", item)
 
     def handle(self, host: str, domain: str, event: int, detail: int) -> str | None:
-        prefix = self.o.domain_name("")
+        prefix = domain_name("")
         if not domain.startswith(prefix):
             return None
         vm = domain[len(prefix):]
@@ -102,7 +107,7 @@ class HostEvents:
             elif event == SHUTDOWN:
                 what = SHUTDOWN_DETAIL.get(detail, what)
             # migrated away: it may run on another host (a migration vmplane did not order): settle_vm asks
-            return settle_vm(self.o, vm, host, CAUSE, f"libvirt on {host}: the domain {what}",
+            return settle_vm(self.plane, vm, host, CAUSE, f"libvirt on {host}: the domain {what}",
                              migrated=event == STOPPED and detail == STOPPED_MIGRATED)
         if event in NOTES:
             self._note(vm, host, NOTES[event], detail)
@@ -110,7 +115,7 @@ class HostEvents:
 
     def _note(self, vm: str, host: str, what: str, detail: int) -> None:
         v, h = L.VMS.c, L.HOSTS.c
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             row = conn.execute(select(v.project_id, v.state).join(L.HOSTS, h.id == v.host_id)
                                .where(v.name == vm, h.name == host)).first()
             if row is None or row.state != VmState.running.value:

@@ -43,6 +43,10 @@ from vmplane.core.model import IN_FLIGHT_OPERATION_VALUES as IN_FLIGHT, UNREACHA
 from vmplane.plane.settle import settle_vm
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.hostmonitor")
 CAUSE = "monitor"
@@ -60,8 +64,8 @@ def probe(driver) -> DriverError | None:
 
 
 class HostMonitor:
-    def __init__(self, o):
-        self.o = o
+    def __init__(self, plane: Plane):
+        self.plane = plane
         self._stop = threading.Event()
         self._probing: dict[str, Future] = {}      # each host's last probe (one still running is not asked again)
         self._unknown_due = 0.0                     # when unknown VMs are settled next (time.monotonic())
@@ -69,8 +73,8 @@ class HostMonitor:
     def start(self) -> None:
         """Check the hosts every `vmplane.host.check.interval` seconds until stop()."""
 
-        every(lambda: float(self.o.catalog.effective("vmplane.host.check.interval")), self.check, self._stop,
-              "host-monitor", log, owner=lambda: self.o.controllers.epoch)
+        every(lambda: float(self.plane.catalog.effective("vmplane.host.check.interval")), self.check, self._stop,
+              "host-monitor", log, owner=lambda: self.plane.membership.epoch)
 
     def stop(self) -> None:
         self._stop.set()
@@ -78,17 +82,17 @@ class HostMonitor:
     # -- one pass ------------------------------------------------------------------------------
     def check(self) -> list[str]:
         """One pass over every host; returns what changed, in words."""
-        hosts = [(name, d) for name, d in list(self.o.drivers.items())
-                 if name in self.o.index and self.o.controllers.owns_host(name)]    # the hosts this process listens to
+        hosts = [(name, d) for name, d in list(self.plane.drivers.items())
+                 if name in self.plane.capacity.index and self.plane.membership.owns_host(name)]    # the hosts this process listens to
         if not hosts:
             return []
         answers = self._probe(hosts)
         changes = []
         with acting_as(CAUSE):
             for (name, _), error in zip(hosts, answers):
-                if name not in self.o.index:
+                if name not in self.plane.capacity.index:
                     continue                    # removed meanwhile
-                state = self.o.index.host(name).state
+                state = self.plane.capacity.index.host(name).state
                 down = state in UNREACHABLE_HOST_STATES
                 if error is not None:
                     changes += self._mark_down(name, error) if not down else self._keep_unknown(name)
@@ -120,15 +124,15 @@ class HostMonitor:
         """Whether HA's recovery of this fenced host is still in flight: its VMs are that operation's until
         it ends (a restart of the control plane may have started the host's daemon again meanwhile)."""
         op = L.OPERATIONS.c
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             return s.connection().execute(select(op.id).where(
                 op.kind == "recover", op.target == host, op.state.in_(IN_FLIGHT)).limit(1)).first() is not None
 
     # -- down --------------------------------------------------------------------------------
     def _mark_down(self, name: str, error: DriverError) -> list[str]:
         h = L.HOSTS.c
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 row = conn.execute(select(h.id, h.state).where(h.name == name).with_for_update()).first()
                 if row is None or row.state == HostState.down.value:
                     return []
@@ -136,13 +140,13 @@ class HostMonitor:
                 L.set_host_state(conn, name, HostState.down, reason, state_before_down=row.state,
                                  state_reason=reason, down_since=utcnow())
                 moved = self._running_to_unknown(conn, row.id, name)
-            self.o.index.upsert(replace(self.o.index.host(name), state=HostState.down))
+            self.plane.capacity.set_state(name, HostState.down)
         log.error("host %s is down (%s); %d VM(s) unknown; it was %s", name, error, moved, row.state)
         return [f"{name} is down ({error}); {moved} VM(s) unknown"]
 
     def _keep_unknown(self, name: str) -> list[str]:
         """While a host is down, a VM put back to `running` (an operation's failure path) is unknown."""
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             host_id = conn.execute(select(L.HOSTS.c.id).where(L.HOSTS.c.name == name)).scalar()
             moved = self._running_to_unknown(conn, host_id, name) if host_id is not None else 0
         return [f"{name} is still down; {moved} more VM(s) unknown"] if moved else []
@@ -160,8 +164,8 @@ class HostMonitor:
     # -- back ----------------------------------------------------------------------------------
     def _bring_back(self, name: str) -> list[str]:
         h, v = L.HOSTS.c, L.VMS.c
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 row = conn.execute(select(h.id, h.state, h.state_before_down).where(h.name == name)
                                    .with_for_update()).first()
                 if row is None or row.state not in (HostState.down.value, HostState.fenced.value):
@@ -170,13 +174,13 @@ class HostMonitor:
                 L.set_host_state(conn, name, restored, f"its hypervisor answers again; its state before it went "
                                  f"{row.state} is restored", state_before_down=None, state_reason=None,
                                  down_since=None)
-            self.o.index.upsert(replace(self.o.index.host(name), state=HostState(restored)))
-        with self.o.db.read() as s:
+            self.plane.capacity.set_state(name, HostState(restored))
+        with self.plane.db.read() as s:
             names = s.connection().execute(select(v.name).where(
                 v.host_id == row.id, v.state.in_([VmState.running.value, VmState.unknown.value]))).scalars().all()
         outcome: dict[str | None, int] = {}
         for vm_name in names:       # every VM recorded on it, not only the unknown ones
-            new = settle_vm(self.o, vm_name, name, CAUSE, f"host {name} is back")
+            new = settle_vm(self.plane, vm_name, name, CAUSE, f"host {name} is back")
             outcome[new] = outcome.get(new, 0) + 1
         found, gone = outcome.get(VmState.running.value, 0), outcome.get(VmState.stopped.value, 0)
         log.warning("host %s is back (%s): %d VM(s) found running again, %d gone", name, restored, found, gone)
@@ -187,7 +191,7 @@ class HostMonitor:
         now = time.monotonic()
         if now < self._unknown_due:
             return []
-        self._unknown_due = now + float(self.o.catalog.effective("vmplane.unknown.settle.interval"))
+        self._unknown_due = now + float(self.plane.catalog.effective("vmplane.unknown.settle.interval"))
         return self.settle_unknown(answered)
 
     def settle_unknown(self, answered: list[str]) -> list[str]:
@@ -195,19 +199,19 @@ class HostMonitor:
         down nor fenced, settled from what the hosts run (settle_vm): running, stopped, or left unknown when
         another host of its zone runs it or can not be asked. VMs an operation or a migration in flight owns
         are left to it. Returns what changed, in words."""
-        hosts = [h for h in answered if h in self.o.index and self.o.index.host(h).state not in UNREACHABLE_HOST_STATES]
+        hosts = [h for h in answered if h in self.plane.capacity.index and self.plane.capacity.index.host(h).state not in UNREACHABLE_HOST_STATES]
         if not hosts:
             return []
         v, h, op, m = L.VMS.c, L.HOSTS.c, L.OPERATIONS.c, L.MIGRATIONS.c
         owned = select(op.vm_id).where(op.state.in_(IN_FLIGHT), op.vm_id.is_not(None))
         migrating = select(m.vm_id).where(m.state.in_([st.value for st in ACTIVE_MIGRATION]))
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             rows = s.connection().execute(select(v.name, h.name).join(L.HOSTS, h.id == v.host_id).where(
                 v.state == VmState.unknown.value, h.name.in_(hosts), v.id.not_in(owned), v.id.not_in(migrating))
                 .order_by(v.name)).all()
         changes = []
         for vm_name, host in rows:
-            new = settle_vm(self.o, vm_name, host, CAUSE, f"unknown while its host {host} answers")
+            new = settle_vm(self.plane, vm_name, host, CAUSE, f"unknown while its host {host} answers")
             if new is not None and new != VmState.unknown.value:
                 changes.append(f"{vm_name}: unknown on {host}, which answers; settled {new}")
         return changes

@@ -23,6 +23,11 @@ from vmplane.plane.loops import every
 from vmplane.core.model import UNREACHABLE_HOST_STATES, VmState
 from vmplane.plane.settle import OWNED_STATES, settle_vm
 from vmplane.store import ledger as L
+from vmplane.core.names import domain_name
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.hostsync")
 CAUSE = "sync"
@@ -30,21 +35,21 @@ PROBE_PREFIX = "probe-"         # vmplane-probe-*: the driver's short-lived acce
 
 
 class HostSync:
-    def __init__(self, o):
-        self.o = o
+    def __init__(self, plane: Plane):
+        self.plane = plane
         self._stop = threading.Event()
         self._reported: set[tuple[str, str, str]] = set()      # reported once, until resolved
 
     def start(self) -> None:
-        every(lambda: float(self.o.catalog.effective("vmplane.host.sync.interval")), self.sync, self._stop,
-              "host-sync", log, owner=lambda: self.o.controllers.epoch)
+        every(lambda: float(self.plane.catalog.effective("vmplane.host.sync.interval")), self.sync, self._stop,
+              "host-sync", log, owner=lambda: self.plane.membership.epoch)
 
     def stop(self) -> None:
         self._stop.set()
 
     def _records(self) -> dict[str, tuple[str, str | None, object]]:
         v, h = L.VMS.c, L.HOSTS.c
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             rows = s.connection().execute(select(v.name, v.state, h.name, v.updated_at)
                                           .outerjoin(L.HOSTS, h.id == v.host_id)).all()
         return {name: (state, host, updated) for name, state, host, updated in rows}
@@ -55,9 +60,9 @@ class HostSync:
         reported: set[tuple[str, str, str]] = set()
         with acting_as(CAUSE):
             before = None
-            for host, driver in list(self.o.drivers.items()):
-                if host not in self.o.index or self.o.index.host(host).state in UNREACHABLE_HOST_STATES \
-                        or not self.o.controllers.owns_host(host):
+            for host, driver in list(self.plane.drivers.items()):
+                if host not in self.plane.capacity.index or self.plane.capacity.index.host(host).state in UNREACHABLE_HOST_STATES \
+                        or not self.plane.membership.owns_host(host):
                     continue
                 # the record, read once per pass before the first host is asked (read per host, 20 hosts of
                 # 10,000 VMs cost 2 s of CPU a pass in the API's process). Older for the later hosts, but
@@ -77,12 +82,12 @@ class HostSync:
         running = {d.name for d in domains if d.active}       # paused too: its QEMU holds memory
         findings = []
         for name, (state, vm_host, _) in before.items():
-            if vm_host == host and state == VmState.running.value and self.o.domain_name(name) not in running:
-                new = settle_vm(self.o, name, host, CAUSE, f"sync: {host} does not run it")
+            if vm_host == host and state == VmState.running.value and domain_name(name) not in running:
+                new = settle_vm(self.plane, name, host, CAUSE, f"sync: {host} does not run it")
                 if new:
                     findings.append(f"{name}: not running on {host}; recorded {new}")
         findings += self._adopt_shrunk(host, before, {d.name: d for d in domains if d.active})
-        prefix = self.o.domain_name("")
+        prefix = domain_name("")
         after = None
         for domain in sorted(running):
             if not domain.startswith(prefix):
@@ -122,13 +127,13 @@ class HostSync:
         from vmplane.core.errors import VmplaneError
 
         v, h = L.VMS.c, L.HOSTS.c
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             sizes = {r.name: r for r in s.connection().execute(
                 select(v.name, v.vcpus, v.memory_mib, v.cpu_cap_percent).join(L.HOSTS, h.id == v.host_id)
                 .where(h.name == host, v.state == VmState.running.value))}
         found = []
         for name, (state, vm_host, _) in before.items():
-            d, vm = active.get(self.o.domain_name(name)), sizes.get(name)
+            d, vm = active.get(domain_name(name)), sizes.get(name)
             if vm_host != host or state != VmState.running.value or d is None or vm is None:
                 continue
             size = host_size(d)
@@ -137,7 +142,7 @@ class HostSync:
             if not drift or size.vcpus > vm.vcpus or size.memory_mib > vm.memory_mib:
                 continue
             try:
-                result = sync_vm(self.o, name)
+                result = sync_vm(self.plane, name)
             except VmplaneError as exc:           # owned or changed meanwhile: the next pass looks again
                 log.info("sync: %s not adopted (%s)", name, exc)
                 continue
@@ -147,7 +152,7 @@ class HostSync:
 
     def _report(self, vm: str | None, host: str, problem: str) -> None:
         log.error("sync: %s (not killed: an operator decides)", problem)
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             project_id = None
             if vm is not None:
                 project_id = conn.execute(select(L.VMS.c.project_id).where(L.VMS.c.name == vm)).scalar()

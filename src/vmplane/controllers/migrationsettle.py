@@ -16,6 +16,11 @@ import threading
 
 from vmplane.store.events import acting_as
 from vmplane.plane.loops import every
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vmplane.controllers.migrator import Migrator
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.migrationsettle")
 CAUSE = "migration-settle"
@@ -23,25 +28,26 @@ CHECK_INTERVAL_S = 5.0
 
 
 class MigrationSettle:
-    def __init__(self, o, interval_s: float = CHECK_INTERVAL_S):
-        self.o = o
+    def __init__(self, plane: Plane, migrator: Migrator, interval_s: float = CHECK_INTERVAL_S):
+        self.plane = plane
+        self.migrator = migrator
         self.interval_s = interval_s
         self._stop = threading.Event()
 
     def start(self) -> None:
         every(lambda: self.interval_s, self.run_once, self._stop, "migration-settle", log,
-              when=self.o.controllers.coordinates, owner=lambda: self.o.controllers.epoch)
+              when=self.plane.membership.coordinates, owner=lambda: self.plane.membership.epoch)
 
     def stop(self) -> None:
         self._stop.set()
 
     def run_once(self) -> dict[str, str]:
         """One pass: {migration id: state after} for each migration it tried to settle."""
-        migrator = self.o.migrator
+        migrator = self.migrator
         done: dict[str, str] = {}
         with acting_as(CAUSE):
             for mig in migrator.list(active_only=True):
-                if self._stop.is_set() or self.o.closing.is_set():
+                if self._stop.is_set() or self.plane.closing.is_set():
                     break
                 if not migrator.take_orphan(mig):
                     continue

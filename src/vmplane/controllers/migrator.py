@@ -35,9 +35,10 @@ from vmplane.core.scope import Scope, migration_scope_problem
 from vmplane.controllers.diskmoves import DiskMoves
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
+from vmplane.core.names import domain_name
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.migrator")
 RECOVERY_WAIT_S = 30.0          # start-up, for all migrations together: copies libvirtd carries on (then the controller)
@@ -67,8 +68,9 @@ class _PoweredOff:
 
 
 class Migrator:
-    def __init__(self, orch: "Orchestrator"):
-        self.o = orch
+    def __init__(self, plane: Plane, disk_moves: DiskMoves):
+        self.plane = plane
+        self.disk_moves = disk_moves
         self._pump_lock = threading.Lock()
         self._state_lock = threading.Lock()     # guards the sets below (this process's view of its copies)
         self._cancelled: set[str] = set()       # cancels asked (a copy honours them at any step)
@@ -80,7 +82,7 @@ class Migrator:
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, migration_id: str) -> dict:
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             row = s.connection().execute(select(L.MIGRATIONS).where(L.MIGRATIONS.c.id == migration_id)).first()
         if row is None:
             raise NotFound(f"migration {migration_id} does not exist", field="migration")
@@ -96,13 +98,13 @@ class Migrator:
             stmt = stmt.where((m.source == host) | (m.target == host))
         if active_only:
             stmt = stmt.where(m.state.in_(_ACTIVE))
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             return [dict(r._mapping) for r in s.connection().execute(stmt)]
 
     def find(self, prefix: str, project_id: int | None = None) -> dict:
         """By its id or a unique prefix of it (4+ characters), within one project when `project_id` is given."""
         m = L.MIGRATIONS.c
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             scope = [] if project_id is None else [m.project_id == project_id]
             return self.get(by_prefix(s, m.id, prefix, "migration", scope))
 
@@ -121,7 +123,7 @@ class Migrator:
             conds.append(m.project_id == project_id)
         fields = {"created_at": m.created_at, "started_at": m.started_at, "finished_at": m.finished_at,
                   "vm": m.vm_name, "source": m.source, "target": m.target, "state": m.state, "progress": m.progress}
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             return run_page(s, select(L.MIGRATIONS), m.id, conds, order_by(page.sort, fields, "-created_at", m.id),
                             page, scalars=False)
 
@@ -130,13 +132,13 @@ class Migrator:
         """Where `vm` would go: the host asked for (any cluster of the VM's zone), or placement's choice
         among the others of its host's cluster; only hosts its disks can follow it to. `index`: another
         capacity index than the shared one (a drain's dry run plans on its own copy)."""
-        index = self.o.index if index is None else index
-        source = self.o._hosts[vm.host_name]
+        index = self.plane.capacity.index if index is None else index
+        source = self.plane.capacity.hosts[vm.host_name]
         zone = vm.zone_name or source.zone          # a VM placed before zones mattered: its host's zone
-        with self.o.db.read() as s:
-            reach = self.o.disk_moves.reach(s.connection(), vm.id)
+        with self.plane.db.read() as s:
+            reach = self.disk_moves.reach(s.connection(), vm.id)
             # its group (itself left out) and the failover reserve, its claim freed on the source
-            rules = placement_rules(self.o, s.connection(), Scope(zone, source.cluster if to is None else None),
+            rules = placement_rules(self.plane, s.connection(), Scope(zone, source.cluster if to is None else None),
                                     action=f"migrating {vm.name} to {{host}}", vm_id=vm.id, ha=vm.ha_policy == "restart",
                                     release=(vm.host_name, Load(vm.vcpus, vm.memory_mib + vm.overhead_mib)))
         request = PlacementRequest(Size(vm.vcpus, vm.memory_mib), exclude_hosts=frozenset({vm.host_name}),
@@ -147,9 +149,9 @@ class Migrator:
             return choose(index, replace(request, cluster=source.cluster))
         if to == vm.host_name:
             raise Invalid(f"vm {vm.name} already runs on {to}; choose another host", field="to")
-        if to not in self.o.index:
+        if to not in self.plane.capacity.index:
             raise NotFound(f"host {to!r} does not exist", field="to")
-        problem = migration_scope_problem(vm.name, zone, to, self.o._hosts[to].zone)
+        problem = migration_scope_problem(vm.name, zone, to, self.plane.capacity.hosts[to].zone)
         if problem:
             raise Invalid(problem, field="to")
         return fit_on(index, request, to)
@@ -171,9 +173,9 @@ class Migrator:
         room), queue it, and let the pump start it within the limits. The ledger is not touched.
         `for_scale`: the move of a live scale in progress; the VM stays `scaling` throughout, so no
         other operation can be admitted on it meanwhile."""
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
-                self.o.admissions.serialise(conn)          # before any row, as every admission
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
+                self.plane.admissions.serialise(conn)          # before any row, as every admission
                 vm = L.vm_row(conn, name=vm_name, lock=True)
                 if not for_scale:
                     self._check_migratable(vm)
@@ -186,21 +188,21 @@ class Migrator:
                             "reason": f"{placement.host} has room for {vm.vcpus} vCPU(s) / "
                                       f"{placement.memory_mib} MiB (with overhead)"}
                 migration_id = self._admit(conn, vm, placement, params, reason)
-            self.o.index.add_usage(placement.host, vm.vcpus, placement.memory_mib)
+            self.plane.capacity.add(placement.host, vm.vcpus, placement.memory_mib)
         failpoints.hit("migrate.admitted")
         self.pump()
         return self.get(migration_id)
 
     def _admit(self, conn, vm, placement: Placement, params: dict | None, reason: str) -> str:
-        target = self.o._hosts[placement.host]
-        cap_vcpus, cap_memory = self.o.index.capacity_of(placement.host)
+        target = self.plane.capacity.hosts[placement.host]
+        cap_vcpus, cap_memory = self.plane.capacity.index.capacity_of(placement.host)
         if not L.take_on_host(conn, target.id, vm.vcpus, placement.memory_mib, cap_vcpus, cap_memory):
             raise Conflict(f"{placement.host} was claimed by someone else meanwhile; retry", field="to")
         migration_id = str(uuid.uuid4())
         L.record_claim(conn, target.id, vm.id, migration_id, ClaimKind.migration_target, vm.vcpus,
                        placement.memory_mib)
-        self.o.disk_moves.admit(conn, vm.id, placement.host)       # copies' space on the target's pools
-        source = self.o._hosts[vm.host_name]
+        self.disk_moves.admit(conn, vm.id, placement.host)       # copies' space on the target's pools
+        source = self.plane.capacity.hosts[vm.host_name]
         conn.execute(L.MIGRATIONS.insert().values(
             id=migration_id, vm_id=vm.id, vm_name=vm.name, project_id=vm.project_id, source_host_id=source.id,
             target_host_id=target.id, source=vm.host_name, target=placement.host, cluster=source.cluster,
@@ -213,7 +215,7 @@ class Migrator:
 
     # -- the queue -----------------------------------------------------------------------------
     def _limits(self, cluster: str, zone: str, project_limit: int | None) -> rules.Limits:
-        eff = self.o.catalog.effective
+        eff = self.plane.catalog.effective
         return rules.Limits(int(eff("vmplane.migration.max.per.cluster", zone, cluster)),
                             int(eff("vmplane.migration.max.outbound.per.host", zone, cluster)),
                             int(eff("vmplane.migration.max.inbound.per.host", zone, cluster)), project_limit)
@@ -222,7 +224,7 @@ class Migrator:
         """Start the queued migrations the limits allow now (oldest first); say why the others wait."""
         with self._pump_lock:
             m, p = L.MIGRATIONS.c, L.PROJECTS.c
-            with self.o.db.read() as s:
+            with self.plane.db.read() as s:
                 rows = s.connection().execute(
                     select(m.id, m.state, m.cluster, m.source, m.target, p.name, p.max_concurrent_migrations)
                     .join(L.PROJECTS, p.id == m.project_id).where(m.state.in_(_ACTIVE))
@@ -230,7 +232,7 @@ class Migrator:
                 failed = _failed_hosts(s.connection()) if rows else {}
             slots = {r.id: rules.MigrationSlot(r.id, r.cluster, r.source, r.target, r.name) for r in rows}
             project_limit = {r.name: r.max_concurrent_migrations for r in rows}
-            zone_of = {meta.cluster: meta.zone for meta in self.o._hosts.values()}
+            zone_of = {meta.cluster: meta.zone for meta in self.plane.capacity.hosts.values()}
 
             def limits_of(slot):
                 return self._limits(slot.cluster, zone_of.get(slot.cluster), project_limit[slot.project])
@@ -241,7 +243,7 @@ class Migrator:
             queued = [x for x in queued if x.id not in lost]
             to_start = rules.startable(queued, copying, limits_of)
             started = {x.id for x in to_start}
-            with self.o.db.transaction() as conn:
+            with self.plane.db.transaction() as conn:
                 state, _actions = rules.transition(MigrationState.queued, "slot-free")
                 # only if still queued: a cancel may have ended it since the read above
                 to_start = [slot for slot in to_start if L.start_queued_migration(conn, slot.id, state, utcnow())]
@@ -255,7 +257,7 @@ class Migrator:
         if to_start:
             failpoints.hit("migrate.copying")
         for slot in to_start:
-            self.o.executor.submit(self._run_guarded, slot.id)
+            self.plane.executor.submit(self._run_guarded, slot.id)
         for migration_id, why in lost.items():     # never started: each ends, its target claim given back
             try:
                 self._finish(migration_id, lambda current: "host-lost" if current == MigrationState.queued else None,
@@ -266,12 +268,12 @@ class Migrator:
     # -- the copy ------------------------------------------------------------------------------
     def _run_guarded(self, migration_id: str) -> None:
         """The copy, in an executor thread, under the cause of the request that asked for the migration."""
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             conn = s.connection()
             vm, owner = conn.execute(select(L.MIGRATIONS.c.vm_name, L.MIGRATIONS.c.owner)
                                      .where(L.MIGRATIONS.c.id == migration_id)).one()
             cause = events.cause_of(conn, "migration", migration_id, vm=vm)
-        if owner is not None and owner != self.o.controllers.epoch:
+        if owner is not None and owner != self.plane.membership.epoch:
             log.warning("migration %s is owned by controller %s now, not by this one: not copied here", migration_id, owner)
             return
         # its writes land only while the process that started it holds its lease (ownership.py)
@@ -290,8 +292,8 @@ class Migrator:
             self.pump()
 
     def _timeout_s(self, row: dict) -> int:
-        zone = self.o._hosts[row["source"]].zone if row["source"] in self.o._hosts else None
-        return int(self.o.catalog.effective("vmplane.migration.timeout", zone, row["cluster"]))
+        zone = self.plane.capacity.hosts[row["source"]].zone if row["source"] in self.plane.capacity.hosts else None
+        return int(self.plane.catalog.effective("vmplane.migration.timeout", zone, row["cluster"]))
 
     def _params(self, row: dict, source_driver) -> MigrationParams:
         accel = getattr(source_driver, "accel", "qemu")
@@ -304,20 +306,20 @@ class Migrator:
         row = self.get(migration_id)
         if row["state"] != MigrationState.copying.value:
             return                  # ended meanwhile (a cancel, a settle)
-        source, target = self.o.drivers[row["source"]], self.o.drivers[row["target"]]
-        target.migration_address = self.o._migration_address(row["target"])
-        domain = self.o.domain_name(row["vm_name"])
+        source, target = self.plane.drivers[row["source"]], self.plane.drivers[row["target"]]
+        target.migration_address = self.plane.capacity.migration_address(row["target"])
+        domain = domain_name(row["vm_name"])
         params = self._params(row, source)
         if self._ended_for_a_lost_host(migration_id, row):     # nothing prepared on a host that failed
             return
         try:
-            params = self.o.disk_moves.prepare(row["vm_id"], row["target"], params)
+            params = self.disk_moves.prepare(row["vm_id"], row["target"], params)
         except DriverError as exc:          # no copy asked: the VM stays; the target's overlays are cleaned up
             self._finish(migration_id, "copy-failed", reason=f"the disks could not be prepared on {row['target']}: "
                                                              f"{exc}")
             return
         policy_name = (row.get("params") or {}).get("policy") or f"vmplane ({getattr(source, 'accel', 'sim')})"
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             L.set_migration(conn, migration_id, params={**asdict(params), "policy": policy_name})
         if self._ended_for_a_lost_host(migration_id, row):     # read again right before the copy
             return
@@ -349,14 +351,14 @@ class Migrator:
         if answered is False:
             log.info("migration %s: the guest of %s does not answer on the source yet (%s)", migration_id, domain,
                      check)
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             L.set_migration(conn, migration_id, stats={"guest_before": before})
         return before
 
     def _cancel_requested(self, migration_id: str) -> bool:
         """Whether a cancel was persisted (by any process); noted in this process's cancels."""
         m = L.MIGRATIONS.c
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             asked = bool(s.connection().execute(select(m.cancel_requested).where(m.id == migration_id)).scalar())
         if asked:
             with self._state_lock:
@@ -367,7 +369,7 @@ class Migrator:
         """True (the migration ended `failed`) if its source or target is recorded down, fencing or fenced: a
         host that failed since the pump started it (and may have been fenced and powered on again, empty,
         while its recovery runs) is not copied into or out of."""
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             lost = rules.host_lost(row["source"], row["target"], _failed_hosts(s.connection()))
         if lost:
             self._finish(migration_id, "copy-failed", reason=lost)
@@ -430,7 +432,7 @@ class Migrator:
         """Write a copy's progress; True if a cancel was persisted meanwhile, by any process (the copying
         process polls it with each write: N6)."""
         m = L.MIGRATIONS.c
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             cancel = bool(conn.execute(select(m.cancel_requested).where(m.id == migration_id)).scalar())
             L.set_migration(conn, migration_id, progress=percent,
                             waiting_for="cancel asked: the copy is being aborted" if cancel else message)
@@ -458,8 +460,8 @@ class Migrator:
 
     def _guest_timeouts(self, row: dict) -> tuple[float, float]:
         """(the guest check's timeout, its boot timeout) in the migration's cluster."""
-        zone = self.o._hosts[row["source"]].zone if row["source"] in self.o._hosts else None
-        eff = self.o.catalog.effective
+        zone = self.plane.capacity.hosts[row["source"]].zone if row["source"] in self.plane.capacity.hosts else None
+        eff = self.plane.catalog.effective
         return (float(eff(GUEST_TIMEOUT_KEY, zone, row["cluster"])),
                 float(eff(GUEST_BOOT_TIMEOUT_KEY, zone, row["cluster"])))
 
@@ -498,7 +500,7 @@ class Migrator:
         thread is far past its deadline (a hung driver): the settle controller and cancel settle it."""
         if MigrationState(mig["state"]) not in rules.SETTLING:
             return False
-        owner, controllers = mig.get("owner"), self.o.controllers
+        owner, controllers = mig.get("owner"), self.plane.membership
         if owner is not None and owner != controllers.epoch:
             return not controllers.is_live(owner)     # another live process copies it; a lapsed one does not
         with self._state_lock:
@@ -510,10 +512,10 @@ class Migrator:
         """An orphaned migration (orphaned()), now owned by this process, which may settle it. A copy
         taken from another process whose lease lapsed is aborted on its source first (review N7): that
         process may still be inside libvirt's call, and its copy must not land after the settle."""
-        if not (self.orphaned(mig) and self.o.controllers.claim_migration(mig["id"])):
+        if not (self.orphaned(mig) and self.plane.membership.claim_migration(mig["id"])):
             return False
         owner = mig.get("owner")
-        if mig["state"] == MigrationState.copying.value and owner is not None and owner != self.o.controllers.epoch:
+        if mig["state"] == MigrationState.copying.value and owner is not None and owner != self.plane.membership.epoch:
             self._abort_lapsed_copy(mig)
         return True
 
@@ -523,7 +525,7 @@ class Migrator:
         source = self._asked(mig["source"])
         if isinstance(source, _PoweredOff):
             return
-        domain = self.o.domain_name(mig["vm_name"])
+        domain = domain_name(mig["vm_name"])
         try:
             running = source.migration_active(domain)
         except DriverError as exc:
@@ -569,7 +571,7 @@ class Migrator:
         if MigrationState(row["state"]) not in rules.SETTLING:
             return row["state"]
         source, target = self._asked(row["source"]), self._asked(row["target"])
-        domain = self.o.domain_name(row["vm_name"])
+        domain = domain_name(row["vm_name"])
         try:
             if not self._copy_ended(row, source, domain, wait_s):
                 self._note(migration_id, f"libvirt on {row['source']} still copies; settled once it ends")
@@ -608,8 +610,8 @@ class Migrator:
         """Who answers for `host` when a migration is settled: its driver, or, for a fenced host that does
         not answer (confirmed off by its agent or an operator), the certainty that it runs and copies
         nothing. A fenced host powered on again is asked, as any other."""
-        driver = self.o.drivers[host]
-        fenced = host in self.o.index and self.o.index.host(host).state == HostState.fenced
+        driver = self.plane.drivers[host]
+        fenced = host in self.plane.capacity.index and self.plane.capacity.index.host(host).state == HostState.fenced
         if fenced and probe(driver) is not None:        # (one powered on again is asked what it runs now)
             return _PoweredOff(host)
         return driver
@@ -623,7 +625,7 @@ class Migrator:
             if info is not None and info.reason == "postcopy-failed":
                 return True             # libvirt keeps the failed job for a resume: nothing ends by waiting
             self._abort_past_deadline(row, source, domain)
-            if time.monotonic() >= end or self.o.closing.is_set():
+            if time.monotonic() >= end or self.plane.closing.is_set():
                 return False
             time.sleep(0.2)
         return True
@@ -660,7 +662,7 @@ class Migrator:
             return self._try_resume(row, on_source, on_target)
         if outcome == Outcome.moved and state == MigrationState.checking:
             stats = {**(row.get("stats") or {}), "settled": why or "asked both hosts"}
-            self._check_and_finish(mid, self.o.drivers[target], self.o.domain_name(row["vm_name"]), stats,
+            self._check_and_finish(mid, self.plane.drivers[target], domain_name(row["vm_name"]), stats,
                                    reason_prefix=f"{why}; " if why else "")
         return self.get(mid)["state"]
 
@@ -668,7 +670,7 @@ class Migrator:
         """libvirt's post-copy recovery (VIR_MIGRATE_POSTCOPY_RESUME, same parameters), at most every
         RESUME_EVERY_S (the first retries sooner); it needs both QEMUs. Settled as moved when it succeeds."""
         mid = row["id"]
-        source, target = self.o.drivers[row["source"]], self.o.drivers[row["target"]]
+        source, target = self.plane.drivers[row["source"]], self.plane.drivers[row["target"]]
         resume = getattr(source, "resume_postcopy", None)
         if resume is None:
             self._note(mid, f"{row['source']} can not resume a post-copy; an operator decides (README)")
@@ -683,7 +685,7 @@ class Migrator:
             if time.monotonic() < not_before:
                 return MigrationState.postcopy_failed.value
             self._resume_at[mid] = (time.monotonic() + delay, min(delay * 2, RESUME_EVERY_S))
-        domain = self.o.domain_name(row["vm_name"])
+        domain = domain_name(row["vm_name"])
         try:
             resume(domain, target, self._params(self.get(mid), source))
             on_source, on_target = source.domain(domain), target.domain(domain)
@@ -699,7 +701,7 @@ class Migrator:
 
     def _note(self, migration_id: str, text: str) -> None:
         """What an active migration waits for, shown in `migration show`/`list`."""
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             m = L.MIGRATIONS.c
             conn.execute(L.MIGRATIONS.update().where(m.id == migration_id, m.state.in_(_ACTIVE))
                          .values(waiting_for=text))
@@ -711,8 +713,8 @@ class Migrator:
         `event` may be a function of the state found under the lock, returning the event or None
         (no change)."""
         freed: list = []
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 row = conn.execute(select(L.MIGRATIONS).where(L.MIGRATIONS.c.id == migration_id)
                                    .with_for_update()).first()
                 current = MigrationState(row.state)
@@ -725,7 +727,7 @@ class Migrator:
                                     waiting_for="cancel asked: the copy is being aborted")
                 else:
                     freed = self._apply(conn, row, state, actions, reason, stats, gone=name == "gone")
-            self.o._unindex(freed)
+            self.plane.capacity.give_back(freed)
         if Action.abort_copy in actions:
             self._abort_live(row)
         elif state not in rules.ACTIVE:
@@ -737,7 +739,7 @@ class Migrator:
             self._cancelled.add(row.id)
             calling = row.id in self._calling
         if calling:                     # else the copy thread sees the cancel before it calls the driver
-            self._abort_source(row.id, self.o.drivers[row.source], self.o.domain_name(row.vm_name))
+            self._abort_source(row.id, self.plane.drivers[row.source], domain_name(row.vm_name))
 
     def _ended(self, row, state: MigrationState, actions, reason: str, stats: dict | None = None) -> None:
         with self._state_lock:
@@ -747,7 +749,7 @@ class Migrator:
         metrics.MIGRATIONS.labels(state.value).inc()
         _observe(row, state, stats if stats is not None else row.stats)
         if state == MigrationState.succeeded or Action.release_target in actions:
-            self.o.disk_moves.cleanup(row.vm_id)    # the copy that is not the VM's (kept after an unhealthy check)
+            self.disk_moves.cleanup(row.vm_id)    # the copy that is not the VM's (kept after an unhealthy check)
         if state == MigrationState.failed:
             log.error("migration %s of %s failed: %s", row.id, row.vm_name, reason)
         if Action.move_claims in actions:
@@ -809,7 +811,7 @@ class Migrator:
         if isinstance(driver, _PoweredOff):
             return
         try:        # never a stop: the outcome was read earlier, and a start may run the domain again since
-            driver.undefine_if_shut_off(self.o.domain_name(row["vm_name"]))
+            driver.undefine_if_shut_off(domain_name(row["vm_name"]))
         except DriverError as exc:
             log.warning("migration %s: removing the shut-off definition on %s: %s", row["id"], source, exc)
 
@@ -854,9 +856,9 @@ class Migrator:
     def _cancel_orphan(self, mig: dict) -> dict:
         with self._state_lock:
             self._cancelled.add(mig["id"])
-        with self.o.db.transaction() as conn:     # kept for a settle that can not decide now (any process's)
+        with self.plane.db.transaction() as conn:     # kept for a settle that can not decide now (any process's)
             L.set_migration(conn, mig["id"], cancel_requested=True)
-        source, domain = self.o.drivers[mig["source"]], self.o.domain_name(mig["vm_name"])
+        source, domain = self.plane.drivers[mig["source"]], domain_name(mig["vm_name"])
         try:
             running = source.migration_active(domain)
         except DriverError:

@@ -24,7 +24,7 @@ from vmplane.store import storageledger as SL
 from vmplane.store.schema import Cluster, Host, Pool, Volume
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,8 @@ def view(row: Row) -> R.PoolView:
 
 
 class Pools:
-    def __init__(self, o: "Orchestrator"):
-        self.o = o
+    def __init__(self, plane: Plane):
+        self.plane = plane
 
     # -- reading ---------------------------------------------------------------------------------
     def views(self, conn: Connection) -> list[R.PoolView]:
@@ -48,18 +48,18 @@ class Pools:
             where.append(Cluster.__table__.c.name == cluster)
         if host is not None:
             where.append(Host.__table__.c.name == host)
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             return SL.pool_rows(conn, *where)
 
     def row(self, name: str) -> Row:
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             return SL.pool_row(conn, name)
 
     def hosts_of(self, pool: Row) -> list[str]:
         """The hosts that open this pool's files: its host, or every host of its cluster."""
         if pool.kind == "local":
             return [pool.host_name]
-        return [name for name, meta in self.o._hosts.items() if meta.cluster == pool.cluster_name]
+        return [name for name, meta in self.plane.capacity.hosts.items() if meta.cluster == pool.cluster_name]
 
     def driver_for(self, pool: Row, prefer: str | None = None) -> Driver:
         """A driver of a host that sees the pool (`prefer` first), defining the pool there if needed."""
@@ -68,9 +68,9 @@ class Pools:
             hosts = [prefer] + [h for h in hosts if h != prefer]
         errors = []
         for host in hosts:
-            if host not in self.o.drivers:
+            if host not in self.plane.drivers:
                 continue
-            driver = self.o.drivers[host]
+            driver = self.plane.drivers[host]
             try:
                 driver.define_pool(PoolSpec(pool.name, pool.path))
                 return driver
@@ -86,7 +86,7 @@ class Pools:
         check_name(name)
         R.check_pool_request(kind, host, cluster, path)
         path = path or R.default_pool_path(kind, name)
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             if s.scalar(select(Pool.id).where(Pool.name == name)) is not None:
                 raise AlreadyExists(f"pool {name!r} already exists", field="name")
             if kind == "local":
@@ -112,7 +112,7 @@ class Pools:
             raise Conflict(f"pool {name}: {path} is not shared by the hosts of cluster {cluster}: a file created "
                            f"through {hosts[0]} is not seen by the others", field="path")
         info = infos[0]
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             conn.execute(Pool.__table__.insert(), dict(
                 name=name, kind=kind, cluster_id=cluster_id, host_id=host_id, path=path, state=info.state,
                 capacity_mib=info.capacity_mib, allocation_mib=info.allocation_mib, available_mib=info.available_mib,
@@ -125,7 +125,7 @@ class Pools:
         infos, done = [], []
         for host in hosts:
             try:
-                infos.append(self.o.drivers[host].define_pool(PoolSpec(name, path)))
+                infos.append(self.plane.drivers[host].define_pool(PoolSpec(name, path)))
                 done.append(host)
             except DriverError as exc:
                 self._undefine(name, done)
@@ -135,7 +135,7 @@ class Pools:
     def _undefine(self, name: str, hosts: list[str]) -> None:
         for host in hosts:
             try:
-                self.o.drivers[host].remove_pool(name)
+                self.plane.drivers[host].remove_pool(name)
             except DriverError as exc:
                 log.warning("pool %s left defined on %s: %s", name, host, exc)
 
@@ -144,10 +144,10 @@ class Pools:
         if len(hosts) < 2:
             return True
         probe = f"{R.VOLUME_PREFIX}probe-{uuid.uuid4().hex[:8]}.raw"
-        first = self.o.drivers[hosts[0]]
+        first = self.plane.drivers[hosts[0]]
         try:
             first.create_volume(name, probe, 1, format="raw")
-            return all(self.o.drivers[h].volume(name, probe) is not None for h in hosts[1:])
+            return all(self.plane.drivers[h].volume(name, probe) is not None for h in hosts[1:])
         except DriverError as exc:
             log.warning("shared check of pool %s failed: %s", name, exc)
             return False
@@ -159,13 +159,13 @@ class Pools:
 
     def delete(self, name: str) -> None:
         pool = self.row(name)
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             used = list(s.scalars(select(Volume.name).where(
                 (Volume.pool_id == pool.id) | (Volume.copy_pool_id == pool.id)).limit(5)))
         if used:
             raise Conflict(f"pool {name} holds volumes ({', '.join(used)}); delete or move them first", field="name")
         self._undefine(name, self.hosts_of(pool))
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             conn.execute(Pool.__table__.delete().where(Pool.__table__.c.id == pool.id))
             events.record(conn, "pool", name, old_state=pool.state, new_state="deleted", host=pool.host_name)
 
@@ -176,7 +176,7 @@ class Pools:
         for pool in rows:
             state, info = "unknown", None
             for host in self.hosts_of(pool):
-                driver = self.o.drivers.get(host)
+                driver = self.plane.drivers.get(host)
                 if driver is None:
                     continue
                 try:
@@ -189,7 +189,7 @@ class Pools:
             if info is not None:
                 fields.update(capacity_mib=info.capacity_mib, allocation_mib=info.allocation_mib,
                               available_mib=info.available_mib)
-            with self.o.db.transaction() as conn:
+            with self.plane.db.transaction() as conn:
                 conn.execute(Pool.__table__.update().where(Pool.__table__.c.id == pool.id).values(**fields))
         return [self.row(name)] if name else self.rows()
 

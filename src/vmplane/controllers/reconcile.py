@@ -27,9 +27,10 @@ from vmplane.core.driver import DriverError
 from vmplane.core.migration import ACTIVE
 from vmplane.core.model import ClaimKind, OperationState, VmState
 from vmplane.store import ledger as L
+from vmplane.core.names import domain_name
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.reconcile")
 
@@ -39,13 +40,13 @@ _ACTIVE_MIGRATION = [st.value for st in ACTIVE]
 class _Hosts:
     """What each host runs, asked once per reconcile; None for a host that can not be asked."""
 
-    def __init__(self, o: "Orchestrator"):
-        self.o = o
+    def __init__(self, plane: "Plane"):
+        self.plane = plane
         self._seen: dict[str, set[str] | None] = {}
 
     def running(self, host: str) -> set[str] | None:
         if host not in self._seen:
-            driver = self.o.drivers.get(host)
+            driver = self.plane.drivers.get(host)
             try:
                 if driver is None:
                     raise DriverError(host, "no driver")
@@ -57,23 +58,23 @@ class _Hosts:
         return self._seen[host]
 
 
-def reconcile(o: "Orchestrator") -> list[str]:
+def reconcile(plane: "Plane") -> list[str]:
     """Compare every `running` VM with the hosts of its zone (see the module); returns findings in words."""
     v, h, m = L.VMS.c, L.HOSTS.c, L.MIGRATIONS.c
-    with o.db.read() as s:
+    with plane.db.read() as s:
         conn = s.connection()
         rows = conn.execute(select(v.id, v.name, h.name, v.updated_at).join(L.HOSTS, h.id == v.host_id)
                             .where(v.state == VmState.running.value).order_by(v.name)).all()
         migrating = set(conn.execute(select(m.vm_id).where(m.state.in_(_ACTIVE_MIGRATION))).scalars())
-    hosts = _Hosts(o)
+    hosts = _Hosts(plane)
     findings = []
     for vm_id, name, host, updated in rows:
         own = hosts.running(host)
-        domain = o.domain_name(name)
+        domain = domain_name(name)
         if own is None or domain in own:
             continue
-        zone = o._hosts[host].zone if host in o._hosts else None
-        others = sorted(n for n, meta in o._hosts.items() if n != host and meta.zone == zone)
+        zone = plane.capacity.hosts[host].zone if host in plane.capacity.hosts else None
+        others = sorted(n for n, meta in plane.capacity.hosts.items() if n != host and meta.zone == zone)
         silent = [n for n in others if hosts.running(n) is None]
         if silent:
             findings.append(f"{name}: not running on {host}; {', '.join(silent)} can not be asked: left as it is")
@@ -85,11 +86,11 @@ def reconcile(o: "Orchestrator") -> list[str]:
             continue
         elsewhere = [n for n in others if domain in (hosts.running(n) or ())]
         if not elsewhere:
-            words = _record_stopped(o, vm_id, name, host, updated)
+            words = _record_stopped(plane, vm_id, name, host, updated)
         elif len(elsewhere) == 1:
-            words = _adopt(o, vm_id, name, host, elsewhere[0], updated)
+            words = _adopt(plane, vm_id, name, host, elsewhere[0], updated)
         else:
-            words = _unknown(o, vm_id, name, updated,
+            words = _unknown(plane, vm_id, name, updated,
                              f"recorded on {host}, but its domain runs on {' and '.join(elsewhere)}; vmplane can "
                              f"not tell which copy is the VM: stop the other one(s), then `vmplane vm sync {name}`")
         if words:
@@ -109,8 +110,8 @@ def _operation(conn, vm, state: OperationState, message: str) -> None:
     L.set_operation(conn, op_id, state=state, message=message)
 
 
-def _record_stopped(o: "Orchestrator", vm_id: int, name: str, host: str, updated) -> str | None:
-    with o.db.transaction() as conn:
+def _record_stopped(plane: "Plane", vm_id: int, name: str, host: str, updated) -> str | None:
+    with plane.db.transaction() as conn:
         vm = _locked_if_unchanged(conn, vm_id, updated)
         if vm is None:
             return None
@@ -120,23 +121,23 @@ def _record_stopped(o: "Orchestrator", vm_id: int, name: str, host: str, updated
         _operation(conn, vm, OperationState.failed,
                    f"vm {name} was not running on {host} at start-up (nor on any other host of its zone); "
                    f"recorded as stopped")
-    o._unindex(freed)
+    plane.capacity.give_back(freed)
     log.warning("reconcile: vm %s was not running on %s nor elsewhere; recorded as stopped", name, host)
     return f"not running on {host}; recorded stopped"
 
 
-def _adopt(o: "Orchestrator", vm_id: int, name: str, host: str, there: str, updated) -> str | None:
+def _adopt(plane: "Plane", vm_id: int, name: str, host: str, there: str, updated) -> str | None:
     """Move the VM's running claim from `host` to `there`, where its domain runs, if `there` has room."""
     c, hc = L.CLAIMS.c, L.HOSTS.c
-    with o._lock:
-        with o.db.transaction() as conn:
+    with plane.capacity.lock:
+        with plane.db.transaction() as conn:
             vm = _locked_if_unchanged(conn, vm_id, updated)
             if vm is None:
                 return None
             vcpus, memory = conn.execute(select(c.vcpus, c.memory_mib).where(
                 c.vm_id == vm_id, c.kind == ClaimKind.running.value)).first() or (vm.vcpus, vm.memory_mib)
-            cap_vcpus, cap_memory = o.index.capacity_of(there)
-            target = o._hosts[there].id
+            cap_vcpus, cap_memory = plane.capacity.index.capacity_of(there)
+            target = plane.capacity.hosts[there].id
             # room as placement counts it (whatever the host's state: the VM already runs there)
             taken = conn.execute(update(L.HOSTS).where(
                 hc.id == target, hc.used_vcpus + vcpus <= cap_vcpus, hc.used_memory_mib + memory <= cap_memory)
@@ -156,22 +157,22 @@ def _adopt(o: "Orchestrator", vm_id: int, name: str, host: str, there: str, upda
                 L.set_vm(conn, vm_id, note=note, host_id=target)
                 if vm.cluster_id is not None:       # a VM pinned to a cluster follows, as after a migration
                     conn.execute(update(L.VMS).where(L.VMS.c.id == vm_id).values(
-                        cluster_id=o._hosts[there].cluster_id))
+                        cluster_id=plane.capacity.hosts[there].cluster_id))
                 _operation(conn, vm, OperationState.succeeded, f"vm {name} {note.removeprefix('reconcile: ')}")
         if taken:
             for freed_host, fv, fm in freed:
-                if freed_host in o.index:
-                    o.index.add_usage(freed_host, -fv, -fm)
-            if there in o.index:
-                o.index.add_usage(there, vcpus, memory)
+                if freed_host in plane.capacity.index:
+                    plane.capacity.add(freed_host, -fv, -fm)
+            if there in plane.capacity.index:
+                plane.capacity.add(there, vcpus, memory)
     log.warning("reconcile: vm %s runs on %s, recorded on %s: %s", name, there, host,
                 "adopted" if taken else "unknown (no room there)")
     return (f"runs on {there}, not {host}; adopted there" if taken
             else f"runs on {there}, not {host}, which has no room; set unknown")
 
 
-def _unknown(o: "Orchestrator", vm_id: int, name: str, updated, note: str) -> str | None:
-    with o.db.transaction() as conn:
+def _unknown(plane: "Plane", vm_id: int, name: str, updated, note: str) -> str | None:
+    with plane.db.transaction() as conn:
         vm = _locked_if_unchanged(conn, vm_id, updated)
         if vm is None:
             return None

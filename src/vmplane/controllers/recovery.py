@@ -1,7 +1,7 @@
 """Start-up recovery, in the background: the API answers while it runs.
 
 After a restart the control plane finishes what was in flight (DESIGN section 10, README "Crash
-safety"): running VMs are compared with their hosts (`Orchestrator.reconcile`), copying migrations are
+safety"): running VMs are compared with their hosts (`reconcile.reconcile`), copying migrations are
 settled by asking both hosts (`Migrator.recover`, which may wait for a copy libvirtd still carries),
 interrupted operations are resumed, queued migrations started. That can take minutes, so it runs in
 a thread; until it is done, the VMs it concerns are listed (`status()`: /healthz shows the counts,
@@ -12,16 +12,22 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 from sqlalchemy import select
 
-from vmplane.core.errors import Conflict
 from vmplane.store.events import acting_as
 from vmplane.store.ownership import owned
 from vmplane.controllers.storagesettle import MIN_AGE_S
 from vmplane.core.migration import MigrationState
 from vmplane.core.model import IN_FLIGHT_OPERATION_STATES, VmState
 from vmplane.store import ledger as L
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vmplane.controllers.migrator import Migrator
+    from vmplane.controllers.storagesettle import StorageSettle
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.recovery")
 
@@ -32,10 +38,12 @@ SETTLING = [MigrationState.copying.value, MigrationState.checking.value, Migrati
 class Recovery:
     """What start-up recovery still has to do, per VM; runs it once per `run()`."""
 
-    def __init__(self, o):
-        self.o = o
+    def __init__(self, plane: Plane, migrator: Migrator, storage_settle: StorageSettle,
+                 reconcile: Callable[[], object]):
+        self.plane = plane
+        self.migrator, self.storage_settle, self.reconcile = migrator, storage_settle, reconcile
         self._lock = threading.Lock()
-        self._pending: dict[str, tuple[str, str]] = {}      # vm name -> (phase, why)
+        self._pending = plane.recovering        # vm name -> (phase, why), read by settle and the API
         self._done = threading.Event()
         self._done.set()
         self.phase = "done"
@@ -44,7 +52,7 @@ class Recovery:
 
     # -- what is recovered ---------------------------------------------------------------------
     def _plan(self) -> dict[str, tuple[str, str]]:
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             conn = s.connection()
             v, h, m, op = L.VMS.c, L.HOSTS.c, L.MIGRATIONS.c, L.OPERATIONS.c
             running = conn.execute(select(v.name, h.name).join(L.HOSTS, h.id == v.host_id)
@@ -65,7 +73,7 @@ class Recovery:
         """Recover now (in this thread) or in a background thread; `wait()` waits for the end."""
         with self._lock:
             self.started = True
-            self._pending = self._plan()
+            self._pending.replace(self._plan())
             self.phase, self.error = "reconcile", None
             self._done.clear()
         if background:
@@ -88,20 +96,21 @@ class Recovery:
         return True
 
     def _run(self, reconcile: bool = True) -> None:
-        o = self.o
+        membership = self.plane.membership
         try:
-            with acting_as("recovery"), owned(o.controllers.epoch):
+            with acting_as("recovery"), owned(membership.epoch):
                 if reconcile:
-                    o.reconcile()
+                    self.reconcile()
                 self._finish_phase("reconcile", "migrations")
-                o.migrator.recover()
+                self.migrator.recover()
                 self._finish_phase("migrations", "operations")
-                o._resume_operations()
+                # those whose owner is not live, now this one's: driven to their end from their step
+                self.plane.ops.resume(membership.claim_operations())
                 # volumes left between two steps, stale copies; at once only when no other process
                 # may be between two steps right now
-                o.storage_settle.run_once(min_age_s=0 if o.controllers.alone() else MIN_AGE_S)
+                self.storage_settle.run_once(min_age_s=0 if membership.alone() else MIN_AGE_S)
                 self._finish_phase("operations", "migration queue")
-                o.migrator.pump()
+                self.migrator.pump()
         except Exception as exc:        # what is left is retried by the loops and the next start
             log.exception("start-up recovery")
             self.error = str(exc) or type(exc).__name__
@@ -114,27 +123,22 @@ class Recovery:
 
     def _finish_phase(self, phase: str, next_phase: str) -> None:
         with self._lock:
-            self._pending = {k: v for k, v in self._pending.items() if v[0] != phase}
+            self._pending.finish_phase(phase)
             self.phase = next_phase
 
     # -- what others ask -----------------------------------------------------------------------
     def busy(self, vm: str) -> bool:
-        with self._lock:
-            return vm in self._pending
+        return self._pending.busy(vm)
 
     def check(self, vm: str) -> None:
         """Refuse (409) an operation on a VM that start-up recovery has not finished with."""
-        with self._lock:
-            pending = self._pending.get(vm)
-        if pending is not None:
-            raise Conflict(f"vm {vm} is still being recovered after a restart ({pending[1]}); retry in a moment "
-                           f"(GET /api/v1/recovery shows progress)", field="vm")
+        self._pending.check(vm)
 
     def status(self, vms: bool = True) -> dict:
         with self._lock:
             out: dict = {"done": self._done.is_set(), "phase": self.phase, "pending_vms": len(self._pending)}
             if vms:
-                out["vms"] = {name: why for name, (_, why) in sorted(self._pending.items())}
+                out["vms"] = self._pending.why()
         if self.error:
             out["error"] = self.error
         return out

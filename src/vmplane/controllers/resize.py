@@ -20,7 +20,7 @@ from vmplane.core.quota import first_exceeded, running_charge
 from vmplane.store import ledger as L
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.plane.context import Plane
 
 
 def _target(offering, vm: Row, vcpus: int | None, memory_mib: int | None) -> Size:
@@ -30,7 +30,7 @@ def _target(offering, vm: Row, vcpus: int | None, memory_mib: int | None) -> Siz
     return size_for(data, vcpus or vm.vcpus, memory_mib or vm.memory_mib)
 
 
-def resize_stopped(o: "Orchestrator", conn: Connection, vm: Row, offering: str | None, vcpus: int | None,
+def resize_stopped(plane: "Plane", conn: Connection, vm: Row, offering: str | None, vcpus: int | None,
                    memory_mib: int | None, cpu_cap: bool | None, dry_run: bool) -> dict:
     """Change a stopped VM's offering and/or size in the caller's transaction (the VM row locked).
     Returns the plan (dry run) or the VM and a finished operation saying what changed."""
@@ -38,8 +38,8 @@ def resize_stopped(o: "Orchestrator", conn: Connection, vm: Row, offering: str |
         raise Conflict(f"vm {vm.name} is stopped: its CPU cap follows its offering's cpu_cap when it starts; "
                        f"resize it with --offering, or start it and then `vmplane vm scale {vm.name} --cpu-cap`",
                        field="cpu_cap")
-    current = o.catalog.offering_by_id(vm.offering_id)
-    new_offering = o.catalog.offering(offering) if offering else current
+    current = plane.catalog.offering_by_id(vm.offering_id)
+    new_offering = plane.catalog.offering(offering) if offering else current
     if offering is None and vcpus is None and memory_mib is None:
         raise Invalid("give an offering, vcpus or memory_mib", field="offering")
     target = _target(new_offering, vm, vcpus, memory_mib)

@@ -29,6 +29,7 @@ from vmplane.core.offerings import size_for
 from vmplane.core.placement import choose
 from vmplane.core.quota import check_admission, overhead_mib, running_charge
 from vmplane.controllers.resize import resize_stopped
+from vmplane.plane.operations import Failed, FailureContext, Operations
 from vmplane.plane.reserves import growth_refusal, placement_rules
 from vmplane.core.scope import Scope
 from vmplane.core.scaling import (
@@ -40,9 +41,12 @@ from vmplane.core.scaling import (
     plan_scale,
 )
 from vmplane.store import ledger as L
+from vmplane.core.names import domain_name
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.controllers.diskmoves import DiskMoves
+    from vmplane.controllers.migrator import Migrator
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.scaler")
 
@@ -170,18 +174,19 @@ def settle_at_size(conn, vm, a: Admitted, size: Size, ratio: float, claimed: boo
 
 
 class Scaler:
-    def __init__(self, orch: "Orchestrator"):
-        self.o = orch
+    def __init__(self, plane: Plane, migrator: Migrator, disk_moves: DiskMoves):
+        self.plane = plane
+        self.migrator, self.disk_moves = migrator, disk_moves
 
     def _where(self, key: str, vm) -> str:
         """The scope a setting's value was read for, for refusals: `in zone z2 (host s1)`, and where the
         value comes from when it is not set there (`...; inherited from global`, `...; the default`)."""
-        meta = self.o._hosts[vm.host_name]
+        meta = self.plane.capacity.hosts[vm.host_name]
         scope = settings_rules.setting_key(key).narrowest_scope
         name = meta.zone if scope == "zone" else meta.cluster
         where = f"in {scope} {name} (host {vm.host_name}" if scope != "global" else f"(host {vm.host_name}"
         try:
-            source = self.o.catalog.get_setting(key, scope, name if scope != "global" else None).get("source")
+            source = self.plane.catalog.get_setting(key, scope, name if scope != "global" else None).get("source")
         except VmplaneError:
             source = None
         if source == "default":
@@ -191,8 +196,8 @@ class Scaler:
         return where + ")"
 
     def _facts(self, vm, offering, current_offering) -> ScaleFacts:
-        meta = self.o._hosts[vm.host_name] if vm.host_name else None
-        zone_on = bool(self.o.catalog.effective("enable.dynamic.scale.vm", meta.zone if meta else None,
+        meta = self.plane.capacity.hosts[vm.host_name] if vm.host_name else None
+        zone_on = bool(self.plane.catalog.effective("enable.dynamic.scale.vm", meta.zone if meta else None,
                                                 meta.cluster if meta else None))
         where = self._where("enable.dynamic.scale.vm", vm) if meta and not zone_on else ""
         return ScaleFacts(vm.name, vm.state, Size(vm.vcpus, vm.memory_mib),
@@ -211,19 +216,19 @@ class Scaler:
     def scale(self, name: str, offering: str | None = None, vcpus: int | None = None, memory_mib: int | None = None,
               cpu_cap: bool | None = None, dry_run: bool = False) -> dict:
         """Admit a live scale; returns the plan (dry run) or the VM name and its operation."""
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
-                self.o.admissions.serialise(conn)          # before any row: batches lock projects and hosts too
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
+                self.plane.admissions.serialise(conn)          # before any row: batches lock projects and hosts too
                 vm = L.vm_row(conn, name=name, lock=True)
                 if vm.state == VmState.stopped.value:      # offline resize: charged when it next starts
-                    return resize_stopped(self.o, conn, vm, offering, vcpus, memory_mib, cpu_cap, dry_run)
-                current_offering = self.o.catalog.offering_by_id(vm.offering_id)
-                new_offering = self.o.catalog.offering(offering) if offering else current_offering
+                    return resize_stopped(self.plane, conn, vm, offering, vcpus, memory_mib, cpu_cap, dry_run)
+                current_offering = self.plane.catalog.offering_by_id(vm.offering_id)
+                new_offering = self.plane.catalog.offering(offering) if offering else current_offering
                 target = self._target(vm, new_offering, vcpus, memory_mib)
                 facts = self._facts(vm, new_offering, current_offering)
                 cap_on = cpu_cap if cpu_cap is not None else (
                     new_offering.cpu_cap if offering else facts.cap_share is not None)
-                host = self.o._hosts[vm.host_name] if vm.host_name else None
+                host = self.plane.capacity.hosts[vm.host_name] if vm.host_name else None
                 share = cap_share(new_offering.cpu_speed_mhz, host.cpu_mhz) if cap_on and host else None
                 plan = plan_scale(facts, target, share, share != facts.cap_share)
                 admitted = self._admit(conn, vm, plan, new_offering.id, dry_run)
@@ -236,15 +241,47 @@ class Scaler:
                 L.set_vm(conn, vm.id, state=VmState.scaling)
             grow_vcpus, grow_memory = max(plan.vcpus_delta, 0), max(admitted.footprint_delta, 0)
             if (grow_vcpus or grow_memory) and admitted.path == "in-place":     # as _admit took it on the host
-                self.o.index.add_usage(vm.host_name, grow_vcpus, grow_memory)
+                self.plane.capacity.add(vm.host_name, grow_vcpus, grow_memory)
         failpoints.hit("scale.admitted")
-        self.o.executor.submit(self.o._run, op_id, lambda op: self._run(op, vm.id, admitted))
+        self.plane.executor.submit(self.plane.ops.run, op_id, lambda op: self._run(op, vm.id, admitted))
         return {"vm": name, "operation_id": op_id}
+
+    def fail_scale(self, ctx: FailureContext) -> Failed:
+        """The failure hook of a scale (Operations.fail). Neither _commit nor _roll_back ended it (one of them
+        raised): the ledger still holds the increase charged at admission. Unknown is not "as before": once
+        the driver may have been called, the VM stays recorded, charged and claimed at the larger of its
+        two sizes."""
+        conn, op, vm, reason = ctx.conn, ctx.op, ctx.vm, ctx.reason
+        given: tuple[str, int, int] | None = None
+        resized: dict = {}
+        if (vm is not None and vm.state in (VmState.scaling.value, VmState.migrating.value)
+                and (op.result or {}).get("admitted") is not None):
+            a = Admitted.from_record(op.result["admitted"])
+            old, new = a.plan.current, a.plan.target
+            claimed = a.path == "in-place" or op.step == "resizing"
+            size = Size(max(old.vcpus, new.vcpus), max(old.memory_mib, new.memory_mib)) if claimed else old
+            ratio = self.plane.capacity.index.host(vm.host_name).overhead_ratio
+            overhead, charge, (give_vcpus, give_memory) = settle_at_size(conn, vm, a, size, ratio, claimed)
+            if give_vcpus or give_memory:
+                given = (vm.host_name, give_vcpus, give_memory)
+            resized = {"vcpus": size.vcpus, "memory_mib": size.memory_mib, "overhead_mib": overhead,
+                       "charged_vcpus": charge.vcpus, "charged_memory_mib": charge.memory_mib,
+                       **({"offering_id": a.offering_id} if size == new and size != old else {})}
+            if vm.state == VmState.migrating.value:     # its migration's end settles the state
+                L.set_vm(conn, vm.id, **resized)
+        if ctx.host_down:
+            Operations.held_unknown(conn, op, vm, reason, **resized)
+        elif vm is not None and vm.state == VmState.scaling.value:
+            # at the size settled above (the larger one once the driver may have been called)
+            L.set_vm(conn, vm.id, note=f"scale failed: {reason}"
+                     + (f"; kept at {resized['vcpus']} vCPU(s) / {resized['memory_mib']} MiB, charged and "
+                        f"claimed" if resized else ""), state=VmState.running, **resized)
+        return Failed(given=given)
 
     def resume(self, op_id: str) -> None:
         """Finish a scale interrupted by a restart from its persisted step: the driver steps set
         absolute sizes, so doing them again is safe; a failure rolls back as it would have."""
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             op = L.operation_row(s.connection(), op_id)
         record = (op.result or {}).get("admitted")
         if record is None:
@@ -253,8 +290,8 @@ class Scaler:
 
     def _admit(self, conn, vm, plan: ScalePlan, offering_id: int, dry_run: bool) -> Admitted:
         p = L.lock_project(conn, vm.project_id)
-        meta = self.o._hosts[vm.host_name]
-        ratio = self.o.index.host(vm.host_name).overhead_ratio
+        meta = self.plane.capacity.hosts[vm.host_name]
+        ratio = self.plane.capacity.index.host(vm.host_name).overhead_ratio
         new_overhead = overhead_mib(plan.target, ratio)
         charge = running_charge(plan.target, new_overhead, p.count_overhead)
         delta = Usage(charge.vcpus - vm.charged_vcpus, charge.memory_mib - vm.charged_memory_mib, 0)
@@ -267,18 +304,18 @@ class Scaler:
         if grow_vcpus or grow_memory:
             # growing in place must keep the cluster's failover reserve; if it does not, the VM moves (as
             # when its host has no room) to a host that keeps it, or the scale is refused naming the reserve
-            refused = growth_refusal(self.o, conn, vm, grow_vcpus, grow_memory)
+            refused = growth_refusal(self.plane, conn, vm, grow_vcpus, grow_memory)
             if refused:
                 fits = False
             elif dry_run:
-                host = self.o.index.host(vm.host_name)
+                host = self.plane.capacity.index.host(vm.host_name)
                 fits = (host.used_vcpus + grow_vcpus <= host.vcpus_capacity
                         and host.used_memory_mib + grow_memory <= host.memory_capacity_mib)
             else:
                 fits = self._take_growth(conn, vm.host_name, vm.id, grow_vcpus, grow_memory)
             if not fits:
                 key = "auto.migrate.vm.on.live.scale.insufficient.capacity"
-                if not self.o.catalog.effective(key, meta.zone, meta.cluster):
+                if not self.plane.catalog.effective(key, meta.zone, meta.cluster):
                     if refused:
                         raise InsufficientCapacity(f"{refused}; and {key} is false {self._where(key, vm)}",
                                                    field="host")
@@ -289,15 +326,15 @@ class Scaler:
                 request = PlacementRequest(plan.target, exclude_hosts=frozenset({vm.host_name}),
                                            exclude_reason=refused or "the VM's own host has no room for the new size",
                                            zone=vm.zone_name or meta.zone, cluster=meta.cluster,
-                                           storage_hosts=self.o.disk_moves.reach(conn, vm.id),
+                                           storage_hosts=self.disk_moves.reach(conn, vm.id),
                                            storage_reason="its disks can not follow it here",
-                                           **placement_rules(self.o, conn, Scope(vm.zone_name or meta.zone,
+                                           **placement_rules(self.plane, conn, Scope(vm.zone_name or meta.zone,
                                                                                  meta.cluster),
                                                              action=f"moving {vm.name} to {{host}} to grow it",
                                                              vm_id=vm.id,
                                                              ha=vm.ha_policy == "restart",
                                                              release=(vm.host_name, Load(vm.vcpus, old_footprint))))
-                migrate_to = choose(self.o.index, request).host
+                migrate_to = choose(self.plane.capacity.index, request).host
                 path = "migrate-then-scale"
         if not dry_run and (increase.vcpus or increase.memory_mib):
             L.add_to_ledger(conn, p.id, increase)
@@ -305,8 +342,8 @@ class Scaler:
 
     def _take_growth(self, conn, host: str, vm_id: int, vcpus: int, memory_mib: int) -> bool:
         """Take a VM's growth on its host (compare-and-add) and add it to its running claim; False if no room."""
-        cap_vcpus, cap_memory = self.o.index.capacity_of(host)
-        if not L.take_on_host(conn, self.o._hosts[host].id, vcpus, memory_mib, cap_vcpus, cap_memory):
+        cap_vcpus, cap_memory = self.plane.capacity.index.capacity_of(host)
+        if not L.take_on_host(conn, self.plane.capacity.hosts[host].id, vcpus, memory_mib, cap_vcpus, cap_memory):
             return False
         L.grow_running_claim(conn, vm_id, vcpus, memory_mib)
         return True
@@ -329,7 +366,7 @@ class Scaler:
         """The work, from the operation's persisted step: `admitted` (a move may be needed first),
         `migrating to X` (its migration may exist), `resizing` (the growth is claimed where the VM
         runs). Each step is persisted before it is acted on."""
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             op = L.operation_row(conn, op_id, lock=True)
             claimed = a.path == "in-place" or op.step == "resizing"
             L.set_operation(conn, op_id, state=OperationState.running, progress=20,
@@ -339,10 +376,10 @@ class Scaler:
             if not claimed:
                 self._migrate_first(op_id, vm_id, a, resuming=op.step.startswith("migrating"), since=op.created_at)
                 claimed = True
-            with self.o.db.read() as s:
+            with self.plane.db.read() as s:
                 vm = L.vm_row(s.connection(), vm_id)
-            driver = self.o.drivers[vm.host_name]
-            domain = self.o.domain_name(vm.name)
+            driver = self.plane.drivers[vm.host_name]
+            domain = domain_name(vm.name)
             p = a.plan
             # each step: intent recorded, driver call, the host's read-back compared with the target
             cap, cap_label = (None, "off") if p.cap_share is None else (cap_for_share(p.cap_share),
@@ -361,20 +398,20 @@ class Scaler:
 
     def _migration_since(self, vm_name: str, since) -> dict | None:
         """The migration this scale admitted before a restart, if it got that far."""
-        for mig in self.o.migrator.list(vm=vm_name, limit=5):
+        for mig in self.migrator.list(vm=vm_name, limit=5):
             if mig["created_at"] >= since:
                 return mig
         return None
 
     def _migrate_first(self, op_id: str, vm_id: int, a: Admitted, resuming: bool, since) -> None:
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             vm = L.vm_row(s.connection(), vm_id)
         mig = self._migration_since(vm.name, since) if resuming else None
         if mig is None:
-            with self.o.db.transaction() as conn:
+            with self.plane.db.transaction() as conn:
                 L.set_operation(conn, op_id, step=f"migrating to {a.migrate_to}", progress=30)
             failpoints.hit("scale.migrating")
-            mig = self.o.migrator.migrate(vm.name, to=a.migrate_to, reason=f"live scale of {vm.name} needs room",
+            mig = self.migrator.migrate(vm.name, to=a.migrate_to, reason=f"live scale of {vm.name} needs room",
                                           for_scale=True)
         timeout = self._migration_timeout(vm.host_name)
         limit = timeout * 2 + MIGRATE_FIRST_SLACK_S
@@ -391,20 +428,20 @@ class Scaler:
                 raise Conflict(f"the migration to {a.migrate_to} before scaling failed in post-copy "
                                f"({mig['reason'] or 'paused on both hosts'}); the VM was not scaled: see "
                                f"`vmplane migration show {mig['id'][:8]}`")
-            if self.o.closing.wait(0.1):
+            if self.plane.closing.wait(0.1):
                 raise Interrupted(f"shutting down while {vm.name} migrates for its scale")
-            mig = self.o.migrator.get(mig["id"])
+            mig = self.migrator.get(mig["id"])
             if cancelled_at is None and mig["state"] not in ENDED and time.monotonic() > deadline:
                 cancelled_at, still = time.monotonic(), mig["state"]
                 log.warning("scale of vm %s: its migration %s is still %s after %d s; cancelling it", vm.name,
                             mig["id"], still, limit)
                 try:
-                    mig = self.o.migrator.cancel(vm.name)
+                    mig = self.migrator.cancel(vm.name)
                 except Conflict as exc:     # switched over meanwhile, or ended: it ends on its own
                     log.info("scale of vm %s: cancel of its migration refused: %s", vm.name, exc.message)
         failpoints.hit("scale.after-migration")
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 if mig["state"] != "succeeded":
                     raise Conflict(f"the migration to {a.migrate_to} before scaling {mig['state']}: {mig['reason']}")
                 vm = L.vm_row(conn, vm_id)
@@ -413,20 +450,20 @@ class Scaler:
                     raise InsufficientCapacity(f"{vm.host_name} filled up during the migration; the VM runs there "
                                                f"at its old size", field="host")
                 L.set_operation(conn, op_id, step="resizing", progress=60)
-            self.o.index.add_usage(vm.host_name, grow_vcpus, grow_memory)
+            self.plane.capacity.add(vm.host_name, grow_vcpus, grow_memory)
 
     def _migration_timeout(self, host: str) -> int:
         """`vmplane.migration.timeout` (seconds) where the VM runs, when the setting exists; else 600."""
         if MIGRATION_TIMEOUT_KEY not in settings_rules.KEYS:
             return MIGRATION_TIMEOUT_DEFAULT_S
-        meta = self.o._hosts[host]
-        return int(self.o.catalog.effective(MIGRATION_TIMEOUT_KEY, meta.zone, meta.cluster))
+        meta = self.plane.capacity.hosts[host]
+        return int(self.plane.catalog.effective(MIGRATION_TIMEOUT_KEY, meta.zone, meta.cluster))
 
     def _commit(self, op_id: str, vm_id: int, a: Admitted, steps: list[str]) -> None:
         p = a.plan
         shrink_vcpus, shrink_memory = max(-p.vcpus_delta, 0), max(-a.footprint_delta, 0)
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 vm = L.vm_row(conn, vm_id, lock=True)
                 L.lock_project(conn, vm.project_id)
                 decrease = Usage(min(a.charge_delta.vcpus, 0), min(a.charge_delta.memory_mib, 0), 0)
@@ -444,7 +481,7 @@ class Scaler:
                                 or "nothing to do",
                                 result={"path": a.path, "migrated_to": a.migrate_to, "methods": steps})
             if shrink_vcpus or shrink_memory:
-                self.o.index.add_usage(vm.host_name, -shrink_vcpus, -shrink_memory)
+                self.plane.capacity.add(vm.host_name, -shrink_vcpus, -shrink_memory)
         metrics.OPERATIONS.labels("scale", "succeeded").inc()
         metrics.SCALES.labels("succeeded", a.path).inc()
 
@@ -475,10 +512,10 @@ class Scaler:
             size, found = old, ""
         want_cap = cap_for_share(p.cap_share) if p.cap_share is not None else None
         new_cap = p.cap_changes and now is not None and now.cpu_cap == want_cap
-        with self.o._lock:
-            with self.o.db.transaction() as conn:
+        with self.plane.capacity.lock:
+            with self.plane.db.transaction() as conn:
                 vm = L.vm_row(conn, vm_id, lock=True)
-                ratio = self.o.index.host(vm.host_name).overhead_ratio
+                ratio = self.plane.capacity.index.host(vm.host_name).overhead_ratio
                 overhead, charge, (give_vcpus, give_memory) = settle_at_size(conn, vm, a, size, ratio, claimed_here)
                 moving = not claimed_here and conn.execute(select(L.MIGRATIONS.c.id).where(
                     L.MIGRATIONS.c.vm_id == vm_id, L.MIGRATIONS.c.state.in_(ACTIVE_MIGRATION)).limit(1)).first()
@@ -494,7 +531,7 @@ class Scaler:
                                 + (f"; {found}" if found else ""),
                                 result={"path": a.path, "recorded": [size.vcpus, size.memory_mib]})
             if give_vcpus or give_memory:
-                self.o.index.add_usage(vm.host_name, -give_vcpus, -give_memory)
+                self.plane.capacity.add(vm.host_name, -give_vcpus, -give_memory)
         metrics.OPERATIONS.labels("scale", "failed").inc()
         metrics.SCALES.labels("failed", a.path).inc()
         log.warning("scale of vm %s failed: %s%s", vm_id, reason, f" ({found})" if found else "")
@@ -502,9 +539,9 @@ class Scaler:
     def _undo(self, vm_id: int, a: Admitted) -> str:
         """Put the domain back at its old size, every part the plan changes (the steps are absolute, so
         this is safe for steps never attempted or done by a run before a crash); says what failed."""
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             vm = L.vm_row(s.connection(), vm_id)
-        driver, domain, p = self.o.drivers[vm.host_name], self.o.domain_name(vm.name), a.plan
+        driver, domain, p = self.plane.drivers[vm.host_name], domain_name(vm.name), a.plan
         cap = cap_for_share(vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None
         failed = []
         for step in reversed(_steps(driver, domain, p, p.current, cap)):
@@ -516,10 +553,10 @@ class Scaler:
 
     def _read_back(self, vm_id: int):
         """The VM's domain as its host reports it now; None if it can not be read (or is not there)."""
-        with self.o.db.read() as s:
+        with self.plane.db.read() as s:
             vm = L.vm_row(s.connection(), vm_id)
         try:
-            info = self.o.drivers[vm.host_name].domain(self.o.domain_name(vm.name))
+            info = self.plane.drivers[vm.host_name].domain(domain_name(vm.name))
         except Exception as exc:        # unknown is not "as before"
             log.warning("scale of vm %s: the domain can not be read back: %s", vm.name, exc)
             return None

@@ -42,6 +42,12 @@ from vmplane.core.errors import Interrupted, NotFound
 from vmplane.core.model import OperationState, VmState
 from vmplane.store import ledger as L
 from vmplane.store import storageledger as SL
+from vmplane.core.domain import spec_of
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vmplane.controllers.volumes import Volumes
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.starts")
 MAX_BATCH = 64              # starts per step transaction
@@ -60,8 +66,9 @@ class _Start:
 
 
 class Starts:
-    def __init__(self, o):
-        self.o = o
+    def __init__(self, plane: Plane, volumes: Volumes):
+        self.plane = plane
+        self.volumes = volumes
         self._queue: deque[tuple[str, str | None]] = deque()
         self._active: set[str] = set()          # op ids being run here (taken from the queue, not ended)
         self._lock = threading.Lock()
@@ -94,7 +101,7 @@ class Starts:
                 return
             self._draining = True
         try:
-            self.o.executor.submit(self._drain)
+            self.plane.executor.submit(self._drain)
         except BaseException:   # an executor shut down: nothing drains
             with self._lock:
                 self._draining = False
@@ -145,7 +152,7 @@ class Starts:
 
     def run(self, batch: list[tuple[str, str | None]], handed: list[str]) -> None:
         """Run a batch; `handed` gets the op ids handed to the pool (still being run there)."""
-        epoch = self.o.controllers.epoch
+        epoch = self.plane.membership.epoch
         try:
             with ownership.owned(epoch):
                 starts = self._together(batch, lambda conn, item: self._step(conn, item, epoch),
@@ -156,7 +163,7 @@ class Starts:
             return
         remote, local = [], []
         for s in starts:
-            (remote if getattr(self.o.drivers.get(s.vm.host_name), "blocking_calls", True) else local).append(s)
+            (remote if getattr(self.plane.drivers.get(s.vm.host_name), "blocking_calls", True) else local).append(s)
         self._hand_over(remote, handed)
         for s in local:
             self._start_domain(s)
@@ -168,7 +175,7 @@ class Starts:
     def _hand_over(self, remote: list[_Start], handed: list[str]) -> None:
         """Each start on a host whose calls wait, to the pool (run here at once when this is closed, or
         when the executor runs everything in its caller's thread: InlineExecutor)."""
-        inline = getattr(self.o.executor, "runs_inline", False)
+        inline = getattr(self.plane.executor, "runs_inline", False)
         for s in remote:
             with self._lock:
                 if not self._closed and not inline and self._calls is None:
@@ -222,7 +229,7 @@ class Starts:
         if not items:
             return []
         try:
-            with self.o.db.transaction() as conn:
+            with self.plane.db.transaction() as conn:
                 events.hold(conn)       # the batch's events: one executemany before the commit
                 try:
                     results = [r for r in (one(conn, item) for item in items) if r is not None]
@@ -240,7 +247,7 @@ class Starts:
         results = []
         for item in items:
             try:
-                with self.o.db.transaction() as conn:
+                with self.plane.db.transaction() as conn:
                     r = one(conn, item)
             except Interrupted:
                 raise
@@ -282,9 +289,8 @@ class Starts:
             s.error = exc
 
     def _start_on_host(self, s: _Start) -> None:
-        o = self.o
-        spec = replace(o._spec(s.vm), disks=o.volumes.for_start(s.vm, s.disks))
-        driver = o.drivers[s.vm.host_name]
+        spec = replace(spec_of(s.vm), disks=self.volumes.for_start(s.vm, s.disks))
+        driver = self.plane.drivers[s.vm.host_name]
         failpoints.hit("start.before-domain")
         current = driver.domain(spec.name)
         if current is None or not current.active:
@@ -306,9 +312,9 @@ class Starts:
             if cause is None:
                 cause = events.remembered(op_id)
             if cause is None:
-                with self.o.db.read() as s:
+                with self.plane.db.read() as s:
                     cause = events.cause_of(s.connection(), "operation", op_id)
             with ownership.owned(epoch), events.acting_as(cause or events.current_cause()):
-                self.o._settle_failed(op_id, exc)
+                self.plane.ops.settle_failed(op_id, exc)
         except Exception:  # noqa: BLE001 - the other starts of the batch go on
             log.exception("start %s: ending it as failed (%s)", op_id, exc)

@@ -15,26 +15,28 @@ from vmplane.store.schema import Host, Vm
 from vmplane.controllers.volumes import disk_spec, domain_name, file_of
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.controllers.pools import Pools
+    from vmplane.controllers.volumes import Volumes
+    from vmplane.plane.context import Plane
 
 _PROBE = re.compile(re.escape(R.VOLUME_PREFIX) + r"probe-[0-9a-f]{8}\.raw$")     # pools.py's shared check
 SETTLING = ("creating", "deleting", "attaching", "detaching", "resizing")     # a step in flight: the host may differ
 
 
-def storage_problems(o: "Orchestrator") -> list[str]:
+def storage_problems(plane: "Plane", volume_ctl: Volumes, pool_ctl: Pools) -> list[str]:
     problems: list[str] = []
-    with o.db.transaction() as conn:
+    with plane.db.transaction() as conn:
         pools = SL.pool_rows(conn)
         volumes = SL.volume_rows(conn)
-        problems += o.volumes.usage_check(conn)
+        problems += volume_ctl.usage_check(conn)
         running = dict(conn.execute(select(Vm.name, Host.name).join(Host, Host.id == Vm.host_id)
                                     .where(Vm.state == "running")).all())
     for pool in pools:
-        problems += _pool_problems(o, pool, volumes)
+        problems += _pool_problems(plane, pool_ctl, pool, volumes)
     for vm, host in running.items():
         expected = {disk_spec(v).path for v in volumes if v.vm_name == vm and v.state == "attached"}
         try:
-            have = set(o.drivers[host].domain_disks(domain_name(vm)).values()) if host in o.drivers else None
+            have = set(plane.drivers[host].domain_disks(domain_name(vm)).values()) if host in plane.drivers else None
         except DriverError:
             continue
         if have is None:
@@ -48,12 +50,12 @@ def storage_problems(o: "Orchestrator") -> list[str]:
     return problems
 
 
-def _pool_problems(o: "Orchestrator", pool, volumes) -> list[str]:
-    host = next((h for h in o.pools.hosts_of(pool) if h in o.drivers), None)
+def _pool_problems(plane: "Plane", pool_ctl: Pools, pool, volumes) -> list[str]:
+    host = next((h for h in pool_ctl.hosts_of(pool) if h in plane.drivers), None)
     if host is None:
         return []
     try:
-        listed = {v.name: v for v in o.drivers[host].volumes(pool.name)}
+        listed = {v.name: v for v in plane.drivers[host].volumes(pool.name)}
     except DriverError:
         return []                       # can not tell: nothing is said
     expected = {file_of(v): v for v in volumes if v.pool_name == pool.name or v.copy_pool_name == pool.name}

@@ -12,6 +12,12 @@ import threading
 
 from vmplane.store.events import acting_as
 from vmplane.plane.loops import every
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vmplane.controllers.diskmoves import DiskMoves
+    from vmplane.controllers.volumes import Volumes
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.storagesettle")
 CAUSE = "storage-settle"
@@ -20,14 +26,15 @@ MIN_AGE_S = 60.0            # a younger step may still be carried by the request
 
 
 class StorageSettle:
-    def __init__(self, o, interval_s: float = CHECK_INTERVAL_S):
-        self.o = o
+    def __init__(self, plane: Plane, volumes: Volumes, disk_moves: DiskMoves, interval_s: float = CHECK_INTERVAL_S):
+        self.plane = plane
+        self.volumes, self.disk_moves = volumes, disk_moves
         self.interval_s = interval_s
         self._stop = threading.Event()
 
     def start(self) -> None:
         every(lambda: self.interval_s, self.run_once, self._stop, "storage-settle", log,
-              when=self.o.controllers.coordinates, owner=lambda: self.o.controllers.epoch)
+              when=self.plane.membership.coordinates, owner=lambda: self.plane.membership.epoch)
 
     def stop(self) -> None:
         self._stop.set()
@@ -36,4 +43,4 @@ class StorageSettle:
         """One pass: the volumes it settled or cleaned (start-up recovery passes min_age_s=0: no request
         of this process carries anything yet)."""
         with acting_as(CAUSE):
-            return self.o.volumes.resolve(min_age_s) + self.o.volumes.adopt_unplugged() + self.o.disk_moves.cleanup()
+            return self.volumes.resolve(min_age_s) + self.volumes.adopt_unplugged() + self.disk_moves.cleanup()

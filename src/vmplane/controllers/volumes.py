@@ -29,7 +29,8 @@ from vmplane.store import storageledger as SL
 from vmplane.store.schema import Pool, Project, Vm, Volume, utcnow
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.controllers.pools import Pools
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger(__name__)
 _VO = Volume.__table__.c
@@ -57,8 +58,9 @@ def disk_spec(v: Row) -> DiskSpec:
 
 
 class Volumes:
-    def __init__(self, o: "Orchestrator"):
-        self.o = o
+    def __init__(self, plane: Plane, pools: Pools):
+        self.plane = plane
+        self.pools = pools
 
     # -- reading ---------------------------------------------------------------------------------
     def rows(self, project_id: int | None = None, vm: str | None = None) -> list[Row]:
@@ -67,18 +69,18 @@ class Volumes:
             where.append(_VO.project_id == project_id)
         if vm is not None:
             where.append(Vm.name == vm)
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             return SL.volume_rows(conn, *where)
 
     def row(self, name: str) -> Row:
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             return SL.volume_row(conn, name)
 
     def disks_of(self, vm_id: int) -> tuple[DiskSpec, ...]:
         """The disks the VM's domain opens; the template images they are overlays on are put in its
         host's image pool first (a root disk on a shared pool may start on a host that never had its
         image: the start failed with "Cannot access backing file")."""
-        with self.o.db.engine.connect() as conn, conn.begin():      # one read: no write lock, no lease check
+        with self.plane.db.engine.connect() as conn, conn.begin():      # one read: no write lock, no lease check
             disks = SL.vm_volumes(conn, vm_id)
             host = L.vm_row(conn, vm_id=vm_id).host_name
         return self._specs(disks, host)
@@ -93,9 +95,9 @@ class Volumes:
         return self.disks_of(vm.id) if pending else self._specs(disks, vm.host_name)
 
     def _specs(self, disks: list[Row], host: str | None) -> tuple[DiskSpec, ...]:
-        driver = self.o.drivers.get(host) if host else None
+        driver = self.plane.drivers.get(host) if host else None
         for template in sorted({v.template for v in disks if v.template is not None} if driver else ()):
-            t = self.o.catalog.template(template)
+            t = self.plane.catalog.template(template)
             images.ensure_on_host(driver, t.disk_image, t.disk_format)
         return tuple(disk_spec(v) for v in disks)
 
@@ -115,7 +117,7 @@ class Volumes:
         hosts: set[str] | None = None
         for v in disks:
             pool = SL.pool_row(conn, v.pool_name)
-            reach = set(self.o.pools.hosts_of(pool))
+            reach = set(self.pools.hosts_of(pool))
             hosts = reach if hosts is None else hosts & reach
         return frozenset(hosts or ())
 
@@ -127,12 +129,12 @@ class Volumes:
         check_name(name)
         if size_mib <= 0:
             raise Invalid(f"size must be greater than zero, got {size_mib} MiB", field="size")
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             p = L.lock_project(conn, project_id, name=None if project_id is not None else project)
             check_admission(p.name, L.quota_row(p), L.ledger_row(p), Usage(storage_mib=size_mib))
-            chosen = R.choose_pool(self.o.pools.views(conn), size_mib, name=pool)
+            chosen = R.choose_pool(self.pools.views(conn), size_mib, name=pool)
             pool_id = SL.pool_row(conn, chosen.name).id
-            self.o.pools.take(conn, chosen, pool_id, size_mib)
+            self.pools.take(conn, chosen, pool_id, size_mib)
             self._ensure_new(conn, name)
             SL.insert_volume(conn, name=name, project_id=p.id, pool_id=pool_id, size_mib=size_mib, format="qcow2",
                              role="data", file_name=new_file_name(name, "qcow2"),
@@ -151,13 +153,13 @@ class Volumes:
     def _make(self, name: str, prefer_host: str | None = None) -> Row:
         """Create the volume a `creating` row stands for, on a host of its pool; read back."""
         v = self.row(name)
-        pool = self.o.pools.row(v.pool_name)
+        pool = self.pools.row(v.pool_name)
         spec = disk_spec(v)
         try:
-            driver = self.o.pools.driver_for(pool, prefer=prefer_host)
+            driver = self.pools.driver_for(pool, prefer=prefer_host)
             backing = backing_format = None
             if v.template is not None:
-                t = self.o.catalog.template(v.template)
+                t = self.plane.catalog.template(v.template)
                 backing, backing_format = images.ensure_on_host(driver, t.disk_image, t.disk_format), t.disk_format
             failpoints.hit("volume.before-create")
             # a file already there is adopted only as this row's own (a create retried after a crash)
@@ -176,7 +178,7 @@ class Volumes:
         if info.capacity_mib < v.size_mib:
             raise Conflict(f"volume {name}: pool {pool.name} made it {info.capacity_mib} MiB, not {v.size_mib}",
                            field="size")
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             now = SL.volume_row(conn, name, lock=True)
             SL.set_volume(conn, now, state="attached" if now.vm_id else "available", note=f"created at {info.path}")
             return SL.volume_row(conn, name)
@@ -184,11 +186,11 @@ class Volumes:
     def _undo_create(self, v: Row, pool: Row, exc: Exception) -> None:
         """The create failed: the row goes only if the pool confirms the file is not there."""
         try:
-            driver = self.o.pools.driver_for(pool)
+            driver = self.pools.driver_for(pool)
             there = driver.volume(pool.name, disk_spec(v).volume) is not None
         except (DriverError, Conflict):
             return                                  # can not tell: left `creating`, charged; resolve() asks again
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             now, _vm = self._locked(conn, v.name)       # (a new VM's root disk: its VM first)
             if there:
                 SL.set_volume(conn, now, state="attached" if now.vm_id else "available", note="created (read back)")
@@ -198,14 +200,14 @@ class Volumes:
 
     def _drop_creating(self, v: Row, note: str) -> None:
         """A `creating` row whose file can not be made: it goes (and its charge and pool space)."""
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             now, _vm = self._locked(conn, v.name)
             if now.state == "creating":
                 L.lock_project(conn, now.project_id)
                 SL.remove_volume(conn, now, note=note)
 
     def attach(self, name: str, vm: str, project_id: int | None = None) -> Row:
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             self._owned(SL.volume_row(conn, name), project_id)     # another project's: 404 before any lock
             row = L.vm_row(conn, name=vm, lock=True)       # the VM first (_locked)
             v = SL.volume_row(conn, name, lock=True)
@@ -222,7 +224,7 @@ class Volumes:
             if row.ha_policy == "restart" and pool.kind != "shared":
                 raise Conflict(f"vm {vm} has --ha restart: volume {name} is on {pool.name}, a {pool.kind} pool, and "
                                f"would be lost with its host; attach a volume of a shared pool", field="volume")
-            mine = set(self.o.pools.hosts_of(pool))
+            mine = set(self.pools.hosts_of(pool))
             if row.host_name and row.host_name not in mine:
                 raise Conflict(f"volume {name} is on pool {pool.name}, which {row.host_name} (vm {vm}'s host) can not "
                                f"open", field="volume")
@@ -239,7 +241,7 @@ class Volumes:
 
     def _plug(self, name: str, host: str, vm: str) -> Row:
         v = self.row(name)
-        driver = self.o.drivers[host]
+        driver = self.plane.drivers[host]
         error = None
         try:
             failpoints.hit("volume.before-attach")
@@ -252,11 +254,11 @@ class Volumes:
         """Record what the domain has now (read back), whatever the request answered."""
         v = self.row(name)
         try:
-            present = disk_spec(v).path in self.o.drivers[host].domain_disks(domain_name(vm)).values()
+            present = disk_spec(v).path in self.plane.drivers[host].domain_disks(domain_name(vm)).values()
         except DriverError as exc:
             raise Conflict(f"volume {name}: {host} did not say whether vm {vm} has it ({exc}); it stays {v.state} "
                            f"until the host answers", field="volume") from None
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             now = SL.volume_row(conn, name, lock=True)
             if present:
                 SL.set_volume(conn, now, state="attached", note=f"{vm} has it as {now.device} (read back)")
@@ -287,7 +289,7 @@ class Volumes:
         return v, vm
 
     def detach(self, name: str, project_id: int | None = None) -> Row:
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             v, row = self._locked(conn, name, project_id)
             if v.role == "root":
                 raise Conflict(f"volume {name} is vm {v.vm_name}'s root disk; it can not be detached", field="volume")
@@ -305,13 +307,13 @@ class Volumes:
         error = None
         try:
             failpoints.hit("volume.before-detach")
-            self.o.drivers[row.host_name].detach_disk(domain_name(row.name), v.device)
+            self.plane.drivers[row.host_name].detach_disk(domain_name(row.name), v.device)
         except DriverError as exc:
             error = exc
         return self._settle_plug(name, row.host_name, row.name, error)
 
     def delete(self, name: str, project_id: int | None = None) -> None:
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             v = SL.volume_row(conn, name, lock=True)
             self._owned(v, project_id)
             if v.vm_id is not None or v.state != "available":
@@ -326,17 +328,17 @@ class Volumes:
         next: the row then stands for the copy alone, `deleting`, until the copy's pool confirms it gone,
         so that the copy is never forgotten (review N2)."""
         v = self.row(name)
-        pool = self.o.pools.row(v.pool_name)
+        pool = self.pools.row(v.pool_name)
         file = disk_spec(v).volume
         try:
-            driver = self.o.pools.driver_for(pool)
+            driver = self.pools.driver_for(pool)
             failpoints.hit("volume.before-delete")
             driver.delete_volume(pool.name, file)
             gone = driver.volume(pool.name, file) is None
         except (DriverError, Conflict) as exc:
             raise Conflict(f"volume {name}: pool {pool.name} did not confirm the delete ({exc}); it stays deleting "
                            f"and is retried", field="volume") from None
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             now = SL.volume_row(conn, name, lock=True)
             L.lock_project(conn, now.project_id)
             copy = now.copy_pool_name if gone else None
@@ -356,7 +358,7 @@ class Volumes:
         transaction; then the host grows it: live through the running domain (blockResize), else the
         file (offline). Read back: the record takes the size the pool reports; a host that refused gives
         the increase back. Shrinking is refused (a file system does not survive it)."""
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             v, vm = self._locked(conn, name, project_id)
             if size_mib <= v.size_mib:
                 raise Invalid(f"volume {name} is {v.size_mib} MiB; it can only grow (asked {size_mib} MiB)",
@@ -371,16 +373,16 @@ class Volumes:
             p = L.lock_project(conn, v.project_id)
             check_admission(p.name, L.quota_row(p), L.ledger_row(p), Usage(storage_mib=grow))
             pool = SL.pool_row(conn, v.pool_name)
-            self.o.pools.take(conn, view(pool), pool.id, grow)
+            self.pools.take(conn, view(pool), pool.id, grow)
             L.add_to_ledger(conn, p.id, Usage(storage_mib=grow))
             SL.set_volume(conn, v, state="resizing", size_mib=size_mib, note=f"{v.size_mib} -> {size_mib} MiB")
             live = vm is not None and vm.state == VmState.running.value
         error = None
         try:
             if live:
-                self.o.drivers[vm.host_name].grow_disk(domain_name(vm.name), v.device, size_mib)
+                self.plane.drivers[vm.host_name].grow_disk(domain_name(vm.name), v.device, size_mib)
             else:
-                self.o.pools.driver_for(pool).resize_volume(pool.name, disk_spec(v).volume, size_mib)
+                self.pools.driver_for(pool).resize_volume(pool.name, disk_spec(v).volume, size_mib)
         except (DriverError, Conflict) as exc:
             error = exc
         return self._settle_size(name, v.size_mib, size_mib, error)
@@ -390,15 +392,15 @@ class Volumes:
         `resizing`, charged at the larger size, and resolve() reads it again (it stayed larger in the
         record for good: the audit found the pool's file smaller)."""
         v = self.row(name)
-        pool = self.o.pools.row(v.pool_name)
+        pool = self.pools.row(v.pool_name)
         try:
-            info = self.o.pools.driver_for(pool).volume(pool.name, disk_spec(v).volume)
+            info = self.pools.driver_for(pool).volume(pool.name, disk_spec(v).volume)
         except (DriverError, Conflict) as exc:
             raise Conflict(f"volume {name}: pool {pool.name} did not say its size after the grow to {asked_mib} "
                            f"MiB ({error or exc}); it stays resizing and is read again", field="size") from None
         if info is None:
             raise Conflict(f"volume {name}: pool {pool.name} does not list it; it stays resizing", field="size")
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             now, _vm = self._locked(conn, name)         # its VM, then it, then its project (as a VM's delete)
             back = asked_mib - max(info.capacity_mib, old_mib) if info.capacity_mib < asked_mib else 0
             if back:
@@ -423,17 +425,17 @@ class Volumes:
 
     def root_pool(self, conn: Connection, size_mib: int, pool: str | None, host: str | None,
                   cluster: str | None) -> R.PoolView:
-        return R.choose_pool(self.o.pools.views(conn), size_mib, name=pool, host=host, cluster=cluster)
+        return R.choose_pool(self.pools.views(conn), size_mib, name=pool, host=host, cluster=cluster)
 
     def reach_for_new(self, conn: Connection, size_mib: int, pool: str | None,
                       cluster: str | None) -> frozenset[str]:
         """Hosts a new VM with a root disk of this size could start on: those that open a pool with room."""
         hosts: set[str] = set()
-        for p in self.o.pools.views(conn):
+        for p in self.pools.views(conn):
             if (pool is not None and p.name != pool) or R.pool_refusal(p, size_mib, None, cluster, None):
                 continue
             row = SL.pool_row(conn, p.name)
-            hosts.update(self.o.pools.hosts_of(row))
+            hosts.update(self.pools.hosts_of(row))
         return frozenset(hosts)
 
     def add_root(self, conn: Connection, vm_id: int, vm: str, project_id: int, template_id: int, size_mib: int,
@@ -441,7 +443,7 @@ class Volumes:
         """In the VM's admitting transaction (its storage already on the ledger): the root disk's row and
         its pool space."""
         pool_id = SL.pool_row(conn, chosen.name).id
-        self.o.pools.take(conn, chosen, pool_id, size_mib)
+        self.pools.take(conn, chosen, pool_id, size_mib)
         self._ensure_new(conn, f"{vm}-root")
         SL.insert_volume(conn, charge=False, name=f"{vm}-root", project_id=project_id, pool_id=pool_id,
                          size_mib=size_mib, format="qcow2", role="root", template_id=template_id, vm_id=vm_id,
@@ -500,7 +502,7 @@ class Volumes:
                 elif v.state == "deleting":
                     self._unmake(v.name)
                 elif v.vm_name:
-                    with self.o.db.transaction() as conn:
+                    with self.plane.db.transaction() as conn:
                         host = L.vm_row(conn, vm_id=v.vm_id).host_name
                     if host:
                         self._settle_plug(v.name, host, v.vm_name, None)
@@ -516,18 +518,18 @@ class Volumes:
         the guest completed after the detach request gave up (it was read back attached then; libvirt's
         device-removed event comes late). Recorded available once a second read agrees."""
         def missing() -> set[tuple[str, str, str]]:
-            with self.o.db.transaction() as conn:
+            with self.plane.db.transaction() as conn:
                 rows = SL.volume_rows(conn, _VO.state == "attached", _VO.role == "data")
                 vms = {r.vm_id: L.vm_row(conn, vm_id=r.vm_id) for r in rows if r.vm_id is not None}
             have: dict[int, set[str] | None] = {}
             found = set()
             for r in rows:
                 vm = vms.get(r.vm_id)
-                if vm is None or vm.state != VmState.running.value or vm.host_name not in self.o.drivers:
+                if vm is None or vm.state != VmState.running.value or vm.host_name not in self.plane.drivers:
                     continue
                 if vm.id not in have:
                     try:
-                        have[vm.id] = set(self.o.drivers[vm.host_name].domain_disks(domain_name(vm.name)).values())
+                        have[vm.id] = set(self.plane.drivers[vm.host_name].domain_disks(domain_name(vm.name)).values())
                     except DriverError:
                         have[vm.id] = None          # can not tell: nothing is changed
                 if have[vm.id] is not None and disk_spec(r).path not in have[vm.id]:
@@ -539,7 +541,7 @@ class Volumes:
         done = []
         for name, vm, host in sorted(gone):
             try:
-                with self.o.db.transaction() as conn:
+                with self.plane.db.transaction() as conn:
                     now, row = self._locked(conn, name)
                     if now.state != "attached" or now.vm_name != vm or row is None:
                         continue
@@ -556,7 +558,7 @@ class Volumes:
         """A hot-plug or unplug whose VM stopped before it was settled (no domain to ask): finished as
         on a stopped VM (attaching: attached, its domain gets it at the next start; detaching: available).
         Left as it is (False) while the VM is in another state than stopped."""
-        with self.o.db.transaction() as conn:
+        with self.plane.db.transaction() as conn:
             now, vm = self._locked(conn, name)
             if now.state not in ("attaching", "detaching") or vm is None:
                 return True

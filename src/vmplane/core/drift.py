@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vmplane.core.driver import CpuCap, DomainInfo
+from vmplane.core.model import VmState
 from vmplane.core.scaling import cap_for_share
 
-_RUNNING_STATES = frozenset({"running", "blocked"})     # the guest executes (blocked: waiting on I/O)
-CAP_TOLERANCE = 0.006       # cap_for_share rounds the quota/period to whole microseconds
+_RUNNING_STATES = frozenset({"running", "blocked"})  # the guest executes (blocked: waiting on I/O)
+CAP_TOLERANCE = 0.006  # cap_for_share rounds the quota/period to whole microseconds
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class Drift:
     """One field of one VM that the host has otherwise than the record."""
 
     vm: str
-    field: str          # memory_mib, vcpus, cpu_cap, state
+    field: str  # memory_mib, vcpus, cpu_cap, state
     record: str
     host_value: str
     host: str
@@ -103,8 +104,9 @@ def host_size(d: DomainInfo) -> HostSize:
     return HostSize(host_vcpus(d), d.memory_mib, share * 100 if share is not None else None)
 
 
-def size_drift(name: str, host: str, vcpus: int, memory_mib: int, cpu_cap_percent: float | None,
-               d: DomainInfo) -> list[Drift]:
+def size_drift(
+    name: str, host: str, vcpus: int, memory_mib: int, cpu_cap_percent: float | None, d: DomainInfo
+) -> list[Drift]:
     """The fields in which a running domain differs from the record of a running VM."""
     found = []
     if d.memory_mib != memory_mib:
@@ -114,8 +116,33 @@ def size_drift(name: str, host: str, vcpus: int, memory_mib: int, cpu_cap_percen
         shown = f"{d.vcpus} plugged, capped to {limit} CPUs" if limit and limit < d.vcpus else str(d.vcpus)
         found.append(Drift(name, "vcpus", str(vcpus), shown, host))
     if not caps_match(cpu_cap_percent, d.cpu_cap):
-        found.append(Drift(name, "cpu_cap", cap_words(round(cpu_cap_percent / 100, 2) if cpu_cap_percent else None),
-                           cap_words(share_of(d.cpu_cap)), host))
+        found.append(
+            Drift(
+                name,
+                "cpu_cap",
+                cap_words(round(cpu_cap_percent / 100, 2) if cpu_cap_percent else None),
+                cap_words(share_of(d.cpu_cap)),
+                host,
+            )
+        )
     if getattr(d, "state", "running") not in _RUNNING_STATES or not d.running:
         found.append(Drift(name, "state", "running", state_name(d), host))
     return found
+
+
+MOVING_STATES = frozenset({VmState.starting, VmState.stopping, VmState.migrating, VmState.scaling})
+
+
+@dataclass(frozen=True)
+class StoredVm:
+    """What the store says of one VM, for comparing with what the hosts run."""
+
+    name: str
+    domain: str
+    state: VmState
+    host: str | None
+    vcpus: int
+    memory_mib: int
+    cpu_cap_percent: float | None = None
+    busy: bool = False  # an operation or a migration of it is in flight
+    migration: tuple[str, str] | None = None  # (source, target) of its migration while it copies/checks

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
 
 class DriverError(Exception):
@@ -20,8 +21,15 @@ class DriverError(Exception):
         self.host = host
 
 
-def confirm_unplug(host: str, what: str, request: Callable[[], str | None], gone: Callable[[], bool],
-                   tries: int, wait_s: float, pause: Callable[[float], object] = time.sleep) -> None:
+def confirm_unplug(
+    host: str,
+    what: str,
+    request: Callable[[], str | None],
+    gone: Callable[[], bool],
+    tries: int,
+    wait_s: float,
+    pause: Callable[[float], object] = time.sleep,
+) -> None:
     """Ask for a device's removal up to `tries` times, each time waiting up to `wait_s` for `gone()` to
     confirm it left the domain; else DriverError naming `what`. A hypervisor that accepted the request
     has only *sent* it (libvirt's detach): the guest may complete it later or never. `request` returns
@@ -39,8 +47,11 @@ def confirm_unplug(host: str, what: str, request: Callable[[], str | None], gone
             if time.monotonic() - t0 >= wait_s:
                 break
             pause(min(0.2, wait_s / 4))
-    raise DriverError(host, f"{what} still attached after {tries} unplug requests: the guest did not release it"
-                            + (f" (libvirt: {errors[-1]})" if errors else ""))
+    raise DriverError(
+        host,
+        f"{what} still attached after {tries} unplug requests: the guest did not release it"
+        + (f" (libvirt: {errors[-1]})" if errors else ""),
+    )
 
 
 @dataclass(frozen=True)
@@ -97,10 +108,10 @@ class DomainInfo:
 
     `state`/`reason` are libvirt's (`running`/`booted`, `paused`/`postcopy-failed`, `shutoff`/`destroyed`,
     ...); `paused`/`migration` or `paused`/`starting-up` on a migration's target is its incoming domain,
-    which never ran the guest (migration.incoming()). `running` means the guest executes (running or blocked): a PAUSED domain is not running,
-    although its QEMU holds memory: that is `active`. `vcpus` is the plugged count; `usable_vcpus` what
-    the guest may use (a soft scale-down leaves vCPUs plugged but offline and capped); `memory_mib` the
-    domain's current memory (boot memory + DIMMs)."""
+    which never ran the guest (migration.incoming()). `running` means the guest executes (running or
+    blocked): a PAUSED domain is not running, although its QEMU holds memory: that is `active`. `vcpus` is
+    the plugged count; `usable_vcpus` what the guest may use (a soft scale-down leaves vCPUs plugged but
+    offline and capped); `memory_mib` the domain's current memory (boot memory + DIMMs)."""
 
     name: str
     running: bool
@@ -109,7 +120,7 @@ class DomainInfo:
     cpu_cap: CpuCap | None = None
     state: str = "running"
     reason: str = ""
-    soft_vcpus: int | None = None       # the whole-domain cap in CPUs a soft scale-down set; None: none
+    soft_vcpus: int | None = None  # the whole-domain cap in CPUs a soft scale-down set; None: none
 
     @property
     def active(self) -> bool:
@@ -136,7 +147,7 @@ class PoolInfo:
 
     name: str
     path: str
-    state: str                  # "running", "inactive", "building", "degraded", "inaccessible"
+    state: str  # "running", "inactive", "building", "degraded", "inaccessible"
     capacity_mib: int
     allocation_mib: int
     available_mib: int
@@ -162,13 +173,13 @@ class Resized:
     after the change (the domain's size now), which is what the store may record."""
 
     method: str
-    vcpus: int                      # vCPUs the guest may use (plugged, less those offlined softly)
-    memory_mib: int                 # the domain's current memory
-    cpu_cap: CpuCap | None          # the per-vCPU cap in force
+    vcpus: int  # vCPUs the guest may use (plugged, less those offlined softly)
+    memory_mib: int  # the domain's current memory
+    cpu_cap: CpuCap | None  # the per-vCPU cap in force
     plugged_vcpus: int = 0
 
     @classmethod
-    def of(cls, method: str, info: "DomainInfo") -> "Resized":
+    def of(cls, method: str, info: DomainInfo) -> Resized:
         return cls(method, info.usable_vcpus, info.memory_mib, info.cpu_cap, info.vcpus)
 
 
@@ -182,22 +193,22 @@ class GuestView:
 
 @dataclass(frozen=True)
 class MigrationParams:
-    bandwidth_mib_s: int | None = None          # pre-copy bandwidth cap; None = the hypervisor's default
+    bandwidth_mib_s: int | None = None  # pre-copy bandwidth cap; None = the hypervisor's default
     max_downtime_ms: int | None = None
     postcopy: bool = False
-    postcopy_after_s: float | None = None       # switch to post-copy this long after the first pass starts
+    postcopy_after_s: float | None = None  # switch to post-copy this long after the first pass starts
     postcopy_bandwidth_mib_s: int | None = None
     parallel_connections: int | None = None
-    auto_converge: bool = False                 # QEMU throttles a guest that dirties memory faster than the link
-    timeout_s: float | None = None              # vmplane.migration.timeout: the copy ends by then
-    timeout_action: str = "abort"               # at the deadline, still in pre-copy: "abort", or "postcopy"
-                                                # (switch, if `postcopy` allows it; a post-copy can't be aborted)
-    copy_disks: tuple[str, ...] = ()            # disk targets (vda, ...) copied to the target host with the
-                                                # memory (their overlays, created beforehand on the target:
-                                                # VIR_MIGRATE_NON_SHARED_INC); the backing image is there already
-    shared_disks: bool = False                  # the other disks are on storage both hosts share (checked by
-                                                # vmplane): libvirt's own check does not know a local bind
-                                                # mount, so VIR_MIGRATE_UNSAFE is passed
+    auto_converge: bool = False  # QEMU throttles a guest that dirties memory faster than the link
+    timeout_s: float | None = None  # vmplane.migration.timeout: the copy ends by then
+    timeout_action: str = "abort"  # at the deadline, still in pre-copy: "abort", or "postcopy"
+    # (switch, if `postcopy` allows it; a post-copy can't be aborted)
+    copy_disks: tuple[str, ...] = ()  # disk targets (vda, ...) copied to the target host with the
+    # memory (their overlays, created beforehand on the target:
+    # VIR_MIGRATE_NON_SHARED_INC); the backing image is there already
+    shared_disks: bool = False  # the other disks are on storage both hosts share (checked by
+    # vmplane): libvirt's own check does not know a local bind
+    # mount, so VIR_MIGRATE_UNSAFE is passed
 
 
 @dataclass
@@ -205,10 +216,10 @@ class MigrationStats:
     total_ms: int = 0
     downtime_ms: int = 0
     bytes_sent: int = 0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
-ProgressCallback = Callable[[int, str], None]     # (percent 0..100, message)
+ProgressCallback = Callable[[int, str], None]  # (percent 0..100, message)
 
 
 class Driver(abc.ABC):
@@ -220,7 +231,7 @@ class Driver(abc.ABC):
 
     def __init__(self, host: str):
         self.host = host
-        self.migration_address: str | None = None     # where this host takes incoming migrations
+        self.migration_address: str | None = None  # where this host takes incoming migrations
 
     @abc.abstractmethod
     def host_info(self) -> HostInfo: ...
@@ -270,11 +281,12 @@ class Driver(abc.ABC):
         """Apply, change or (None) remove the CPU cap of a running domain; method "cap"."""
 
     @abc.abstractmethod
-    def migrate(self, name: str, target: "Driver", params: MigrationParams,
-                progress: ProgressCallback | None = None) -> MigrationStats:
+    def migrate(
+        self, name: str, target: Driver, params: MigrationParams, progress: ProgressCallback | None = None
+    ) -> MigrationStats:
         """Live-migrate a running domain to the target host; on failure it keeps running here."""
 
-    def abort_migration(self, name: str) -> None:
+    def abort_migration(self, name: str) -> None:  # noqa: B027 (optional: a driver without it cannot cancel)
         """Cancel an outgoing migration of `name`; it then fails and the domain keeps running here."""
 
     def migration_active(self, name: str) -> bool:
@@ -312,8 +324,15 @@ class Driver(abc.ABC):
                 return info
         return None
 
-    def create_volume(self, pool: str, name: str, capacity_mib: int, format: str = "qcow2",
-                      backing: str | None = None, backing_format: str | None = None) -> VolumeInfo:
+    def create_volume(
+        self,
+        pool: str,
+        name: str,
+        capacity_mib: int,
+        format: str = "qcow2",
+        backing: str | None = None,
+        backing_format: str | None = None,
+    ) -> VolumeInfo:
         """Create a volume (a qcow2 overlay on `backing` when given: the guest sees the backing image's
         data, grown to `capacity_mib`). A volume of that name already there is returned as it is:
         the caller compares."""
@@ -354,5 +373,5 @@ class Driver(abc.ABC):
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
         """Run a shell command inside the guest and return its output."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: a driver without connections has nothing to release)
         """Release connections; the host itself keeps running."""

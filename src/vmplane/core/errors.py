@@ -16,7 +16,7 @@ class VmplaneError(Exception):
         if code:
             self.code = code
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, str | None]:
         return {"error": self.code, "message": self.message, "field": self.field or None}
 
 

@@ -23,21 +23,16 @@ room of a host is max(0, capacity - used) under its overcommit factors.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from vmplane.core.model import UNREACHABLE_HOST_STATES, HostCapacity, HostState
+from vmplane.core.model import Load as Load  # (re-exported: plain data of model.py, the rules' own words)
+from vmplane.core.model import Reserve as Reserve
 
 SETTING = "vmplane.ha.host.failures.tolerated"
-
-
-class Load(NamedTuple):
-    """vCPUs and memory (MiB, with overhead: what the VMs claim on their host)."""
-
-    vcpus: int = 0
-    memory_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,12 +41,12 @@ class Assessment:
 
     k: int
     survives: bool
-    tolerated: int                  # how many of the k failures it can take now (== k when it survives)
-    reserve: Load                   # held back: the most HA load any k hosts carry, per resource
-    free: Load                      # the counted hosts' free room, all together
-    shortfall: Load                 # what the worst case needs beyond the survivors' free room (0 if none)
-    worst_vcpus: tuple[str, ...]    # worst-case host set for vCPUs
-    worst_memory: tuple[str, ...]   # ... and for memory
+    tolerated: int  # how many of the k failures it can take now (== k when it survives)
+    reserve: Load  # held back: the most HA load any k hosts carry, per resource
+    free: Load  # the counted hosts' free room, all together
+    shortfall: Load  # what the worst case needs beyond the survivors' free room (0 if none)
+    worst_vcpus: tuple[str, ...]  # worst-case host set for vCPUs
+    worst_memory: tuple[str, ...]  # ... and for memory
 
     @property
     def worst(self) -> tuple[str, ...]:
@@ -84,7 +79,7 @@ def _top_k(values: Sequence[tuple[str, int, int]], k: int) -> tuple[int, tuple[s
 
 def _tolerated(values: list[int], total_free: int, k: int) -> int:
     """The most failures j <= k whose worst case fits: top-j sums grow with j (values are >= 0)."""
-    top = heapq.nlargest(k, values)          # in decreasing order, O(n log k)
+    top = heapq.nlargest(k, values)  # in decreasing order, O(n log k)
     acc, j = 0, 0
     for v in top:
         if acc + v > total_free:
@@ -109,18 +104,29 @@ def assess(hosts: Sequence[HostCapacity], ha_load: Mapping[str, Load], k: int) -
         reserve = sum(heapq.nlargest(k, (ha[n][r] for n in free)))
         per.append((top_sum, names, reserve, _tolerated([v for _, v, _ in values], total[r], k)))
     shortfall = Load(max(0, per[0][0] - total.vcpus), max(0, per[1][0] - total.memory_mib))
-    return Assessment(k=k, survives=shortfall == Load(), tolerated=min(per[0][3], per[1][3]),
-                      reserve=Load(per[0][2], per[1][2]), free=total, shortfall=shortfall,
-                      worst_vcpus=per[0][1], worst_memory=per[1][1])
+    return Assessment(
+        k=k,
+        survives=shortfall == Load(),
+        tolerated=min(per[0][3], per[1][3]),
+        reserve=Load(per[0][2], per[1][2]),
+        free=total,
+        shortfall=shortfall,
+        worst_vcpus=per[0][1],
+        worst_memory=per[1][1],
+    )
 
 
-def _moved(hosts: Sequence[HostCapacity], ha_load: Mapping[str, Load], host: str, delta: Load,
-           delta_is_ha: bool, sign: int) -> tuple[list[HostCapacity], dict[str, Load]]:
+def _moved(
+    hosts: Sequence[HostCapacity], ha_load: Mapping[str, Load], host: str, delta: Load, delta_is_ha: bool, sign: int
+) -> tuple[list[HostCapacity], dict[str, Load]]:
     out, load = [], {n: Load(*v) for n, v in ha_load.items()}
     for h in hosts:
         if h.name == host:
-            h = replace(h, used_vcpus=h.used_vcpus + sign * delta.vcpus,
-                        used_memory_mib=h.used_memory_mib + sign * delta.memory_mib)
+            h = replace(
+                h,
+                used_vcpus=h.used_vcpus + sign * delta.vcpus,
+                used_memory_mib=h.used_memory_mib + sign * delta.memory_mib,
+            )
             if delta_is_ha:
                 old = load.get(host, Load())
                 load[host] = Load(old.vcpus + sign * delta.vcpus, old.memory_mib + sign * delta.memory_mib)
@@ -128,8 +134,15 @@ def _moved(hosts: Sequence[HostCapacity], ha_load: Mapping[str, Load], host: str
     return out, load
 
 
-def would_break(hosts: Sequence[HostCapacity], ha_load: Mapping[str, Load], k: int, host: str, delta: Load,
-                delta_is_ha: bool, release: tuple[str, Load] | None = None) -> Assessment | None:
+def would_break(
+    hosts: Sequence[HostCapacity],
+    ha_load: Mapping[str, Load],
+    k: int,
+    host: str,
+    delta: Load,
+    delta_is_ha: bool,
+    release: tuple[str, Load] | None = None,
+) -> Assessment | None:
     """Placing `delta` (vCPUs, memory with overhead) on `host` (an HA VM's when `delta_is_ha`): None when
     the cluster still survives k failures afterwards, else the assessment after it (naming the worst
     case and the shortfall). `release`: (host, load) freed at the same time (a migration's source, an
@@ -143,10 +156,20 @@ def would_break(hosts: Sequence[HostCapacity], ha_load: Mapping[str, Load], k: i
     return None if after.survives else after
 
 
-def breaking_mask(vcpus_capacity: np.ndarray, memory_capacity: np.ndarray, used_vcpus: np.ndarray,
-                  used_memory: np.ndarray, enabled: np.ndarray, counted: np.ndarray, ha_vcpus: np.ndarray,
-                  ha_memory: np.ndarray, delta_vcpus: int, delta_memory: np.ndarray, delta_is_ha: bool,
-                  k: int) -> np.ndarray:
+def breaking_mask(
+    vcpus_capacity: np.ndarray,
+    memory_capacity: np.ndarray,
+    used_vcpus: np.ndarray,
+    used_memory: np.ndarray,
+    enabled: np.ndarray,
+    counted: np.ndarray,
+    ha_vcpus: np.ndarray,
+    ha_memory: np.ndarray,
+    delta_vcpus: int,
+    delta_memory: np.ndarray,
+    delta_is_ha: bool,
+    k: int,
+) -> np.ndarray:
     """would_break for every host of ONE cluster at once (arrays over its hosts; `delta_memory` per host,
     its overhead differs): True where placing the delta there leaves the cluster unable to take k
     failures. O(n log n) for all candidates together: placing on host i changes only total free and
@@ -156,8 +179,10 @@ def breaking_mask(vcpus_capacity: np.ndarray, memory_capacity: np.ndarray, used_
     if k <= 0 or n == 0:
         return np.zeros(n, dtype=bool)
     breaks = np.zeros(n, dtype=bool)
-    for cap, used, ha, d in ((vcpus_capacity, used_vcpus, ha_vcpus, np.full(n, delta_vcpus, dtype=float)),
-                             (memory_capacity, used_memory, ha_memory, np.asarray(delta_memory, dtype=float))):
+    for cap, used, ha, d in (
+        (vcpus_capacity, used_vcpus, ha_vcpus, np.full(n, delta_vcpus, dtype=float)),
+        (memory_capacity, used_memory, ha_memory, np.asarray(delta_memory, dtype=float)),
+    ):
         live = enabled & counted
         free = np.where(live, np.maximum(cap - used, 0), 0.0)
         value = free + ha
@@ -165,18 +190,19 @@ def breaking_mask(vcpus_capacity: np.ndarray, memory_capacity: np.ndarray, used_
         new_free = np.where(live, np.maximum(cap - used - d, 0), 0.0)
         new_value = new_free + ha + (d if delta_is_ha else 0)
         new_total = total - free + new_free
-        rows = np.flatnonzero(counted)                          # not counted: never among the failed
+        rows = np.flatnonzero(counted)  # not counted: never among the failed
         order = rows[np.argsort(-value[rows], kind="stable")]
         m = len(rows)
         kk = min(k, m)
         top = order[:kk]
         top_sum = value[top].sum() if kk else 0.0
         kth = value[order[kk - 1]] if kk else 0.0
-        next_ = value[order[kk]] if kk < m else 0.0           # the (k+1)-th; 0 when every host fails
+        next_ = value[order[kk]] if kk < m else 0.0  # the (k+1)-th; 0 when every host fails
         in_top = np.zeros(n, dtype=bool)
         in_top[top] = True
-        new_sum = np.where(in_top, top_sum - value + np.maximum(new_value, next_),
-                           top_sum + np.maximum(0.0, new_value - kth))
+        new_sum = np.where(
+            in_top, top_sum - value + np.maximum(new_value, next_), top_sum + np.maximum(0.0, new_value - kth)
+        )
         # a host already failed is no candidate (the state filter refuses it); placing there changes nothing
         breaks |= np.where(counted, new_sum > new_total, top_sum > total)
     return breaks
@@ -190,19 +216,8 @@ def reserve_message(after: Assessment, action: str, cluster: str) -> str:
         need.append(f"{after.shortfall.vcpus} vCPU")
     if after.shortfall.memory_mib:
         need.append(f"{after.shortfall.memory_mib} MiB")
-    return (f"{action} would leave room for the HA VMs of {after.tolerated} of the {after.k} host failure(s) "
-            f"cluster {cluster} tolerates ({SETTING}={after.k}): the worst case, {worst} failing, needs "
-            f"{' / '.join(need)} more than the other hosts have free")
-
-
-@dataclass(frozen=True)
-class Reserve:
-    """What placement needs to keep the failover reserve (plain data, on PlacementRequest.reserve):
-    k per cluster (clusters with k > 0 only), the HA load per host of those clusters, whether the VM
-    placed is an HA VM, and what a migration frees on its source at the same time."""
-
-    k_by_cluster: Mapping[str, int]
-    ha_load: Mapping[str, Load]
-    is_ha: bool
-    action: str = "placing it on {host}"        # the refusal's subject: "starting web-3 on {host}" would ...
-    release: tuple[str, Load] | None = None     # (source host, the VM's claim there) of a migration
+    return (
+        f"{action} would leave room for the HA VMs of {after.tolerated} of the {after.k} host failure(s) "
+        f"cluster {cluster} tolerates ({SETTING}={after.k}): the worst case, {worst} failing, needs "
+        f"{' / '.join(need)} more than the other hosts have free"
+    )

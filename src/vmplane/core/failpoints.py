@@ -17,39 +17,39 @@ import threading
 
 # Every point, so a crash test can cover them all (and a test checks each is reached).
 POINTS = (
-    "start.admitted",          # the start is committed (VM starting, claim taken), no domain yet
-    "start.before-domain",     # the operation has persisted its step; the domain is not started
-    "start.after-domain",      # the host runs the domain; the store still says starting
+    "start.admitted",  # the start is committed (VM starting, claim taken), no domain yet
+    "start.before-domain",  # the operation has persisted its step; the domain is not started
+    "start.after-domain",  # the host runs the domain; the store still says starting
     "stop.admitted",
     "stop.before-domain",
-    "stop.after-domain",       # the domain is gone; its claim and charge are still held
-    "migrate.admitted",        # target claimed, migration queued
-    "migrate.copying",         # persisted as copying; the copy has not begun
-    "migrate.mid-copy",        # memory is being copied
-    "migrate.after-copy",      # the target runs the domain; the store says copying
-    "migrate.checked",         # the guest answered on the target; claims not yet moved
-    "scale.admitted",          # increase charged and claimed; nothing changed on the host
-    "scale.migrating",         # a scale that needs room: about to admit its migration
-    "scale.after-migration",   # the VM moved; the growth is not yet claimed on its new host
-    "scale.after-memory",      # the guest has its new memory; vCPUs and the cap not yet changed
-    "scale.before-commit",     # every driver step done; the store still has the old size
-    "drain.mid",               # the host is in maintenance and some of its VMs are admitted to migrate
-    "volume.before-create",    # the volume's row is charged (creating); no file on the pool yet
-    "volume.after-create",     # the pool has the file; the store still says creating
-    "volume.before-attach",    # the store says attaching; the domain has not been asked
-    "volume.before-detach",    # the store says detaching; the domain has not been asked
-    "volume.before-delete",    # the store says deleting; the file is still on the pool
-    "ha.before-fenced",        # a fence agent confirmed the host off; the store still says fencing
-    "ha.fenced",               # the host is recorded fenced; none of its VMs restarted yet
-    "ha.claimed",              # an HA VM's claim moved to its new host (starting); no domain there yet
-    "ha.before-domain",        # its restart operation persisted its step; the domain is not started
+    "stop.after-domain",  # the domain is gone; its claim and charge are still held
+    "migrate.admitted",  # target claimed, migration queued
+    "migrate.copying",  # persisted as copying; the copy has not begun
+    "migrate.mid-copy",  # memory is being copied
+    "migrate.after-copy",  # the target runs the domain; the store says copying
+    "migrate.checked",  # the guest answered on the target; claims not yet moved
+    "scale.admitted",  # increase charged and claimed; nothing changed on the host
+    "scale.migrating",  # a scale that needs room: about to admit its migration
+    "scale.after-migration",  # the VM moved; the growth is not yet claimed on its new host
+    "scale.after-memory",  # the guest has its new memory; vCPUs and the cap not yet changed
+    "scale.before-commit",  # every driver step done; the store still has the old size
+    "drain.mid",  # the host is in maintenance and some of its VMs are admitted to migrate
+    "volume.before-create",  # the volume's row is charged (creating); no file on the pool yet
+    "volume.after-create",  # the pool has the file; the store still says creating
+    "volume.before-attach",  # the store says attaching; the domain has not been asked
+    "volume.before-detach",  # the store says detaching; the domain has not been asked
+    "volume.before-delete",  # the store says deleting; the file is still on the pool
+    "ha.before-fenced",  # a fence agent confirmed the host off; the store still says fencing
+    "ha.fenced",  # the host is recorded fenced; none of its VMs restarted yet
+    "ha.claimed",  # an HA VM's claim moved to its new host (starting); no domain there yet
+    "ha.before-domain",  # its restart operation persisted its step; the domain is not started
 )
 
 # Points inside a transaction, for a test that freezes the process there (VMPLANE_FAILPOINT_SIGNAL=STOP): its
 # PostgreSQL session then holds its locks. Not among POINTS: a kill there only rolls the transaction back, which
 # the crash harness's timed kills already do.
 FROZEN_POINTS = (
-    "admission.serialised",    # an admission holds the admissions' lock (PostgreSQL), no row read yet
+    "admission.serialised",  # an admission holds the admissions' lock (PostgreSQL), no row read yet
 )
 
 _armed: dict[str, int] = {}

@@ -17,7 +17,7 @@ import shlex
 
 from vmplane.core.driver import DriverError
 
-VAR = "_vmpc"          # the console shell's variable that holds a long command's base64 while it arrives
+VAR = "_vmpc"  # the console shell's variable that holds a long command's base64 while it arrives
 
 
 def argv_line(argv: list[str]) -> str:
@@ -42,12 +42,14 @@ def exec_lines(command: str, tag: str, limit_s: int, runner: str, chunk: int) ->
     encoded = base64.b64encode(command.encode()).decode()
     lines = []
     if len(encoded) > chunk:
-        pieces = [encoded[i:i + chunk] for i in range(0, len(encoded), chunk)]
+        pieces = [encoded[i : i + chunk] for i in range(0, len(encoded), chunk)]
         lines = [f"{VAR}={pieces[0]}\n"] + [f"{VAR}=${{{VAR}}}{p}\n" for p in pieces[1:]]
         encoded = f'"${VAR}"'
     # the quotes in the markers keep an echoed command line from matching them
-    lines.append(f"echo __VMP''_B{tag}__; sh -c '{runner}' vmp {limit_s} {encoded} {tag}; "
-                 f"echo __VMP''_E{tag}_$?__; unset {VAR}\n")
+    lines.append(
+        f"echo __VMP''_B{tag}__; sh -c '{runner}' vmp {limit_s} {encoded} {tag}; "
+        f"echo __VMP''_E{tag}_$?__; unset {VAR}\n"
+    )
     return lines
 
 
@@ -58,6 +60,9 @@ def exec_result(output: bytes, code: int, tag: str, command: str, host: str) -> 
     marker = f"\n__VMP_T{tag}__\n"
     if marker in text:
         so_far = text.split(marker)[0]
-        raise DriverError(host, f"{command!r} did not end in time: it was stopped in the guest (the console is "
-                                f"free again); its output so far: {so_far[-300:]!r}")
+        raise DriverError(
+            host,
+            f"{command!r} did not end in time: it was stopped in the guest (the console is "
+            f"free again); its output so far: {so_far[-300:]!r}",
+        )
     return text, code

@@ -10,8 +10,8 @@ name), so a controller that joins or leaves moves only its share of the hosts.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 COORDINATOR = "coordinator"
 HOST_PREFIX = "host:"
@@ -22,7 +22,7 @@ def host_lease(host: str) -> str:
 
 
 def host_of(lease: str) -> str | None:
-    return lease[len(HOST_PREFIX):] if lease.startswith(HOST_PREFIX) else None
+    return lease[len(HOST_PREFIX) :] if lease.startswith(HOST_PREFIX) else None
 
 
 def _weight(controller: str, host: str) -> int:
@@ -52,8 +52,9 @@ class Sighting:
     since: float
 
 
-def observe(seen: Mapping[int, Sighting], live: Iterable[tuple[int, float, float]], me: int | None,
-            now: float) -> tuple[dict[int, Sighting], list[int]]:
+def observe(
+    seen: Mapping[int, Sighting], live: Iterable[tuple[int, float, float]], me: int | None, now: float
+) -> tuple[dict[int, Sighting], list[int]]:
     """Which live controllers (epoch, renewed_at, lease_s) have lapsed, as this observer judges: one whose
     renewal has not changed for its lease period of the observer's own monotonic clock (`now`). A wall
     clock that steps (NTP, a resumed virtual machine) lapses nobody: only the absence of renewals does, as
@@ -74,8 +75,7 @@ def observe(seen: Mapping[int, Sighting], live: Iterable[tuple[int, float, float
 
 def to_release(held: Iterable[str], assignment: Mapping[str, str], me: str) -> list[str]:
     """Host leases this controller holds that the assignment gives to another (or whose host is gone)."""
-    return sorted(lease for lease in held
-                  if (host := host_of(lease)) is not None and assignment.get(host) != me)
+    return sorted(lease for lease in held if (host := host_of(lease)) is not None and assignment.get(host) != me)
 
 
 def to_acquire(held: Iterable[str], assignment: Mapping[str, str], me: str) -> list[str]:
@@ -91,9 +91,9 @@ DEFAULT_LEASE_S = 15.0
 class SessionLimits:
     """How long this process's PostgreSQL transactions may wait for a lock and sit idle (milliseconds)."""
 
-    lock_timeout_ms: int        # any statement's wait for a lock (lock_timeout)
-    idle_ms: int                # a transaction that waits for its client (idle_in_transaction_session_timeout)
-    give_way_ms: int            # one try of a wait that must give way (the admissions' lock, mark_lapsed)
+    lock_timeout_ms: int  # any statement's wait for a lock (lock_timeout)
+    idle_ms: int  # a transaction that waits for its client (idle_in_transaction_session_timeout)
+    give_way_ms: int  # one try of a wait that must give way (the admissions' lock, mark_lapsed)
 
 
 def session_limits(lease_s: float) -> SessionLimits:

@@ -8,18 +8,20 @@ migration does not change project usage; only host claims move.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from vmplane.core.driver import DomainInfo, MigrationParams
 from vmplane.core.errors import Conflict
 
 
 class MigrationState(str, enum.Enum):
-    queued = "queued"            # admitted, target claimed, waiting for a slot under the limits
-    copying = "copying"          # libvirt is copying memory to the target
-    checking = "checking"        # switched over: the guest is asked whether it is healthy on the target
+    queued = "queued"  # admitted, target claimed, waiting for a slot under the limits
+    copying = "copying"  # libvirt is copying memory to the target
+    checking = "checking"  # switched over: the guest is asked whether it is healthy on the target
     succeeded = "succeeded"
-    failed = "failed"            # the VM keeps running on the source; the target claim is released
+    failed = "failed"  # the VM keeps running on the source; the target claim is released
     # the VM moved (it runs on the target, the claims followed it) but its guest did not answer the check
     # there: never `failed`, which says the VM stayed where it was
     moved_unhealthy = "moved-unhealthy"
@@ -29,9 +31,10 @@ class MigrationState(str, enum.Enum):
     postcopy_failed = "postcopy-failed"
 
 
-ACTIVE = frozenset({MigrationState.queued, MigrationState.copying, MigrationState.checking,
-                    MigrationState.postcopy_failed})
-COPYING = frozenset({MigrationState.copying, MigrationState.checking})      # they hold a slot under the limits
+ACTIVE = frozenset(
+    {MigrationState.queued, MigrationState.copying, MigrationState.checking, MigrationState.postcopy_failed}
+)
+COPYING = frozenset({MigrationState.copying, MigrationState.checking})  # they hold a slot under the limits
 SETTLING = frozenset({MigrationState.copying, MigrationState.checking, MigrationState.postcopy_failed})
 
 
@@ -39,8 +42,8 @@ class Action(str, enum.Enum):
     start_copy = "start-copy"
     abort_copy = "abort-copy"
     check_guest = "check-guest"
-    move_claims = "move-claims"           # VM.host = target; the source claim is released
-    release_target = "release-target"     # the target claim is released; the VM stays on the source
+    move_claims = "move-claims"  # VM.host = target; the source claim is released
+    release_target = "release-target"  # the target claim is released; the VM stays on the source
 
 
 # (state, event) -> (new state, actions)
@@ -79,11 +82,11 @@ def transition(state: MigrationState, event: str) -> tuple[MigrationState, tuple
 class Outcome(str, enum.Enum):
     """Where a migration's domain is, from what both hosts say (settle_outcome)."""
 
-    moved = "moved"                         # a QEMU holds it on the target only
-    stayed = "stayed"                       # a QEMU holds it on the source only
-    postcopy_failed = "postcopy-failed"     # either side reports a failed post-copy
-    gone = "gone"                           # no QEMU holds it on either host
-    unclear = "unclear"                     # both hold it (libvirt still copies or cleans up): ask again
+    moved = "moved"  # a QEMU holds it on the target only
+    stayed = "stayed"  # a QEMU holds it on the source only
+    postcopy_failed = "postcopy-failed"  # either side reports a failed post-copy
+    gone = "gone"  # no QEMU holds it on either host
+    unclear = "unclear"  # both hold it (libvirt still copies or cleans up): ask again
 
 
 def _postcopy_failed(info: DomainInfo | None) -> bool:
@@ -101,8 +104,7 @@ def incoming(info: DomainInfo | None) -> bool:
     return info is not None and info.state == "paused" and info.reason in INCOMING_REASONS
 
 
-def settle_outcome(on_source: DomainInfo | None, on_target: DomainInfo | None,
-                   source_off: bool = False) -> Outcome:
+def settle_outcome(on_source: DomainInfo | None, on_target: DomainInfo | None, source_off: bool = False) -> Outcome:
     """Where the domain is, from both hosts' answers (None: the host confirmed it has no such domain;
     a host that can not be asked never gets here; `source_off`: the source is fenced and does not
     answer, known off). `active` (a QEMU exists: running or paused) decides, not `running`: a paused
@@ -155,23 +157,31 @@ def settle_event(state: MigrationState, outcome: Outcome, cancelled: bool = Fals
 # pulls the guest's memory at no less than the floor (a post-copy can not be aborted: at 1 MiB/s a 16 GiB
 # guest holds both hosts' slots and claims for hours). The floor is `vmplane.migration.postcopy.min.bandwidth`.
 TUNING_FIELDS = ("bandwidth_mib_s", "postcopy", "max_downtime_ms", "postcopy_bandwidth_mib_s")
-POSTCOPY_BANDWIDTH_FLOOR_MIB_S = 64         # the setting's default
+POSTCOPY_BANDWIDTH_FLOOR_MIB_S = 64  # the setting's default
 POSTCOPY_FLOOR_KEY = "vmplane.migration.postcopy.min.bandwidth"
 
 
-def tuning_refusal(asked: dict, admin: bool,
-                   floor_mib_s: int = POSTCOPY_BANDWIDTH_FLOOR_MIB_S) -> tuple[str, str, str] | None:
+def tuning_refusal(
+    asked: dict[str, Any], admin: bool, floor_mib_s: int = POSTCOPY_BANDWIDTH_FLOOR_MIB_S
+) -> tuple[str, str, str] | None:
     """Why a migration request's tuning is refused, or None: (kind "forbidden"|"invalid", field, message).
     `asked`: the tuning fields the request sets (None values left out); `floor_mib_s`: the post-copy floor."""
     given = [f for f in TUNING_FIELDS if asked.get(f) is not None]
     if given and not admin:
-        return ("forbidden", given[0], f"tuning a migration ({given[0]}) needs an admin token; choose a named "
-                                       f"policy (`policy`: vmplane or hypervisor-default)")
+        return (
+            "forbidden",
+            given[0],
+            f"tuning a migration ({given[0]}) needs an admin token; choose a named "
+            f"policy (`policy`: vmplane or hypervisor-default)",
+        )
     bandwidth = asked.get("postcopy_bandwidth_mib_s")
     if bandwidth is not None and bandwidth < floor_mib_s:
-        return ("invalid", "postcopy_bandwidth_mib_s",
-                f"a post-copy bandwidth of {bandwidth} MiB/s is below the floor of {floor_mib_s} MiB/s "
-                f"({POSTCOPY_FLOOR_KEY}): a post-copy can not be aborted, and would hold both hosts for hours")
+        return (
+            "invalid",
+            "postcopy_bandwidth_mib_s",
+            f"a post-copy bandwidth of {bandwidth} MiB/s is below the floor of {floor_mib_s} MiB/s "
+            f"({POSTCOPY_FLOOR_KEY}): a post-copy can not be aborted, and would hold both hosts for hours",
+        )
     return None
 
 
@@ -185,7 +195,7 @@ class Limits:
     per_cluster: int = 5
     outbound_per_host: int = 2
     inbound_per_host: int = 2
-    per_project: int | None = None      # None = unlimited
+    per_project: int | None = None  # None = unlimited
 
 
 @dataclass(frozen=True)
@@ -210,8 +220,10 @@ def host_lost(source: str, target: str, states: dict[str, str]) -> str | None:
     everything on it for off, restarts it elsewhere."""
     for role, host in (("target", target), ("source", source)):
         if host in states:
-            return f"not copied: its {role} {host} is {states[host]} (it failed; vmplane copies nothing into or " \
-                   f"out of it until it is back)"
+            return (
+                f"not copied: its {role} {host} is {states[host]} (it failed; vmplane copies nothing into or "
+                f"out of it until it is back)"
+            )
     return None
 
 
@@ -219,16 +231,22 @@ def blocking_limit(candidate: MigrationSlot, copying: list[MigrationSlot], limit
     """The limit that keeps `candidate` queued while `copying` migrations run, or None if it may start."""
     in_cluster = sum(m.cluster == candidate.cluster for m in copying)
     if in_cluster >= limits.per_cluster:
-        return (f"{_count(in_cluster)} copying in cluster {candidate.cluster} (limit {limits.per_cluster}, "
-                f"vmplane.migration.max.per.cluster)")
+        return (
+            f"{_count(in_cluster)} copying in cluster {candidate.cluster} (limit {limits.per_cluster}, "
+            f"vmplane.migration.max.per.cluster)"
+        )
     outbound = sum(m.source == candidate.source for m in copying)
     if outbound >= limits.outbound_per_host:
-        return (f"{_count(outbound)} leaving {candidate.source} (limit {limits.outbound_per_host}, "
-                f"vmplane.migration.max.outbound.per.host in cluster {candidate.cluster})")
+        return (
+            f"{_count(outbound)} leaving {candidate.source} (limit {limits.outbound_per_host}, "
+            f"vmplane.migration.max.outbound.per.host in cluster {candidate.cluster})"
+        )
     inbound = sum(m.target == candidate.target for m in copying)
     if inbound >= limits.inbound_per_host:
-        return (f"{_count(inbound)} arriving on {candidate.target} (limit {limits.inbound_per_host}, "
-                f"vmplane.migration.max.inbound.per.host in cluster {candidate.cluster})")
+        return (
+            f"{_count(inbound)} arriving on {candidate.target} (limit {limits.inbound_per_host}, "
+            f"vmplane.migration.max.inbound.per.host in cluster {candidate.cluster})"
+        )
     if limits.per_project is not None:
         mine = sum(m.project == candidate.project for m in copying)
         if mine >= limits.per_project:
@@ -236,8 +254,9 @@ def blocking_limit(candidate: MigrationSlot, copying: list[MigrationSlot], limit
     return None
 
 
-def startable(queued: list[MigrationSlot], copying: list[MigrationSlot],
-              limits_of: "callable") -> list[MigrationSlot]:
+def startable(
+    queued: list[MigrationSlot], copying: list[MigrationSlot], limits_of: Callable[[MigrationSlot], Limits]
+) -> list[MigrationSlot]:
     """Queued migrations that may start now, in queue order, each counted against the limits as it starts."""
     running = list(copying)
     chosen = []
@@ -259,7 +278,14 @@ def policy(accel: str) -> MigrationParams:
     (`vmplane.migration.timeout`), so that a copy that never converges still ends.
     Under either, a copy still in pre-copy at the deadline is aborted (on KVM: switched to post-copy)."""
     if accel == "kvm":
-        return MigrationParams(bandwidth_mib_s=None, max_downtime_ms=500, postcopy=True, auto_converge=True,
-                               timeout_action="postcopy")
-    return MigrationParams(bandwidth_mib_s=64, max_downtime_ms=None, postcopy=True, postcopy_after_s=1.0,
-                           postcopy_bandwidth_mib_s=10000, timeout_action="abort")
+        return MigrationParams(
+            bandwidth_mib_s=None, max_downtime_ms=500, postcopy=True, auto_converge=True, timeout_action="postcopy"
+        )
+    return MigrationParams(
+        bandwidth_mib_s=64,
+        max_downtime_ms=None,
+        postcopy=True,
+        postcopy_after_s=1.0,
+        postcopy_bandwidth_mib_s=10000,
+        timeout_action="abort",
+    )

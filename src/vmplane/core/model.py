@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from vmplane.core.failover import Reserve
     from vmplane.core.groups import GroupRule
 
 
-STORE_INT_MAX = 2**31 - 1       # the store's integer columns are 32-bit on PostgreSQL
+STORE_INT_MAX = 2**31 - 1  # the store's integer columns are 32-bit on PostgreSQL
 
 
 class HostState(str, enum.Enum):
     enabled = "enabled"
     maintenance = "maintenance"
     disabled = "disabled"
-    down = "down"               # its hypervisor does not answer (maybe a blip)
-    fencing = "fencing"         # declared failed: being powered off before its VMs run elsewhere
-    fenced = "fenced"           # confirmed off (by its fence agent or an operator)
+    down = "down"  # its hypervisor does not answer (maybe a blip)
+    fencing = "fencing"  # declared failed: being powered off before its VMs run elsewhere
+    fenced = "fenced"  # confirmed off (by its fence agent or an operator)
 
 
 # Hosts vmplane can not ask: what their VMs do is unknown until they answer again.
@@ -41,8 +41,9 @@ class VmState(str, enum.Enum):
 # States in which a VM holds quota and host capacity (DESIGN section 3). A stopping VM keeps its
 # charge until its domain is gone: freeing it earlier would let a new VM in while the old one
 # still runs.
-CHARGED_STATES = frozenset({VmState.starting, VmState.running, VmState.stopping, VmState.migrating,
-                            VmState.scaling, VmState.unknown})   # unknown: its host is unreachable; it may run
+CHARGED_STATES = frozenset(
+    {VmState.starting, VmState.running, VmState.stopping, VmState.migrating, VmState.scaling, VmState.unknown}
+)  # unknown: its host is unreachable; it may run
 
 
 class OfferingKind(str, enum.Enum):
@@ -59,16 +60,16 @@ class OperationState(str, enum.Enum):
 
 
 IN_FLIGHT_OPERATION_STATES = frozenset({OperationState.pending, OperationState.running})
-IN_FLIGHT_OPERATION_VALUES = tuple(sorted(st.value for st in IN_FLIGHT_OPERATION_STATES))   # for SQL
+IN_FLIGHT_OPERATION_VALUES = tuple(sorted(st.value for st in IN_FLIGHT_OPERATION_STATES))  # for SQL
 
 
 class ClaimKind(str, enum.Enum):
-    running = "running"             # a VM started on / running on the host
+    running = "running"  # a VM started on / running on the host
     migration_target = "migration-target"
-    scale = "scale"                 # the increase of a scale in progress
+    scale = "scale"  # the increase of a scale in progress
 
 
-DEFAULT_STORAGE_QUOTA_MIB = 1024 * 1024      # 1 TiB: a project created without --storage
+DEFAULT_STORAGE_QUOTA_MIB = 1024 * 1024  # 1 TiB: a project created without --storage
 
 
 @dataclass(frozen=True)
@@ -84,15 +85,23 @@ class Usage:
     vcpus: int = 0
     memory_mib: int = 0
     vms: int = 0
-    storage_mib: int = 0        # provisioned size of the project's volumes, charged while they exist
+    storage_mib: int = 0  # provisioned size of the project's volumes, charged while they exist
 
-    def __add__(self, other: "Usage") -> "Usage":
-        return Usage(self.vcpus + other.vcpus, self.memory_mib + other.memory_mib, self.vms + other.vms,
-                     self.storage_mib + other.storage_mib)
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.vcpus + other.vcpus,
+            self.memory_mib + other.memory_mib,
+            self.vms + other.vms,
+            self.storage_mib + other.storage_mib,
+        )
 
-    def __sub__(self, other: "Usage") -> "Usage":
-        return Usage(self.vcpus - other.vcpus, self.memory_mib - other.memory_mib, self.vms - other.vms,
-                     self.storage_mib - other.storage_mib)
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(
+            self.vcpus - other.vcpus,
+            self.memory_mib - other.memory_mib,
+            self.vms - other.vms,
+            self.storage_mib - other.storage_mib,
+        )
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,7 @@ class Offering:
     dynamic_scaling: bool = False
     root_disk_mib: int | None = None
     max_root_disk_mib: int | None = None
-    ha_policy: str = "off"          # its VMs' default: restart them elsewhere when their host fails, or not
+    ha_policy: str = "off"  # its VMs' default: restart them elsewhere when their host fails, or not
 
 
 @dataclass(frozen=True)
@@ -148,17 +157,38 @@ class HostCapacity:
         return min(int(self.memory_mib * self.mem_factor), STORE_INT_MAX)
 
 
+# -- failover (failover.py's rules) ----------------------------------------------------------
+class Load(NamedTuple):
+    """vCPUs and memory (MiB, with overhead: what the VMs claim on their host)."""
+
+    vcpus: int = 0
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """What placement needs to keep the failover reserve (plain data, on PlacementRequest.reserve):
+    k per cluster (clusters with k > 0 only), the HA load per host of those clusters, whether the VM
+    placed is an HA VM, and what a migration frees on its source at the same time."""
+
+    k_by_cluster: Mapping[str, int]
+    ha_load: Mapping[str, Load]
+    is_ha: bool
+    action: str = "placing it on {host}"  # the refusal's subject: "starting web-3 on {host}" would ...
+    release: tuple[str, Load] | None = None  # (source host, the VM's claim there) of a migration
+
+
 @dataclass(frozen=True)
 class PlacementRequest:
     size: Size
     exclude_hosts: frozenset[str] = field(default_factory=frozenset)
-    cluster: str | None = None      # restrict to one cluster
-    zone: str | None = None         # restrict to one zone
+    cluster: str | None = None  # restrict to one cluster
+    zone: str | None = None  # restrict to one zone
     exclude_reason: str = "excluded by the request"
-    storage_hosts: frozenset[str] | None = None     # only hosts that can open the VM's disks (None: any)
+    storage_hosts: frozenset[str] | None = None  # only hosts that can open the VM's disks (None: any)
     storage_reason: str = "can not reach the VM's disks"
-    group: "GroupRule | None" = None        # the VM's placement group (groups.py): hard filters, soft weighs
-    reserve: "Reserve | None" = None        # the failover reserve to keep (failover.py); None: not checked
+    group: GroupRule | None = None  # the VM's placement group (groups.py): hard filters, soft weighs
+    reserve: Reserve | None = None  # the failover reserve to keep (failover.py); None: not checked
 
 
 @dataclass(frozen=True)

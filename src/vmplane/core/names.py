@@ -18,3 +18,8 @@ def check_name(name: str, field: str = "name") -> str:
 
 
 DOMAIN_PREFIX = "vmplane-"       # a VM's libvirt domain is named DOMAIN_PREFIX + its name
+
+
+def domain_name(vm_name: str) -> str:
+    """The libvirt domain of VM `vm_name`."""
+    return DOMAIN_PREFIX + vm_name

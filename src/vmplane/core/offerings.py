@@ -12,12 +12,22 @@ def _positive(value: int | None, field: str) -> None:
 
 
 def validate_offering(o: Offering) -> None:
-    for field in ("vcpus", "memory_mib", "min_vcpus", "max_vcpus", "min_memory_mib", "max_memory_mib",
-                  "cpu_speed_mhz", "root_disk_mib", "max_root_disk_mib"):
+    for field in (
+        "vcpus",
+        "memory_mib",
+        "min_vcpus",
+        "max_vcpus",
+        "min_memory_mib",
+        "max_memory_mib",
+        "cpu_speed_mhz",
+        "root_disk_mib",
+        "max_root_disk_mib",
+    ):
         _positive(getattr(o, field), field)
     if o.root_disk_mib and o.max_root_disk_mib and o.root_disk_mib > o.max_root_disk_mib:
-        raise Invalid(f"root_disk_mib {o.root_disk_mib} is above max_root_disk_mib {o.max_root_disk_mib}",
-                      field="root_disk_mib")
+        raise Invalid(
+            f"root_disk_mib {o.root_disk_mib} is above max_root_disk_mib {o.max_root_disk_mib}", field="root_disk_mib"
+        )
     ranges = ("min_vcpus", "max_vcpus", "min_memory_mib", "max_memory_mib")
     if o.kind == OfferingKind.fixed:
         for field in ("vcpus", "memory_mib"):
@@ -33,13 +43,13 @@ def validate_offering(o: Offering) -> None:
         if o.min_vcpus > o.max_vcpus:  # type: ignore[operator]
             raise Invalid(f"min_vcpus {o.min_vcpus} is above max_vcpus {o.max_vcpus}", field="min_vcpus")
         if o.min_memory_mib > o.max_memory_mib:  # type: ignore[operator]
-            raise Invalid(f"min_memory_mib {o.min_memory_mib} is above max_memory_mib {o.max_memory_mib}",
-                          field="min_memory_mib")
+            raise Invalid(
+                f"min_memory_mib {o.min_memory_mib} is above max_memory_mib {o.max_memory_mib}", field="min_memory_mib"
+            )
     else:
         for field in ranges + ("vcpus", "memory_mib"):
             if getattr(o, field) is not None:
-                raise Invalid(f"a custom-unconstrained offering takes no {field}; sizes are given per VM",
-                              field=field)
+                raise Invalid(f"a custom-unconstrained offering takes no {field}; sizes are given per VM", field=field)
 
 
 def size_for(o: Offering, vcpus: int | None, memory_mib: int | None) -> Size:
@@ -49,15 +59,18 @@ def size_for(o: Offering, vcpus: int | None, memory_mib: int | None) -> Size:
     if o.kind == OfferingKind.fixed:
         for field, asked, fixed in (("vcpus", vcpus, o.vcpus), ("memory_mib", memory_mib, o.memory_mib)):
             if asked is not None and asked != fixed:
-                raise Invalid(f"offering {o.name} is fixed at {field}={fixed}; {asked} cannot be asked for",
-                              field=field)
+                raise Invalid(
+                    f"offering {o.name} is fixed at {field}={fixed}; {asked} cannot be asked for", field=field
+                )
         return Size(o.vcpus, o.memory_mib)  # type: ignore[arg-type]
     for field, asked in (("vcpus", vcpus), ("memory_mib", memory_mib)):
         if asked is None:
             raise Invalid(f"offering {o.name} is {o.kind.value}: {field} is required", field=field)
     if o.kind == OfferingKind.custom_constrained:
-        for field, asked, low, high in (("vcpus", vcpus, o.min_vcpus, o.max_vcpus),
-                                        ("memory_mib", memory_mib, o.min_memory_mib, o.max_memory_mib)):
+        for field, asked, low, high in (
+            ("vcpus", vcpus, o.min_vcpus, o.max_vcpus),
+            ("memory_mib", memory_mib, o.min_memory_mib, o.max_memory_mib),
+        ):
             if not low <= asked <= high:  # type: ignore[operator]
                 raise Invalid(f"{field}={asked} is outside offering {o.name}'s range {low}..{high}", field=field)
     return Size(vcpus, memory_mib)  # type: ignore[arg-type]

@@ -8,8 +8,8 @@ tens of microseconds; the same masks explain, host by host, why a host was refus
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ class CapacityIndex:
         self.used_memory = np.zeros(n)
         self.overhead_ratio = np.ones(n)
         self.pack = np.zeros(n, dtype=bool)
-        self.reachable = np.zeros(n, dtype=bool)       # not down, fencing or fenced: it can fail (failover)
+        self.reachable = np.zeros(n, dtype=bool)  # not down, fencing or fenced: it can fail (failover)
         self.cluster_code = np.zeros(n, dtype=np.int64)
         self._cluster_codes: dict[str, int] = {}
         self.zone_code = np.zeros(n, dtype=np.int64)
@@ -47,8 +47,19 @@ class CapacityIndex:
 
     # -- maintenance -------------------------------------------------------------------------
     def _grow(self) -> None:
-        for attr in ("enabled", "present", "vcpus_capacity", "memory_capacity", "used_vcpus", "used_memory",
-                     "overhead_ratio", "pack", "reachable", "cluster_code", "zone_code"):
+        for attr in (
+            "enabled",
+            "present",
+            "vcpus_capacity",
+            "memory_capacity",
+            "used_vcpus",
+            "used_memory",
+            "overhead_ratio",
+            "pack",
+            "reachable",
+            "cluster_code",
+            "zone_code",
+        ):
             old = getattr(self, attr)
             new = np.zeros(len(old) * 2, dtype=old.dtype)
             new[: len(old)] = old
@@ -88,10 +99,15 @@ class CapacityIndex:
         self.used_vcpus[row] += vcpus
         self.used_memory[row] += memory_mib
 
+    def at(self, row: int) -> HostCapacity:
+        """The host of a row that is present (a removed host's row holds None and is never asked for)."""
+        host = self._hosts[row]
+        assert host is not None, f"row {row} holds no host"
+        return host
+
     def host(self, name: str) -> HostCapacity:
         row = self._row(name)
-        return replace(self._hosts[row], used_vcpus=int(self.used_vcpus[row]),
-                       used_memory_mib=int(self.used_memory[row]))
+        return replace(self.at(row), used_vcpus=int(self.used_vcpus[row]), used_memory_mib=int(self.used_memory[row]))
 
     def capacity_of(self, name: str) -> tuple[int, int]:
         """(vCPUs, memory MiB) a host may hold under its overcommit factors."""
@@ -124,7 +140,7 @@ class CapacityIndex:
         return len(self._hosts)
 
     def names_at(self, rows: np.ndarray) -> list[str]:
-        return [self._hosts[i].name for i in rows]  # type: ignore[union-attr]
+        return [self.at(i).name for i in rows]
 
 
 # -- filters ----------------------------------------------------------------------------------
@@ -133,7 +149,7 @@ class Demand:
     """A request turned into per-host needs (memory depends on each host's overhead ratio)."""
 
     vcpus: int
-    memory_mib: np.ndarray        # guest memory + overhead, per host row
+    memory_mib: np.ndarray  # guest memory + overhead, per host row
 
 
 def demand_for(index: CapacityIndex, request: PlacementRequest) -> Demand:
@@ -158,27 +174,29 @@ def _state_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarr
 
 
 def _state_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
-    return f"state is {ix._hosts[row].state.value}, not enabled"
+    return f"state is {ix.at(row).state.value}, not enabled"
 
 
 def _zone_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
     if req.zone is None:
         return None
-    return ix.zone_code[: ix.size] == ix.zone_code_of(req.zone)
+    mask: np.ndarray = ix.zone_code[: ix.size] == ix.zone_code_of(req.zone)
+    return mask
 
 
 def _zone_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
-    return f"in zone {ix._hosts[row].zone}, not {req.zone}"
+    return f"in zone {ix.at(row).zone}, not {req.zone}"
 
 
 def _cluster_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
     if req.cluster is None:
         return None
-    return ix.cluster_code[: ix.size] == ix.cluster_code_of(req.cluster)
+    mask: np.ndarray = ix.cluster_code[: ix.size] == ix.cluster_code_of(req.cluster)
+    return mask
 
 
 def _cluster_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
-    return f"in cluster {ix._hosts[row].cluster}, not {req.cluster}"
+    return f"in cluster {ix.at(row).cluster}, not {req.cluster}"
 
 
 def _named(ix: CapacityIndex, names: frozenset[str]) -> np.ndarray:
@@ -210,12 +228,12 @@ def _group_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarr
     rule = req.group
     if rule is None or not rule.hard or not rule.placed:
         return None
-    members = _named(ix, rule.hosts)        # the hosts its other members hold (groups.breaks, for all hosts)
+    members = _named(ix, rule.hosts)  # the hosts its other members hold (groups.breaks, for all hosts)
     return ~members if rule.policy == group_rules.ANTI_AFFINITY else members
 
 
 def _group_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
-    return group_rules.refusal(req.group, ix._hosts[row].name) or ""  # type: ignore[union-attr]
+    return group_rules.refusal(req.group, ix.at(row).name) or ""
 
 
 def _cluster_rows(ix: CapacityIndex, cluster: str) -> np.ndarray:
@@ -229,14 +247,14 @@ def _reserve_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.nda
         return None
     mask = np.ones(ix.size, dtype=bool)
     all_ha_v, all_ha_m = np.zeros(ix.size), np.zeros(ix.size)
-    for name, load in r.ha_load.items():        # only hosts with HA VMs are listed
+    for name, load in r.ha_load.items():  # only hosts with HA VMs are listed
         if name in ix:
             all_ha_v[ix._row(name)], all_ha_m[ix._row(name)] = load[0], load[1]
     for cluster, k in r.k_by_cluster.items():
         rows = _cluster_rows(ix, cluster)
         if k <= 0 or len(rows) == 0:
             continue
-        used_v, used_m = ix.used_vcpus[rows], ix.used_memory[rows]      # copies (fancy indexing)
+        used_v, used_m = ix.used_vcpus[rows], ix.used_memory[rows]  # copies (fancy indexing)
         ha_v, ha_m = all_ha_v[rows], all_ha_m[rows]
         if r.release is not None and r.release[0] in ix and ix._row(r.release[0]) in rows:
             at = int(np.flatnonzero(rows == ix._row(r.release[0]))[0])
@@ -245,31 +263,43 @@ def _reserve_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.nda
             if r.is_ha:
                 ha_v[at] -= r.release[1].vcpus
                 ha_m[at] -= r.release[1].memory_mib
-        breaks = failover.breaking_mask(ix.vcpus_capacity[rows], ix.memory_capacity[rows], used_v, used_m,
-                                        ix.enabled[rows], ix.reachable[rows], ha_v, ha_m, d.vcpus,
-                                        d.memory_mib[rows], r.is_ha, k)
+        breaks = failover.breaking_mask(
+            ix.vcpus_capacity[rows],
+            ix.memory_capacity[rows],
+            used_v,
+            used_m,
+            ix.enabled[rows],
+            ix.reachable[rows],
+            ha_v,
+            ha_m,
+            d.vcpus,
+            d.memory_mib[rows],
+            r.is_ha,
+            k,
+        )
         mask[rows] = ~breaks
     return mask
 
 
-def reserve_breach(ix: CapacityIndex, req: PlacementRequest, host: str, vcpus: int,
-                   memory_mib: int) -> "failover.Assessment | None":
+def reserve_breach(
+    ix: CapacityIndex, req: PlacementRequest, host: str, vcpus: int, memory_mib: int
+) -> failover.Assessment | None:
     """would_break for placing (vcpus, memory_mib) on `host` under `req.reserve` (None: it keeps the reserve)."""
     r = req.reserve
     cluster = ix.host(host).cluster
     k = r.k_by_cluster.get(cluster, 0) if r is not None else 0
     if r is None or k <= 0:
         return None
-    hosts = [ix.host(ix._hosts[i].name) for i in _cluster_rows(ix, cluster)]  # type: ignore[union-attr]
+    hosts = [ix.host(ix.at(i).name) for i in _cluster_rows(ix, cluster)]
     return failover.would_break(hosts, r.ha_load, k, host, failover.Load(vcpus, memory_mib), r.is_ha, r.release)
 
 
 def _reserve_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
-    host = ix._hosts[row]
-    after = reserve_breach(ix, req, host.name, d.vcpus, int(d.memory_mib[row]))  # type: ignore[union-attr]
-    if after is None:
+    host = ix.at(row)
+    after = reserve_breach(ix, req, host.name, d.vcpus, int(d.memory_mib[row]))
+    if after is None or req.reserve is None:  # (a breach needs a reserve: reserve_breach is None without one)
         return "would break the failover reserve"
-    return failover.reserve_message(after, req.reserve.action.format(host=host.name), host.cluster)  # type: ignore[union-attr]
+    return failover.reserve_message(after, req.reserve.action.format(host=host.name), host.cluster)
 
 
 def _cpu_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
@@ -278,19 +308,21 @@ def _cpu_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray
 
 
 def _cpu_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
-    return (f"vcpus {int(ix.used_vcpus[row])} of {int(ix.vcpus_capacity[row])} allocated, "
-            f"{d.vcpus} needed")
+    return f"vcpus {int(ix.used_vcpus[row])} of {int(ix.vcpus_capacity[row])} allocated, {d.vcpus} needed"
 
 
 def _memory_mask(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray:
     n = ix.size
-    return ix.used_memory[:n] + d.memory_mib <= ix.memory_capacity[:n]
+    mask: np.ndarray = ix.used_memory[:n] + d.memory_mib <= ix.memory_capacity[:n]
+    return mask
 
 
 def _memory_reason(ix: CapacityIndex, row: int, req: PlacementRequest, d: Demand) -> str:
     need = int(d.memory_mib[row])
-    return (f"memory {int(ix.used_memory[row])} of {int(ix.memory_capacity[row])} MiB allocated, "
-            f"{need} MiB needed ({req.size.memory_mib} + {need - req.size.memory_mib} overhead)")
+    return (
+        f"memory {int(ix.used_memory[row])} of {int(ix.memory_capacity[row])} MiB allocated, "
+        f"{need} MiB needed ({req.size.memory_mib} + {need - req.size.memory_mib} overhead)"
+    )
 
 
 FILTERS: tuple[Filter, ...] = (
@@ -311,6 +343,7 @@ FILTERS: tuple[Filter, ...] = (
 class Weigher:
     """`score` gives every host row a score in [0, 1] (the rows a filter refused are then left out); None
     means the weigher does not apply to this request (every host scores the same) and costs nothing."""
+
     name: str
     score: Callable[[CapacityIndex, PlacementRequest, Demand], np.ndarray | None]
     multiplier: float = 1.0
@@ -322,7 +355,8 @@ def _allocation_score(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np
     cpu = (ix.used_vcpus[:n] + d.vcpus) / np.maximum(ix.vcpus_capacity[:n], 1)
     mem = (ix.used_memory[:n] + d.memory_mib) / np.maximum(ix.memory_capacity[:n], 1)
     allocated = np.clip((cpu + mem) / 2.0, 0.0, 1.0)
-    return np.where(ix.pack[:n], allocated, 1.0 - allocated)
+    score: np.ndarray = np.where(ix.pack[:n], allocated, 1.0 - allocated)
+    return score
 
 
 def _group_score(ix: CapacityIndex, req: PlacementRequest, d: Demand) -> np.ndarray | None:
@@ -347,13 +381,14 @@ WEIGHERS: tuple[Weigher, ...] = (Weigher("allocation", _allocation_score), Weigh
 @dataclass(frozen=True)
 class Placement:
     host: str
-    memory_mib: int        # what the VM claims on that host: guest memory + overhead
+    memory_mib: int  # what the VM claims on that host: guest memory + overhead
     overhead_mib: int
     score: float
 
 
-def passing(index: CapacityIndex, request: PlacementRequest,
-            filters: Sequence[Filter] = FILTERS) -> tuple[np.ndarray, Demand]:
+def passing(
+    index: CapacityIndex, request: PlacementRequest, filters: Sequence[Filter] = FILTERS
+) -> tuple[np.ndarray, Demand]:
     """For every host row, whether every filter lets it take the request; and the request's demand."""
     demand = demand_for(index, request)
     mask = index.present[: index.size].copy()
@@ -364,15 +399,20 @@ def passing(index: CapacityIndex, request: PlacementRequest,
     return mask, demand
 
 
-def candidates(index: CapacityIndex, request: PlacementRequest,
-               filters: Sequence[Filter] = FILTERS) -> tuple[np.ndarray, Demand]:
+def candidates(
+    index: CapacityIndex, request: PlacementRequest, filters: Sequence[Filter] = FILTERS
+) -> tuple[np.ndarray, Demand]:
     """The rows of the hosts that can take the request."""
     mask, demand = passing(index, request, filters)
     return np.flatnonzero(mask), demand
 
 
-def choose(index: CapacityIndex, request: PlacementRequest, filters: Sequence[Filter] = FILTERS,
-           weighers: Sequence[Weigher] = WEIGHERS) -> Placement:
+def choose(
+    index: CapacityIndex,
+    request: PlacementRequest,
+    filters: Sequence[Filter] = FILTERS,
+    weighers: Sequence[Weigher] = WEIGHERS,
+) -> Placement:
     """The best host for the request, or InsufficientCapacity explaining every refusal. Every host row
     is scored (whole arrays: cheaper than gathering the candidates' rows first), and the best row among
     those that passed the filters wins (the first of equals, in row order)."""
@@ -387,12 +427,17 @@ def choose(index: CapacityIndex, request: PlacementRequest, filters: Sequence[Fi
     total[~mask] = -np.inf
     best = int(np.argmax(total))
     memory = int(demand.memory_mib[best])
-    return Placement(index._hosts[best].name, memory, memory - request.size.memory_mib,  # type: ignore[union-attr]
-                     float(total[best]))
+    return Placement(
+        index.at(best).name,
+        memory,
+        memory - request.size.memory_mib,
+        float(total[best]),
+    )
 
 
-def fit_on(index: CapacityIndex, request: PlacementRequest, host: str,
-           filters: Sequence[Filter] = FILTERS) -> Placement:
+def fit_on(
+    index: CapacityIndex, request: PlacementRequest, host: str, filters: Sequence[Filter] = FILTERS
+) -> Placement:
     """The placement on one named host, or InsufficientCapacity naming the host and the resource."""
     row = index._row(host)
     demand = demand_for(index, request)
@@ -404,8 +449,7 @@ def fit_on(index: CapacityIndex, request: PlacementRequest, host: str,
     return Placement(host, memory, memory - request.size.memory_mib, 0.0)
 
 
-def explain(index: CapacityIndex, request: PlacementRequest,
-            filters: Sequence[Filter] = FILTERS) -> list[Refusal]:
+def explain(index: CapacityIndex, request: PlacementRequest, filters: Sequence[Filter] = FILTERS) -> list[Refusal]:
     """For every host that cannot take the request, the first filter that refused it and why."""
     demand = demand_for(index, request)
     masks = [(f, m) for f in filters if (m := f.mask(index, request, demand)) is not None]
@@ -413,8 +457,13 @@ def explain(index: CapacityIndex, request: PlacementRequest,
     for row in np.flatnonzero(index.present[: index.size]):
         for f, mask in masks:
             if not mask[row]:
-                refusals.append(Refusal(index._hosts[row].name, f.name,  # type: ignore[union-attr]
-                                        f.reason(index, int(row), request, demand)))
+                refusals.append(
+                    Refusal(
+                        index.at(int(row)).name,
+                        f.name,
+                        f.reason(index, int(row), request, demand),
+                    )
+                )
                 break
     return refusals
 

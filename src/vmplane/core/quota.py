@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from vmplane.core.errors import Conflict, QuotaExceeded
 from vmplane.core.model import CHARGED_STATES, Quota, Size, Usage, VmState
@@ -21,8 +21,13 @@ RESOURCES = ("vcpus", "memory_mib", "vms", "storage_mib")
 
 def overhead_base_mib(size: Size) -> float:
     """The overhead model before the cluster's ratio is applied (placement vectorises over ratios)."""
-    return (OVERHEAD_FIXED_MIB + OVERHEAD_PER_VCPU_MIB * size.vcpus + OVERHEAD_IOTHREAD_MIB
-            + OVERHEAD_VIDEO_MIB + size.memory_mib / OVERHEAD_PAGETABLE_DIVISOR)
+    return (
+        OVERHEAD_FIXED_MIB
+        + OVERHEAD_PER_VCPU_MIB * size.vcpus
+        + OVERHEAD_IOTHREAD_MIB
+        + OVERHEAD_VIDEO_MIB
+        + size.memory_mib / OVERHEAD_PAGETABLE_DIVISOR
+    )
 
 
 def overhead_mib(size: Size, ratio: float = 1.0) -> int:
@@ -106,16 +111,26 @@ def check_quota_change(project: str, new: Quota, usage: Usage) -> None:
             )
 
 
-def describe_usage(usage: Usage, quota: Quota) -> dict:
+def describe_usage(usage: Usage, quota: Quota) -> dict[str, dict[str, float]]:
     """Usage as a table row: used, quota and percent per resource."""
     out = {}
     for resource in RESOURCES:
         used, limit = getattr(usage, resource), getattr(quota, resource)
-        out[resource] = {"used": used, "quota": limit,
-                         "percent": round(100.0 * used / limit, 1) if limit else 0.0}
+        out[resource] = {"used": used, "quota": limit, "percent": round(100.0 * used / limit, 1) if limit else 0.0}
     return out
 
 
-__all__ = ["overhead_base_mib", "overhead_mib", "host_footprint_mib", "running_charge", "vm_charge", "recompute_usage",
-           "storage_usage",
-           "first_exceeded", "check_admission", "check_quota_change", "describe_usage", "format_mib"]
+__all__ = [
+    "check_admission",
+    "check_quota_change",
+    "describe_usage",
+    "first_exceeded",
+    "format_mib",
+    "host_footprint_mib",
+    "overhead_base_mib",
+    "overhead_mib",
+    "recompute_usage",
+    "running_charge",
+    "storage_usage",
+    "vm_charge",
+]

@@ -16,17 +16,19 @@ CAP_MAX_PERIOD_US = 1_000_000
 class ScalingFlags:
     """The four switches that must all be on for a VM to be prepared for live scaling."""
 
-    zone_setting: bool          # enable.dynamic.scale.vm (zone scope)
-    offering: bool              # offering.dynamic_scaling
-    template: bool              # template.dynamic_scaling
-    vm: bool                    # vm.dynamically_scalable
+    zone_setting: bool  # enable.dynamic.scale.vm (zone scope)
+    offering: bool  # offering.dynamic_scaling
+    template: bool  # template.dynamic_scaling
+    vm: bool  # vm.dynamically_scalable
 
     def first_off(self) -> str | None:
         """The name of the first switch that is off, as an operator would look it up; None if all are on."""
-        for name, value in (("setting enable.dynamic.scale.vm", self.zone_setting),
-                            ("offering dynamic_scaling", self.offering),
-                            ("template dynamic_scaling", self.template),
-                            ("vm dynamic_scaling", self.vm)):
+        for name, value in (
+            ("setting enable.dynamic.scale.vm", self.zone_setting),
+            ("offering dynamic_scaling", self.offering),
+            ("template dynamic_scaling", self.template),
+            ("vm dynamic_scaling", self.vm),
+        ):
             if not value:
                 return name
         return None
@@ -36,8 +38,9 @@ class ScalingFlags:
         return self.first_off() is None
 
 
-def ceiling(flags: ScalingFlags, size: Size, cpu_capacity: int, memory_capacity_mib: int, host_cores: int,
-            host_memory_mib: int) -> Size:
+def ceiling(
+    flags: ScalingFlags, size: Size, cpu_capacity: int, memory_capacity_mib: int, host_cores: int, host_memory_mib: int
+) -> Size:
     """The maximum a VM can be live-scaled to, fixed when it starts.
 
     Not prepared: the current size. Prepared: kvm.cpu.dynamic.scaling.capacity /
@@ -72,7 +75,7 @@ def cap_for_share(share: float) -> CpuCap:
     return CpuCap(period_us=period, quota_us=quota)
 
 
-MEMORY_STEP_MIB = 128       # Linux onlines hot-plugged memory in 128 MiB blocks (x86_64)
+MEMORY_STEP_MIB = 128  # Linux onlines hot-plugged memory in 128 MiB blocks (x86_64)
 
 
 @dataclass(frozen=True)
@@ -83,18 +86,18 @@ class ScaleFacts:
     state: str
     current: Size
     ceiling: Size
-    prepared: bool                       # it was started with a ceiling (all four switches on then)
-    flags: ScalingFlags                  # the switches now
-    cap_share: float | None              # the CPU cap now (fraction of a host CPU per vCPU), None = uncapped
-    boot_memory_mib: int | None = None   # what it booted with: memory below it can not be released live
-    setting_scope: str = ""              # where its zone setting was read, e.g. "in zone z2 (host s1)"
+    prepared: bool  # it was started with a ceiling (all four switches on then)
+    flags: ScalingFlags  # the switches now
+    cap_share: float | None  # the CPU cap now (fraction of a host CPU per vCPU), None = uncapped
+    boot_memory_mib: int | None = None  # what it booted with: memory below it can not be released live
+    setting_scope: str = ""  # where its zone setting was read, e.g. "in zone z2 (host s1)"
 
 
 @dataclass(frozen=True)
 class ScalePlan:
     current: Size
     target: Size
-    cap_share: float | None              # after the scale
+    cap_share: float | None  # after the scale
     cap_changes: bool
 
     @property
@@ -123,25 +126,42 @@ def plan_scale(vm: ScaleFacts, target: Size, cap_share: float | None, cap_change
         raise Conflict(f"vm {vm.name} is {vm.state}; live scaling needs a running VM", field="state")
     plan = ScalePlan(vm.current, target, cap_share, cap_changes)
     if not plan.size_changes and not cap_changes:
-        raise Conflict(f"vm {vm.name} already has {target.vcpus} vCPU(s) / {target.memory_mib} MiB and that CPU cap; "
-                       f"nothing to change", field=None)
+        raise Conflict(
+            f"vm {vm.name} already has {target.vcpus} vCPU(s) / {target.memory_mib} MiB and that CPU cap; "
+            f"nothing to change",
+            field=None,
+        )
     if plan.size_changes:
         off = vm.flags.first_off()
         if off:
             where = f" {vm.setting_scope}" if off.startswith("setting") and vm.setting_scope else ""
             raise Conflict(f"vm {vm.name} can not be live-scaled: {off} is false{where}", field="dynamic_scaling")
         if not vm.prepared:
-            raise Conflict(f"vm {vm.name} was not prepared for live scaling when it started (a switch was off "
-                           f"then); restart it to prepare it", field="dynamic_scaling")
-        for field, asked, top in (("vcpus", target.vcpus, vm.ceiling.vcpus),
-                                  ("memory_mib", target.memory_mib, vm.ceiling.memory_mib)):
+            raise Conflict(
+                f"vm {vm.name} was not prepared for live scaling when it started (a switch was off "
+                f"then); restart it to prepare it",
+                field="dynamic_scaling",
+            )
+        for field, asked, top in (
+            ("vcpus", target.vcpus, vm.ceiling.vcpus),
+            ("memory_mib", target.memory_mib, vm.ceiling.memory_mib),
+        ):
             if asked > top:
-                raise Conflict(f"{field}={asked} is above vm {vm.name}'s ceiling of {top} prepared at start; "
-                               f"a restart is needed to go beyond it", field=field)
+                raise Conflict(
+                    f"{field}={asked} is above vm {vm.name}'s ceiling of {top} prepared at start; "
+                    f"a restart is needed to go beyond it",
+                    field=field,
+                )
         if vm.boot_memory_mib is not None and target.memory_mib < vm.boot_memory_mib:
-            raise Conflict(f"memory {target.memory_mib} MiB is below the {vm.boot_memory_mib} MiB vm {vm.name} booted "
-                           f"with; it can not be released live (stop the VM to resize it)", field="memory_mib")
+            raise Conflict(
+                f"memory {target.memory_mib} MiB is below the {vm.boot_memory_mib} MiB vm {vm.name} booted "
+                f"with; it can not be released live (stop the VM to resize it)",
+                field="memory_mib",
+            )
         if plan.memory_delta_mib % MEMORY_STEP_MIB:
-            raise Invalid(f"live memory changes go in steps of {MEMORY_STEP_MIB} MiB (the guest's memory block); "
-                          f"{vm.current.memory_mib} -> {target.memory_mib} MiB is not one", field="memory_mib")
+            raise Invalid(
+                f"live memory changes go in steps of {MEMORY_STEP_MIB} MiB (the guest's memory block); "
+                f"{vm.current.memory_mib} -> {target.memory_mib} MiB is not one",
+                field="memory_mib",
+            )
     return plan

@@ -14,8 +14,8 @@ from vmplane.core.errors import Invalid
 
 @dataclass(frozen=True)
 class Scope:
-    zone: str | None            # None only when there is no zone at all
-    cluster: str | None         # None: any cluster of the zone
+    zone: str | None  # None only when there is no zone at all
+    cluster: str | None  # None: any cluster of the zone
 
 
 def vm_scope(zones: dict[str, list[str]], zone: str | None, cluster: str | None) -> Scope:
@@ -45,6 +45,8 @@ def vm_scope(zones: dict[str, list[str]], zone: str | None, cluster: str | None)
 def migration_scope_problem(vm: str, vm_zone: str | None, target: str, target_zone: str) -> str | None:
     """Why an explicit migration target is refused (another zone), or None if it is in the VM's zone."""
     if vm_zone is not None and target_zone != vm_zone:
-        return (f"host {target} is in zone {target_zone}; vm {vm} belongs to zone {vm_zone} and never leaves it "
-                f"(choose a host of zone {vm_zone})")
+        return (
+            f"host {target} is in zone {target_zone}; vm {vm} belongs to zone {vm_zone} and never leaves it "
+            f"(choose a host of zone {vm_zone})"
+        )
     return None

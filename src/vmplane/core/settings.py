@@ -27,7 +27,7 @@ class SettingKey:
 
     key: str
     kind: str
-    default: object
+    default: bool | int | float | str
     narrowest_scope: str
     description: str
     low: float | None = None
@@ -46,7 +46,7 @@ class SettingKey:
         if self.kind == "choice":
             return " or ".join(self.choices)
         if self.kind == "int":
-            return f"{int(self.low)}..{int(self.high)}"    # type: ignore[arg-type]
+            return f"{int(self.low)}..{int(self.high)}"  # type: ignore[arg-type]
         return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
 
     def parse(self, raw: object) -> object:
@@ -66,8 +66,8 @@ class SettingKey:
         value = self._number(raw)
         if value != value or value in (math.inf, -math.inf):
             raise ValueError(f"must be a finite number, got {raw!r}")
-        below = value <= self.low if self.low_open else value < self.low      # type: ignore[operator]
-        if below or value > self.high:                                          # type: ignore[operator]
+        below = value <= self.low if self.low_open else value < self.low  # type: ignore[operator]
+        if below or value > self.high:  # type: ignore[operator]
             raise ValueError(f"must be in {self.range}, got {raw!r}")
         return value
 
@@ -99,86 +99,249 @@ _INT = re.compile(r"^[+-]?[0-9]{1,30}$")
 _FLOAT = re.compile(r"^[+-]?([0-9]{1,20}(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?$")
 
 
-def _bool(key, default, scope, text):
+def _bool(key: str, default: bool, scope: str, text: str) -> SettingKey:
     return SettingKey(key, "bool", default, scope, text)
 
 
-def _int(key, default, scope, text, low, high):
+def _int(key: str, default: int, scope: str, text: str, low: int, high: int) -> SettingKey:
     return SettingKey(key, "int", default, scope, text, low, high)
 
 
-def _float(key, default, scope, text, low, high, low_open=False):
+def _float(
+    key: str, default: float, scope: str, text: str, low: float, high: float, low_open: bool = False
+) -> SettingKey:
     return SettingKey(key, "float", default, scope, text, low, high, low_open)
 
 
-KEYS: dict[str, SettingKey] = {k.key: k for k in [
-    _bool("enable.dynamic.scale.vm", False, "zone",
-          "Prepare VMs for live scaling at start (with offering, template and VM flags)."),
-    _int("kvm.cpu.dynamic.scaling.capacity", 0, "cluster",
-         "vCPU ceiling of a VM prepared for live scaling; 0 or -1 means the host's cores.", -1, STORE_INT_MAX),
-    _int("kvm.memory.dynamic.scaling.capacity", 0, "cluster",
-         "Memory ceiling (MiB) of a VM prepared for live scaling; 0 or -1 means the host's memory.",
-         -1, STORE_INT_MAX),
-    _bool("auto.migrate.vm.on.live.scale.insufficient.capacity", True, "cluster",
-          "Live-migrate a VM to a host with room when its host cannot take a live scale."),
-    _float("cpu.overprovisioning.factor", 1.0, "cluster",
-           "Multiplier of host cores for placement (1.0 = no CPU overcommit).", 0, 100, low_open=True),
-    _float("mem.overprovisioning.factor", 1.0, "cluster",
-           "Multiplier of host memory for placement (1.0 = no memory overcommit).", 0, 100, low_open=True),
-    _float("vmplane.overhead.ratio", 1.0, "cluster",
-           "Multiplier of the per-VM QEMU memory overhead model (Harvester uses 1.5).", 0.5, 10),
-    SettingKey("vmplane.placement.strategy", "choice", "spread", "cluster",
-               "spread = least allocated host first, pack = most allocated host first.", choices=("spread", "pack")),
-    _int("vmplane.migration.max.per.cluster", 5, "cluster",
-         "Live migrations copying at once in a cluster; more wait in a queue.", 1, 1000),
-    _int("vmplane.migration.max.outbound.per.host", 2, "cluster",
-         "Live migrations leaving one host at once.", 1, 1000),
-    _int("vmplane.migration.max.inbound.per.host", 2, "cluster",
-         "Live migrations arriving on one host at once.", 1, 1000),
-    _int("vmplane.migration.timeout", 600, "cluster",
-         "Seconds a live migration may copy; at the deadline a copy still in pre-copy is aborted (KVM: switched "
-         "to post-copy) and settled by asking both hosts.", 1, 86400),
-    _int("vmplane.migration.guest.timeout", 60, "cluster",
-         "Seconds the check after a live migration waits for the guest to answer on the target, when it "
-         "answered on the source before the move.", 1, 86400),
-    _int("vmplane.migration.guest.boot.timeout", 300, "cluster",
-         "Seconds that check waits for a guest that had not answered on the source yet (still booting).", 1, 86400),
-    _int("vmplane.vm.shutdown.timeout", 30, "cluster",
-         "Seconds a stop waits for the guest to power off (ACPI) before forcing it off.", 0, 86400),
-    _float("vmplane.host.check.interval", 5.0, "global",
-           "Seconds between checks that each libvirt host answers (a host that does not is marked down).",
-           0.1, 3600),
-    _int("vmplane.host.sync.interval", 30, "global",
-         "Seconds between full syncs of every host's domains with the record (the safety net for missed "
-         "libvirt events).", 1, 3600),
-    _float("vmplane.unknown.settle.interval", 10.0, "global",
-           "Seconds between passes of the host monitor that settle every unknown VM of a host that answers from "
-           "what the hosts run (running, or stopped with its charge given back).", 0.1, 3600),
-    _float("vmplane.ha.grace", 10.0, "cluster",
-           "Seconds a host may fail to answer before it is declared failed and fenced (a shorter blip restarts "
-           "nothing).", 0, 3600),
-    _int("vmplane.ha.max.parallel", 4, "cluster",
-         "HA restarts run at once after a host failure (by priority, highest first).", 1, 1000),
-    _int("vmplane.ha.max.restart", 3, "cluster",
-         "Attempts to restart an HA VM elsewhere before it is put in the terminal error state.", 1, 100),
-    _int("vmplane.ha.lock.release.window", 180, "cluster",
-         "Seconds an HA restart refused on a disk lock (the failed host's lock outlives its power-off on shared "
-         "storage, as an NFS lease does) is retried with backoff without spending its attempts.", 0, 3600),
-    _int("vmplane.ha.host.failures.tolerated", 0, "cluster",
-         "Host failures the cluster keeps room for: placement refuses a start, scale or migration that would "
-         "leave too little room to restart the HA VMs of any that many hosts.", 0, 100),
-    _int("vmplane.migration.postcopy.min.bandwidth", 64, "global",
-         "MiB/s: the lowest post-copy bandwidth an admin may ask for a migration (a post-copy can not be "
-         "aborted; at a few MiB/s it holds both hosts' slots and claims for hours).", 1, 1_000_000),
-    _int("vmplane.operation.deadline", 1800, "global",
-         "Seconds an operation in flight may go without a change to its record while no thread of its process "
-         "carries it; past that, its process settles it through its failure path (retried with backoff) and "
-         "`audit` reports it.", 1, 86400),
-    _int("vmplane.operation.history", 10000, "global",
-         "Finished operations kept for `operations list`.", 0, 10_000_000),
-    _int("vmplane.event.history", 100_000, "global",
-         "Events kept for `vmplane events` (the oldest go, in batches, once there are more).", 0, 10_000_000),
-]}
+KEYS: dict[str, SettingKey] = {
+    k.key: k
+    for k in [
+        _bool(
+            "enable.dynamic.scale.vm",
+            False,
+            "zone",
+            "Prepare VMs for live scaling at start (with offering, template and VM flags).",
+        ),
+        _int(
+            "kvm.cpu.dynamic.scaling.capacity",
+            0,
+            "cluster",
+            "vCPU ceiling of a VM prepared for live scaling; 0 or -1 means the host's cores.",
+            -1,
+            STORE_INT_MAX,
+        ),
+        _int(
+            "kvm.memory.dynamic.scaling.capacity",
+            0,
+            "cluster",
+            "Memory ceiling (MiB) of a VM prepared for live scaling; 0 or -1 means the host's memory.",
+            -1,
+            STORE_INT_MAX,
+        ),
+        _bool(
+            "auto.migrate.vm.on.live.scale.insufficient.capacity",
+            True,
+            "cluster",
+            "Live-migrate a VM to a host with room when its host cannot take a live scale.",
+        ),
+        _float(
+            "cpu.overprovisioning.factor",
+            1.0,
+            "cluster",
+            "Multiplier of host cores for placement (1.0 = no CPU overcommit).",
+            0,
+            100,
+            low_open=True,
+        ),
+        _float(
+            "mem.overprovisioning.factor",
+            1.0,
+            "cluster",
+            "Multiplier of host memory for placement (1.0 = no memory overcommit).",
+            0,
+            100,
+            low_open=True,
+        ),
+        _float(
+            "vmplane.overhead.ratio",
+            1.0,
+            "cluster",
+            "Multiplier of the per-VM QEMU memory overhead model (Harvester uses 1.5).",
+            0.5,
+            10,
+        ),
+        SettingKey(
+            "vmplane.placement.strategy",
+            "choice",
+            "spread",
+            "cluster",
+            "spread = least allocated host first, pack = most allocated host first.",
+            choices=("spread", "pack"),
+        ),
+        _int(
+            "vmplane.migration.max.per.cluster",
+            5,
+            "cluster",
+            "Live migrations copying at once in a cluster; more wait in a queue.",
+            1,
+            1000,
+        ),
+        _int(
+            "vmplane.migration.max.outbound.per.host",
+            2,
+            "cluster",
+            "Live migrations leaving one host at once.",
+            1,
+            1000,
+        ),
+        _int(
+            "vmplane.migration.max.inbound.per.host",
+            2,
+            "cluster",
+            "Live migrations arriving on one host at once.",
+            1,
+            1000,
+        ),
+        _int(
+            "vmplane.migration.timeout",
+            600,
+            "cluster",
+            "Seconds a live migration may copy; at the deadline a copy still in pre-copy is aborted (KVM: switched "
+            "to post-copy) and settled by asking both hosts.",
+            1,
+            86400,
+        ),
+        _int(
+            "vmplane.migration.guest.timeout",
+            60,
+            "cluster",
+            "Seconds the check after a live migration waits for the guest to answer on the target, when it "
+            "answered on the source before the move.",
+            1,
+            86400,
+        ),
+        _int(
+            "vmplane.migration.guest.boot.timeout",
+            300,
+            "cluster",
+            "Seconds that check waits for a guest that had not answered on the source yet (still booting).",
+            1,
+            86400,
+        ),
+        _int(
+            "vmplane.vm.shutdown.timeout",
+            30,
+            "cluster",
+            "Seconds a stop waits for the guest to power off (ACPI) before forcing it off.",
+            0,
+            86400,
+        ),
+        _float(
+            "vmplane.host.check.interval",
+            5.0,
+            "global",
+            "Seconds between checks that each libvirt host answers (a host that does not is marked down).",
+            0.1,
+            3600,
+        ),
+        _int(
+            "vmplane.host.sync.interval",
+            30,
+            "global",
+            "Seconds between full syncs of every host's domains with the record (the safety net for missed "
+            "libvirt events).",
+            1,
+            3600,
+        ),
+        _float(
+            "vmplane.unknown.settle.interval",
+            10.0,
+            "global",
+            "Seconds between passes of the host monitor that settle every unknown VM of a host that answers from "
+            "what the hosts run (running, or stopped with its charge given back).",
+            0.1,
+            3600,
+        ),
+        _float(
+            "vmplane.ha.grace",
+            10.0,
+            "cluster",
+            "Seconds a host may fail to answer before it is declared failed and fenced (a shorter blip restarts "
+            "nothing).",
+            0,
+            3600,
+        ),
+        _int(
+            "vmplane.ha.max.parallel",
+            4,
+            "cluster",
+            "HA restarts run at once after a host failure (by priority, highest first).",
+            1,
+            1000,
+        ),
+        _int(
+            "vmplane.ha.max.restart",
+            3,
+            "cluster",
+            "Attempts to restart an HA VM elsewhere before it is put in the terminal error state.",
+            1,
+            100,
+        ),
+        _int(
+            "vmplane.ha.lock.release.window",
+            180,
+            "cluster",
+            "Seconds an HA restart refused on a disk lock (the failed host's lock outlives its power-off on shared "
+            "storage, as an NFS lease does) is retried with backoff without spending its attempts.",
+            0,
+            3600,
+        ),
+        _int(
+            "vmplane.ha.host.failures.tolerated",
+            0,
+            "cluster",
+            "Host failures the cluster keeps room for: placement refuses a start, scale or migration that would "
+            "leave too little room to restart the HA VMs of any that many hosts.",
+            0,
+            100,
+        ),
+        _int(
+            "vmplane.migration.postcopy.min.bandwidth",
+            64,
+            "global",
+            "MiB/s: the lowest post-copy bandwidth an admin may ask for a migration (a post-copy can not be "
+            "aborted; at a few MiB/s it holds both hosts' slots and claims for hours).",
+            1,
+            1_000_000,
+        ),
+        _int(
+            "vmplane.operation.deadline",
+            1800,
+            "global",
+            "Seconds an operation in flight may go without a change to its record while no thread of its process "
+            "carries it; past that, its process settles it through its failure path (retried with backoff) and "
+            "`audit` reports it.",
+            1,
+            86400,
+        ),
+        _int(
+            "vmplane.operation.history",
+            10000,
+            "global",
+            "Finished operations kept for `operations list`.",
+            0,
+            10_000_000,
+        ),
+        _int(
+            "vmplane.event.history",
+            100_000,
+            "global",
+            "Events kept for `vmplane events` (the oldest go, in batches, once there are more).",
+            0,
+            10_000_000,
+        ),
+    ]
+}
 
 
 def setting_key(key: str) -> SettingKey:
@@ -194,8 +357,10 @@ def parse_value(key: str, scope: str, raw: object) -> object:
     if scope not in SCOPES:
         raise Invalid(f"unknown scope {scope!r}; use global, zone or cluster", field="scope")
     if not spec.allows(scope):
-        raise Invalid(f"{key} can be set at {', '.join(SCOPES[:SCOPES.index(spec.narrowest_scope) + 1])} "
-                      f"scope, not {scope}", field="scope")
+        raise Invalid(
+            f"{key} can be set at {', '.join(SCOPES[: SCOPES.index(spec.narrowest_scope) + 1])} scope, not {scope}",
+            field="scope",
+        )
     try:
         return spec.parse(raw)
     except ValueError as exc:
@@ -211,8 +376,9 @@ def typed(key: str, raw: str) -> object:
         return raw
 
 
-def resolve(key: str, values: dict[tuple[str, str | None], str], zone: str | None = None,
-            cluster: str | None = None) -> object:
+def resolve(
+    key: str, values: dict[tuple[str, str | None], str], zone: str | None = None, cluster: str | None = None
+) -> object:
     """The effective value of `key` for a cluster in a zone.
 
     `values` maps (scope, scope_name) to the raw stored value, e.g. {("cluster", "c1"): "1.5",
@@ -226,6 +392,6 @@ def resolve(key: str, values: dict[tuple[str, str | None], str], zone: str | Non
         if raw is not None:
             try:
                 return spec.parse(raw)
-            except ValueError:      # stored before values were checked: as if it were not set
+            except ValueError:  # stored before values were checked: as if it were not set
                 continue
     return spec.default

@@ -23,9 +23,10 @@ def parse_mib(text: str | int) -> int:
             raise ValueError(f"{text!r} is not a size; use e.g. 512MiB, 16GiB or a plain number of MiB")
         value, unit = float(m.group(1)), m.group(2).lower()
     if unit not in _UNITS_MIB:
-        if unit in ("m", "g", "t", "mb", "gb", "tb"):     # decimal or ambiguous: 16G is 10^9 to Kubernetes
-            raise ValueError(f"{text!r}: {m.group(2) if m else unit} is ambiguous (decimal or binary?); "
-                             f"use MiB, GiB or TiB")
+        if unit in ("m", "g", "t", "mb", "gb", "tb"):  # decimal or ambiguous: 16G is 10^9 to Kubernetes
+            raise ValueError(
+                f"{text!r}: {m.group(2) if m else unit} is ambiguous (decimal or binary?); use MiB, GiB or TiB"
+            )
         raise ValueError(f"{text!r}: unknown unit {unit!r}; use MiB, GiB or TiB (binary units)")
     mib = value * _UNITS_MIB[unit]
     if mib != int(mib):

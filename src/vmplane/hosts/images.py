@@ -26,7 +26,7 @@ FORMATS = ("qcow2", "raw")
 
 @dataclass(frozen=True)
 class ImageFacts:
-    path: str                   # in the control plane's image store (or the built-in name)
+    path: str  # in the control plane's image store (or the built-in name)
     format: str
     virtual_mib: int
     checksum: str | None
@@ -56,7 +56,7 @@ def _looks_like_a_disk(path: Path) -> bool:
         head = f.read(64 * 1024 + 8)
     if len(head) >= 512 and head[510:512] == b"\x55\xaa":
         return True
-    if len(head) >= 1082 and head[1080:1082] == b"\x53\xef":        # ext superblock magic
+    if len(head) >= 1082 and head[1080:1082] == b"\x53\xef":  # ext superblock magic
         return True
     if head[:4] == b"XFSB":
         return True
@@ -76,11 +76,13 @@ def inspect(source: str) -> tuple[str, int]:
     if fmt not in FORMATS:
         raise Invalid(f"image {source} is {fmt}; vmplane takes qcow2 or raw images", field="image")
     if fmt == "raw" and not _looks_like_a_disk(path):
-        raise Invalid(f"image {source} is not a disk image: no boot sector, partition table or file system "
-                      f"(qemu-img calls any file raw)", field="image")
+        raise Invalid(
+            f"image {source} is not a disk image: no boot sector, partition table or file system "
+            f"(qemu-img calls any file raw)",
+            field="image",
+        )
     if info.get("backing-filename"):
-        raise Invalid(f"image {source} has a backing file; import a standalone image (qemu-img convert)",
-                      field="image")
+        raise Invalid(f"image {source} has a backing file; import a standalone image (qemu-img convert)", field="image")
     return fmt, max(1, -(-int(info["virtual-size"]) // (1 << 20)))
 
 
@@ -125,3 +127,8 @@ def ensure_on_host(driver: Driver, disk_image: str, fmt: str) -> str:
         source = str(builtin_image()) if disk_image == BUILTIN else disk_image
         found = driver.upload_volume(R.IMAGE_POOL, name, source, fmt)
     return found.path
+
+
+def template_disk(name: str, disk: str) -> ImageFacts:
+    """The root-disk image of template `name`: the test guest's (`tiny-linux`) or the file `disk`, imported."""
+    return builtin_facts() if disk == BUILTIN else import_image(name, disk)

@@ -32,8 +32,11 @@ def local_signal(uri: str | None) -> Signal | None:
     if host is None:
         return None
     procs = localhosts.processes(host)
-    running = [f"{role} {','.join(map(str, pids))}" for role, pids in procs.items()
-               if pids and role in ("libvirtd", "qemu", "heartbeat")]
+    running = [
+        f"{role} {','.join(map(str, pids))}"
+        for role, pids in procs.items()
+        if pids and role in ("libvirtd", "qemu", "heartbeat")
+    ]
     if running:
         return Signal(True, f"host {host.name} processes alive: {'; '.join(running)}")
     return Signal(False, f"host {host.name}: no libvirtd, QEMU or heartbeat process left")

@@ -57,6 +57,7 @@ namespace of its own), this machine's is not changed. The server is SSHD, or VMP
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -64,6 +65,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,10 +76,10 @@ SHARED_PATH = "/var/lib/vmplane/shared"
 IMAGES_PATH = "/var/lib/vmplane/images"
 BRIDGE = "vmpbr0"
 SUBNET = "10.88.0"
-UPLINK_ADDRESS = f"{SUBNET}.254"      # this machine's address on the bridge of TLS hosts
+UPLINK_ADDRESS = f"{SUBNET}.254"  # this machine's address on the bridge of TLS hosts
 TLS_PORT = 16514
 SSHD = os.environ.get("VMPLANE_SSHD") or shutil.which("sshd") or "/usr/sbin/sshd"
-_NS_COVERED = ("/run", "/var/lib", "/var/cache", "/var/log")    # tmpfs of their own in each namespace
+_NS_COVERED = ("/run", "/var/lib", "/var/cache", "/var/log")  # tmpfs of their own in each namespace
 
 
 def _tag(base: Path) -> str:
@@ -92,7 +94,7 @@ def switch_ns(base: Path) -> str:
 
 
 # -- the machine's memory, shared between its local hosts --------------------------------------------
-RESERVE_MIB = 1024            # kept for the control plane (and the daemons): at least this, or 10 %
+RESERVE_MIB = 1024  # kept for the control plane (and the daemons): at least this, or 10 %
 
 
 def machine_memory_mib(meminfo: str | None = None) -> int:
@@ -118,9 +120,11 @@ def host_memory_mib(total_mib: int, hosts: int, asked_mib: int | None = None) ->
     if asked_mib is None:
         return room // max(hosts, 1)
     if asked_mib * hosts > room:
-        raise ValueError(f"{hosts} host(s) of {asked_mib} MiB need {asked_mib * hosts} MiB; this machine has "
-                         f"{total_mib} MiB, of which {room} MiB can go to local hosts (the rest is kept for the "
-                         f"control plane): at most {room // max(hosts, 1)} MiB each")
+        raise ValueError(
+            f"{hosts} host(s) of {asked_mib} MiB need {asked_mib * hosts} MiB; this machine has "
+            f"{total_mib} MiB, of which {room} MiB can go to local hosts (the rest is kept for the "
+            f"control plane): at most {room // max(hosts, 1)} MiB each"
+        )
     return asked_mib
 
 
@@ -146,9 +150,9 @@ class LocalHost:
     name: str
     dir: Path
     netns: str | None
-    address: str           # where QEMU listens for incoming migrations
-    tls: bool = False      # the daemon also listens with TLS on `address`; `uri` is then qemu+tls://
-    ssh: bool = False      # an sshd runs on `address`; `uri` is then qemu+ssh:// (unless tls)
+    address: str  # where QEMU listens for incoming migrations
+    tls: bool = False  # the daemon also listens with TLS on `address`; `uri` is then qemu+tls://
+    ssh: bool = False  # an sshd runs on `address`; `uri` is then qemu+ssh:// (unless tls)
 
     @property
     def socket(self) -> Path:
@@ -197,10 +201,10 @@ class LocalHost:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return None
-        if stat[stat.rfind(")") + 2] == "Z":      # killed but not yet reaped: a zombie is not a daemon
+        if stat[stat.rfind(")") + 2] == "Z":  # killed but not yet reaped: a zombie is not a daemon
             return None
-        if stat[stat.find("(") + 1:stat.rfind(")")] != "libvirtd":
-            return None             # a stale pid that is now another process (or start.sh before its exec)
+        if stat[stat.find("(") + 1 : stat.rfind(")")] != "libvirtd":
+            return None  # a stale pid that is now another process (or start.sh before its exec)
         return pid
 
     def lockd_pid(self) -> int | None:
@@ -208,7 +212,7 @@ class LocalHost:
         try:
             pid = int((self.dir / "run" / "virtlockd.pid").read_text().strip())
             if Path(f"/proc/{pid}/comm").read_text().strip() != "virtlockd" or _zombie(pid):
-                return None          # a killed virtlockd not reaped yet (its parent is init) is gone
+                return None  # a killed virtlockd not reaped yet (its parent is init) is gone
             return pid
         except (OSError, ValueError):
             return None
@@ -277,8 +281,9 @@ def from_uri(uri: str | None) -> LocalHost | None:
 def _saved(folder: Path) -> LocalHost | None:
     try:
         saved = json.loads((folder / "host.json").read_text())
-        return describe(folder.parent, folder.name, saved["index"], saved["netns"], saved.get("tls", False),
-                        saved.get("ssh", False))
+        return describe(
+            folder.parent, folder.name, saved["index"], saved["netns"], saved.get("tls", False), saved.get("ssh", False)
+        )
     except (OSError, ValueError, KeyError):
         return None
 
@@ -299,20 +304,42 @@ def _ensure_ssh(host: LocalHost, base: Path) -> None:
     keys = ssh_dir(base)
     keys.mkdir(parents=True, exist_ok=True)
     if not (keys / "id_ed25519").exists():
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vmplane-control-plane",
-                        "-f", str(keys / "id_ed25519")], check=True, capture_output=True)
-    (keys / "ssh").write_text(f'#!/bin/sh\nexec ssh -o UserKnownHostsFile={keys / "known_hosts"} '
-                              f'-o StrictHostKeyChecking=yes -o BatchMode=yes "$@"\n')
+        subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "vmplane-control-plane",
+                "-f",
+                str(keys / "id_ed25519"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    (keys / "ssh").write_text(
+        f"#!/bin/sh\nexec ssh -o UserKnownHostsFile={keys / 'known_hosts'} "
+        f'-o StrictHostKeyChecking=yes -o BatchMode=yes "$@"\n'
+    )
     os.chmod(keys / "ssh", 0o755)
     own = host.dir / "ssh"
     own.mkdir(parents=True, exist_ok=True)
     if not (own / "ssh_host_ed25519_key").exists():
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(own / "ssh_host_ed25519_key")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(own / "ssh_host_ed25519_key")],
+            check=True,
+            capture_output=True,
+        )
     public = (own / "ssh_host_ed25519_key.pub").read_text().split()[:2]
     known = keys / "known_hosts"
-    lines = [line for line in (known.read_text().splitlines() if known.exists() else [])
-             if line.split(" ", 1)[0] != host.address]
+    lines = [
+        line
+        for line in (known.read_text().splitlines() if known.exists() else [])
+        if line.split(" ", 1)[0] != host.address
+    ]
     known.write_text("\n".join(lines + [f"{host.address} {' '.join(public)}"]) + "\n")
     shutil.copyfile(keys / "id_ed25519.pub", own / "authorized_keys")
     os.chmod(own / "authorized_keys", 0o600)
@@ -324,7 +351,8 @@ def _ensure_ssh(host: LocalHost, base: Path) -> None:
         f"ListenAddress {host.address}\nHostKey {own / 'ssh_host_ed25519_key'}\nPidFile none\n"
         f"AuthorizedKeysFile {own / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-        "LogLevel VERBOSE\n")
+        "LogLevel VERBOSE\n"
+    )
 
 
 def _ensure_sshd(host: LocalHost) -> None:
@@ -334,12 +362,15 @@ def _ensure_sshd(host: LocalHost) -> None:
     if not host.ssh or pid is None or host.sshd_pid() is not None:
         return
     own = host.dir / "ssh"
-    script = (f"mount --make-rprivate /; mount --bind {own / 'passwd'} /etc/passwd; mkdir -p /run/sshd; "
-              f"chmod 755 /run/sshd; exec {SSHD} -D -f {own / 'sshd_config'} -E {own / 'sshd.log'}")
+    script = (
+        f"mount --make-rprivate /; mount --bind {own / 'passwd'} /etc/passwd; mkdir -p /run/sshd; "
+        f"chmod 755 /run/sshd; exec {SSHD} -D -f {own / 'sshd_config'} -E {own / 'sshd.log'}"
+    )
     cmd = ["nsenter", f"--target={pid}", "--mount", "--net", "unshare", "-m", "bash", "-c", script]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    (own / "sshd.pid").write_text(str(proc.pid))     # nsenter, unshare and bash exec: the same pid
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    (own / "sshd.pid").write_text(str(proc.pid))  # nsenter, unshare and bash exec: the same pid
     import socket
 
     deadline = time.monotonic() + 10
@@ -388,9 +419,13 @@ def _ensure_certs(host: LocalHost, base: Path, ca: Path | None) -> None:
     # QEMU's names for the same certificate (it serves incoming and, with tls_www_client, makes outgoing
     # migration streams) when a migration asks for VIR_MIGRATE_TLS
     (pki / "qemu").mkdir(exist_ok=True)
-    for ours, qemus in (("cacert.pem", "ca-cert.pem"), ("servercert.pem", "server-cert.pem"),
-                        ("serverkey.pem", "server-key.pem"), ("servercert.pem", "client-cert.pem"),
-                        ("serverkey.pem", "client-key.pem")):
+    for ours, qemus in (
+        ("cacert.pem", "ca-cert.pem"),
+        ("servercert.pem", "server-cert.pem"),
+        ("serverkey.pem", "server-key.pem"),
+        ("servercert.pem", "client-cert.pem"),
+        ("serverkey.pem", "client-key.pem"),
+    ):
         shutil.copyfile(pki / ours, pki / "qemu" / qemus)
         os.chmod(pki / "qemu" / qemus, 0o600 if "key" in qemus else 0o644)
     (pki / "signer").write_text(str(signer))
@@ -400,10 +435,12 @@ def _tls_config(host: LocalHost) -> str:
     """libvirtd.conf lines of a daemon that listens with TLS on its address (started with --listen)."""
     if not host.tls:
         return ""
-    pki = "/etc/libvirt/pki"         # BASE/NAME/etc/pki, as the daemon's mount namespace shows it
-    return (f'listen_tls = 1\nlisten_tcp = 0\nlisten_addr = "{host.address}"\ntls_port = "{TLS_PORT}"\n'
-            f'auth_tls = "none"\ntls_no_verify_certificate = 0\n'
-            f'ca_file = "{pki}/cacert.pem"\ncert_file = "{pki}/servercert.pem"\nkey_file = "{pki}/serverkey.pem"\n')
+    pki = "/etc/libvirt/pki"  # BASE/NAME/etc/pki, as the daemon's mount namespace shows it
+    return (
+        f'listen_tls = 1\nlisten_tcp = 0\nlisten_addr = "{host.address}"\ntls_port = "{TLS_PORT}"\n'
+        f'auth_tls = "none"\ntls_no_verify_certificate = 0\n'
+        f'ca_file = "{pki}/cacert.pem"\ncert_file = "{pki}/servercert.pem"\nkey_file = "{pki}/serverkey.pem"\n'
+    )
 
 
 def run_dir(host: LocalHost) -> Path:
@@ -423,22 +460,26 @@ def _link_run_dir(host: LocalHost) -> None:
     if run.is_symlink() or run.is_file():
         run.unlink()
     elif run.is_dir():
-        shutil.rmtree(run)          # a stopped host's, from before the link: nothing of it runs
+        shutil.rmtree(run)  # a stopped host's, from before the link: nothing of it runs
     run.symlink_to(target)
 
 
 def _remove_run_dir(host: LocalHost) -> None:
     shutil.rmtree(run_dir(host).parent, ignore_errors=True)
     with contextlib.suppress(OSError):
-        run_dir(host).parent.parent.rmdir()     # the cluster's folder, once its last host is gone
+        run_dir(host).parent.parent.rmdir()  # the cluster's folder, once its last host is gone
 
 
 def capabilities_cache() -> Path:
     """This machine's copy of libvirt's QEMU capabilities cache (the XML libvirtd writes after probing the
     QEMU binary, 3-8 s of its first call), shared by every local host: VMPLANE_CAPS_CACHE, or
     ~/.cache/vmplane/libvirt-qemu-capabilities."""
-    return Path(os.environ.get("VMPLANE_CAPS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")), "vmplane", "libvirt-qemu-capabilities"))
+    return Path(
+        os.environ.get("VMPLANE_CAPS_CACHE")
+        or os.path.join(
+            os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")), "vmplane", "libvirt-qemu-capabilities"
+        )
+    )
 
 
 def _host_capabilities(host: LocalHost) -> Path:
@@ -483,21 +524,26 @@ def _write_config(host: LocalHost, base: Path) -> None:
     mounts = storage_dirs(base, host.name)
     for folder in mounts.values():
         folder.mkdir(parents=True, exist_ok=True)
-    os.chmod(host.dir, 0o700)        # the socket inside is root's alone
+    os.chmod(host.dir, 0o700)  # the socket inside is root's alone
     (host.dir / "etc" / "libvirtd.conf").write_text(
         f'host_uuid = "{_host_uuid(host.name, base)}"\n'
         'unix_sock_rw_perms = "0700"\nunix_sock_ro_perms = "0700"\n'
         'auth_unix_rw = "none"\nauth_unix_ro = "none"\n'
-        'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n' + _tls_config(host))
+        'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n' + _tls_config(host)
+    )
     (host.dir / "etc" / "qemu.conf").write_text(
         'user = "root"\ngroup = "root"\ndynamic_ownership = 0\nremember_owner = 0\nsecurity_driver = "none"\n'
         'stdio_handler = "file"\nnamespaces = [ ]\nlock_manager = "lockd"\n'
         # libvirt refuses loopback addresses here: a host in its own network namespace listens on its
         # own address; a host sharing this machine's network listens on all (the URI picks 127.0.0.1)
-        + (f'migration_address = "{host.address}"\nmigration_host = "{host.address}"\n' if host.netns
-           else 'migration_address = "0.0.0.0"\n')
+        + (
+            f'migration_address = "{host.address}"\nmigration_host = "{host.address}"\n'
+            if host.netns
+            else 'migration_address = "0.0.0.0"\n'
+        )
         # a migration asked with VIR_MIGRATE_TLS encrypts its data stream too (QEMU's own TLS, these files)
-        + ('migrate_tls_x509_cert_dir = "/etc/libvirt/pki/qemu"\nmigrate_tls_x509_verify = 1\n' if host.tls else ''))
+        + ('migrate_tls_x509_cert_dir = "/etc/libvirt/pki/qemu"\nmigrate_tls_x509_verify = 1\n' if host.tls else "")
+    )
     # leases on every disk, taken on the disk files themselves (see the module's docstring); domains
     # without disks need none
     (host.dir / "etc" / "qemu-lockd.conf").write_text("auto_disk_leases = 1\nrequire_lease_for_disks = 0\n")
@@ -524,11 +570,13 @@ exec {LIBVIRTD} -f /etc/libvirt/libvirtd.conf -p /run/libvirt/libvirtd.pid{" --l
 # plugin finds it at /run/libvirt/virtlockd-sock. One that still runs (libvirtd died, its guests and their
 # leases live on) is kept: it holds those leases, and the new libvirtd reaches it through the same socket;
 # a zombie (killed, not yet reaped) is not
-_LOCKD_START = ("p=$(cat /run/libvirt/virtlockd.pid 2>/dev/null || true); "
-                "if [ -z \"$p\" ] || [ \"$(cat /proc/$p/comm 2>/dev/null)\" != virtlockd ] "
-                "|| grep -qs '^State:[[:space:]]*[ZX]' /proc/$p/status; then "
-                f"rm -f /run/libvirt/virtlockd-sock; {VIRTLOCKD} -d -f /etc/libvirt/virtlockd.conf "
-                "-p /run/libvirt/virtlockd.pid; fi")
+_LOCKD_START = (
+    "p=$(cat /run/libvirt/virtlockd.pid 2>/dev/null || true); "
+    'if [ -z "$p" ] || [ "$(cat /proc/$p/comm 2>/dev/null)" != virtlockd ] '
+    "|| grep -qs '^State:[[:space:]]*[ZX]' /proc/$p/status; then "
+    f"rm -f /run/libvirt/virtlockd-sock; {VIRTLOCKD} -d -f /etc/libvirt/virtlockd.conf "
+    "-p /run/libvirt/virtlockd.pid; fi"
+)
 
 
 def _ensure_lockd(host: LocalHost) -> None:
@@ -536,8 +584,9 @@ def _ensure_lockd(host: LocalHost) -> None:
     pid = host.pid()
     if pid is None or host.lockd_pid() is not None:
         return
-    subprocess.run(["nsenter", f"--target={pid}", "--mount", "bash", "-c", _LOCKD_START], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["nsenter", f"--target={pid}", "--mount", "bash", "-c", _LOCKD_START], check=True, capture_output=True
+    )
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -559,6 +608,7 @@ def _ensure_switch(base: Path) -> str:
 
 
 def _ensure_netns(base: Path, host: LocalHost, index: int) -> None:
+    assert host.netns is not None  # (called for a host made with netns=True)
     if _netns_exists(host.netns):
         return
     sw = _ensure_switch(base)
@@ -585,8 +635,10 @@ def _ensure_uplink(base: Path) -> None:
         return
     route = _ip("route", "show", f"{SUBNET}.0/24", check=False).stdout.strip()
     if route:
-        raise RuntimeError(f"{SUBNET}.0/24 is already routed on this machine ({route}): another cluster of "
-                           f"TLS hosts runs; stop it first")
+        raise RuntimeError(
+            f"{SUBNET}.0/24 is already routed on this machine ({route}): another cluster of "
+            f"TLS hosts runs; stop it first"
+        )
     _ip("link", "add", here, "type", "veth", "peer", "name", there)
     _ip("link", "set", there, "netns", sw)
     _ip("-n", sw, "link", "set", there, "master", BRIDGE)
@@ -610,12 +662,26 @@ def netns_available() -> bool:
 
 
 def describe(base: Path, name: str, index: int, netns: bool, tls: bool = False, ssh: bool = False) -> LocalHost:
-    return LocalHost(name, base / name, f"vmp{_tag(base)}-{name}" if netns else None,
-                     f"{SUBNET}.{index + 1}" if netns else "127.0.0.1", tls, ssh)
+    return LocalHost(
+        name,
+        base / name,
+        f"vmp{_tag(base)}-{name}" if netns else None,
+        f"{SUBNET}.{index + 1}" if netns else "127.0.0.1",
+        tls,
+        ssh,
+    )
 
 
-def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s: float = 30.0,
-          tls: bool = False, tls_ca: Path | None = None, ssh: bool = False) -> LocalHost:
+def start(
+    base: Path,
+    name: str,
+    index: int = 0,
+    netns: bool = False,
+    timeout_s: float = 30.0,
+    tls: bool = False,
+    tls_ca: Path | None = None,
+    ssh: bool = False,
+) -> LocalHost:
     """Start (or adopt, if it already runs) the libvirtd host NAME under BASE. With `tls` (needs `netns`)
     it also listens with TLS on its address, its server certificate signed by `tls_ca` (a folder with
     cacert.pem and cakey.pem; default the hosts folder's own CA, BASE/tls/ca: another CA makes a host
@@ -628,26 +694,34 @@ def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s:
         from vmplane import tlscerts
 
         if not netns:
-            raise RuntimeError(f"cannot start local libvirt host {name} with TLS: it needs a network namespace "
-                               f"(its own address to listen on)")
+            raise RuntimeError(
+                f"cannot start local libvirt host {name} with TLS: it needs a network namespace "
+                f"(its own address to listen on)"
+            )
         if tlscerts.available():
             raise RuntimeError(f"cannot start local libvirt host {name} with TLS: {tlscerts.available()}")
-    if tls or ssh:           # the URI's pkipath / keyfile are read by the daemons in their namespaces too
+    if tls or ssh:  # the URI's pkipath / keyfile are read by the daemons in their namespaces too
         resolved = str(Path(base).resolve())
         if any(resolved == d or resolved.startswith(d + "/") for d in _NS_COVERED):
-            raise RuntimeError(f"cannot start local libvirt host {name} with TLS or ssh: its folder {resolved} is "
-                               f"hidden in the hosts' namespaces (under {', '.join(_NS_COVERED)})")
+            raise RuntimeError(
+                f"cannot start local libvirt host {name} with TLS or ssh: its folder {resolved} is "
+                f"hidden in the hosts' namespaces (under {', '.join(_NS_COVERED)})"
+            )
     if ssh and (not netns or not os.access(SSHD, os.X_OK) or shutil.which("ssh") is None):
-        raise RuntimeError(f"cannot start local libvirt host {name} with ssh: it needs a network namespace, "
-                           f"the ssh client and sshd ({SSHD}; set VMPLANE_SSHD)")
+        raise RuntimeError(
+            f"cannot start local libvirt host {name} with ssh: it needs a network namespace, "
+            f"the ssh client and sshd ({SSHD}; set VMPLANE_SSHD)"
+        )
     host = describe(base, name, index, netns, tls, ssh)
     if _stopped(host.pid()):
-        return host          # partitioned by fail(host, "network"): it runs, unreachable, until recover()
+        return host  # partitioned by fail(host, "network"): it runs, unreachable, until recover()
     deadline = time.monotonic() + timeout_s
-    while host.pid() is not None and not host.running():     # alive (just resumed, or busy): waited for
+    while host.pid() is not None and not host.running():  # alive (just resumed, or busy): waited for
         if time.monotonic() >= deadline:
-            raise RuntimeError(f"libvirtd host {name} runs (pid {host.pid()}) but does not answer within "
-                               f"{timeout_s:.0f} s; not started twice")
+            raise RuntimeError(
+                f"libvirtd host {name} runs (pid {host.pid()}) but does not answer within "
+                f"{timeout_s:.0f} s; not started twice"
+            )
         time.sleep(0.2)
     if host.running():
         _ensure_lockd(host)
@@ -680,7 +754,7 @@ def start(base: Path, name: str, index: int = 0, netns: bool = False, timeout_s:
         if host.socket.exists() and host.pid() is not None and _answers(host) and (not tls or _tls_answers(host)):
             _ensure_heartbeat(host)
             _ensure_sshd(host)
-            (host.dir / "failed").unlink(missing_ok=True)      # a new daemon: whatever failed is over
+            (host.dir / "failed").unlink(missing_ok=True)  # a new daemon: whatever failed is over
             return host
         time.sleep(0.05)
     log = (host.dir / "daemon.out").read_text(errors="replace")[-2000:]
@@ -692,8 +766,12 @@ def _answers(host: LocalHost, timeout_s: float = 5.0) -> bool:
     libvirt's client in this process (the control plane's), where an open or a free racing the event
     loop on a daemon that is stopped or dies is what crashed libvirt 9.0's client (drivers/libvirt.py)."""
     try:
-        return subprocess.run(["virsh", "-c", host.local_uri, "hostname"], capture_output=True,
-                              timeout=timeout_s).returncode == 0
+        return (
+            subprocess.run(
+                ["virsh", "-c", host.local_uri, "hostname"], capture_output=True, timeout=timeout_s
+            ).returncode
+            == 0
+        )
     except (subprocess.TimeoutExpired, OSError):
         return False
 
@@ -724,17 +802,17 @@ def qemu_runs_domain(cmdline: bytes, domain: str) -> bool:
     exe = Path(args[0]).name
     if not (exe.startswith("qemu-system") or exe == "qemu-kvm"):
         return False
-    for flag, value in zip(args, args[1:]):
+    for flag, value in itertools.pairwise(args):
         if flag != "-name":
             continue
         # QEMU's option syntax: key=value pairs split by ",", a literal comma written ",,"
         parts = [p.replace("\0", ",") for p in value.replace(",,", "\0").split(",")]
         first = parts[0]
-        name = first[len("guest="):] if first.startswith("guest=") else None
+        name = first[len("guest=") :] if first.startswith("guest=") else None
         if name is None and "=" not in first:
-            name = first                                    # `-name DOMAIN[,...]`
+            name = first  # `-name DOMAIN[,...]`
         if name is None:
-            name = next((p[len("guest="):] for p in parts[1:] if p.startswith("guest=")), None)
+            name = next((p[len("guest=") :] for p in parts[1:] if p.startswith("guest=")), None)
         return name == domain
     return False
 
@@ -770,8 +848,12 @@ def _kill_orphaned_qemu(host: LocalHost) -> None:
 def processes(host: LocalHost) -> dict[str, list[int]]:
     """The host's live processes by role (libvirtd, qemu, virtlockd, heartbeat): what a power cut ends.
     A stopped (SIGSTOP) process is alive; a zombie is not."""
-    found = {"libvirtd": [host.pid()], "qemu": qemu_pids(host), "virtlockd": [host.lockd_pid()],
-             "heartbeat": [host.heartbeat_pid()]}
+    found: dict[str, Sequence[int | None]] = {
+        "libvirtd": [host.pid()],
+        "qemu": qemu_pids(host),
+        "virtlockd": [host.lockd_pid()],
+        "heartbeat": [host.heartbeat_pid()],
+    }
     if host.ssh:
         found["sshd"] = [host.sshd_pid()]
     return {role: [p for p in pids if p is not None and not _zombie(p)] for role, pids in found.items()}
@@ -786,16 +868,27 @@ def _ensure_heartbeat(host: LocalHost) -> None:
     if pid is None or host.heartbeat_pid() is not None:
         return
     heartbeat_path(host.dir.parent, host.name).parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["nsenter", f"--target={pid}", "--mount"] + (["--net"] if host.netns else []) + [
-        sys.executable, "-m", "vmplane.heartbeat", "--file", f"{SHARED_PATH}/.heartbeat/{host.name}",
-        "--interval", "1"]
-    src = str(Path(__file__).resolve().parent.parent)       # vmplane importable wherever it was run from
+    cmd = (
+        ["nsenter", f"--target={pid}", "--mount"]
+        + (["--net"] if host.netns else [])
+        + [
+            sys.executable,
+            "-m",
+            "vmplane.heartbeat",
+            "--file",
+            f"{SHARED_PATH}/.heartbeat/{host.name}",
+            "--interval",
+            "1",
+        ]
+    )
+    src = str(Path(__file__).resolve().parent.parent)  # vmplane importable wherever it was run from
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
     with open(host.dir / "heartbeat.out", "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
-    (host.dir / "run" / "heartbeat.pid").write_text(str(proc.pid))     # nsenter execs: the same pid
-    deadline = time.monotonic() + 5    # while a process execs, its cmdline reads empty: wait for python's
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
+        )
+    (host.dir / "run" / "heartbeat.pid").write_text(str(proc.pid))  # nsenter execs: the same pid
+    deadline = time.monotonic() + 5  # while a process execs, its cmdline reads empty: wait for python's
     while host.heartbeat_pid() is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
 
@@ -820,10 +913,10 @@ def cut_power(host: LocalHost) -> None:
 
 def fail(host: LocalHost, mode: str) -> None:
     """The nemesis: break the host as `mode` says, and record it in BASE/NAME/failed for recover().
-      power    cut_power(): daemon, guests, virtlockd and heartbeat gone
-      daemon   SIGKILL libvirtd only: the guests, virtlockd and the heartbeat run on
-      network  SIGSTOP libvirtd: the control plane's calls get no answer, as if its packets were lost,
-               while the guests and the heartbeat run on"""
+    power    cut_power(): daemon, guests, virtlockd and heartbeat gone
+    daemon   SIGKILL libvirtd only: the guests, virtlockd and the heartbeat run on
+    network  SIGSTOP libvirtd: the control plane's calls get no answer, as if its packets were lost,
+             while the guests and the heartbeat run on"""
     if mode not in FAIL_MODES:
         raise ValueError(f"mode must be one of {', '.join(FAIL_MODES)}, not {mode!r}")
     (host.dir / "failed").write_text(mode)
@@ -835,7 +928,7 @@ def fail(host: LocalHost, mode: str) -> None:
         _wait_gone([pid])
     elif pid is not None:
         os.kill(pid, signal.SIGSTOP)
-        _wait_stopped(pid)      # SIGSTOP is delivered asynchronously: fail() returns once it took effect
+        _wait_stopped(pid)  # SIGSTOP is delivered asynchronously: fail() returns once it took effect
 
 
 def _wait_stopped(pid: int, timeout_s: float = 5.0) -> None:
@@ -867,8 +960,15 @@ def recover(host: LocalHost, timeout_s: float = 30.0) -> LocalHost:
     the guests, virtlockd and heartbeat still running; after a power cut the guests are gone)."""
     _let_go(host.pid())
     saved = json.loads((host.dir / "host.json").read_text())
-    started = start(host.dir.parent, host.name, saved["index"], saved["netns"], timeout_s, saved.get("tls", False),
-                    ssh=saved.get("ssh", False))
+    started = start(
+        host.dir.parent,
+        host.name,
+        saved["index"],
+        saved["netns"],
+        timeout_s,
+        saved.get("tls", False),
+        ssh=saved.get("ssh", False),
+    )
     (host.dir / "failed").unlink(missing_ok=True)
     return started
 
@@ -884,7 +984,7 @@ def _terminate(pid: int) -> None:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return
-        if stat[stat.rfind(")") + 2] == "Z":      # ended, not yet reaped by whoever started it
+        if stat[stat.rfind(")") + 2] == "Z":  # ended, not yet reaped by whoever started it
             return
         time.sleep(0.1)
     os.kill(pid, signal.SIGKILL)
@@ -894,7 +994,7 @@ def stop(host: LocalHost, remove_files: bool = False) -> None:
     """Destroy the host's domains, stop its daemons (libvirtd, virtlockd: by pid), remove its network
     namespace."""
     pid = host.pid()
-    _let_go(pid)                        # a partitioned daemon (fail "network") answers again
+    _let_go(pid)  # a partitioned daemon (fail "network") answers again
     _keep_capabilities(host)
     if pid is not None:
         _destroy_domains(host)
@@ -906,12 +1006,12 @@ def stop(host: LocalHost, remove_files: bool = False) -> None:
     sshd = host.sshd_pid()
     if sshd is not None:
         _terminate(sshd)
-    lockd = host.lockd_pid()             # after QEMU: the leases go with the processes holding them
+    lockd = host.lockd_pid()  # after QEMU: the leases go with the processes holding them
     if lockd is not None:
         _terminate(lockd)
     if host.netns and _netns_exists(host.netns):
         _ip("netns", "del", host.netns, check=False)
-    _remove_run_dir(host)               # its daemons are gone: nothing there is needed again
+    _remove_run_dir(host)  # its daemons are gone: nothing there is needed again
     if remove_files:
         shutil.rmtree(host.dir, ignore_errors=True)
 
@@ -920,7 +1020,7 @@ def stop_switch(base: Path) -> None:
     """Remove the bridge namespace of a hosts folder (once its hosts are stopped) and its uplink."""
     uplink = f"v{_tag(base)}up"
     if os.path.exists(f"/sys/class/net/{uplink}"):
-        _ip("link", "del", uplink, check=False)       # both ends, now: not when the namespace is freed
+        _ip("link", "del", uplink, check=False)  # both ends, now: not when the namespace is freed
     if _netns_exists(switch_ns(base)):
         _ip("netns", "del", switch_ns(base), check=False)
 
@@ -931,9 +1031,13 @@ def stop_all(base: Path) -> list[str]:
     for name in sorted(p.name for p in base.iterdir() if (p / "host.json").exists()) if base.exists() else []:
         saved = json.loads((base / name / "host.json").read_text())
         host = describe(base, name, saved["index"], saved["netns"], saved.get("tls", False), saved.get("ssh", False))
-        if (host.pid() is not None or host.lockd_pid() is not None or host.heartbeat_pid() is not None
-                or host.sshd_pid() is not None
-                or (host.netns and _netns_exists(host.netns))):
+        if (
+            host.pid() is not None
+            or host.lockd_pid() is not None
+            or host.heartbeat_pid() is not None
+            or host.sshd_pid() is not None
+            or (host.netns and _netns_exists(host.netns))
+        ):
             stop(host)
             stopped.append(name)
     stop_switch(base)

@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from sqlalchemy import and_, insert, literal_column, or_, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -38,7 +39,7 @@ from vmplane.core.migration import SETTLING
 from vmplane.core.model import IN_FLIGHT_OPERATION_VALUES as IN_FLIGHT
 from vmplane.store.ownership import db_now, now_sql
 from vmplane.store import ledger as L
-from vmplane.store import pgsessions
+from vmplane.store import Database, pgsessions
 from vmplane.store.schema import Controller, Lease
 
 log = logging.getLogger("vmplane.controllers")
@@ -78,12 +79,21 @@ class Member:
     name: str
 
 
-class Controllers:
-    def __init__(self, o, name: str | None = None, lease_s: float = DEFAULT_LEASE_S, api_url: str | None = None):
-        self.o = o
+class Membership:
+    """This process among the control-plane processes of its store (its registration, lease and beat).
+
+    What changes when peers come and go is told through hooks the composition root sets:
+    `on_peers_changed` (another live process may have changed hosts or settings) and `on_orphans`
+    (the coordinator found work of a lapsed process to take over)."""
+
+    def __init__(self, db: Database, name: str | None = None, lease_s: float = DEFAULT_LEASE_S,
+                 api_url: str | None = None):
+        self.db = db
+        self.on_peers_changed: list[Callable[[], object]] = []
+        self.on_orphans: list[Callable[[], object]] = []
         self.name = name or "local"
         self.lease_s = float(lease_s)
-        o.db.use_lease(self.lease_s)       # its PostgreSQL transactions' timeouts: a few leases (pgsessions)
+        db.use_lease(self.lease_s)       # its PostgreSQL transactions' timeouts: a few leases (pgsessions)
         self.api_url = api_url
         self.epoch: int | None = None
         self.held: frozenset[str] = frozenset()      # leases this incarnation holds, as last read back
@@ -116,15 +126,15 @@ class Controllers:
         started meanwhile, and the two must not take each other's place in turn."""
         c = CONTROLLERS.c
         with self._lock:
-            with self.o.db.transaction() as conn:
+            with self.db.transaction() as conn:
                 now = db_now(conn)
                 if reclaim:
-                    mark_lapsed(conn, c.name == self.name, self.o.db.limits)
+                    mark_lapsed(conn, c.name == self.name, self.db.limits)
                 result = conn.execute(insert(CONTROLLERS).values(
                     name=self.name, hostname=socket.gethostname(), pid=os.getpid(), api_url=self.api_url,
                     state="live", lease_s=self.lease_s, started_at=now, renewed_at=now, expires_at=now + self.lease_s))
                 self.epoch = int(result.inserted_primary_key[0])
-            self.o.db.engine.vmplane_controller = self.epoch     # new operations are owned by it (ownership.owner_of)
+            self.db.engine.vmplane_controller = self.epoch     # new operations are owned by it (ownership.owner_of)
             self.held = frozenset()
             self.start()
             log.info("controller %s registered as epoch %d (lease %g s)", self.name, self.epoch, self.lease_s)
@@ -160,7 +170,7 @@ class Controllers:
         if self._stop.is_set() or epoch is None:
             return False            # stopped: never registered again
         c = CONTROLLERS.c
-        with self.o.db.lease_transaction() as conn:
+        with self.db.lease_transaction() as conn:
             now = literal_column(now_sql(conn))
             renewed = conn.execute(update(CONTROLLERS).where(c.epoch == epoch, c.state == "live")
                                    .values(renewed_at=now, expires_at=now + self.lease_s)).rowcount == 1
@@ -185,7 +195,7 @@ class Controllers:
         """The live incarnation of this name registered after `epoch`, if any: a second process started under
         this process's name (which takes a previous incarnation's place, as a restart does)."""
         c = CONTROLLERS.c
-        with self.o.db.read() as s:
+        with self.db.read() as s:
             return s.connection().execute(select(c.epoch).where(
                 c.name == self.name, c.state == "live", c.epoch > epoch).limit(1)).scalar()
 
@@ -195,7 +205,7 @@ class Controllers:
         if self.epoch is None:
             return
         try:
-            with self._lock, self.o.db.transaction() as conn:
+            with self._lock, self.db.transaction() as conn:
                 conn.execute(update(LEASES).where(LEASES.c.holder == self.epoch).values(holder=None))
                 conn.execute(update(CONTROLLERS).where(CONTROLLERS.c.epoch == self.epoch,
                                                        CONTROLLERS.c.state == "live").values(state="stopped"))
@@ -209,13 +219,13 @@ class Controllers:
         is not mine; the coordinator takes over the work of lapsed owners."""
         c, ls = CONTROLLERS.c, LEASES.c
         try:
-            with self._lock, self.o.db.transaction() as conn:
+            with self._lock, self.db.transaction() as conn:
                 now = literal_column(now_sql(conn))
                 renewals = conn.execute(select(c.epoch, c.renewed_at, c.lease_s).where(c.state == "live")).all()
                 self._seen, stale = rules.observe(self._seen, renewals, self.epoch, time.monotonic())
                 for epoch in stale:         # unless renewed since it was read
                     mark_lapsed(conn, and_(c.epoch == epoch, c.renewed_at == self._seen[epoch].renewed_at),
-                                self.o.db.limits)
+                                self.db.limits)
                 live = [Member(r.epoch, r.name) for r in conn.execute(
                     select(c.epoch, c.name).where(c.state == "live").order_by(c.epoch))]
                 hosts = list(conn.execute(select(L.HOSTS.c.name)).scalars())
@@ -242,7 +252,7 @@ class Controllers:
             log.info("controller %s: leases changed under this beat (%s); again at the next one",
                      self.name, type(exc).__name__)
             return
-        with self.o.db.read() as s:
+        with self.db.read() as s:
             held_now = frozenset(s.connection().execute(select(ls.name).where(ls.holder == self.epoch)).scalars())
         gained = held_now - self.held
         self.held, self.live = held_now, tuple(live)
@@ -250,10 +260,11 @@ class Controllers:
             log.info("controller %s (epoch %s) holds %d lease(s): +%s -%s", self.name, self.epoch, len(held_now),
                      sorted(gained)[:5], release[:5])
         if len(live) > 1:       # what other processes changed: hosts, and settings (seen within a beat)
-            self.o.catalog.forget_settings()
-            self.o.refresh_hosts()
+            for hook in self.on_peers_changed:
+                hook()
         if self.coordinates() and self.orphans():
-            self.o.recovery.take_over()
+            for hook in self.on_orphans:
+                hook()
 
     # -- work of lapsed owners -----------------------------------------------------------------
     def _orphan_of(self, owner_col):
@@ -263,7 +274,7 @@ class Controllers:
     def orphans(self) -> int:
         """In-flight operations and settling migrations whose owner is not live."""
         op, m = L.OPERATIONS.c, L.MIGRATIONS.c
-        with self.o.db.read() as s:
+        with self.db.read() as s:
             conn = s.connection()
             ops = conn.execute(select(op.id).where(op.state.in_(IN_FLIGHT), self._orphan_of(op.owner)).limit(1)).first()
             migs = conn.execute(select(m.id).where(m.state.in_(SETTLING_MIGRATIONS), self._orphan_of(m.owner))
@@ -274,7 +285,7 @@ class Controllers:
         """Take the in-flight operations of owners that are not live: (id, kind), oldest first. Rows another
         process is claiming at this moment are skipped (FOR UPDATE SKIP LOCKED), never waited for."""
         op = L.OPERATIONS.c
-        with self.o.db.transaction() as conn:
+        with self.db.transaction() as conn:
             query = (select(op.id, op.kind).where(op.state.in_(IN_FLIGHT), self._orphan_of(op.owner))
                      .order_by(op.created_at))
             if conn.dialect.name != "sqlite":
@@ -287,7 +298,7 @@ class Controllers:
     def claim_migration(self, migration_id: str) -> bool:
         """Take a settling migration whose owner is not live (or is this process); False if a live other owns it."""
         m = L.MIGRATIONS.c
-        with self.o.db.transaction() as conn:
+        with self.db.transaction() as conn:
             return conn.execute(update(L.MIGRATIONS).where(m.id == migration_id, or_(
                 m.owner == self.epoch, self._orphan_of(m.owner))).values(owner=self.epoch)).rowcount == 1
 
@@ -295,7 +306,7 @@ class Controllers:
     def rows(self) -> list[dict]:
         """Every controller not stopped long ago: its state, lease and what it holds and runs."""
         c, ls, op, m = CONTROLLERS.c, LEASES.c, L.OPERATIONS.c, L.MIGRATIONS.c
-        with self.o.db.read() as s:
+        with self.db.read() as s:
             conn = s.connection()
             now = db_now(conn)
             rows = conn.execute(select(CONTROLLERS).where(or_(c.state == "live", c.renewed_at > now - 3600))

@@ -29,44 +29,18 @@ from vmplane.plane.loops import every
 from vmplane.core.model import IN_FLIGHT_OPERATION_VALUES as IN_FLIGHT
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
+from vmplane.plane.carried import carried, carrying
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.overdue")
 DEADLINE_KEY = "vmplane.operation.deadline"
 BACKOFF_S = (1, 2, 5, 10, 30, 60)
 
-_carried: dict[str, int] = {}          # op id -> threads of this process that carry it now
-_carried_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def carrying(op_id: str, alone: bool = False) -> Iterator[bool]:
-    """While the block runs, `op_id` is carried by this thread. `alone`: only if no other thread carries
-    it (yields False then, and registers nothing: the caller leaves it to that thread)."""
-    with _carried_lock:
-        if alone and _carried.get(op_id):
-            taken = False
-        else:
-            _carried[op_id] = _carried.get(op_id, 0) + 1
-            taken = True
-    try:
-        yield taken
-    finally:
-        if taken:
-            with _carried_lock:
-                left = _carried.get(op_id, 1) - 1
-                if left:
-                    _carried[op_id] = left
-                else:
-                    _carried.pop(op_id, None)
-
-
-def carried() -> frozenset[str]:
-    with _carried_lock:
-        return frozenset(_carried)
-
-
 def queued_ops(executor) -> frozenset[str]:
-    """The operations handed to `executor` that wait for a thread (`executor.submit(o._run, op_id, ...)`):
+    """The operations handed to `executor` that wait for a thread (`executor.submit(ops.run, op_id, ...)`):
     carried too, only later. Read from a ThreadPoolExecutor's queue; nothing for other executors."""
     queue = getattr(getattr(executor, "_work_queue", None), "queue", None)
     if queue is None:
@@ -143,8 +117,8 @@ class Overdue(VmplaneError):
 class OverdueOperations:
     """The loop of one process over its own overdue operations (every process runs one)."""
 
-    def __init__(self, o):
-        self.o = o
+    def __init__(self, plane: Plane):
+        self.plane = plane
         self._stop = threading.Event()
         self._tries: dict[str, tuple[int, float]] = {}     # op id -> (failed tries, monotonic time of the next)
         self._lock = threading.Lock()
@@ -156,14 +130,14 @@ class OverdueOperations:
         self._stop.set()
 
     def _interval(self) -> float:
-        return min(max(float(self.o.catalog.effective(DEADLINE_KEY)) / 5, 0.5), 10.0)
+        return min(max(float(self.plane.catalog.effective(DEADLINE_KEY)) / 5, 0.5), 10.0)
 
     def _mine(self) -> list[InFlight]:
-        epoch = self.o.controllers.epoch
-        with self.o.db.read() as s:
+        epoch = self.plane.membership.epoch
+        with self.plane.db.read() as s:
             ops = in_flight(s.connection(), epoch, any_owner=False)
-        queued = self.o.starts.carried() | queued_ops(self.o.executor)
-        deadline = float(self.o.catalog.effective(DEADLINE_KEY))
+        queued = self.plane.ops.carried() | queued_ops(self.plane.executor)
+        deadline = float(self.plane.catalog.effective(DEADLINE_KEY))
         return overdue(ops, utcnow(), deadline, carried() | queued)
 
     def run_once(self) -> list[str]:
@@ -186,27 +160,28 @@ class OverdueOperations:
 
     def _settle(self, op: InFlight) -> bool:
         """Its failure path (a recovery: run again), in this thread; True once it is no longer in flight."""
-        o = self.o
+        plane = self.plane
         reason = (f"{op.kind} left in flight at step {op.step}, unchanged past its deadline, with no thread "
                   f"carrying it (its own failure path had failed)")
         log.warning("operation %s: %s; settling it", op.id, reason)
         try:
             if op.kind == "recover":
-                o.executor.submit(self._rerun, op.id)
+                plane.executor.submit(self._rerun, op.id)
                 return True     # carried from now on by the executor's thread (or its next pass)
-            o._run(op.id, _raiser(Overdue(reason)))
+            plane.ops.run(op.id, _raiser(Overdue(reason)))
         except Exception as exc:  # noqa: BLE001 - the database still out: again after the backoff
             log.warning("operation %s: its failure path failed again (%s); retried with backoff", op.id, exc)
             return False
-        with o.db.read() as s:
+        with plane.db.read() as s:
             row = L.operation_row(s.connection(), op.id)
         return row.state not in IN_FLIGHT
 
     def _rerun(self, op_id: str) -> None:
         """A recovery run again, unless a thread of this process already carries it."""
         with carrying(op_id, alone=True) as mine:
-            if mine:
-                self.o._run(op_id, self.o.ha.recovery.resume, "ha")
+            body = self.plane.ops.body("recover")
+            if mine and body is not None:
+                self.plane.ops.run(op_id, body, "ha")
 
 
 def _raiser(exc: Exception):

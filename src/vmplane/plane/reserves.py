@@ -18,7 +18,7 @@ from vmplane.core.model import CHARGED_STATES
 from vmplane.store.schema import Claim, Cluster, Host, Vm
 
 if TYPE_CHECKING:
-    from vmplane.orchestrator import Orchestrator
+    from vmplane.plane.context import Plane
     from vmplane.core.scope import Scope
 
 _V, _C, _H = Vm.__table__.c, Claim.__table__.c, Host.__table__.c
@@ -36,33 +36,33 @@ def ha_load(conn: Connection, hosts: Iterable[str] | None = None) -> dict[str, L
     return {name: Load(int(v or 0), int(m or 0)) for name, v, m in conn.execute(q)}
 
 
-def tolerated(orch: "Orchestrator", cluster: str) -> int:
+def tolerated(plane: "Plane", cluster: str) -> int:
     """k of a cluster (vmplane.ha.host.failures.tolerated, at its scope)."""
-    zone = orch.cluster_zones().get(cluster)
+    zone = plane.capacity.cluster_zones().get(cluster)
     if zone is None:        # a cluster without hosts
-        with orch.db.read() as s:
+        with plane.db.read() as s:
             zone = get_by_name(s, Cluster, cluster, field="cluster").zone.name
-    return int(orch.catalog.effective(failover.SETTING, zone, cluster))  # type: ignore[call-overload]
+    return int(plane.catalog.effective(failover.SETTING, zone, cluster))  # type: ignore[call-overload]
 
 
-def _clusters_in(orch: "Orchestrator", zone: str | None, cluster: str | None) -> list[str]:
+def _clusters_in(plane: "Plane", zone: str | None, cluster: str | None) -> list[str]:
     if cluster is not None:
         return [cluster]
-    return sorted(c for c, z in orch.cluster_zones().items() if zone is None or z == zone)
+    return sorted(c for c, z in plane.capacity.cluster_zones().items() if zone is None or z == zone)
 
 
-def reserve_for(orch: "Orchestrator", conn: Connection, zone: str | None, cluster: str | None, is_ha: bool,
+def reserve_for(plane: "Plane", conn: Connection, zone: str | None, cluster: str | None, is_ha: bool,
                 action: str, release: tuple[str, Load] | None = None) -> Reserve | None:
     """The failover reserve a placement within (zone, cluster) keeps; None when every cluster there has
     k = 0 (then nothing is read: k=0 costs nothing)."""
-    ks = {c: k for c in _clusters_in(orch, zone, cluster) if (k := tolerated(orch, c)) > 0}
+    ks = {c: k for c in _clusters_in(plane, zone, cluster) if (k := tolerated(plane, c)) > 0}
     if not ks:
         return None
-    hosts = [name for name, m in orch._hosts.items() if m.cluster in ks]
+    hosts = [name for name, m in plane.capacity.hosts.items() if m.cluster in ks]
     return Reserve(ks, ha_load(conn, hosts), is_ha, action, release)
 
 
-def placement_rules(orch: "Orchestrator", conn: Connection, scope: "Scope", *, action: str,
+def placement_rules(plane: "Plane", conn: Connection, scope: "Scope", *, action: str,
                     vm_id: int | None = None, group_id: int | None = None, ha: bool = False,
                     keep_reserve: bool = True, release: tuple[str, Load] | None = None) -> dict:
     """The group and reserve fields of a PlacementRequest (`PlacementRequest(size, ..., **rules)`):
@@ -71,17 +71,17 @@ def placement_rules(orch: "Orchestrator", conn: Connection, scope: "Scope", *, a
     refusal, with {host} for the host ("starting web-3 on {host}"). `keep_reserve=False`: an HA restart,
     never refused by the reserve (reserve=None)."""
     rule = group_rule_for(conn, vm_id=vm_id, group_id=group_id) if (vm_id or group_id) else None
-    reserve = reserve_for(orch, conn, scope.zone, scope.cluster, ha, action, release) if keep_reserve else None
+    reserve = reserve_for(plane, conn, scope.zone, scope.cluster, ha, action, release) if keep_reserve else None
     return {"group": rule, "reserve": reserve}
 
 
-def cluster_report(orch: "Orchestrator", cluster: str) -> dict:
+def cluster_report(plane: "Plane", cluster: str) -> dict:
     """`cluster show`'s failover part: k, the reserve held back, the free room, and whether the HA VMs
     of the worst k hosts can be restarted now (aggregate bound), naming the worst case."""
-    k = tolerated(orch, cluster)
-    with orch._lock:
-        hosts = [h for h in orch.index.hosts() if h.cluster == cluster]
-    with orch.db.transaction() as conn:
+    k = tolerated(plane, cluster)
+    with plane.capacity.lock:
+        hosts = [h for h in plane.capacity.index.hosts() if h.cluster == cluster]
+    with plane.db.transaction() as conn:
         load = ha_load(conn, [h.name for h in hosts])
     a = failover.assess(hosts, load, k)
     return {"failures_tolerated": k, "setting": failover.SETTING,
@@ -93,17 +93,17 @@ def cluster_report(orch: "Orchestrator", cluster: str) -> dict:
             "shortfall_memory_mib": a.shortfall.memory_mib}
 
 
-def growth_refusal(orch: "Orchestrator", conn: Connection, vm, vcpus: int, memory_mib: int) -> str | None:
+def growth_refusal(plane: "Plane", conn: Connection, vm, vcpus: int, memory_mib: int) -> str | None:
     """Why growing `vm` (a vm_row) in place on its host by (vcpus, memory_mib with overhead) would
     break its cluster's failover reserve, or None."""
     from vmplane.core.placement import reserve_breach
     from vmplane.core.model import PlacementRequest, Size
-    meta = orch._hosts[vm.host_name]
-    reserve = reserve_for(orch, conn, None, meta.cluster, vm.ha_policy == "restart", f"growing {vm.name} on {{host}}")
+    meta = plane.capacity.hosts[vm.host_name]
+    reserve = reserve_for(plane, conn, None, meta.cluster, vm.ha_policy == "restart", f"growing {vm.name} on {{host}}")
     if reserve is None:
         return None
-    with orch._lock:
-        after = reserve_breach(orch.index, PlacementRequest(Size(vcpus, memory_mib), reserve=reserve),
+    with plane.capacity.lock:
+        after = reserve_breach(plane.capacity.index, PlacementRequest(Size(vcpus, memory_mib), reserve=reserve),
                                vm.host_name, vcpus, memory_mib)
     return None if after is None else failover.reserve_message(after, f"growing {vm.name} on {vm.host_name}",
                                                                 meta.cluster)

@@ -27,6 +27,7 @@ nobody changed it meanwhile (same state, host and `updated_at`, under the VM's r
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from sqlalchemy import bindparam, select
 
@@ -36,6 +37,10 @@ from vmplane.store.events import acting_as, current_cause
 from vmplane.core.model import HostState, OperationState, VmState
 from vmplane.store import ledger as L
 
+if TYPE_CHECKING:
+    from vmplane.plane.context import Plane
+from vmplane.core.names import domain_name
+
 log = logging.getLogger("vmplane.settle")
 
 # States an in-flight operation owns: it settles the VM itself, from its own read-back.
@@ -44,23 +49,23 @@ OWNED_STATES = frozenset({VmState.starting.value, VmState.stopping.value, VmStat
 SETTLED_STATES = frozenset({VmState.running.value, VmState.unknown.value})
 
 
-def settle_vm(o, vm_name: str, host: str, cause: str, why: str, op_ended: bool = False,
+def settle_vm(plane: Plane, vm_name: str, host: str, cause: str, why: str, op_ended: bool = False,
               migrated: bool = False) -> str | None:
     """Settle `vm_name` on `host` (see the module's rule); returns the state written, or None.
     `op_ended`: called by an operation that just ended, which start-up recovery may have resumed (the
     VM counts as still being recovered until every resumed operation was submitted): not skipped then.
     `migrated`: libvirt said the domain migrated away from `host` (STOPPED/migrated)."""
-    with o.db.read() as s:
+    with plane.db.read() as s:
         try:
             vm = L.vm_row(s.connection(), name=vm_name)
         except NotFound:
             return None
-    if vm.state not in SETTLED_STATES or vm.host_name != host or (not op_ended and o.recovery.busy(vm_name)):
+    if vm.state not in SETTLED_STATES or vm.host_name != host or (not op_ended and plane.recovering.busy(vm_name)):
         return None
-    driver = o.drivers.get(host)
+    driver = plane.drivers.get(host)
     if driver is None:
         return None
-    domain = o.domain_name(vm_name)
+    domain = domain_name(vm_name)
     try:
         info = driver.domain(domain)
     except DriverError as exc:
@@ -70,16 +75,16 @@ def settle_vm(o, vm_name: str, host: str, cause: str, why: str, op_ended: bool =
     if runs and vm.state == VmState.running.value:
         return None
     left = not runs and (info is None or migrated or info.reason == "migrated")
-    if not runs and (left or vm.state == VmState.unknown.value) and (elsewhere := _elsewhere(o, domain, host)):
+    if not runs and (left or vm.state == VmState.unknown.value) and (elsewhere := _elsewhere(plane, domain, host)):
         if vm.state == VmState.running.value:
-            return _unknown(o, vm, cause, f"{why}; its domain left {host}, but {elsewhere}: kept charged and "
+            return _unknown(plane, vm, cause, f"{why}; its domain left {host}, but {elsewhere}: kept charged and "
                                           f"claimed; `vmplane vm sync {vm_name}` adopts it where it runs")
         log.info("settle %s: not on %s, but %s; left unknown for an operator (`vm sync`)", vm_name, host, elsewhere)
         return None
     if not runs and info is not None and not _drop_shut_off(driver, domain, vm_name, host):
         return None             # it runs again (started since it was read): nothing to settle
     freed: list = []
-    with acting_as(cause), o.db.transaction() as conn:      # the ledger records the change as an event
+    with acting_as(cause), plane.db.transaction() as conn:      # the ledger records the change as an event
         cur = L.vm_row(conn, vm.id, lock=True)
         if (cur.state, cur.host_id, cur.updated_at) != (vm.state, vm.host_id, vm.updated_at):
             return None         # an operation or another loop got there first: it owns the outcome
@@ -93,7 +98,7 @@ def settle_vm(o, vm_name: str, host: str, cause: str, why: str, op_ended: bool =
                       f"given back"
             L.lock_project(conn, cur.project_id)
             freed = L.release_vm(conn, vm.id, note=message)
-    o._unindex(freed)
+    plane.capacity.give_back(freed)
     log.warning("vm %s: %s -> %s (%s)", vm_name, vm.state, new, message)
     return new
 
@@ -108,10 +113,10 @@ def _drop_shut_off(driver, domain: str, vm_name: str, host: str) -> bool:
         return True
 
 
-def _unknown(o, vm, cause: str, message: str) -> str | None:
+def _unknown(plane: Plane, vm, cause: str, message: str) -> str | None:
     """A `running` VM whose domain left its host for a host that runs it or can not be asked: `unknown`,
     its charge and claim kept, if nobody changed it meanwhile (the settle rule's optimistic check)."""
-    with acting_as(cause), o.db.transaction() as conn:
+    with acting_as(cause), plane.db.transaction() as conn:
         cur = L.vm_row(conn, vm.id, lock=True)
         if (cur.state, cur.host_id, cur.updated_at) != (vm.state, vm.host_id, vm.updated_at):
             return None
@@ -124,13 +129,13 @@ _OP = L.OPERATIONS.c
 _OPERATION_END = select(_OP.state, _OP.kind, _OP.vm_id).where(_OP.id == bindparam("id"))    # (built once)
 
 
-def after_failed_operation(o, op_id: str) -> str | None:
+def after_failed_operation(plane: Plane, op_id: str) -> str | None:
     """An operation that ended failed and left its VM `running` on a host (a failure path that puts the
     VM back as it was: a scale whose migration found the domain on neither host, or whose domain could
     not be read back) has it settled from that host at once (settle_vm), not at the next full sync: a
     host brought back while the operation owned the VM skipped it (hostmonitor), and the record must
     not say running where nothing runs. Returns the state written, or None."""
-    with o.db.read() as s:
+    with plane.db.read() as s:
         conn = s.connection()
         op = conn.execute(_OPERATION_END, {"id": op_id}).first()
         if op is None or op.state != OperationState.failed.value or op.vm_id is None:
@@ -141,22 +146,22 @@ def after_failed_operation(o, op_id: str) -> str | None:
             return None
     if vm.state != VmState.running.value or vm.host_name is None:
         return None
-    return settle_vm(o, vm.name, vm.host_name, current_cause(), f"after its failed {op.kind}", op_ended=True)
+    return settle_vm(plane, vm.name, vm.host_name, current_cause(), f"after its failed {op.kind}", op_ended=True)
 
 
-def _elsewhere(o, domain: str, host: str) -> str:
+def _elsewhere(plane: Plane, domain: str, host: str) -> str:
     """For a VM whose domain left its host: why it must not be recorded stopped: another host of its zone
     runs it (a migration behind vmplane's back, or start-up reconcile found it there), or can not be asked
     (a fenced host is off: it runs nothing). Empty when no other host has it."""
-    zone = o._hosts[host].zone if host in o._hosts else None
-    for other, meta in sorted(o._hosts.items()):
-        driver = o.drivers.get(other)
+    zone = plane.capacity.hosts[host].zone if host in plane.capacity.hosts else None
+    for other, meta in sorted(plane.capacity.hosts.items()):
+        driver = plane.drivers.get(other)
         if other == host or meta.zone != zone or driver is None:
             continue
         try:
             info = driver.domain(domain)
         except DriverError as exc:
-            if _fenced(o, other):
+            if _fenced(plane, other):
                 continue
             return f"{other} can not be asked ({exc})"
         if info is not None and info.active:
@@ -164,6 +169,6 @@ def _elsewhere(o, domain: str, host: str) -> str:
     return ""
 
 
-def _fenced(o, host: str) -> bool:
+def _fenced(plane: Plane, host: str) -> bool:
     """Whether `host` is recorded fenced: confirmed off (fence agent or operator), so it runs nothing."""
-    return host in o.index and o.index.host(host).state == HostState.fenced
+    return host in plane.capacity.index and plane.capacity.index.host(host).state == HostState.fenced

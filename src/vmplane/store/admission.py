@@ -29,23 +29,27 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from vmplane.store import events, ownership
 from vmplane.core import failpoints
 from vmplane.core.scope import Scope, vm_scope
-from vmplane.store import pgsessions
+from vmplane.store import events, ownership, pgsessions
 from vmplane.store.prepared import once_per_transaction, prepared
 from vmplane.store.schema import Cluster, Zone
 
-MAX_BATCH = 64          # requests admitted in one transaction at most
-RETRIES = 5             # a request alone, chosen as a deadlock's victim, is run again this many times
-_RETRYABLE = {"40P01", "40001"}     # PostgreSQL: deadlock detected, serialization failure
+if TYPE_CHECKING:
+    from vmplane.store.db import Database
+
+MAX_BATCH = 64  # requests admitted in one transaction at most
+RETRIES = 5  # a request alone, chosen as a deadlock's victim, is run again this many times
+_RETRYABLE = {"40P01", "40001"}  # PostgreSQL: deadlock detected, serialization failure
 
 
 # PostgreSQL: every admission transaction takes this transaction-scoped advisory lock first (released at
@@ -56,10 +60,15 @@ _RETRYABLE = {"40P01", "40001"}     # PostgreSQL: deadlock detected, serializati
 # (pgsessions.advisory_xact_lock): a process frozen while it holds it (SIGSTOP, a paused virtual machine) would
 # stall every admission of every process until its idle timeout, so once that process is found lapsed its
 # session is ended.
-ADMISSION_LOCK = 0x766D_6164       # "vmad"
-# PostgreSQL: each request of a batch in a savepoint (_Savepoints), issued on the DBAPI cursor (through SQLAlchemy's nested
-# transactions they cost about a sixth of an admission); one name, reused: requests run one after another
-_SAVEPOINT, _ROLLBACK_TO, _RELEASE = "SAVEPOINT admission", "ROLLBACK TO SAVEPOINT admission", "RELEASE SAVEPOINT admission"
+ADMISSION_LOCK = 0x766D_6164  # "vmad"
+# PostgreSQL: each request of a batch in a savepoint (_Savepoints), issued on the DBAPI cursor (through
+# SQLAlchemy's nested transactions they cost about a sixth of an admission); one name, reused: requests run
+# one after another
+_SAVEPOINT, _ROLLBACK_TO, _RELEASE = (
+    "SAVEPOINT admission",
+    "ROLLBACK TO SAVEPOINT admission",
+    "RELEASE SAVEPOINT admission",
+)
 
 
 def _run_as(ctx: contextvars.Context, fn: Callable[[Connection], Any], conn: Connection) -> Any:
@@ -85,13 +94,13 @@ def _held() -> threading.Lock:
 class _Request:
     fn: Callable[[Connection], Any]
     ctx: contextvars.Context
-    wake: threading.Lock = field(default_factory=_held)     # released once to wake its caller (lead, or done)
+    wake: threading.Lock = field(default_factory=_held)  # released once to wake its caller (lead, or done)
     lead: bool = False
-    handed: bool = False        # made leader by the batch before it (not the first to find none running)
+    handed: bool = False  # made leader by the batch before it (not the first to find none running)
     done: bool = False
     result: Any = None
     error: BaseException | None = None
-    alone: bool = False         # refused by the database inside a batch (or its commit failed): run again by itself
+    alone: bool = False  # refused by the database inside a batch (or its commit failed): run again by itself
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -107,7 +116,13 @@ class Batcher:
     `on_abort`: called (under `lock`) when a transaction in which requests had succeeded fails as a
     whole, to undo what they mirrored in memory."""
 
-    def __init__(self, db, lock, on_abort: Callable[[], None] = lambda: None, max_batch: int = MAX_BATCH):
+    def __init__(
+        self,
+        db: Database,
+        lock: AbstractContextManager[Any],
+        on_abort: Callable[[], None] = lambda: None,
+        max_batch: int = MAX_BATCH,
+    ):
         self.db = db
         self.lock = lock
         self.on_abort = on_abort
@@ -115,8 +130,8 @@ class Batcher:
         self._mutex = threading.Lock()
         self._queue: list[_Request] = []
         self._busy = False
-        self._last = 0              # requests in the last batch
-        self.batches = 0            # transactions run, and requests admitted through them (for benchmarks)
+        self._last = 0  # requests in the last batch
+        self.batches = 0  # transactions run, and requests admitted through them (for benchmarks)
         self.requests = 0
 
     def run(self, fn: Callable[[Connection], Any]) -> Any:
@@ -142,10 +157,10 @@ class Batcher:
         """Run the queued requests (`leader` first among them) as one batch, then hand the lead on. Each
         request's wake lock is released once: to lead, or when done by another's batch; never the leader's
         own (a request made leader before it waited would find its lock released twice)."""
-        if leader.handed or self._last > 1:     # others are at work: let those about to queue (waiting
-            time.sleep(0)                       # for the GIL) do so, or every other batch is of one
+        if leader.handed or self._last > 1:  # others are at work: let those about to queue (waiting
+            time.sleep(0)  # for the GIL) do so, or every other batch is of one
         with self._mutex:
-            batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
         self._last = len(batch)
         try:
             self._execute(batch)
@@ -169,7 +184,7 @@ class Batcher:
                 if r is not leader:
                     r.wake.release()
 
-    def _alone(self, fn, ctx: contextvars.Context) -> Any:
+    def _alone(self, fn: Callable[[Connection], Any], ctx: contextvars.Context) -> Any:
         """fn in a transaction of its own; run again (up to RETRIES times) if the database chose it as a
         deadlock's victim or refused it for serialisation (PostgreSQL, between processes): it was rolled
         back whole, so running it again is running it for the first time."""
@@ -182,7 +197,7 @@ class Batcher:
                         result = _run_as(ctx, fn, conn)
                         ran = True
                 except BaseException as exc:
-                    if ran:             # it had mirrored its effect; the commit failed
+                    if ran:  # it had mirrored its effect; the commit failed
                         self.on_abort()
                     if attempt < RETRIES and _retryable(exc):
                         continue
@@ -215,13 +230,13 @@ class Batcher:
                     undo = _Changes(conn) if self.db.is_sqlite else _Savepoints(conn)
                     events.hold(conn)
                     try:
-                        for i, r in enumerate(batch):
+                        for i, r in enumerate(batch):  # noqa: B007 (i names the failed request after the loop)
                             undo.mark()
                             held = events.held_count(conn)
                             try:
                                 r.result = _run_as(r.ctx, r.fn, conn)
                             except BaseException as exc:  # noqa: BLE001 - this request only
-                                undo.back(exc)      # (_Partial: request i can not be undone alone)
+                                undo.back(exc)  # (_Partial: request i can not be undone alone)
                                 events.drop_held(conn, keep=held)
                                 if isinstance(exc, DBAPIError) and not isinstance(exc, IntegrityError):
                                     r.alone = True
@@ -234,23 +249,23 @@ class Batcher:
                     finally:
                         events.drop_held(conn)
                         undo.close()
-            except _Partial:                # nobody was admitted; the requests before the one that wrote and
-                if admitted:                # failed (request i) run again as a batch, it alone, then the rest
-                    self.on_abort()         # as a batch (in order: each gets its own outcome)
+            except _Partial:  # nobody was admitted; the requests before the one that wrote and
+                if admitted:  # failed (request i) run again as a batch, it alone, then the rest
+                    self.on_abort()  # as a batch (in order: each gets its own outcome)
                 for r in batch:
                     r.alone, r.error, r.result = False, None, None
                 failed = i
             except BaseException:  # noqa: BLE001 - the commit failed: nobody was admitted
                 if admitted:
                     self.on_abort()
-                for r in batch:         # each tried again alone, in order: each gets its own outcome
+                for r in batch:  # each tried again alone, in order: each gets its own outcome
                     r.alone, r.error, r.result = True, None, None
                 return
             else:
                 self.batches += 1
                 self.requests += admitted
                 return
-        for part in (batch[:failed], batch[failed:failed + 1], batch[failed + 1:]):
+        for part in (batch[:failed], batch[failed : failed + 1], batch[failed + 1 :]):
             if part:
                 self._execute(part)
 
@@ -289,7 +304,7 @@ class _Changes:
     (those before it, it alone, those after it)."""
 
     def __init__(self, conn: Connection):
-        self.sqlite = conn.connection.dbapi_connection
+        self.sqlite: Any = conn.connection.dbapi_connection  # (sqlite3's: total_changes, in_transaction)
         self.changes = 0
 
     def mark(self) -> None:
@@ -309,8 +324,9 @@ class _Changes:
 
 
 _Z, _CL = Zone.__table__.c, Cluster.__table__.c
-_ZONES_AND_CLUSTERS = (select(_Z.id, _Z.name, _CL.id, _CL.name)
-                       .select_from(Zone.__table__.outerjoin(Cluster.__table__, _CL.zone_id == _Z.id)))
+_ZONES_AND_CLUSTERS = select(_Z.id, _Z.name, _CL.id, _CL.name).select_from(
+    Zone.__table__.outerjoin(Cluster.__table__, _CL.zone_id == _Z.id)
+)
 
 
 def scope_of(conn: Connection, zone: str | None, cluster: str | None) -> tuple[Scope, int | None, int | None]:

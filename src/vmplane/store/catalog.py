@@ -12,13 +12,12 @@ import re
 import secrets
 import threading
 from operator import attrgetter
-from typing import Callable
+from typing import Any, Callable
 
 from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from vmplane.hosts import images
 from vmplane.core import settings as settings_rules
 from vmplane.core.errors import AlreadyExists, Conflict, Invalid, NotFound, Unauthorized
 from vmplane.core.model import (
@@ -137,8 +136,10 @@ def hash_token(token: str) -> str:
 
 
 class Catalog:
-    def __init__(self, db: Database, on_settings_changed: Callable[[], None] = lambda: None):
+    def __init__(self, db: Database, on_settings_changed: Callable[[], None] = lambda: None,
+                 disk_image: Callable[[str, str], Any] | None = None):
         self.db = db
+        self._disk_image = disk_image       # (template, file) -> its facts: imported (hosts.images.template_disk)
         self._on_settings_changed = on_settings_changed
         self._settings_cache: dict[str, dict[tuple[str, str | None], str]] | None = None
         self._cache_lock = threading.Lock()
@@ -367,7 +368,9 @@ class Catalog:
             ensure_new(s, Template, name)
         facts = None
         if disk is not None:
-            facts = images.builtin_facts() if disk == images.BUILTIN else images.import_image(name, disk)
+            if self._disk_image is None:
+                raise Invalid("this control plane imports no disk images", field="disk")
+            facts = self._disk_image(name, disk)
         with self.db.write() as s:
             ensure_new(s, Template, name)
             row = Template(name=name, image=image, dynamically_scalable=dynamic_scaling,

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from vmplane.store import ownership
 from vmplane.core.leases import DEFAULT_LEASE_S, SessionLimits, session_limits
-from vmplane.store import pgsessions
+from vmplane.store import ownership, pgsessions
 from vmplane.store.prepared import as_sqlalchemy_error
 
 DEFAULT_DB_URL = "sqlite:///var/vmplane.db"
@@ -22,7 +22,7 @@ DEFAULT_DB_URL = "sqlite:///var/vmplane.db"
 def _sqlite_file(url: str) -> Path | None:
     prefix = "sqlite:///"
     if url.startswith(prefix) and url != "sqlite:///:memory:":
-        return Path(url[len(prefix):])
+        return Path(url[len(prefix) :])
     return None
 
 
@@ -44,7 +44,7 @@ class Database:
         self.limits: SessionLimits = session_limits(DEFAULT_LEASE_S)
         # connections kept for the API's request threads and the operations' workers: past the pool's size each
         # checkout opens a new connection (on SQLite its pragmas too) and closes it at checkin
-        kwargs: dict = {"pool_size": 20, "max_overflow": 20} if path is not None or not self.is_sqlite else {}
+        kwargs: dict[str, Any] = {"pool_size": 20, "max_overflow": 20} if path is not None or not self.is_sqlite else {}
         if self.is_sqlite:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
@@ -54,8 +54,9 @@ class Database:
         self.engine: Engine = create_engine(url, **kwargs)
         # the lease's renewal (controllers.py) on a pool of its own: never behind requests waiting for a connection
         in_memory = self.is_sqlite and path is None
-        self._lease_engine: Engine = self.engine if in_memory else create_engine(
-            url, **{**kwargs, "pool_size": 1, "max_overflow": 1})
+        self._lease_engine: Engine = (
+            self.engine if in_memory else create_engine(url, **{**kwargs, "pool_size": 1, "max_overflow": 1})
+        )
         if self.is_sqlite:
             self._configure_sqlite(self.engine)
             if self._lease_engine is not self.engine:
@@ -75,7 +76,7 @@ class Database:
     @staticmethod
     def _configure_sqlite(engine: Engine) -> None:
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record):
+        def _pragmas(dbapi_conn: Any, _record: object) -> None:
             # pysqlite's own transaction handling is disabled so that BEGIN is ours to emit.
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
@@ -86,12 +87,13 @@ class Database:
             cur.close()
 
         @event.listens_for(engine, "begin")
-        def _begin(conn):
+        def _begin(conn: Connection) -> None:
             # on the DBAPI connection: through exec_driver_sql it cost about a sixth of a start's transaction
             sql = _BEGIN[conn.get_execution_options().get("sqlite_begin", "DEFERRED")]
             try:
-                conn.connection.dbapi_connection.execute(sql)
-            except sqlite3.Error as exc:        # raised as SQLAlchemy would (a locked database's retries read it)
+                sqlite: Any = conn.connection.dbapi_connection  # (pysqlite's: SQLAlchemy types the DBAPI's)
+                sqlite.execute(sql)
+            except sqlite3.Error as exc:  # raised as SQLAlchemy would (a locked database's retries read it)
                 raise as_sqlalchemy_error(conn.dialect, sql, (), exc) from exc
 
     @contextlib.contextmanager

@@ -16,13 +16,19 @@ import contextvars
 import datetime as dt
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, delete, func, insert, select
 from sqlalchemy.engine import Connection
 
 from vmplane.store import prepared
 from vmplane.store.schema import Event, utcnow
+
+if TYPE_CHECKING:
+    from vmplane.store.db import Database
+    from vmplane.store.listing import Page
 
 EVENTS = Event.__table__
 
@@ -35,7 +41,7 @@ def current_cause() -> str:
 
 
 @contextmanager
-def acting_as(cause: str):
+def acting_as(cause: str) -> Iterator[None]:
     """Events recorded inside this block name `cause` (a request's user, a loop's name)."""
     token = _cause.set(cause)
     try:
@@ -49,26 +55,45 @@ def user_cause(token_name: str) -> str:
     return f"user {token_name}"
 
 
-def record(conn: Connection, kind: str, subject: str, *, old_state: str | None = None,
-           new_state: str | None = None, message: str = "", vm: str | None = None, host: str | None = None,
-           project_id: int | None = None, cause: str | None = None) -> None:
+def record(
+    conn: Connection,
+    kind: str,
+    subject: str,
+    *,
+    old_state: str | None = None,
+    new_state: str | None = None,
+    message: str = "",
+    vm: str | None = None,
+    host: str | None = None,
+    project_id: int | None = None,
+    cause: str | None = None,
+) -> None:
     """Write one event inside the caller's transaction (`conn` is the transaction's connection).
     Every PRUNE_EVERY events this process writes, the oldest beyond `vmplane.event.history` go."""
     global _written
-    row = {"at": utcnow(), "kind": kind, "subject": subject[:63], "project_id": project_id, "vm": vm, "host": host,
-           "old_state": old_state, "new_state": new_state, "cause": (cause or current_cause())[:128],
-           "message": message}
+    row = {
+        "at": utcnow(),
+        "kind": kind,
+        "subject": subject[:63],
+        "project_id": project_id,
+        "vm": vm,
+        "host": host,
+        "old_state": old_state,
+        "new_state": new_state,
+        "cause": (cause or current_cause())[:128],
+        "message": message,
+    }
     held = conn.info.get(_HELD)
     if held is not None:
         held.append(row)
     else:
         prepared.write(conn, _INSERT, row)
-    if old_state is None and kind in ("operation", "migration"):    # created: its work runs later
+    if old_state is None and kind in ("operation", "migration"):  # created: its work runs later
         _remember(subject, (cause or current_cause())[:128])
     _written += 1
     if _written % PRUNE_EVERY == 0:
         if held is not None:
-            conn.info[_PRUNE_DUE] = True        # once the held events are written (they count)
+            conn.info[_PRUNE_DUE] = True  # once the held events are written (they count)
         else:
             _prune_both(conn)
 
@@ -137,19 +162,27 @@ def _remember(subject: str, cause: str) -> None:
             _causes.popitem(last=False)
 
 
-REMEMBERED = 4096           # causes of recently created operations and migrations kept in memory
+REMEMBERED = 4096  # causes of recently created operations and migrations kept in memory
 _causes: OrderedDict[str, str] = OrderedDict()
 _causes_lock = threading.Lock()
 _E = EVENTS.c
-_CAUSE = (select(_E.cause).where(_E.kind == bindparam("kind"), _E.subject == bindparam("subject"))
-          .order_by(_E.id).limit(1))
-_CAUSE_BY_VM = _CAUSE.where(_E.vm == bindparam("vm"))        # the indexed columns narrow the search
+_CAUSE = (
+    select(_E.cause).where(_E.kind == bindparam("kind"), _E.subject == bindparam("subject")).order_by(_E.id).limit(1)
+)
+_CAUSE_BY_VM = _CAUSE.where(_E.vm == bindparam("vm"))  # the indexed columns narrow the search
 _CAUSE_BY_HOST = _CAUSE.where(_E.host == bindparam("host"))
 
 
 # -- reading -------------------------------------------------------------------------------------------
-def page(db, page, vm: str | None = None, host: str | None = None, kind: str | None = None,
-         since: int | dt.datetime | None = None, project_id: int | None = None) -> tuple[list[dict], int]:
+def page(
+    db: Database,
+    page: Page,
+    vm: str | None = None,
+    host: str | None = None,
+    kind: str | None = None,
+    since: int | dt.datetime | None = None,
+    project_id: int | None = None,
+) -> tuple[list[dict[str, Any]], int]:
     """Events filtered, sorted (newest first by default) and paged in SQL, with their project's name, and
     their total. `since`: an event id (those after it) or a timestamp (those at or after it).
     `project_id` limits them to one project's (a member's view)."""
@@ -164,19 +197,30 @@ def page(db, page, vm: str | None = None, host: str | None = None, kind: str | N
     if isinstance(since, int):
         conds.append(e.id > since)
     elif since is not None:
-        if since.tzinfo is not None:        # the store keeps naive UTC
-            since = since.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        if since.tzinfo is not None:  # the store keeps naive UTC
+            since = since.astimezone(dt.UTC).replace(tzinfo=None)
         conds.append(e.at >= since)
     fields = {"id": e.id, "at": e.at, "kind": e.kind, "subject": e.subject}
-    stmt = (select(e.id, e.at, e.kind, e.subject, e.vm, e.host, Project.name.label("project"), e.old_state,
-                   e.new_state, e.cause, e.message).outerjoin(Project, Project.id == e.project_id))
+    stmt = select(
+        e.id,
+        e.at,
+        e.kind,
+        e.subject,
+        e.vm,
+        e.host,
+        Project.name.label("project"),
+        e.old_state,
+        e.new_state,
+        e.cause,
+        e.message,
+    ).outerjoin(Project, Project.id == e.project_id)
     with db.read() as s:
         return run_page(s, stmt, e.id, conds, order_by(page.sort, fields, "-id", e.id), page, scalars=False)
 
 
 # -- retention ---------------------------------------------------------------------------------------
-PRUNE_EVERY = 500           # events written by this process between two prunes (a test sets 1)
-PRUNE_BATCH = 10_000        # at most this many deleted by one prune: the writer's transaction stays short
+PRUNE_EVERY = 500  # events written by this process between two prunes (a test sets 1)
+PRUNE_BATCH = 10_000  # at most this many deleted by one prune: the writer's transaction stays short
 HISTORY_KEY = "vmplane.event.history"
 OPERATION_HISTORY_KEY = "vmplane.operation.history"
 _INSERT = insert(EVENTS)
@@ -190,7 +234,8 @@ def history_limit(conn: Connection, key: str = HISTORY_KEY) -> int:
 
     raw = conn.execute(select(Setting.value).where(Setting.key == key, Setting.scope == "global")).scalar()
     value = settings_rules.typed(key, raw) if raw is not None else None
-    return value if isinstance(value, int) else int(settings_rules.KEYS[key].default)
+    default = settings_rules.KEYS[key].default
+    return value if isinstance(value, int) else int(default)
 
 
 def prune(conn: Connection, keep: int | None = None) -> int:
@@ -201,7 +246,7 @@ def prune(conn: Connection, keep: int | None = None) -> int:
     newest, oldest = conn.execute(select(func.max(e.id), func.min(e.id))).one()
     if newest is None or newest - oldest < keep:
         return 0
-    below = min(newest - keep + 1, oldest + PRUNE_BATCH)      # ids below this go
+    below = min(newest - keep + 1, oldest + PRUNE_BATCH)  # ids below this go
     return conn.execute(delete(EVENTS).where(e.id < below)).rowcount
 
 

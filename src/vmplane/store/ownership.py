@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterator
+from collections.abc import Iterator
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from vmplane.core.errors import Interrupted
 
 _OWNER: contextvars.ContextVar[int | None] = contextvars.ContextVar("vmplane_owner", default=None)
-_LIVE: dict[str, str] = {}          # check()'s SQL, by dialect
+_LIVE: dict[str, str] = {}  # check()'s SQL, by dialect
 
 
 class Fenced(Interrupted):
@@ -83,6 +83,7 @@ def check(conn: Connection) -> None:
         live = cursor.fetchone() is not None
     except dialect.loaded_dbapi.Error as exc:
         from vmplane.store.prepared import as_sqlalchemy_error  # (the store imports this module)
+
         raise as_sqlalchemy_error(dialect, sql, args, exc) from exc
     finally:
         cursor.close()
@@ -92,5 +93,5 @@ def check(conn: Connection) -> None:
 
 def owner_of(conn: Connection) -> int | None:
     """The controller new operations and migrations are owned by: the one running the block, else this
-    store's process (set on the engine by controllers.Controllers)."""
+    store's process (set on the engine by plane.membership.Membership)."""
     return _OWNER.get() or getattr(conn.engine, "vmplane_controller", None)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
-from sqlalchemy import text
+from sqlalchemy import Executable, Select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
@@ -30,9 +31,9 @@ from vmplane.store.prepared import as_sqlalchemy_error
 log = logging.getLogger("vmplane.store")
 
 T = TypeVar("T")
-TAG = "vmplane e"               # application_name of a transaction working for a controller epoch
-UNTAGGED = "vmplane"            # one working for none (a command of the CLI, a process not registered)
-LOCK_NOT_AVAILABLE = "55P03"    # lock_timeout's SQLSTATE
+TAG = "vmplane e"  # application_name of a transaction working for a controller epoch
+UNTAGGED = "vmplane"  # one working for none (a command of the CLI, a process not registered)
+LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout's SQLSTATE
 _SAVEPOINT = "vmplane_wait"
 
 
@@ -42,9 +43,11 @@ def tag(epoch: int | None) -> str:
 
 def begin_sql(limits: SessionLimits, epoch: int | None) -> str:
     """The first statement of a write transaction: its limits and its epoch's tag, for itself only."""
-    return (f"SELECT set_config('lock_timeout', '{limits.lock_timeout_ms}ms', true), "
-            f"set_config('idle_in_transaction_session_timeout', '{limits.idle_ms}ms', true), "
-            f"set_config('application_name', '{tag(epoch)}', true)")
+    return (
+        f"SELECT set_config('lock_timeout', '{limits.lock_timeout_ms}ms', true), "
+        f"set_config('idle_in_transaction_session_timeout', '{limits.idle_ms}ms', true), "
+        f"set_config('application_name', '{tag(epoch)}', true)"
+    )
 
 
 def begin(conn: Connection, limits: SessionLimits, epoch: int | None) -> None:
@@ -70,30 +73,39 @@ def lock_not_available(exc: BaseException) -> bool:
 def advisory_xact_lock(conn: Connection, key: int, limits: SessionLimits) -> None:
     """pg_advisory_xact_lock(key), giving way (give_way): in one round trip when it is free. On giving way,
     the holder's session is ended if it works for a lapsed epoch."""
-    take = (f"SAVEPOINT {_SAVEPOINT}; SELECT set_config('lock_timeout', '{limits.give_way_ms}ms', true); "
-            f"SELECT pg_advisory_xact_lock({int(key)}); RELEASE SAVEPOINT {_SAVEPOINT}; "
-            f"SELECT set_config('lock_timeout', '{limits.lock_timeout_ms}ms', true)")
-    give_way(limits, lambda: _execute(conn, take),
-             back=lambda: _execute(conn, f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}"),
-             clear=lambda: _end_lapsed_holders(conn, key), what=f"the admissions' lock ({key:#x})")
+    take = (
+        f"SAVEPOINT {_SAVEPOINT}; SELECT set_config('lock_timeout', '{limits.give_way_ms}ms', true); "
+        f"SELECT pg_advisory_xact_lock({int(key)}); RELEASE SAVEPOINT {_SAVEPOINT}; "
+        f"SELECT set_config('lock_timeout', '{limits.lock_timeout_ms}ms', true)"
+    )
+    give_way(
+        limits,
+        lambda: _execute(conn, take),
+        back=lambda: _execute(conn, f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}"),
+        clear=lambda: _end_lapsed_holders(conn, key),
+        what=f"the admissions' lock ({key:#x})",
+    )
 
 
-def select_for_update(conn: Connection, stmt, limits: SessionLimits, lapsed: Callable[[], Iterable[int]],
-                      what: str) -> list:
+def select_for_update(
+    conn: Connection, stmt: Select[Any], limits: SessionLimits, lapsed: Callable[[], Iterable[int]], what: str
+) -> list[Any]:
     """The rows of `stmt` (a SELECT ... FOR UPDATE), giving way (give_way): on giving way, the sessions working
     for the epochs lapsed() names are ended."""
-    def attempt() -> list:
-        with conn.begin_nested():       # (rolled back to, its short lock_timeout with it, when the try times out)
+
+    def attempt() -> list[Any]:
+        with conn.begin_nested():  # (rolled back to, its short lock_timeout with it, when the try times out)
             _execute(conn, f"SELECT set_config('lock_timeout', '{limits.give_way_ms}ms', true)")
-            rows = conn.execute(stmt).all()
+            rows = list(conn.execute(stmt).all())
         _execute(conn, f"SELECT set_config('lock_timeout', '{limits.lock_timeout_ms}ms', true)")
         return rows
 
     return give_way(limits, attempt, back=lambda: None, clear=lambda: end_epochs(conn, lapsed()), what=what)
 
 
-def give_way(limits: SessionLimits, attempt: Callable[[], T], back: Callable[[], None], clear: Callable[[], int],
-             what: str) -> T:
+def give_way(
+    limits: SessionLimits, attempt: Callable[[], T], back: Callable[[], None], clear: Callable[[], int], what: str
+) -> T:
     """attempt() (a lock's wait of at most limits.give_way_ms, in a savepoint), again until it gets the lock.
     When a try times out: back() to the savepoint, then clear() (end the sessions of lapsed holders; how many).
     The lock timeout is raised once the tries have waited limits.lock_timeout_ms and none was cleared."""
@@ -117,13 +129,18 @@ def give_way(limits: SessionLimits, attempt: Callable[[], T], back: Callable[[],
 
 def _end_lapsed_holders(conn: Connection, key: int) -> int:
     """End the sessions that hold the advisory lock `key` for an epoch marked lapsed."""
-    return _count(conn, text(f"""
+    return _count(
+        conn,
+        text(f"""
         SELECT count(pg_terminate_backend(a.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = :high AND l.objid = :low AND l.objsubid = 1
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
           AND a.pid <> pg_backend_pid() AND {_MAY_END}
           AND EXISTS (SELECT 1 FROM controllers c WHERE c.state = 'lapsed' AND '{TAG}' || c.epoch = a.application_name)
-        """), high=key >> 32, low=key & 0xFFFFFFFF)
+        """),
+        high=key >> 32,
+        low=key & 0xFFFFFFFF,
+    )
 
 
 def end_epochs(conn: Connection, epochs: Iterable[int]) -> int:
@@ -131,18 +148,24 @@ def end_epochs(conn: Connection, epochs: Iterable[int]) -> int:
     tags = [tag(e) for e in epochs]
     if not tags:
         return 0
-    return _count(conn, text(f"""
+    return _count(
+        conn,
+        text(f"""
         SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a
         WHERE a.application_name = ANY(:tags) AND a.pid <> pg_backend_pid() AND {_MAY_END}
-        """), tags=tags)
+        """),
+        tags=tags,
+    )
 
 
 # sessions this role may end (its own role's, or any with pg_signal_backend; a superuser's only as superuser):
 # pg_terminate_backend raises, and would abort the caller's transaction, for any other
-_MAY_END = ("(pg_has_role(a.usesysid, 'MEMBER') OR pg_has_role('pg_signal_backend', 'MEMBER')) "
-            "AND (NOT (SELECT rolsuper FROM pg_roles WHERE oid = a.usesysid) "
-            "OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user))")
+_MAY_END = (
+    "(pg_has_role(a.usesysid, 'MEMBER') OR pg_has_role('pg_signal_backend', 'MEMBER')) "
+    "AND (NOT (SELECT rolsuper FROM pg_roles WHERE oid = a.usesysid) "
+    "OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user))"
+)
 
 
-def _count(conn: Connection, stmt, **params) -> int:
+def _count(conn: Connection, stmt: Executable, **params: Any) -> int:
     return int(conn.execute(stmt, params).scalar_one())

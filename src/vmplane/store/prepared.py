@@ -23,67 +23,75 @@ from __future__ import annotations
 import collections
 import operator
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from sqlalchemy import Insert, Select
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine, Row
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import TableClause
 from sqlalchemy.sql.dml import UpdateBase
 
-def as_sqlalchemy_error(dialect, sql: str, args, exc: Exception) -> DBAPIError:
+
+def as_sqlalchemy_error(dialect: Dialect, sql: str, args: Any, exc: Exception) -> DBAPIError:
     """The driver's error `exc` as SQLAlchemy raises it (IntegrityError, OperationalError...): callers catch
     those, and a deadlock's or serialization failure's sqlstate is read from them (admission retries, API 409)."""
-    return DBAPIError.instance(sql, args, exc, dialect.loaded_dbapi.Error, dialect=dialect)
+    error = DBAPIError.instance(sql, args, exc, dialect.loaded_dbapi.Error, dialect=dialect)
+    assert isinstance(error, DBAPIError)  # (instance() wraps a DBAPI error: `exc` is one)
+    return error
 
 
-_cache: "weakref.WeakKeyDictionary[Engine, dict[Select, PreparedRead]]" = weakref.WeakKeyDictionary()
+_cache: weakref.WeakKeyDictionary[Engine, dict[Select[Any], PreparedRead]] = weakref.WeakKeyDictionary()
 
 
 class PreparedRead:
-    def __init__(self, engine: Engine, stmt: Select):
+    def __init__(self, engine: Engine, stmt: Select[Any]):
         dialect = engine.dialect
         compiled = stmt.compile(dialect=dialect)
         self.engine = engine
         self.sql = str(compiled)
-        self.positions = tuple(compiled.positiontup) if compiled.positional else None
+        self.positions = tuple(compiled.positiontup or ()) if compiled.positional else None
         self.keys = tuple(stmt.selected_columns.keys())
         self._types = tuple(col.type.dialect_impl(dialect) for col in stmt.selected_columns)
-        self.processors: tuple | None = None     # by the driver's type codes, at the first execution
-        self._processed: tuple = ()              # (column, processor) of the columns that have one
+        self.processors: tuple[Any, ...] | None = None  # by the driver's type codes, at the first execution
+        self._processed: tuple[Any, ...] = ()  # (column, processor) of the columns that have one
         self._args = _getter(self.positions)
-        self.tuple_type = collections.namedtuple("Row", self.keys, rename=True)   # (row_in)
+        self.tuple_type = _row_type(self.keys)  # (row_in)
 
-    def first(self, **params) -> dict | None:
+    def first(self, **params: Any) -> dict[str, Any] | None:
         """The first row as {column: value}, or None."""
         conn = self.engine.raw_connection()
         try:
             return self._first(conn, params)
         finally:
-            conn.close()            # back to the pool (which resets it)
+            conn.close()  # back to the pool (which resets it)
 
-    def first_in(self, conn: Connection, **params) -> dict | None:
+    def first_in(self, conn: Connection, **params: Any) -> dict[str, Any] | None:
         """first(), inside `conn`'s transaction (on its DBAPI connection: no checkout of its own)."""
         return self._first(conn.connection, params)
 
-    def row_in(self, conn: Connection, **params) -> tuple | None:
+    def row_in(self, conn: Connection, **params: Any) -> Row[Any] | None:
         """first_in(), as a named tuple (its columns as attributes, as SQLAlchemy's rows have them)."""
         rows = self._fetch(conn.connection, params, one=True)
-        return self.tuple_type(*rows[0]) if rows else None
+        # (typed as the Row it stands in for: its readers use attributes and indexes only)
+        return cast("Row[Any]", self.tuple_type(*rows[0])) if rows else None
 
-    def all_in(self, conn: Connection, **params) -> list[tuple]:
+    def all_in(self, conn: Connection, **params: Any) -> list[Row[Any]]:
         """Every row, as named tuples (as row_in), inside `conn`'s transaction."""
-        return [self.tuple_type(*row) for row in self._fetch(conn.connection, params, one=False)]
+        rows = [self.tuple_type(*row) for row in self._fetch(conn.connection, params, one=False)]
+        return cast("list[Row[Any]]", rows)  # (as row_in)
 
-    def _first(self, dbapi_conn, params: dict) -> dict | None:
+    def _first(self, dbapi_conn: DBAPIConnection, params: dict[str, Any]) -> dict[str, Any] | None:
         rows = self._fetch(dbapi_conn, params, one=True)
         return dict(zip(self.keys, rows[0])) if rows else None
 
-    def _fetch(self, dbapi_conn, params: dict, one: bool) -> list[tuple]:
+    def _fetch(self, dbapi_conn: DBAPIConnection, params: dict[str, Any], one: bool) -> Sequence[tuple[Any, ...]]:
         args = self._args(params)
         cursor = dbapi_conn.cursor()
         try:
             cursor.execute(self.sql, args)
-            if self.processors is None:     # (as SQLAlchemy does: PostgreSQL's numerics depend on the type code)
+            if self.processors is None:  # (as SQLAlchemy does: PostgreSQL's numerics depend on the type code)
                 dialect = self.engine.dialect
                 processors = tuple(t.result_processor(dialect, d[1]) for t, d in zip(self._types, cursor.description))
                 # _processed first: a thread that finds `processors` set must find it set too
@@ -106,7 +114,12 @@ class PreparedRead:
         return processed
 
 
-def _getter(positions: tuple[str, ...] | None) -> Callable[[dict], Any]:
+def _row_type(keys: tuple[str, ...]) -> Callable[..., tuple[Any, ...]]:
+    """A named tuple of the statement's columns (renamed where a name is no identifier)."""
+    return collections.namedtuple("Row", keys, rename=True)
+
+
+def _getter(positions: tuple[str, ...] | None) -> Callable[[dict[str, Any]], Any]:
     """The statement's arguments from a dict of parameters: a tuple in `positions` order (qmark and
     format styles), else the dict itself (named styles)."""
     if positions is None:
@@ -119,7 +132,7 @@ def _getter(positions: tuple[str, ...] | None) -> Callable[[dict], Any]:
     return operator.itemgetter(*positions)
 
 
-def prepared(engine: Engine, stmt: Select) -> PreparedRead:
+def prepared(engine: Engine, stmt: Select[Any]) -> PreparedRead:
     """`stmt` prepared for `engine`, once per engine."""
     by_stmt = _cache.get(engine)
     if by_stmt is None:
@@ -131,31 +144,39 @@ def prepared(engine: Engine, stmt: Select) -> PreparedRead:
 
 
 class PreparedWrite:
-    def __init__(self, dialect, stmt: UpdateBase, keys: frozenset[str]):
+    def __init__(self, dialect: Dialect, stmt: UpdateBase, keys: frozenset[str]):
         if isinstance(stmt, Insert):
             missing = sorted(c.name for c in stmt.table.columns if c.default is not None and c.name not in keys)
             if missing:
-                raise ValueError(f"a prepared insert into {stmt.table.name} must set {', '.join(missing)} "
-                                 f"(their defaults are filled by SQLAlchemy, not the database)")
+                raise ValueError(
+                    f"a prepared insert into {stmt.table.name} must set {', '.join(missing)} "
+                    f"(their defaults are filled by SQLAlchemy, not the database)"
+                )
         else:
+            assert isinstance(stmt.table, TableClause)  # (an update of one table, never of a join)
             missing = sorted(c.name for c in stmt.table.columns if c.onupdate is not None and c.name not in keys)
             if missing:
-                raise ValueError(f"a prepared update of {stmt.table.name} must set {', '.join(missing)} (set on "
-                                 f"update by SQLAlchemy, not the database)")
+                raise ValueError(
+                    f"a prepared update of {stmt.table.name} must set {', '.join(missing)} (set on "
+                    f"update by SQLAlchemy, not the database)"
+                )
         compiled = stmt.compile(dialect=dialect, column_keys=sorted(keys) if isinstance(stmt, Insert) else None)
         self.sql = str(compiled)
-        self.positions = tuple(compiled.positiontup) if compiled.positional else None
+        self.positions = tuple(compiled.positiontup or ()) if compiled.positional else None
         binds = compiled.binds
-        self.fixed = {name: b.value for name, b in binds.items() if not b.required}     # literals of the statement
-        self.processors = {name: processor for name, b in binds.items()
-                           if (processor := b.type.dialect_impl(dialect).bind_processor(dialect)) is not None}
+        self.fixed = {name: b.value for name, b in binds.items() if not b.required}  # literals of the statement
+        self.processors = {
+            name: processor
+            for name, b in binds.items()
+            if (processor := b.type.dialect_impl(dialect).bind_processor(dialect)) is not None
+        }
         self._args = _getter(self.positions)
 
-    def _bound(self, params: dict[str, Any]):
+    def _bound(self, params: dict[str, Any]) -> Any:
         """The statement's arguments: its literals and `params`, through the column types' bind processors."""
         values = {**self.fixed, **params}
         for name, processor in self.processors.items():
-            if name in values:              # None too, as SQLAlchemy does (JSON writes it as 'null')
+            if name in values:  # None too, as SQLAlchemy does (JSON writes it as 'null')
                 values[name] = processor(values[name])
         return self._args(values)
 
@@ -179,7 +200,12 @@ class PreparedWrite:
             cursor.execute(self.sql, args)
             if not new_id:
                 return cursor.rowcount
-            return cursor.lastrowid if conn.dialect.name == "sqlite" else cursor.fetchone()[0]
+            if conn.dialect.name == "sqlite":
+                return cursor.lastrowid
+            returned = cursor.fetchone()
+            assert returned is not None  # (RETURNING of a one-row insert)
+            key: int = returned[0]
+            return key
         except conn.dialect.loaded_dbapi.Error as exc:
             raise as_sqlalchemy_error(conn.dialect, self.sql, args, exc) from exc
         finally:
@@ -194,7 +220,7 @@ def insert_for_id(conn: Connection, stmt: Insert, params: dict[str, Any]) -> int
     key = (conn.dialect.name, stmt, frozenset(params), True)
     prepared_write = _writes.get(key)
     if prepared_write is None:
-        returning = stmt if conn.dialect.name == "sqlite" else stmt.returning(*stmt.table.primary_key.columns)
+        returning = stmt if conn.dialect.name == "sqlite" else stmt.returning(*stmt.table.primary_key)
         prepared_write = _writes[key] = PreparedWrite(conn.dialect, returning, key[2])
     return prepared_write.run(conn, params, new_id=True)
 

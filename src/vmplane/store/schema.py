@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -13,6 +14,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -20,11 +22,13 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship,
 
 
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
 class Base(DeclarativeBase):
-    pass
+    if TYPE_CHECKING:
+        # every model here maps one Table (SQLAlchemy types __table__ as the wider FromClause)
+        __table__: ClassVar[Table]
 
 
 class Zone(Base):
@@ -46,7 +50,7 @@ class Host(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)
     cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), index=True)
-    driver: Mapped[str] = mapped_column(String(16))          # "sim" or "libvirt"
+    driver: Mapped[str] = mapped_column(String(16))  # "sim" or "libvirt"
     uri: Mapped[str | None] = mapped_column(String(1024))
     cores: Mapped[int] = mapped_column(Integer)
     cpu_mhz: Mapped[int] = mapped_column(Integer)
@@ -58,7 +62,7 @@ class Host(Base):
     state_before_down: Mapped[str | None] = mapped_column(String(16), nullable=True)
     # High availability: how to power it off (a list of {"agent": local|ipmi|redfish, ...}, tried in order),
     # why it is in its state (fencing: the last fence error), and since when it does not answer.
-    fence_agents: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    fence_agents: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     state_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     down_since: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     # Sum of the claims on this host; changed only together with claims, in one transaction.
@@ -100,11 +104,11 @@ class Offering(Base):
     cpu_speed_mhz: Mapped[int] = mapped_column(Integer, default=1000)
     cpu_cap: Mapped[bool] = mapped_column(Boolean, default=False)
     dynamic_scaling: Mapped[bool] = mapped_column(Boolean, default=False)
-    retired: Mapped[bool] = mapped_column(Boolean, default=False)    # no new VMs; existing ones keep it
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)  # no new VMs; existing ones keep it
     # Root disk size (None: the template image's size); a custom offering may allow up to max_root_disk_mib.
     root_disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_root_disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    ha_policy: Mapped[str] = mapped_column(String(8), default="off")      # its VMs' default: restart / off
+    ha_policy: Mapped[str] = mapped_column(String(8), default="off")  # its VMs' default: restart / off
 
 
 class Template(Base):
@@ -113,14 +117,14 @@ class Template(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True)
     image: Mapped[str] = mapped_column(String(1024))
     dynamically_scalable: Mapped[bool] = mapped_column(Boolean, default=False)
-    retired: Mapped[bool] = mapped_column(Boolean, default=False)    # no new VMs; existing ones keep it
-    dynamic_scaling = synonym("dynamically_scalable")                 # the API's name (as for offerings)
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)  # no new VMs; existing ones keep it
+    dynamic_scaling = synonym("dynamically_scalable")  # the API's name (as for offerings)
     # The root disk image: None (diskless), a built-in image name (tiny-linux), or an imported file in
     # the image store. Its VMs get a qcow2 overlay on it; `image` "" means they boot from that disk.
     disk_image: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     disk_format: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)         # its virtual size
-    checksum: Mapped[str | None] = mapped_column(String(64), nullable=True)      # sha256 of the imported file
+    disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)  # its virtual size
+    checksum: Mapped[str | None] = mapped_column(String(64), nullable=True)  # sha256 of the imported file
 
 
 class Setting(Base):
@@ -128,8 +132,8 @@ class Setting(Base):
     __table_args__ = (UniqueConstraint("key", "scope", "scope_name"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(String(128), index=True)
-    scope: Mapped[str] = mapped_column(String(16))          # global / zone / cluster
-    scope_name: Mapped[str] = mapped_column(String(63), default="")   # "" for global
+    scope: Mapped[str] = mapped_column(String(16))  # global / zone / cluster
+    scope_name: Mapped[str] = mapped_column(String(63), default="")  # "" for global
     value: Mapped[str] = mapped_column(String(256))
 
 
@@ -199,7 +203,7 @@ class Pool(Base):
     __tablename__ = "pools"
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)
-    kind: Mapped[str] = mapped_column(String(16))               # local / shared
+    kind: Mapped[str] = mapped_column(String(16))  # local / shared
     cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), index=True)
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True, index=True)
     path: Mapped[str] = mapped_column(String(1024))
@@ -208,7 +212,7 @@ class Pool(Base):
     allocation_mib: Mapped[int] = mapped_column(Integer, default=0)
     available_mib: Mapped[int] = mapped_column(Integer, default=0)
     used_mib: Mapped[int] = mapped_column(Integer, default=0)
-    shared_checked: Mapped[bool] = mapped_column(Boolean, default=False)   # a probe volume seen by every host
+    shared_checked: Mapped[bool] = mapped_column(Boolean, default=False)  # a probe volume seen by every host
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     cluster: Mapped[Cluster] = relationship(lazy="joined")
     host: Mapped[Host | None] = relationship(lazy="joined")
@@ -230,10 +234,10 @@ class Volume(Base):
     file_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
     size_mib: Mapped[int] = mapped_column(Integer)
     format: Mapped[str] = mapped_column(String(16), default="qcow2")
-    role: Mapped[str] = mapped_column(String(8), default="data")             # root / data
+    role: Mapped[str] = mapped_column(String(8), default="data")  # root / data
     template_id: Mapped[int | None] = mapped_column(ForeignKey("templates.id"), nullable=True)  # its backing
     vm_id: Mapped[int | None] = mapped_column(ForeignKey("vms.id"), nullable=True, index=True)
-    device: Mapped[str | None] = mapped_column(String(8), nullable=True)     # vda, vdb, ...
+    device: Mapped[str | None] = mapped_column(String(8), nullable=True)  # vda, vdb, ...
     state: Mapped[str] = mapped_column(String(16), default="creating", index=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
@@ -255,7 +259,7 @@ class Claim(Base):
 
 class Operation(Base):
     __tablename__ = "operations"
-    __table_args__ = (Index("ix_operations_created_at", "created_at"),)    # history pruning, newest-first lists
+    __table_args__ = (Index("ix_operations_created_at", "created_at"),)  # history pruning, newest-first lists
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     kind: Mapped[str] = mapped_column(String(24))
     target: Mapped[str] = mapped_column(String(63))
@@ -265,10 +269,10 @@ class Operation(Base):
     step: Mapped[str] = mapped_column(String(32), default="admitted")
     progress: Mapped[int] = mapped_column(Integer, default=0)
     message: Mapped[str] = mapped_column(Text, default="")
-    result: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
-    owner: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)   # the controller running it
+    owner: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)  # the controller running it
 
 
 class Migration(Base):
@@ -283,15 +287,17 @@ class Migration(Base):
     target: Mapped[str] = mapped_column(String(63))
     cluster: Mapped[str] = mapped_column(String(63))
     state: Mapped[str] = mapped_column(String(16), index=True)
-    reason: Mapped[str] = mapped_column(Text, default="")            # why it failed / waits / what drains it
+    reason: Mapped[str] = mapped_column(Text, default="")  # why it failed / waits / what drains it
     waiting_for: Mapped[str] = mapped_column(Text, default="")
     progress: Mapped[int] = mapped_column(Integer, default=0)
-    params: Mapped[dict | None] = mapped_column(JSON, nullable=True)
-    stats: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # total_ms, downtime_ms, bytes, guest check
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    stats: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON, nullable=True
+    )  # total_ms, downtime_ms, bytes, guest check
     operation_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
-    owner: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)   # the controller copying it
+    owner: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)  # the controller copying it
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     # a cancel taken by any process: the one copying sees it (its progress loop) and aborts (review N6)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -302,7 +308,7 @@ class Token(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    role: Mapped[str] = mapped_column(String(16))        # admin / member
+    role: Mapped[str] = mapped_column(String(16))  # admin / member
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
@@ -349,7 +355,7 @@ class Controller(Base):
     hostname: Mapped[str] = mapped_column(String(128))
     pid: Mapped[int] = mapped_column(Integer)
     api_url: Mapped[str | None] = mapped_column(String(255), nullable=True)
-    state: Mapped[str] = mapped_column(String(16), index=True)      # live, lapsed, stopped
+    state: Mapped[str] = mapped_column(String(16), index=True)  # live, lapsed, stopped
     lease_s: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float] = mapped_column(Float)
     renewed_at: Mapped[float] = mapped_column(Float)

@@ -9,7 +9,7 @@ from vmplane.core.errors import Forbidden, Invalid
 from vmplane.core.migration import MigrationState
 from vmplane.core.migration import POSTCOPY_FLOOR_KEY, tuning_refusal as migration_tuning_refusal
 from vmplane.core.model import VmState
-from vmplane.orchestrator import Admitted
+from vmplane.controllers.vms import Admitted
 from vmplane.api.deps import AnyCaller, Caller, Orch
 from vmplane.api.schemas import (
     ExecRequest,
@@ -198,4 +198,4 @@ def sync_vm(name: str, orch: Orch, who: AnyCaller):
     grown beyond its project's quota is adopted and reported (`over_quota`), never stopped. 409 while an
     operation or a migration owns the VM."""
     _act_on(orch, who, name)
-    return VmSyncOut(**adopt.sync_vm(orch, name))
+    return VmSyncOut(**adopt.sync_vm(orch.plane, name))

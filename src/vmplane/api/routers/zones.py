@@ -47,7 +47,7 @@ def show_cluster(name: str, orch: Orch, _: Admin):
     if c is None:
         raise NotFound(f"cluster {name!r} does not exist", field="cluster")
     hosts = sorted(h.name for h in orch.hosts() if h.cluster.name == name)
-    return ClusterDetail(name=c.name, zone=c.zone.name, hosts=hosts, failover=reserves.cluster_report(orch, name))
+    return ClusterDetail(name=c.name, zone=c.zone.name, hosts=hosts, failover=reserves.cluster_report(orch.plane, name))
 
 
 @router.delete("/clusters/{name}", status_code=204)

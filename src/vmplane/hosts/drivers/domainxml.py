@@ -22,11 +22,11 @@ from vmplane.core.driver import DiskSpec, DomainSpec
 
 MEMORY_SLOTS = 16
 EMULATOR = "/usr/bin/qemu-system-x86_64"
-CPU_MODEL = "qemu64"         # `-cpu host` crashes under these machines' KVM backend; a named model is portable
-DISK_CACHE = "none"          # see the module docstring
-HOTPLUG_PORTS = 4            # free pcie-root-ports: on q35 every hot-plugged disk needs one
+CPU_MODEL = "qemu64"  # `-cpu host` crashes under these machines' KVM backend; a named model is portable
+DISK_CACHE = "none"  # see the module docstring
+HOTPLUG_PORTS = 4  # free pcie-root-ports: on q35 every hot-plugged disk needs one
 DISK_FORMATS = ("qcow2", "raw")
-CONSOLE_LOG_DIR = "/var/log/libvirt/qemu"     # each local host's own log folder (mounted in its namespace)
+CONSOLE_LOG_DIR = "/var/log/libvirt/qemu"  # each local host's own log folder (mounted in its namespace)
 
 
 def console_log(domain: str) -> str:
@@ -40,18 +40,26 @@ def disk_xml(disk: DiskSpec, indent: str = "") -> str:
         raise ValueError(f"disk format must be one of {', '.join(DISK_FORMATS)}, not {disk.format!r}")
     if not re.fullmatch(r"vd[a-z]{1,2}", disk.target):
         raise ValueError(f"a virtio disk target is vd + letters (vda, vdb, ...), not {disk.target!r}")
-    lines = ["<disk type='file' device='disk'>",
-             f"  <driver name='qemu' type={quoteattr(disk.format)} cache='{DISK_CACHE}' io='native' discard='unmap'/>",
-             f"  <source file={quoteattr(disk.path)}/>",
-             f"  <target dev={quoteattr(disk.target)} bus='virtio'/>"]
+    lines = [
+        "<disk type='file' device='disk'>",
+        f"  <driver name='qemu' type={quoteattr(disk.format)} cache='{DISK_CACHE}' io='native' discard='unmap'/>",
+        f"  <source file={quoteattr(disk.path)}/>",
+        f"  <target dev={quoteattr(disk.target)} bus='virtio'/>",
+    ]
     if disk.readonly:
         lines.append("  <readonly/>")
     lines.append("</disk>")
     return "\n".join(indent + line for line in lines)
 
 
-def domain_xml(spec: DomainSpec, kernel: str | None, initrd: str | None, cmdline: str | None,
-               accel: str = "qemu", partition: str | None = None) -> str:
+def domain_xml(
+    spec: DomainSpec,
+    kernel: str | None,
+    initrd: str | None,
+    cmdline: str | None,
+    accel: str = "qemu",
+    partition: str | None = None,
+) -> str:
     """`kernel`/`initrd`/`cmdline` are for a direct kernel boot; all None when `spec.image` is "" (boot
     from the first disk)."""
     if accel not in ("qemu", "kvm"):
@@ -65,42 +73,51 @@ def domain_xml(spec: DomainSpec, kernel: str | None, initrd: str | None, cmdline
     if len(set(targets)) != len(targets):
         raise ValueError(f"two disks of {spec.name} have the same target: {', '.join(targets)}")
     prepared = spec.prepared
-    lines = [f"<domain type={quoteattr(accel)}>",
-             f"  <name>{escape(spec.name)}</name>"]
+    lines = [f"<domain type={quoteattr(accel)}>", f"  <name>{escape(spec.name)}</name>"]
     if prepared:
         lines.append(f"  <maxMemory slots='{MEMORY_SLOTS}' unit='MiB'>{spec.max_memory_mib}</maxMemory>")
-    lines += [f"  <memory unit='MiB'>{spec.memory_mib}</memory>",
-              f"  <currentMemory unit='MiB'>{spec.memory_mib}</currentMemory>"]
+    lines += [
+        f"  <memory unit='MiB'>{spec.memory_mib}</memory>",
+        f"  <currentMemory unit='MiB'>{spec.memory_mib}</currentMemory>",
+    ]
     if prepared:
         lines.append(f"  <vcpu placement='static' current='{spec.vcpus}'>{spec.max_vcpus}</vcpu>")
     else:
         lines.append(f"  <vcpu placement='static'>{spec.vcpus}</vcpu>")
     if spec.cpu_cap is not None:
-        lines.append(f"  <cputune><period>{spec.cpu_cap.period_us}</period>"
-                     f"<quota>{spec.cpu_cap.quota_us}</quota></cputune>")
+        lines.append(
+            f"  <cputune><period>{spec.cpu_cap.period_us}</period><quota>{spec.cpu_cap.quota_us}</quota></cputune>"
+        )
     if partition:
         lines.append(f"  <resource><partition>{escape(partition)}</partition></resource>")
-    lines += ["  <os>",
-              "    <type arch='x86_64' machine='q35'>hvm</type>"]
+    lines += ["  <os>", "    <type arch='x86_64' machine='q35'>hvm</type>"]
     if from_disk:
         lines.append("    <boot dev='hd'/>")
     else:
-        lines += [f"    <kernel>{escape(kernel)}</kernel>",
-                  f"    <initrd>{escape(initrd)}</initrd>",
-                  f"    <cmdline>{escape(cmdline or '')}</cmdline>"]
-    lines += ["  </os>",
-              "  <features><acpi/><apic/></features>",
-              "  <cpu mode='custom' match='exact' check='none'>",
-              f"    <model fallback='forbid'>{CPU_MODEL}</model>"]
+        assert kernel is not None and initrd is not None  # (a domain not booted from its disk boots these)
+        lines += [
+            f"    <kernel>{escape(kernel)}</kernel>",
+            f"    <initrd>{escape(initrd)}</initrd>",
+            f"    <cmdline>{escape(cmdline or '')}</cmdline>",
+        ]
+    lines += [
+        "  </os>",
+        "  <features><acpi/><apic/></features>",
+        "  <cpu mode='custom' match='exact' check='none'>",
+        f"    <model fallback='forbid'>{CPU_MODEL}</model>",
+    ]
     if prepared:
-        lines.append(f"    <numa><cell id='0' cpus='0-{spec.max_vcpus - 1}' memory='{spec.memory_mib}' "
-                     f"unit='MiB'/></numa>")
-    lines += ["  </cpu>",
-              "  <on_poweroff>destroy</on_poweroff>",
-              "  <on_reboot>destroy</on_reboot>",
-              "  <on_crash>destroy</on_crash>",
-              "  <devices>",
-              f"    <emulator>{EMULATOR}</emulator>"]
+        lines.append(
+            f"    <numa><cell id='0' cpus='0-{spec.max_vcpus - 1}' memory='{spec.memory_mib}' unit='MiB'/></numa>"
+        )
+    lines += [
+        "  </cpu>",
+        "  <on_poweroff>destroy</on_poweroff>",
+        "  <on_reboot>destroy</on_reboot>",
+        "  <on_crash>destroy</on_crash>",
+        "  <devices>",
+        f"    <emulator>{EMULATOR}</emulator>",
+    ]
     lines += [disk_xml(d, "    ") for d in spec.disks]
     lines.append("    <controller type='usb' model='none'/>")
     lines.append("    <controller type='pci' index='0' model='pcie-root'/>")
@@ -108,9 +125,11 @@ def domain_xml(spec: DomainSpec, kernel: str | None, initrd: str | None, cmdline
     # The serial console is also logged by QEMU (appended across restarts), so a guest that panics or
     # powers off leaves its last words on its host (tests/evidence.py keeps log/qemu/*.log)
     serial = f"<log file={quoteattr(console_log(spec.name))} append='on'/><target port='0'/>"
-    lines += [f"    <serial type='pty'>{serial}</serial>",
-              "    <console type='pty'><target type='serial' port='0'/></console>",
-              "    <memballoon model='virtio'><stats period='5'/></memballoon>",
-              "  </devices>",
-              "</domain>"]
+    lines += [
+        f"    <serial type='pty'>{serial}</serial>",
+        "    <console type='pty'><target type='serial' port='0'/></console>",
+        "    <memballoon model='virtio'><stats period='5'/></memballoon>",
+        "  </devices>",
+        "</domain>",
+    ]
     return "\n".join(lines) + "\n"

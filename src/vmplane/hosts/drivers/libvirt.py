@@ -20,15 +20,13 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree
 
 import libvirt
 
-from vmplane.hosts.drivers.domainxml import domain_xml
-from vmplane.hosts.guest import build as guest
-from vmplane.core.guestexec import exec_lines, exec_result
 from vmplane.core.driver import (
     CpuCap,
     DomainInfo,
@@ -43,36 +41,49 @@ from vmplane.core.driver import (
     Resized,
     confirm_unplug,
 )
+from vmplane.core.guestexec import exec_lines, exec_result
+from vmplane.hosts.drivers.domainxml import domain_xml
 from vmplane.hosts.drivers.libvirtstorage import StorageMixin
+from vmplane.hosts.guest import build as guest
 
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
-NO_CAP = 17592186044415          # what libvirt reports (and takes) for "no CFS quota"
+NO_CAP = 17592186044415  # what libvirt reports (and takes) for "no CFS quota"
 
 
 def _names(prefix: str) -> dict[int, str]:
-    return {getattr(libvirt, n): n[len(prefix):].lower().replace("_", "-") for n in dir(libvirt)
-            if n.startswith(prefix)}
+    return {
+        getattr(libvirt, n): n[len(prefix) :].lower().replace("_", "-") for n in dir(libvirt) if n.startswith(prefix)
+    }
 
 
-_STATES = {libvirt.VIR_DOMAIN_NOSTATE: "nostate", libvirt.VIR_DOMAIN_RUNNING: "running",
-           libvirt.VIR_DOMAIN_BLOCKED: "blocked", libvirt.VIR_DOMAIN_PAUSED: "paused",
-           libvirt.VIR_DOMAIN_SHUTDOWN: "shutdown", libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
-           libvirt.VIR_DOMAIN_CRASHED: "crashed", libvirt.VIR_DOMAIN_PMSUSPENDED: "pmsuspended"}
-_REASONS = {libvirt.VIR_DOMAIN_RUNNING: _names("VIR_DOMAIN_RUNNING_"),
-            libvirt.VIR_DOMAIN_PAUSED: _names("VIR_DOMAIN_PAUSED_"),
-            libvirt.VIR_DOMAIN_SHUTOFF: _names("VIR_DOMAIN_SHUTOFF_"),
-            libvirt.VIR_DOMAIN_CRASHED: _names("VIR_DOMAIN_CRASHED_"),
-            libvirt.VIR_DOMAIN_SHUTDOWN: {0: "unknown", 1: "user"}}
+_STATES = {
+    libvirt.VIR_DOMAIN_NOSTATE: "nostate",
+    libvirt.VIR_DOMAIN_RUNNING: "running",
+    libvirt.VIR_DOMAIN_BLOCKED: "blocked",
+    libvirt.VIR_DOMAIN_PAUSED: "paused",
+    libvirt.VIR_DOMAIN_SHUTDOWN: "shutdown",
+    libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
+    libvirt.VIR_DOMAIN_CRASHED: "crashed",
+    libvirt.VIR_DOMAIN_PMSUSPENDED: "pmsuspended",
+}
+_REASONS = {
+    libvirt.VIR_DOMAIN_RUNNING: _names("VIR_DOMAIN_RUNNING_"),
+    libvirt.VIR_DOMAIN_PAUSED: _names("VIR_DOMAIN_PAUSED_"),
+    libvirt.VIR_DOMAIN_SHUTOFF: _names("VIR_DOMAIN_SHUTOFF_"),
+    libvirt.VIR_DOMAIN_CRASHED: _names("VIR_DOMAIN_CRASHED_"),
+    libvirt.VIR_DOMAIN_SHUTDOWN: {0: "unknown", 1: "user"},
+}
 
 
 def is_absent(exc: libvirt.libvirtError) -> bool:
     """The one rule: only VIR_ERR_NO_DOMAIN says a domain is gone; any other error is "don't know"."""
     return exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
 
+
 _MARK = re.compile(rb"__VMP_B(\w+)__\r?\n(.*?)__VMP_E\1_(\d+)__", re.S)
 
 
-def _quiet(ctx, err):   # libvirt prints every error to stderr by default; we raise them instead
+def _quiet(ctx, err):  # libvirt prints every error to stderr by default; we raise them instead
     pass
 
 
@@ -89,11 +100,17 @@ def probe_words(stderr: str) -> str:
     "authentication failed: Failed to verify peer's certificate (The certificate hasn't got a known
     issuer.): the host's certificate is not trusted"."""
     lines = stderr.strip().splitlines()
-    errors = [line.removeprefix("error: ") for line in lines
-              if line.startswith("error: ") and "failed to connect to the hypervisor" not in line]
+    errors = [
+        line.removeprefix("error: ")
+        for line in lines
+        if line.startswith("error: ") and "failed to connect to the hypervisor" not in line
+    ]
     words = "; ".join(errors) or (lines[-1] if lines else "virsh failed")
-    causes = [line.rsplit("Certificate failed validation: ", 1)[-1] for line in lines
-              if "Certificate failed validation: " in line]
+    causes = [
+        line.rsplit("Certificate failed validation: ", 1)[-1]
+        for line in lines
+        if "Certificate failed validation: " in line
+    ]
     if causes:
         words += f" ({causes[0]})"
     if "certificate" in words.lower() and ("verify" in words.lower() or causes):
@@ -124,10 +141,10 @@ class _EventLoop:
 
     @staticmethod
     def _run() -> None:
-        while True:         # never ends: without it, keepalive stops for every connection and calls wait forever
+        while True:  # never ends: without it, keepalive stops for every connection and calls wait forever
             try:
                 libvirt.virEventRunDefaultImpl()
-            except Exception:       # noqa: BLE001
+            except Exception:
                 log.exception("libvirt event loop")
                 time.sleep(0.1)
 
@@ -151,13 +168,13 @@ class LibvirtDriver(StorageMixin, Driver):
         self._accel = accel or os.environ.get("VMPLANE_ACCEL") or None
         self._conn: libvirt.virConnect | None = None
         self._conn_lock = threading.Lock()
-        self._dead: list[libvirt.virConnect] = []     # connections that died, kept (see conn)
-        self._quick_lock = threading.Lock()      # the domain read in flight (_quick_call)
+        self._dead: list[libvirt.virConnect] = []  # connections that died, kept (see conn)
+        self._quick_lock = threading.Lock()  # the domain read in flight (_quick_call)
         self._console_locks: dict[str, threading.Lock] = {}
-        self._watchers: list = []          # lifecycle callbacks, registered on every connection opened
+        self._watchers: list = []  # lifecycle callbacks, registered on every connection opened
         # migrations: a cancel asked before libvirt's job exists is kept until the copy sees a job
         self._abort_lock = threading.Lock()
-        self._outgoing: set[str] = set()          # domains a migrate() of this driver is sending
+        self._outgoing: set[str] = set()  # domains a migrate() of this driver is sending
         self._pending_aborts: set[str] = set()
 
     # -- connection ----------------------------------------------------------------------------
@@ -185,12 +202,15 @@ class LibvirtDriver(StorageMixin, Driver):
         own, killed at the deadline (a libvirt.open left hanging in a thread crashed libvirt 9.0's client
         when the daemon died under it)."""
         try:
-            probe = subprocess.run(["virsh", "-c", self.uri, "uri"], capture_output=True, text=True,
-                                   timeout=OPEN_TIMEOUT_S)
+            probe = subprocess.run(
+                ["virsh", "-c", self.uri, "uri"], capture_output=True, text=True, timeout=OPEN_TIMEOUT_S
+            )
         except subprocess.TimeoutExpired:
-            raise DriverError(self.host, f"cannot connect to {self.uri}: no answer within {OPEN_TIMEOUT_S:g} s") from None
+            raise DriverError(
+                self.host, f"cannot connect to {self.uri}: no answer within {OPEN_TIMEOUT_S:g} s"
+            ) from None
         except OSError:
-            probe = None            # no virsh here: open without the probe
+            probe = None  # no virsh here: open without the probe
         if probe is not None and probe.returncode != 0:
             raise DriverError(self.host, f"cannot connect to {self.uri}: {probe_words(probe.stderr)}")
         try:
@@ -209,11 +229,14 @@ class LibvirtDriver(StorageMixin, Driver):
 
     def _register_watch(self, conn: libvirt.virConnect, callback) -> None:
         try:
-            conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
-                                        lambda _c, dom, event, detail, _o: callback(self.host, dom.name(), event,
-                                                                                    detail), None)
+            conn.domainEventRegisterAny(
+                None,
+                libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                lambda _c, dom, event, detail, _o: callback(self.host, dom.name(), event, detail),
+                None,
+            )
         except libvirt.libvirtError:
-            pass                # a dead connection: the next one registers again
+            pass  # a dead connection: the next one registers again
 
     def _call(self, what: str, fn, *args):
         try:
@@ -265,8 +288,11 @@ class LibvirtDriver(StorageMixin, Driver):
                 raise DriverError(self.host, f"{what}: undefine {name}: {exc.get_error_message()}") from None
         left = self._lookup(name)
         if left is not None:
-            raise DriverError(self.host, f"{what}: domain {name} is still there "
-                                         f"({'running' if self._is_active(left) else 'defined'}) after destroy and undefine")
+            raise DriverError(
+                self.host,
+                f"{what}: domain {name} is still there "
+                f"({'running' if self._is_active(left) else 'defined'}) after destroy and undefine",
+            )
 
     def close(self) -> None:
         with self._conn_lock:
@@ -279,7 +305,7 @@ class LibvirtDriver(StorageMixin, Driver):
 
     # -- host ----------------------------------------------------------------------------------
     def host_info(self) -> HostInfo:
-        model, _numa_mb, cpus, mhz, *_ = self._call("getInfo", self.conn.getInfo)
+        _model, _numa_mb, cpus, mhz, *_ = self._call("getInfo", self.conn.getInfo)
         # getInfo() sums NUMA nodes, which some virtual machines under-report; the kernel's total is right
         stats = self._call("memory stats", self.conn.getMemoryStats, libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS)
         return HostInfo(cores=cpus, cpu_mhz=mhz, memory_mib=stats["total"] // 1024)
@@ -293,7 +319,7 @@ class LibvirtDriver(StorageMixin, Driver):
     # -- lifecycle -----------------------------------------------------------------------------
     def domain_xml(self, spec: DomainSpec, accel: str | None = None) -> str:
         try:
-            if spec.image == "":            # a bootable disk image: boots from the first disk
+            if spec.image == "":  # a bootable disk image: boots from the first disk
                 return domain_xml(spec, None, None, None, accel or self.accel)
             image = resolve_image(spec.image)
             return domain_xml(spec, str(image.kernel), str(image.initrd), image.cmdline, accel or self.accel)
@@ -323,16 +349,16 @@ class LibvirtDriver(StorageMixin, Driver):
         """Ask the guest to power off (ACPI) for up to `timeout_s`, then destroy; undefine either way."""
         dom = self._lookup(name)
         if dom is None:
-            return              # the host says it has no such domain: stopping is idempotent
+            return  # the host says it has no such domain: stopping is idempotent
         if self._is_active(dom) and timeout_s > 0:
             try:
                 dom.shutdown()
             except libvirt.libvirtError:
-                pass            # destroyed below if it does not power off
+                pass  # destroyed below if it does not power off
             deadline = time.monotonic() + timeout_s
             while self._is_active(dom) and time.monotonic() < deadline:
                 time.sleep(0.2)
-        self._discard(dom, "stop")      # returns only once the host confirms the domain gone
+        self._discard(dom, "stop")  # returns only once the host confirms the domain gone
 
     def undefine_if_shut_off(self, name: str) -> bool:
         """Undefine a domain that is shut off now; never destroys. A start that slips in between the check
@@ -350,8 +376,11 @@ class LibvirtDriver(StorageMixin, Driver):
                 raise DriverError(self.host, f"undefine {name}: {exc.get_error_message()}") from None
         if not self._is_active(dom):
             return True
-        self._call(f"define {name} again (it was started meanwhile)", self.conn.defineXML,
-                   self._call(f"read {name}", dom.XMLDesc, libvirt.VIR_DOMAIN_XML_INACTIVE))
+        self._call(
+            f"define {name} again (it was started meanwhile)",
+            self.conn.defineXML,
+            self._call(f"read {name}", dom.XMLDesc, libvirt.VIR_DOMAIN_XML_INACTIVE),
+        )
         return False
 
     def domains(self) -> list[DomainInfo]:
@@ -390,10 +419,10 @@ class LibvirtDriver(StorageMixin, Driver):
     def _info(self, dom: libvirt.virDomain) -> DomainInfo:
         state, _max_kib, mem_kib, vcpus, _cpu = dom.info()
         reason = ""
-        if state != libvirt.VIR_DOMAIN_RUNNING:     # one more small RPC, only for the unusual states
+        if state != libvirt.VIR_DOMAIN_RUNNING:  # one more small RPC, only for the unusual states
             state, why = dom.state()
             reason = _REASONS.get(state, {}).get(why, str(why))
-        running = state in (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_BLOCKED)    # PAUSED is not running
+        running = state in (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_BLOCKED)  # PAUSED is not running
         cap = soft_vcpus = None
         if state in (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_PAUSED, libvirt.VIR_DOMAIN_BLOCKED):
             try:
@@ -401,32 +430,41 @@ class LibvirtDriver(StorageMixin, Driver):
             except libvirt.libvirtError as exc:
                 if is_absent(exc):
                     raise
-                params = {}             # no CPU cgroup for this domain: no cap can be read (or set)
+                params = {}  # no CPU cgroup for this domain: no cap can be read (or set)
             quota, period = params.get("vcpu_quota", -1), params.get("vcpu_period", 0)
             if 0 < quota < 17592186044415:
                 cap = CpuCap(period_us=period, quota_us=quota)
             g_quota, g_period = params.get("global_quota", -1), params.get("global_period", 0)
             if 0 < g_quota < 17592186044415 and g_period > 0 and g_quota % g_period == 0:
-                soft_vcpus = g_quota // g_period        # a soft scale-down's whole-domain cap, in CPUs
-        return DomainInfo(dom.name(), running, vcpus, mem_kib // 1024, cap, soft_vcpus=soft_vcpus,
-                          state=_STATES.get(state, str(state)), reason=reason)
+                soft_vcpus = g_quota // g_period  # a soft scale-down's whole-domain cap, in CPUs
+        return DomainInfo(
+            dom.name(),
+            running,
+            vcpus,
+            mem_kib // 1024,
+            cap,
+            soft_vcpus=soft_vcpus,
+            state=_STATES.get(state, str(state)),
+            reason=reason,
+        )
 
     def _resized(self, dom: libvirt.virDomain, method: str) -> Resized:
         """Read the domain back after a change."""
         try:
             return Resized.of(method, self._info(dom))
         except libvirt.libvirtError as exc:
-            raise DriverError(self.host, f"reading {dom.name()} back after the change ({method}): "
-                                         f"{exc.get_error_message()}") from None
+            raise DriverError(
+                self.host, f"reading {dom.name()} back after the change ({method}): {exc.get_error_message()}"
+            ) from None
 
     # -- live changes --------------------------------------------------------------------------
     # Safe vCPU unplug needs KVM: QEMU 7.2 under TCG never completes it and a later plug crashes QEMU.
     # Decided by the domain's own <domain type=...>, not by this driver's accel (it may have been
     # started by another control plane, or before VMPLANE_ACCEL changed).
     UNPLUG_SAFE_ACCELS = ("kvm",)
-    UNPLUG_TRIES = 3                # DIMM unplug requests before giving up
-    UNPLUG_WAIT_S = 5.0             # per request (libvirt itself waits up to 5 s inside detach)
-    GROW_WAIT_S = 30.0              # for the guest to show a hot-plugged DIMM (balloon stats every 5 s)
+    UNPLUG_TRIES = 3  # DIMM unplug requests before giving up
+    UNPLUG_WAIT_S = 5.0  # per request (libvirt itself waits up to 5 s inside detach)
+    GROW_WAIT_S = 30.0  # for the guest to show a hot-plugged DIMM (balloon stats every 5 s)
 
     def set_vcpus(self, name: str, vcpus: int) -> Resized:
         """Plug vCPUs up to `vcpus`, or lower the count: by unplug where that is safe, else softly (the
@@ -438,7 +476,7 @@ class LibvirtDriver(StorageMixin, Driver):
         capped = self._domain_cap_cpus(dom)
         if vcpus == online and vcpus == plugged and (capped is None or capped >= vcpus):
             return self._resized(dom, "unchanged")
-        if vcpus == online and vcpus == plugged:        # a soft cap left below what runs (a failed soft step)
+        if vcpus == online and vcpus == plugged:  # a soft cap left below what runs (a failed soft step)
             self._set_domain_cap(dom, None)
             return self._resized(dom, "uncapped")
         if vcpus > online:
@@ -462,9 +500,13 @@ class LibvirtDriver(StorageMixin, Driver):
                 back = min(vcpus, plugged)
                 self._set_domain_cap(dom, back if back < plugged else None)
                 keep_off = [f"cpu{i}" for i in range(back, plugged)]
-                self.guest_run(name, f"{self._offline_list(keep_off)}; for c in "
-                                     f"{' '.join(f'cpu{i}' for i in range(1, back))}; do "
-                                     f"echo 1 > /sys/devices/system/cpu/$c/online; done", 30)
+                self.guest_run(
+                    name,
+                    f"{self._offline_list(keep_off)}; for c in "
+                    f"{' '.join(f'cpu{i}' for i in range(1, back))}; do "
+                    f"echo 1 > /sys/devices/system/cpu/$c/online; done",
+                    30,
+                )
                 method.append("online")
             if vcpus > plugged:
                 self._call(f"set {vcpus} vCPUs", dom.setVcpusFlags, vcpus, LIVE)
@@ -476,7 +518,7 @@ class LibvirtDriver(StorageMixin, Driver):
                 try:
                     self._set_domain_cap(dom, old_cap)
                 except DriverError:
-                    pass        # the read-back after the failure reports what the cap is
+                    pass  # the read-back after the failure reports what the cap is
         return "+".join(method)
 
     def _vcpus_unplug(self, dom, name: str, vcpus: int) -> str:
@@ -512,17 +554,23 @@ class LibvirtDriver(StorageMixin, Driver):
         and renamed, so that the onliner never reads a half-written (empty) list."""
         if not cpus:
             return "rm -f /run/vmplane-offline"
-        return (f"printf '%s\\n' {' '.join(cpus)} > /run/vmplane-offline.new && "
-                "mv /run/vmplane-offline.new /run/vmplane-offline")
+        return (
+            f"printf '%s\\n' {' '.join(cpus)} > /run/vmplane-offline.new && "
+            "mv /run/vmplane-offline.new /run/vmplane-offline"
+        )
 
     def _offline(self, name: str, cpus: list[str]) -> tuple[int, int]:
         """One console round trip: list `cpus` for the guest's onliner, offline those of them still online;
         (vCPUs online afterwards, how many of `cpus` had to be offlined). Safe to repeat."""
-        out = self.guest_exec(name, f"{self._offline_list(cpus)}; n=0; for c in {' '.join(cpus)}; do "
-                                    "f=/sys/devices/system/cpu/$c/online; "
-                                    "[ \"$(cat $f 2>/dev/null)\" = 1 ] || continue; "
-                                    "echo 0 > $f 2>/dev/null; n=$((n+1)); done; echo $n; "
-                                    "cat /sys/devices/system/cpu/online", 60)
+        out = self.guest_exec(
+            name,
+            f"{self._offline_list(cpus)}; n=0; for c in {' '.join(cpus)}; do "
+            "f=/sys/devices/system/cpu/$c/online; "
+            '[ "$(cat $f 2>/dev/null)" = 1 ] || continue; '
+            "echo 0 > $f 2>/dev/null; n=$((n+1)); done; echo $n; "
+            "cat /sys/devices/system/cpu/online",
+            60,
+        )
         offlined, online = out.strip().splitlines()[-2:]
         return count_cpu_list(online), int(offlined)
 
@@ -530,7 +578,7 @@ class LibvirtDriver(StorageMixin, Driver):
     # under stop_machine: a bound for a slow machine, not a speed expected
     VCPU_WAIT_S = 180.0
 
-    def _wait_online(self, name: str, vcpus: int, keep_off: list[str] = (), timeout_s: float | None = None) -> None:
+    def _wait_online(self, name: str, vcpus: int, keep_off: Sequence[str] = (), timeout_s: float | None = None) -> None:
         """Until the guest shows `vcpus` vCPUs online. With `keep_off`, each look offlines again those of
         them found online: the guest's onliner (a loop every 0.2 s) may have read the list just before it
         was written and onlined one after it was offlined (once: its next read finds the list). Done at a
@@ -549,8 +597,11 @@ class LibvirtDriver(StorageMixin, Driver):
         """A whole-domain CFS cap of `cpus` CPUs (None removes it). cgroup v1 refuses a vCPU ratio above the
         domain's, so a per-vCPU cap stays within it (it is at most one CPU per vCPU)."""
         period = 100000
-        params = ({"global_period": period, "global_quota": NO_CAP} if cpus is None
-                  else {"global_period": period, "global_quota": cpus * period})
+        params = (
+            {"global_period": period, "global_quota": NO_CAP}
+            if cpus is None
+            else {"global_period": period, "global_quota": cpus * period}
+        )
         self._call("set the domain's CPU cap", dom.setSchedulerParametersFlags, params, LIVE)
 
     def set_memory(self, name: str, memory_mib: int) -> Resized:
@@ -576,8 +627,11 @@ class LibvirtDriver(StorageMixin, Driver):
         chosen = [dimms[i] for i in picked or ()]
         if picked is None:
             plugged = sum(d[2] for d in dimms)
-            raise DriverError(self.host, f"the guest can not release {release} MiB live: only hot-plugged DIMMs can "
-                                         f"be removed ({plugged} MiB plugged); stop and restart it smaller")
+            raise DriverError(
+                self.host,
+                f"the guest can not release {release} MiB live: only hot-plugged DIMMs can "
+                f"be removed ({plugged} MiB plugged); stop and restart it smaller",
+            )
         for xml, alias, size_mib in chosen:
             self._unplug_dimm(dom, xml, alias, size_mib)
         return self._resized(dom, "dimm-unplug")
@@ -585,17 +639,25 @@ class LibvirtDriver(StorageMixin, Driver):
     def _dimms(self, dom) -> list[tuple[str, str, int]]:
         """(device XML, alias, MiB) of the domain's DIMMs, oldest first, from the live XML."""
         out = []
-        for xml in re.findall(r"(<memory model='dimm'.*?</memory>)", self._call("read the live XML", dom.XMLDesc, 0),
-                              re.S):
+        for xml in re.findall(
+            r"(<memory model='dimm'.*?</memory>)", self._call("read the live XML", dom.XMLDesc, 0), re.S
+        ):
             alias = re.search(r"<alias name='([^']+)'", xml)
-            out.append((xml, alias.group(1) if alias else "?",
-                        int(re.search(r"<size unit='KiB'>(\d+)</size>", xml).group(1)) // 1024))
+            size = re.search(r"<size unit='KiB'>(\d+)</size>", xml)
+            assert size is not None  # (libvirt writes every DIMM's size)
+            out.append((xml, alias.group(1) if alias else "?", int(size.group(1)) // 1024))
         return out
 
     def _unplug_dimm(self, dom, xml: str, alias: str, size_mib: int) -> None:
-        self._unplug_device(dom, xml, alias, f"DIMM {alias} ({size_mib} MiB)",
-                            lambda: any(a == alias for _, a, _ in self._dimms(dom)),
-                            self.UNPLUG_TRIES, self.UNPLUG_WAIT_S)
+        self._unplug_device(
+            dom,
+            xml,
+            alias,
+            f"DIMM {alias} ({size_mib} MiB)",
+            lambda: any(a == alias for _, a, _ in self._dimms(dom)),
+            self.UNPLUG_TRIES,
+            self.UNPLUG_WAIT_S,
+        )
 
     def _unplug_device(self, dom, xml: str, alias: str, what: str, still_there, tries: int, wait_s: float) -> None:
         """Ask for a device's removal and wait until it is gone: libvirt's DEVICE_REMOVED event for its
@@ -608,24 +670,25 @@ class LibvirtDriver(StorageMixin, Driver):
                 removed.set()
 
         try:
-            callback = self.conn.domainEventRegisterAny(dom, libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED,
-                                                        on_removed, None)
+            callback = self.conn.domainEventRegisterAny(
+                dom, libvirt.VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED, on_removed, None
+            )
         except libvirt.libvirtError:
-            callback = None             # the live XML alone tells
+            callback = None  # the live XML alone tells
 
         def request() -> str | None:
             try:
                 dom.detachDeviceFlags(xml, LIVE)
             except libvirt.libvirtError as exc:
                 if is_absent(exc):
-                    raise DriverError(self.host, f"domain {dom.name()} went away during the unplug of {what}") \
-                        from None
-                return exc.get_error_message()      # e.g. an unplug still pending: wait for it
+                    raise DriverError(self.host, f"domain {dom.name()} went away during the unplug of {what}") from None
+                return exc.get_error_message()  # e.g. an unplug still pending: wait for it
             return None
 
         try:
-            confirm_unplug(self.host, what, request, lambda: removed.is_set() or not still_there(), tries, wait_s,
-                           removed.wait)
+            confirm_unplug(
+                self.host, what, request, lambda: removed.is_set() or not still_there(), tries, wait_s, removed.wait
+            )
         finally:
             if callback is not None:
                 try:
@@ -647,29 +710,39 @@ class LibvirtDriver(StorageMixin, Driver):
         deadline = time.monotonic() + self.GROW_WAIT_S
         while (now_mib := self._call("read the domain", dom.info)[2] // 1024) < old_mib + size_mib:
             if time.monotonic() > deadline:
-                raise DriverError(self.host, f"the domain shows {now_mib} MiB after a {size_mib} MiB DIMM was "
-                                             f"attached, not {old_mib + size_mib}")
+                raise DriverError(
+                    self.host,
+                    f"the domain shows {now_mib} MiB after a {size_mib} MiB DIMM was "
+                    f"attached, not {old_mib + size_mib}",
+                )
             time.sleep(0.2)
         if before_kib is None:
-            return              # no balloon stats yet (the guest boots): it enumerates the DIMM as it comes up
+            return  # no balloon stats yet (the guest boots): it enumerates the DIMM as it comes up
         want = before_kib + size_mib * 1024 * 9 // 10
         while (seen := self._guest_memtotal_kib(dom) or 0) < want:
             if time.monotonic() > deadline:
-                raise DriverError(self.host, f"the guest did not take the {size_mib} MiB DIMM: its MemTotal stayed "
-                                             f"at {seen // 1024} MiB (was {before_kib // 1024} MiB)")
+                raise DriverError(
+                    self.host,
+                    f"the guest did not take the {size_mib} MiB DIMM: its MemTotal stayed "
+                    f"at {seen // 1024} MiB (was {before_kib // 1024} MiB)",
+                )
             time.sleep(0.5)
 
     def set_cpu_cap(self, name: str, cap: CpuCap | None) -> Resized:
         dom = self._dom(name)
-        params = ({"vcpu_quota": -1} if cap is None else {"vcpu_period": cap.period_us, "vcpu_quota": cap.quota_us})
+        params = {"vcpu_quota": -1} if cap is None else {"vcpu_period": cap.period_us, "vcpu_quota": cap.quota_us}
         self._call("set CPU cap", dom.setSchedulerParametersFlags, params, LIVE)
         return self._resized(dom, "cap")
 
-    handles_timeout = True          # migrate() keeps params.timeout_s itself (switch to post-copy or abort)
+    handles_timeout = True  # migrate() keeps params.timeout_s itself (switch to post-copy or abort)
 
-    def _migration_args(self, target: "LibvirtDriver", params: MigrationParams) -> tuple[int, dict]:
-        flags = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_PERSIST_DEST
-                 | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE)
+    def _migration_args(self, target: LibvirtDriver, params: MigrationParams) -> tuple[int, dict]:
+        flags = (
+            libvirt.VIR_MIGRATE_LIVE
+            | libvirt.VIR_MIGRATE_PEER2PEER
+            | libvirt.VIR_MIGRATE_PERSIST_DEST
+            | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+        )
         mparams: dict = {libvirt.VIR_MIGRATE_PARAM_URI: f"tcp://{target.incoming_address()}"}
         if params.bandwidth_mib_s:
             mparams[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = params.bandwidth_mib_s
@@ -710,8 +783,9 @@ class LibvirtDriver(StorageMixin, Driver):
             flags |= libvirt.VIR_MIGRATE_UNSAFE
         return flags, mparams
 
-    def migrate(self, name: str, target: Driver, params: MigrationParams,
-                progress: ProgressCallback | None = None) -> MigrationStats:
+    def migrate(
+        self, name: str, target: Driver, params: MigrationParams, progress: ProgressCallback | None = None
+    ) -> MigrationStats:
         """Peer-to-peer live migration to `target` (libvirt carries hot-plugged vCPUs and DIMMs along).
 
         The call runs in a thread; this one polls jobStats() for progress (it can block ~0.7 s), switches
@@ -720,7 +794,7 @@ class LibvirtDriver(StorageMixin, Driver):
         post-copy when `timeout_action` says so, else abort; a post-copy is left to complete). An error
         says nothing of where the domain is: the caller asks both hosts."""
         with self._abort_lock:
-            self._outgoing.add(name)            # from now on a cancel is kept until the job exists
+            self._outgoing.add(name)  # from now on a cancel is kept until the job exists
         try:
             if not isinstance(target, LibvirtDriver):
                 raise DriverError(self.host, "a libvirt host can only migrate to another libvirt host")
@@ -740,8 +814,16 @@ class LibvirtDriver(StorageMixin, Driver):
             self._pending_aborts.discard(name)
             return pending
 
-    def _copy(self, dom, name: str, target: "LibvirtDriver", params: MigrationParams, flags: int, mparams: dict,
-              progress: ProgressCallback | None) -> MigrationStats:
+    def _copy(
+        self,
+        dom,
+        name: str,
+        target: LibvirtDriver,
+        params: MigrationParams,
+        flags: int,
+        mparams: dict,
+        progress: ProgressCallback | None,
+    ) -> MigrationStats:
         completed: dict = {}
         arrived = threading.Event()
 
@@ -762,9 +844,10 @@ class LibvirtDriver(StorageMixin, Driver):
         t0 = time.monotonic()
         watch = _CopyWatch(self, dom, name, params, progress, t0)
         try:
-            if self._take_pending_abort(name):       # right before the job is created
-                raise DriverError(self.host, f"migration of {name} cancelled before the copy started; it keeps "
-                                             f"running here")
+            if self._take_pending_abort(name):  # right before the job is created
+                raise DriverError(
+                    self.host, f"migration of {name} cancelled before the copy started; it keeps running here"
+                )
             worker = threading.Thread(target=copy, name=f"migrate-{name}", daemon=True)
             worker.start()
             try:
@@ -786,19 +869,24 @@ class LibvirtDriver(StorageMixin, Driver):
             except libvirt.libvirtError:
                 pass
         if "error" in outcome:
-            raise DriverError(self.host, f"migration of {name} to {target.host} failed{watch.why()}: "
-                                         f"{outcome['error']}")
-        return MigrationStats(total_ms=int(completed.get("time_elapsed") or call_ms),
-                              downtime_ms=int(completed.get("downtime") or 0),
-                              bytes_sent=int(completed.get("data_processed") or completed.get("memory_processed") or 0),
-                              extra={"call_ms": call_ms,
-                                     "postcopy_switch_s": round(watch.switched, 2) if watch.switched else None,
-                                     "first_pass_s": round(watch.first_pass_at - t0, 2) if watch.first_pass_at else None,
-                                     "iterations": completed.get("memory_iteration"),
-                                     "deadline": watch.deadline_action,
-                                     "disk_bytes": int(completed.get("disk_processed") or watch.disk_bytes),
-                                     "disk_total": int(completed.get("disk_total") or 0),
-                                     "memory_bytes": int(completed.get("memory_processed") or 0)})
+            raise DriverError(
+                self.host, f"migration of {name} to {target.host} failed{watch.why()}: {outcome['error']}"
+            )
+        return MigrationStats(
+            total_ms=int(completed.get("time_elapsed") or call_ms),
+            downtime_ms=int(completed.get("downtime") or 0),
+            bytes_sent=int(completed.get("data_processed") or completed.get("memory_processed") or 0),
+            extra={
+                "call_ms": call_ms,
+                "postcopy_switch_s": round(watch.switched, 2) if watch.switched else None,
+                "first_pass_s": round(watch.first_pass_at - t0, 2) if watch.first_pass_at else None,
+                "iterations": completed.get("memory_iteration"),
+                "deadline": watch.deadline_action,
+                "disk_bytes": int(completed.get("disk_processed") or watch.disk_bytes),
+                "disk_total": int(completed.get("disk_total") or 0),
+                "memory_bytes": int(completed.get("memory_processed") or 0),
+            },
+        )
 
     def _abort_job(self, dom: libvirt.virDomain) -> bool:
         """abortJob(); False when there is nothing to abort (no job, or no domain); other errors raise
@@ -807,8 +895,10 @@ class LibvirtDriver(StorageMixin, Driver):
             dom.abortJob()
             return True
         except libvirt.libvirtError as exc:
-            if is_absent(exc) or (exc.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID
-                                  and "no job" in (exc.get_error_message() or "")):
+            if is_absent(exc) or (
+                exc.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID
+                and "no job" in (exc.get_error_message() or "")
+            ):
                 return False
             raise DriverError(self.host, f"abort the migration of {dom.name()}: {exc.get_error_message()}") from None
 
@@ -833,8 +923,13 @@ class LibvirtDriver(StorageMixin, Driver):
             raise DriverError(self.host, "a libvirt host can only migrate to another libvirt host")
         dom = self._dom(name)
         flags, mparams = self._migration_args(target, replace(params, postcopy=True))
-        self._call("resume the failed post-copy migration", dom.migrateToURI3, target.p2p_uri(), mparams,
-                   flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME)
+        self._call(
+            "resume the failed post-copy migration",
+            dom.migrateToURI3,
+            target.p2p_uri(),
+            mparams,
+            flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME,
+        )
 
     def migration_active(self, name: str) -> bool:
         """Whether libvirtd still runs a migration job of `name` here. A p2p migration belongs to the
@@ -862,12 +957,12 @@ class LibvirtDriver(StorageMixin, Driver):
     def incoming_address(self) -> str:
         if self.migration_address:
             return self.migration_address
-        host = re.match(r"^[a-z0-9+]+://(?:[^@/?]*@)?([^/:?]*)", self.uri)     # without qemu+ssh's user@
+        host = re.match(r"^[a-z0-9+]+://(?:[^@/?]*@)?([^/:?]*)", self.uri)  # without qemu+ssh's user@
         return host.group(1) if host and host.group(1) else "127.0.0.1"
 
     # -- the guest's view ----------------------------------------------------------------------
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
-        output, code = self.guest_run(name, command, timeout_s)
+        output, _code = self.guest_run(name, command, timeout_s)
         return output
 
     # The command runs under a small runner (one line of POSIX sh, busybox's applets only), never on the
@@ -875,13 +970,15 @@ class LibvirtDriver(StorageMixin, Driver):
     # its standard input is /dev/null (a `dd` or a `cat` with no argument never reads the console), it
     # runs in a session of its own (setsid) and a watchdog kills that whole session at the time limit,
     # printing a timeout marker: the console's shell is free again for the next command and for a person.
-    _EXEC_RUNNER = ('c=$(echo "$2" | base64 -d) || exit 125; t=/tmp/.vmp-$3.t; '
-                    'setsid sh -c "$c" </dev/null 2>&1 & p=$!; '
-                    'setsid sh -c "sleep $1 && : >$t && kill -9 -$p" </dev/null >/dev/null 2>&1 & w=$!; '
-                    'wait $p 2>/dev/null; r=$?; kill -9 -$w 2>/dev/null; '
-                    'if [ -e $t ]; then rm -f $t; echo; echo __VMP""_T$3__; exit 124; fi; exit $r')
-    EXEC_CHUNK = 2000        # base64 characters per console line (a tty line holds at most 4095)
-    EXEC_GRACE_S = 5.0       # how long past the guest's own time limit the answer is waited for
+    _EXEC_RUNNER = (
+        'c=$(echo "$2" | base64 -d) || exit 125; t=/tmp/.vmp-$3.t; '
+        'setsid sh -c "$c" </dev/null 2>&1 & p=$!; '
+        'setsid sh -c "sleep $1 && : >$t && kill -9 -$p" </dev/null >/dev/null 2>&1 & w=$!; '
+        "wait $p 2>/dev/null; r=$?; kill -9 -$w 2>/dev/null; "
+        'if [ -e $t ]; then rm -f $t; echo; echo __VMP""_T$3__; exit 124; fi; exit $r'
+    )
+    EXEC_CHUNK = 2000  # base64 characters per console line (a tty line holds at most 4095)
+    EXEC_GRACE_S = 5.0  # how long past the guest's own time limit the answer is waited for
     INTERRUPT_AFTER_S = 3.0  # a shell that does not answer the probe this long is sent Ctrl-C
 
     def guest_run(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
@@ -892,7 +989,7 @@ class LibvirtDriver(StorageMixin, Driver):
         command still running at `timeout_s` is killed in the guest (DriverError says so)."""
         lock = self._console_locks.setdefault(name, threading.Lock())
         with lock:
-            self._dom(name)              # on the main connection: a missing domain or host is said as usual
+            self._dom(name)  # on the main connection: a missing domain or host is said as usual
             conn = self._console_conn()
             try:
                 dom = self._call(f"looking up domain {name}", conn.lookupByName, name)
@@ -937,8 +1034,9 @@ class LibvirtDriver(StorageMixin, Driver):
         deadline = time.monotonic() + timeout_s
         self._await_shell(stream, deadline, command)
         tag = uuid.uuid4().hex[:12]
-        for line in exec_lines(command, tag, max(1, int(deadline - time.monotonic())), self._EXEC_RUNNER,
-                               self.EXEC_CHUNK):
+        for line in exec_lines(
+            command, tag, max(1, int(deadline - time.monotonic())), self._EXEC_RUNNER, self.EXEC_CHUNK
+        ):
             self._send(stream, line)
         answer_by = max(deadline, time.monotonic() + 1) + self.EXEC_GRACE_S
         buf = b""
@@ -946,7 +1044,7 @@ class LibvirtDriver(StorageMixin, Driver):
             try:
                 buf = self._receive(stream, buf, answer_by, command)
             except DriverError:
-                self._send_quietly(stream, "\x03")      # the runner itself is stuck: interrupt it
+                self._send_quietly(stream, "\x03")  # the runner itself is stuck: interrupt it
                 raise
             for m in _MARK.finditer(buf):
                 if m.group(1).decode() == tag:
@@ -990,8 +1088,10 @@ class LibvirtDriver(StorageMixin, Driver):
         if data == b"":
             raise DriverError(self.host, "the console closed: the domain stopped or went away")
         if time.monotonic() > deadline:
-            raise DriverError(self.host, f"the guest did not answer {command!r} in time; console tail: "
-                                         f"{buf[-300:].decode(errors='replace')!r}")
+            raise DriverError(
+                self.host,
+                f"the guest did not answer {command!r} in time; console tail: {buf[-300:].decode(errors='replace')!r}",
+            )
         if isinstance(data, bytes):
             return buf + data
         time.sleep(0.02)
@@ -1021,18 +1121,25 @@ class _CopyWatch:
     (the newest report only): a store write that waits must never hold back the next poll, whose switch
     to post-copy is due at a set time into the first pass (late, the copy ends as pre-copy)."""
 
-    def __init__(self, driver: LibvirtDriver, dom, name: str, params: MigrationParams,
-                 progress: ProgressCallback | None, t0: float):
+    def __init__(
+        self,
+        driver: LibvirtDriver,
+        dom,
+        name: str,
+        params: MigrationParams,
+        progress: ProgressCallback | None,
+        t0: float,
+    ):
         self.driver, self.dom, self.name, self.params, self.progress, self.t0 = driver, dom, name, params, progress, t0
-        self.switched: float | None = None       # s after t0 of the switch to post-copy; -1: finished first
+        self.switched: float | None = None  # s after t0 of the switch to post-copy; -1: finished first
         self.first_pass_at: float | None = None  # when memory started to move (iteration reads 0 in pass 1)
         self.deadline_action: str | None = None  # what the deadline did: "postcopy", "aborted", "in post-copy"
         self.cancelled = False
-        self.percent = 0                         # reported so far (never goes back)
-        self.disk_bytes = 0                      # disk bytes copied so far (jobStats disk_processed)
-        self.memory_estimate = 0                 # the domain's memory, until the memory copy reports its total
+        self.percent = 0  # reported so far (never goes back)
+        self.disk_bytes = 0  # disk bytes copied so far (jobStats disk_processed)
+        self.memory_estimate = 0  # the domain's memory, until the memory copy reports its total
         self._report_lock = threading.Condition()
-        self._newest: tuple[int, str] | None = None     # the report not yet written
+        self._newest: tuple[int, str] | None = None  # the report not yet written
         self._closed = False
         self._writer: threading.Thread | None = None
         if params.copy_disks:
@@ -1057,7 +1164,7 @@ class _CopyWatch:
         if job and self.driver._take_pending_abort(self.name):
             self.cancelled = True
             if not self._abort():
-                with self.driver._abort_lock:       # kept: tried again at the next poll
+                with self.driver._abort_lock:  # kept: tried again at the next poll
                     self.driver._pending_aborts.add(self.name)
         self._report(stats)
         now = time.monotonic()
@@ -1065,8 +1172,13 @@ class _CopyWatch:
             self.first_pass_at = now
         p = self.params
         # switch during the first pass (healthy 13/13 under TCG), not after it (2/8)
-        if (p.postcopy and self.switched is None and p.postcopy_after_s is not None
-                and self.first_pass_at is not None and now - self.first_pass_at >= p.postcopy_after_s):
+        if (
+            p.postcopy
+            and self.switched is None
+            and p.postcopy_after_s is not None
+            and self.first_pass_at is not None
+            and now - self.first_pass_at >= p.postcopy_after_s
+        ):
             self._switch()
         if p.timeout_s and self.deadline_action is None and job and now - self.t0 >= p.timeout_s:
             self._deadline()
@@ -1078,9 +1190,13 @@ class _CopyWatch:
         with self._report_lock:
             self._newest = report
             self._report_lock.notify()
-            if self._writer is None:        # in the copy's context: its owner fences the writes, its cause names them
-                self._writer = threading.Thread(target=contextvars.copy_context().run, args=(self._write_reports,),
-                                                name=f"migrate-{self.name}-progress", daemon=True)
+            if self._writer is None:  # in the copy's context: its owner fences the writes, its cause names them
+                self._writer = threading.Thread(
+                    target=contextvars.copy_context().run,
+                    args=(self._write_reports,),
+                    name=f"migrate-{self.name}-progress",
+                    daemon=True,
+                )
                 self._writer.start()
 
     def describe(self, stats: dict) -> tuple[int, str] | None:
@@ -1098,10 +1214,12 @@ class _CopyWatch:
             return None
         remaining = mem_left + disk_left
         self.percent = max(self.percent, min(99, int(100 * (total - remaining) / total)))
-        words = ((f"disks {(disk_total - disk_left) >> 20}/{disk_total >> 20} MiB, " if disk_total else "")
-                 + f"copied {(total - remaining) >> 20} of {total >> 20} MiB, iteration "
-                   f"{stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
-                 + (", post-copy" if self.switched and self.switched > 0 else ""))
+        words = (
+            (f"disks {(disk_total - disk_left) >> 20}/{disk_total >> 20} MiB, " if disk_total else "")
+            + f"copied {(total - remaining) >> 20} of {total >> 20} MiB, iteration "
+            f"{stats.get('memory_iteration', 0)}, {remaining >> 20} MiB left"
+            + (", post-copy" if self.switched and self.switched > 0 else "")
+        )
         return self.percent, words
 
     def _write_reports(self) -> None:
@@ -1111,17 +1229,18 @@ class _CopyWatch:
                     self._report_lock.wait()
                 report, self._newest = self._newest, None
                 if report is None:
-                    return              # closed, nothing left to write
+                    return  # closed, nothing left to write
             try:
-                self.progress(*report)
-            except Exception:       # noqa: BLE001 - only a report: the copy goes on, its outcome is asked of the hosts
+                if self.progress is not None:  # (None: nobody asked; the call would raise, swallowed below)
+                    self.progress(*report)
+            except Exception:  # noqa: BLE001 - only a report: the copy goes on, its outcome is asked of the hosts
                 pass
 
     def close(self) -> None:
         """After the copy: the last report written (or dropped), the writer gone (before the outcome is recorded)."""
         with self._report_lock:
             self._closed = True
-            self._newest = None         # the outcome follows; a report now would only be overwritten
+            self._newest = None  # the outcome follows; a report now would only be overwritten
             self._report_lock.notify()
         if self._writer is not None:
             self._writer.join()
@@ -1131,24 +1250,24 @@ class _CopyWatch:
             self.dom.migrateStartPostCopy(0)
             self.switched = time.monotonic() - self.t0
         except libvirt.libvirtError:
-            self.switched = -1.0       # finished as pre-copy before the switch
+            self.switched = -1.0  # finished as pre-copy before the switch
 
     def _deadline(self) -> None:
         p = self.params
         if self.switched is not None and self.switched > 0:
-            self.deadline_action = "in post-copy"       # can not be aborted; it completes by itself
+            self.deadline_action = "in post-copy"  # can not be aborted; it completes by itself
         elif p.timeout_action == "postcopy" and p.postcopy and self.switched is None:
             self._switch()
             self.deadline_action = "postcopy" if self.switched and self.switched > 0 else None
         elif self._abort():
-            self.deadline_action = "aborted"        # else tried again at the next poll
+            self.deadline_action = "aborted"  # else tried again at the next poll
 
     def _abort(self) -> bool:
         try:
             self.driver._abort_job(self.dom)
             return True
         except DriverError:
-            return False    # e.g. the host does not answer; the caller asks the hosts after the copy
+            return False  # e.g. the host does not answer; the caller asks the hosts after the copy
 
 
 def dimms_to_release(sizes_mib: list[int], release_mib: int) -> list[int] | None:
@@ -1157,8 +1276,8 @@ def dimms_to_release(sizes_mib: list[int], release_mib: int) -> list[int] | None
     does. A subset sum over the sums up to the release (DIMMs are few and sized in MiB)."""
     if release_mib <= 0:
         return [] if release_mib == 0 else None
-    best: dict[int, tuple[int, ...]] = {0: ()}      # reachable sum -> the fewest DIMMs reaching it
-    for i in reversed(range(len(sizes_mib))):       # newest first: among equals, the first found stays
+    best: dict[int, tuple[int, ...]] = {0: ()}  # reachable sum -> the fewest DIMMs reaching it
+    for i in reversed(range(len(sizes_mib))):  # newest first: among equals, the first found stays
         size = sizes_mib[i]
         if size <= 0:
             continue
@@ -1178,7 +1297,7 @@ def discard_domain(dom: libvirt.virDomain) -> None:
     except libvirt.libvirtError as exc:
         if is_absent(exc):
             return
-        if dom.isActive():          # it stopped by itself meanwhile: fine; else the error stands
+        if dom.isActive():  # it stopped by itself meanwhile: fine; else the error stands
             raise
     try:
         dom.undefineFlags(0)
@@ -1206,7 +1325,7 @@ def _probe_cache(driver: LibvirtDriver) -> Path:
     return guest.cache_dir().parent / f"accel-{key}.json"
 
 
-PROBE_PREFIX = "vmplane-probe-"     # the audit names such a domain a leftover probe, not a VM
+PROBE_PREFIX = "vmplane-probe-"  # the audit names such a domain a leftover probe, not a VM
 
 
 def _discard_leftover_probes(driver: LibvirtDriver) -> None:
@@ -1219,7 +1338,7 @@ def _discard_leftover_probes(driver: LibvirtDriver) -> None:
         try:
             discard_domain(dom)
         except libvirt.libvirtError:
-            pass            # still there: the audit reports it as a leftover probe
+            pass  # still there: the audit reports it as a leftover probe
 
 
 def probe_accel(driver: LibvirtDriver, timeout_s: float = 20.0) -> str:

@@ -15,21 +15,26 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape, quoteattr
 
 import libvirt
 
-from vmplane.hosts.drivers.domainxml import disk_xml
 from vmplane.core.driver import DiskSpec, DriverError, PoolInfo, PoolSpec, VolumeInfo
+from vmplane.hosts.drivers.domainxml import disk_xml
 from vmplane.hosts.drivers.volumefiles import same_volume
 
 MIB = 1 << 20
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
 CONFIG = libvirt.VIR_DOMAIN_AFFECT_CONFIG
-_POOL_STATES = {libvirt.VIR_STORAGE_POOL_INACTIVE: "inactive", libvirt.VIR_STORAGE_POOL_BUILDING: "building",
-                libvirt.VIR_STORAGE_POOL_RUNNING: "running", libvirt.VIR_STORAGE_POOL_DEGRADED: "degraded",
-                libvirt.VIR_STORAGE_POOL_INACCESSIBLE: "inaccessible"}
+_POOL_STATES = {
+    libvirt.VIR_STORAGE_POOL_INACTIVE: "inactive",
+    libvirt.VIR_STORAGE_POOL_BUILDING: "building",
+    libvirt.VIR_STORAGE_POOL_RUNNING: "running",
+    libvirt.VIR_STORAGE_POOL_DEGRADED: "degraded",
+    libvirt.VIR_STORAGE_POOL_INACCESSIBLE: "inaccessible",
+}
 VOLUME_FORMATS = ("qcow2", "raw")
 
 
@@ -44,12 +49,15 @@ def volume_absent(exc: libvirt.libvirtError) -> bool:
 def pool_xml(spec: PoolSpec) -> str:
     if not os.path.isabs(spec.path):
         raise ValueError(f"a pool's path is absolute, not {spec.path!r}")
-    return (f"<pool type='dir'>\n  <name>{escape(spec.name)}</name>\n"
-            f"  <target>\n    <path>{escape(spec.path)}</path>\n  </target>\n</pool>\n")
+    return (
+        f"<pool type='dir'>\n  <name>{escape(spec.name)}</name>\n"
+        f"  <target>\n    <path>{escape(spec.path)}</path>\n  </target>\n</pool>\n"
+    )
 
 
-def volume_xml(name: str, capacity_bytes: int, format: str, backing: str | None = None,
-               backing_format: str | None = None) -> str:
+def volume_xml(
+    name: str, capacity_bytes: int, format: str, backing: str | None = None, backing_format: str | None = None
+) -> str:
     """A volume of `capacity_bytes` (thin: allocation 0); an overlay on `backing` when given."""
     if format not in VOLUME_FORMATS:
         raise ValueError(f"volume format must be one of {', '.join(VOLUME_FORMATS)}, not {format!r}")
@@ -59,13 +67,19 @@ def volume_xml(name: str, capacity_bytes: int, format: str, backing: str | None 
         raise ValueError(f"backing format must be one of {', '.join(VOLUME_FORMATS)}, not {backing_format!r}")
     if "/" in name or name in ("", ".", ".."):
         raise ValueError(f"a volume name is a file name, not {name!r}")
-    lines = ["<volume>", f"  <name>{escape(name)}</name>",
-             f"  <capacity unit='bytes'>{int(capacity_bytes)}</capacity>",
-             "  <allocation unit='bytes'>0</allocation>",
-             f"  <target><format type={quoteattr(format)}/></target>"]
+    lines = [
+        "<volume>",
+        f"  <name>{escape(name)}</name>",
+        f"  <capacity unit='bytes'>{int(capacity_bytes)}</capacity>",
+        "  <allocation unit='bytes'>0</allocation>",
+        f"  <target><format type={quoteattr(format)}/></target>",
+    ]
     if backing is not None:
-        lines.append(f"  <backingStore><path>{escape(backing)}</path>"
-                     + (f"<format type={quoteattr(backing_format)}/>" if backing_format else "") + "</backingStore>")
+        lines.append(
+            f"  <backingStore><path>{escape(backing)}</path>"
+            + (f"<format type={quoteattr(backing_format)}/>" if backing_format else "")
+            + "</backingStore>"
+        )
     lines.append("</volume>")
     return "\n".join(lines) + "\n"
 
@@ -91,9 +105,20 @@ def disks_of(xml: str) -> dict[str, tuple[str, str, ElementTree.Element]]:
 class StorageMixin:
     """The storage methods of LibvirtDriver (see base.Driver for their contracts)."""
 
+    if TYPE_CHECKING:  # what LibvirtDriver gives the methods here (libvirt's objects are untyped)
+        host: str
+        conn: Any
+
+        def _call(self, what: str, fn: Any, *args: Any) -> Any: ...
+        def _dom(self, name: str) -> Any: ...
+        def _is_active(self, dom: Any) -> bool: ...
+        def _unplug_device(
+            self, dom: Any, xml: str, alias: str, what: str, still_there: Any, tries: int, wait_s: float
+        ) -> None: ...
+
     DISK_UNPLUG_TRIES = 3
-    DISK_UNPLUG_WAIT_S = 10.0       # per request: a PCIe unplug under TCG takes seconds
-    REFRESH_TRIES = 25              # a refresh is refused while the pool builds a volume: retried
+    DISK_UNPLUG_WAIT_S = 10.0  # per request: a PCIe unplug under TCG takes seconds
+    REFRESH_TRIES = 25  # a refresh is refused while the pool builds a volume: retried
 
     # -- pools ---------------------------------------------------------------------------------
     def _pool(self, name: str) -> libvirt.virStoragePool | None:
@@ -140,7 +165,7 @@ class StorageMixin:
             try:
                 pool = self.conn.storagePoolDefineXML(xml, 0)
             except libvirt.libvirtError as exc:
-                pool = self._pool(spec.name)        # defined meanwhile by another caller: checked below
+                pool = self._pool(spec.name)  # defined meanwhile by another caller: checked below
                 if pool is None:
                     raise DriverError(self.host, f"define pool {spec.name}: {exc.get_error_message()}") from None
         path = self._pool_path(pool)
@@ -152,7 +177,7 @@ class StorageMixin:
             try:
                 pool.create(0)
             except libvirt.libvirtError as exc:
-                if not pool.isActive():                     # started meanwhile by another caller: fine
+                if not pool.isActive():  # started meanwhile by another caller: fine
                     raise DriverError(self.host, f"start pool {spec.name}: {exc.get_error_message()}") from None
         if self._call(f"persistence of pool {spec.name}", pool.isPersistent):
             self._call(f"autostart pool {spec.name}", pool.setAutostart, 1)
@@ -170,15 +195,16 @@ class StorageMixin:
                 try:
                     self._refresh(pool)
                 except DriverError:
-                    pass        # e.g. its folder vanished: libvirt stops the pool, and the state says so
+                    pass  # e.g. its folder vanished: libvirt stops the pool, and the state says so
             state, capacity, allocation, available = pool.info()
             path = self._pool_path(pool)
         except libvirt.libvirtError as exc:
             if pool_absent(exc):
                 return None
             raise DriverError(self.host, f"reading pool {name}: {exc.get_error_message()}") from None
-        return PoolInfo(name, path, _POOL_STATES.get(state, str(state)), capacity // MIB, allocation // MIB,
-                        available // MIB)
+        return PoolInfo(
+            name, path, _POOL_STATES.get(state, str(state)), capacity // MIB, allocation // MIB, available // MIB
+        )
 
     def remove_pool(self, name: str) -> None:
         pool = self._pool(name)
@@ -201,8 +227,15 @@ class StorageMixin:
         root = ElementTree.fromstring(vol.XMLDesc(0))
         fmt = root.find("target/format")
         backing = root.findtext("backingStore/path")
-        return VolumeInfo(pool_name, vol.name(), vol.path(), fmt.get("type", "") if fmt is not None else "",
-                          _mib_up(capacity), _mib_up(allocation), backing or None)
+        return VolumeInfo(
+            pool_name,
+            vol.name(),
+            vol.path(),
+            fmt.get("type", "") if fmt is not None else "",
+            _mib_up(capacity),
+            _mib_up(allocation),
+            backing or None,
+        )
 
     def _vol(self, pool: libvirt.virStoragePool, name: str) -> libvirt.virStorageVol | None:
         try:
@@ -210,8 +243,9 @@ class StorageMixin:
         except libvirt.libvirtError as exc:
             if volume_absent(exc):
                 return None
-            raise DriverError(self.host, f"looking up volume {name} in pool {pool.name()}: "
-                                         f"{exc.get_error_message()}") from None
+            raise DriverError(
+                self.host, f"looking up volume {name} in pool {pool.name()}: {exc.get_error_message()}"
+            ) from None
 
     def volumes(self, pool: str) -> list[VolumeInfo]:
         p = self._pool_or_raise(pool)
@@ -221,7 +255,7 @@ class StorageMixin:
             try:
                 out.append(self._volume_info(pool, vol))
             except libvirt.libvirtError as exc:
-                if not volume_absent(exc):          # deleted between the listing and the read: not there
+                if not volume_absent(exc):  # deleted between the listing and the read: not there
                     raise DriverError(self.host, f"reading volume {vol.name()}: {exc.get_error_message()}") from None
         return sorted(out, key=lambda v: v.name)
 
@@ -238,8 +272,15 @@ class StorageMixin:
                 return None
             raise DriverError(self.host, f"reading volume {name}: {exc.get_error_message()}") from None
 
-    def create_volume(self, pool: str, name: str, capacity_mib: int, format: str = "qcow2",
-                      backing: str | None = None, backing_format: str | None = None) -> VolumeInfo:
+    def create_volume(
+        self,
+        pool: str,
+        name: str,
+        capacity_mib: int,
+        format: str = "qcow2",
+        backing: str | None = None,
+        backing_format: str | None = None,
+    ) -> VolumeInfo:
         """libvirt runs `qemu-img create` (with `-b backing -F backing_format` for an overlay); a
         volume whose creation failed is removed by libvirt itself. An overlay smaller than its backing
         image (when the backing is a volume this host knows) is refused: the guest would lose the end
@@ -258,36 +299,44 @@ class StorageMixin:
             vol = p.createXML(xml, 0)
         except libvirt.libvirtError as exc:
             if exc.get_error_code() == libvirt.VIR_ERR_STORAGE_VOL_EXIST:
-                made = self.volume(pool, name)      # created meanwhile by another caller
+                made = self.volume(pool, name)  # created meanwhile by another caller
                 if made is not None:
                     return self._asked_for(made, format, backing)
             raise DriverError(self.host, f"create volume {name} in pool {pool}: {exc.get_error_message()}") from None
         info = self._call(f"read volume {name} back", self._volume_info, pool, vol)
         if info.capacity_mib < capacity_mib or info.format != format or (backing and info.backing != backing):
-            raise DriverError(self.host, f"volume {name} reads back as {info}, not {capacity_mib} MiB {format}"
-                                         + (f" on {backing}" if backing else ""))
+            raise DriverError(
+                self.host,
+                f"volume {name} reads back as {info}, not {capacity_mib} MiB {format}"
+                + (f" on {backing}" if backing else ""),
+            )
         return info
 
     def _asked_for(self, found: VolumeInfo, format: str, backing: str | None) -> VolumeInfo:
         """A volume already there is returned only if it is the one asked for (a retried create: its format
         and backing; the caller compares the size): another one is not adopted (review N2)."""
         if not same_volume(found, format, backing):
-            raise DriverError(self.host, f"create volume {found.name}: the pool holds it already as {found.format} "
-                                         f"on {found.backing}, not the volume asked for")
+            raise DriverError(
+                self.host,
+                f"create volume {found.name}: the pool holds it already as {found.format} "
+                f"on {found.backing}, not the volume asked for",
+            )
         return found
 
     def _check_backing(self, name: str, capacity_mib: int, backing: str) -> None:
         try:
             base = self.conn.storageVolLookupByPath(backing)
         except libvirt.libvirtError:
-            return              # not in a pool of this host: qemu-img checks that it exists
+            return  # not in a pool of this host: qemu-img checks that it exists
         try:
             size = base.info()[1]
         except libvirt.libvirtError:
             return
         if capacity_mib * MIB < size:
-            raise DriverError(self.host, f"volume {name}: {capacity_mib} MiB is smaller than its backing image "
-                                         f"{backing} ({_mib_up(size)} MiB)")
+            raise DriverError(
+                self.host,
+                f"volume {name}: {capacity_mib} MiB is smaller than its backing image {backing} ({_mib_up(size)} MiB)",
+            )
 
     def _users(self, path: str) -> list[str]:
         """Domains of this host (running or defined) with a disk on `path`."""
@@ -335,12 +384,16 @@ class StorageMixin:
         if capacity_mib == info.capacity_mib:
             return info
         if capacity_mib < info.capacity_mib:
-            raise DriverError(self.host, f"volume {name} is {info.capacity_mib} MiB: it can not shrink to "
-                                         f"{capacity_mib} MiB")
+            raise DriverError(
+                self.host, f"volume {name} is {info.capacity_mib} MiB: it can not shrink to {capacity_mib} MiB"
+            )
         running = [d for d in self._users(info.path) if self._is_active(self._dom(d))]
         if running:
-            raise DriverError(self.host, f"volume {name} is open in running domain {', '.join(running)}: grow it "
-                                         f"live (grow_disk) or stop the domain first")
+            raise DriverError(
+                self.host,
+                f"volume {name} is open in running domain {', '.join(running)}: grow it "
+                f"live (grow_disk) or stop the domain first",
+            )
         self._call(f"resize volume {name} to {capacity_mib} MiB", vol.resize, capacity_mib * MIB, 0)
         after = self.volume(pool, name)
         if after is None or after.capacity_mib != capacity_mib:
@@ -385,13 +438,14 @@ class StorageMixin:
             try:
                 vol.delete(0)
             except libvirt.libvirtError:
-                pass            # the audit finds a volume the store does not know
+                pass  # the audit finds a volume the store does not know
             raise
 
     # -- a domain's disks ----------------------------------------------------------------------
     def _xml(self, dom, inactive: bool = False) -> str:
-        return self._call(f"read the XML of {dom.name()}", dom.XMLDesc,
-                          libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0)
+        return self._call(
+            f"read the XML of {dom.name()}", dom.XMLDesc, libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0
+        )
 
     def domain_disks(self, name: str) -> dict[str, str]:
         dom = self._dom(name)
@@ -406,7 +460,7 @@ class StorageMixin:
         have = self.domain_disks(name)
         if disk.target in have:
             if have[disk.target] == disk.path:
-                return                  # attached already (a retry)
+                return  # attached already (a retry)
             raise DriverError(self.host, f"{name} has another disk at {disk.target}: {have[disk.target]}")
         if disk.path in have.values():
             raise DriverError(self.host, f"{name} has {disk.path} attached already")
@@ -428,15 +482,25 @@ class StorageMixin:
         if persistent:
             found = disks_of(self._xml(dom, inactive=True)).get(target)
             if found is not None:
-                self._call(f"remove {target} from the definition of {name}", dom.detachDeviceFlags,
-                           ElementTree.tostring(found[2], encoding="unicode"), CONFIG)
+                self._call(
+                    f"remove {target} from the definition of {name}",
+                    dom.detachDeviceFlags,
+                    ElementTree.tostring(found[2], encoding="unicode"),
+                    CONFIG,
+                )
                 if target in disks_of(self._xml(dom, inactive=True)):
                     raise DriverError(self.host, f"the definition of {name} still lists {target} after a detach")
 
     def _unplug_disk(self, dom, target: str, alias: str, xml: str) -> None:
-        self._unplug_device(dom, xml, alias, f"disk {target} ({alias}) of {dom.name()}",
-                            lambda: target in disks_of(self._xml(dom)), self.DISK_UNPLUG_TRIES,
-                            self.DISK_UNPLUG_WAIT_S)
+        self._unplug_device(
+            dom,
+            xml,
+            alias,
+            f"disk {target} ({alias}) of {dom.name()}",
+            lambda: target in disks_of(self._xml(dom)),
+            self.DISK_UNPLUG_TRIES,
+            self.DISK_UNPLUG_WAIT_S,
+        )
 
     def grow_disk(self, name: str, target: str, capacity_mib: int) -> None:
         """blockResize (bytes) on the running domain, then blockInfo says the size the guest sees."""
@@ -446,10 +510,16 @@ class StorageMixin:
         if want == current:
             return
         if want < current:
-            raise DriverError(self.host, f"disk {target} of {name} is {_mib_up(current)} MiB: it can not shrink "
-                                         f"to {capacity_mib} MiB")
-        self._call(f"grow {target} of {name} to {capacity_mib} MiB", dom.blockResize, target, want,
-                   libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
+            raise DriverError(
+                self.host, f"disk {target} of {name} is {_mib_up(current)} MiB: it can not shrink to {capacity_mib} MiB"
+            )
+        self._call(
+            f"grow {target} of {name} to {capacity_mib} MiB",
+            dom.blockResize,
+            target,
+            want,
+            libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES,
+        )
         after = self._call(f"size of {target}", dom.blockInfo, target, 0)[0]
         if after != want:
             raise DriverError(self.host, f"disk {target} of {name} is {after} bytes after a resize to {want}")

@@ -49,7 +49,7 @@ from vmplane.core.driver import (
     ProgressCallback,
     Resized,
 )
-from vmplane.hosts.drivers.simfabric import (
+from vmplane.hosts.drivers.simevents import (
     CRASHED,
     RESUMED,
     SHUTDOWN,
@@ -62,31 +62,33 @@ from vmplane.hosts.drivers.simfabric import (
     SUSPENDED_IOERROR,
     SUSPENDED_POSTCOPY_FAILED,
     UNDEFINED,
-    SimFabric,
 )
+from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.hosts.drivers.simfaults import SimFaults
 from vmplane.hosts.drivers.simstorage import CopyPlan, SimStorageDriver, SimStorageError
 
 
 class SimDriver(SimStorageDriver, Driver):
     kind = "sim"
-    blocking_calls = False      # in-process, serialised by the fabric's lock: one call after another
-    UNPLUG_TRIES = 3            # as the libvirt driver
-    UNPLUG_WAIT_S = 0.15        # per request (libvirt: 5 s; a sim guest answers faster or never)
+    blocking_calls = False  # in-process, serialised by the fabric's lock: one call after another
+    UNPLUG_TRIES = 3  # as the libvirt driver
+    UNPLUG_WAIT_S = 0.15  # per request (libvirt: 5 s; a sim guest answers faster or never)
 
     def __init__(self, host: str, info: HostInfo, fabric: SimFabric | None = None, faults: SimFaults | None = None):
         super().__init__(host)
         self._info = info
         self.fabric = fabric or SimFabric()
-        self.faults = faults        # None: the fabric's (fabric.faults), which is None unless switched on
+        self.faults = faults  # None: the fabric's (fabric.faults), which is None unless switched on
         # None: a migration is instant; else memory is copied at this rate (for limit and drain timelines)
         # (harnesses of several processes set it for all: $VMPLANE_SIM_COPY_RATE_MIB_S)
         self.copy_rate_mib_s: float | None = float(os.environ.get("VMPLANE_SIM_COPY_RATE_MIB_S") or 0) or None
         # disks are copied at this rate (MiB/s); None: the fabric's (fabric.disk_copy_rate_mib_s)
         self.disk_copy_rate_mib_s: float | None = None
         self._aborts: set[str] = set()
-        self._copies: dict[str, threading.Thread] = {}      # copies going on after a lost connection
-        self._restarting_until = 0.0                        # fault mode: libvirtd restarting until then
+        self._copies: dict[str, threading.Thread] = {}  # copies going on after a lost connection
+        self._restarting_until = 0.0  # fault mode: libvirtd restarting until then
+
+    fabric: SimFabric  # (SimStorageDriver knows it as its StorageFabric half)
 
     # -- fault mode --------------------------------------------------------------------------------
     @property
@@ -108,8 +110,11 @@ class SimDriver(SimStorageDriver, Driver):
         try:
             self.fabric.check_host(self.host, what)
             if f is not None and f.enabled:
-                for kind, mode, span in (("host_reboot", "power", f.reboot_s), ("host_partition", "network",
-                                         f.partition_s), ("host_flap", "network", f.flap_s)):
+                for kind, mode, span in (
+                    ("host_reboot", "power", f.reboot_s),
+                    ("host_partition", "network", f.partition_s),
+                    ("host_flap", "network", f.flap_s),
+                ):
                     if f.chance(kind):
                         self.fabric.fail_host(self.host, mode, f.delay(span))
                         self.fabric.check_host(self.host, what)
@@ -123,7 +128,7 @@ class SimDriver(SimStorageDriver, Driver):
             if f.chance(kind):
                 self._guest_acts(kind, f)
         restarting = time.monotonic() < self._restarting_until or f.bursting(self.host)
-        if restarting or f.chance("transient"):     # a restart fails every call for a while
+        if restarting or f.chance("transient"):  # a restart fails every call for a while
             if not restarting:
                 self._restarting_until = time.monotonic() + f.delay(f.restart_s)
             else:
@@ -135,16 +140,16 @@ class SimDriver(SimStorageDriver, Driver):
         if not running:
             return
         name = f.pick(running)
-        if kind == "guest_poweroff":            # poweroff -f inside: QEMU exits, a transient domain goes
+        if kind == "guest_poweroff":  # poweroff -f inside: QEMU exits, a transient domain goes
             self.fabric.remove(self.host, name)
             self._emit(name, SHUTDOWN, SHUTDOWN_GUEST)
             self._emit(name, STOPPED, 0)
             self._emit(name, UNDEFINED, 0)
-        elif kind == "guest_crash":             # on_crash=destroy: left defined, shut off (crashed)
+        elif kind == "guest_crash":  # on_crash=destroy: left defined, shut off (crashed)
             self.fabric.set_state(self.host, name, "shutoff", "crashed")
             self._emit(name, CRASHED, 0)
             self._emit(name, STOPPED, STOPPED_CRASHED)
-        else:                                   # an I/O error pauses it; it is resumed a little later
+        else:  # an I/O error pauses it; it is resumed a little later
             self.fabric.set_state(self.host, name, "paused", "ioerror")
             self.fabric.pause_until(name, f.delay(f.pause_s))
             self._emit(name, SUSPENDED, SUSPENDED_IOERROR)
@@ -187,7 +192,7 @@ class SimDriver(SimStorageDriver, Driver):
             return True
         return self.fabric.domain(self.host, name) is None
 
-    def move_behind_our_back(self, name: str, target: "SimDriver") -> bool:
+    def move_behind_our_back(self, name: str, target: SimDriver) -> bool:
         """A migration vmplane did not order (a lapsed owner's late migrateToURI3): the domain moves to
         `target` and this host sends STOPPED/migrated (fault mode delivers events). False if it did not move."""
         if not self.fabric.move(name, self.host, target.host):
@@ -251,6 +256,7 @@ class SimDriver(SimStorageDriver, Driver):
                 self.fabric.request_unplug(self.host, name, memory_mib, None)
             elif self._chance("unplug_late"):
                 f = self._faults
+                assert f is not None  # (a fault only happens in fault mode)
                 self.fabric.request_unplug(self.host, name, memory_mib, f.delay(f.unplug_delay_s))
             elif not self.fabric.update(self.host, name, memory_mib=memory_mib):
                 raise DriverError(self.host, f"domain {name} went away during a DIMM unplug")
@@ -262,8 +268,14 @@ class SimDriver(SimStorageDriver, Driver):
                 raise DriverError(self.host, f"domain {name} went away during a DIMM unplug")
             return info.memory_mib <= memory_mib
 
-        base.confirm_unplug(self.host, f"DIMM ({spec.memory_mib - memory_mib} MiB) of {name}", request, gone,
-                            self.UNPLUG_TRIES, self.UNPLUG_WAIT_S)
+        base.confirm_unplug(
+            self.host,
+            f"DIMM ({spec.memory_mib - memory_mib} MiB) of {name}",
+            request,
+            gone,
+            self.UNPLUG_TRIES,
+            self.UNPLUG_WAIT_S,
+        )
         self._partial("read the domain after the unplug")
         return self._read_back(name, "dimm-unplug")  # as libvirt does
 
@@ -274,8 +286,9 @@ class SimDriver(SimStorageDriver, Driver):
         self._partial("set the CPU cap")
         return self._read_back(name, "cap")
 
-    def migrate(self, name: str, target: Driver, params: MigrationParams,
-                progress: ProgressCallback | None = None) -> MigrationStats:
+    def migrate(
+        self, name: str, target: Driver, params: MigrationParams, progress: ProgressCallback | None = None
+    ) -> MigrationStats:
         if not isinstance(target, SimDriver):
             raise DriverError(self.host, "a sim host can only migrate to another sim host")
         self._call(f"migrate {name}")
@@ -290,22 +303,31 @@ class SimDriver(SimStorageDriver, Driver):
             try:
                 return self._copy(name, spec, target, t0, progress, plan, self._disk_rate(params))
             except BaseException:
-                if name not in self._copies:    # (a copy that goes on without us keeps its incoming domain)
+                if name not in self._copies:  # (a copy that goes on without us keeps its incoming domain)
                     self.fabric.end_incoming(name, self.host, target.host)
                 raise
         finally:
-            self._aborts.discard(name)      # an abort asked before the copy began still counts
+            self._aborts.discard(name)  # an abort asked before the copy began still counts
 
-    def _copy(self, name: str, spec: DomainSpec, target: "SimDriver", t0: float,
-              progress: ProgressCallback | None, plan: CopyPlan, disk_rate: float | None) -> MigrationStats:
+    def _copy(
+        self,
+        name: str,
+        spec: DomainSpec,
+        target: SimDriver,
+        t0: float,
+        progress: ProgressCallback | None,
+        plan: CopyPlan,
+        disk_rate: float | None,
+    ) -> MigrationStats:
         """The disks first (NBD mirror, at `disk_rate`), then the memory (at copy_rate_mib_s)."""
         if name in self._aborts:
             raise DriverError(self.host, f"migration of {name} cancelled; it keeps running here")
         disk_mib = plan.mib
         disk_s = disk_mib / disk_rate if disk_rate and disk_mib else 0.0
-        died = self.fabric.daemon_died_at(target.host)     # an incoming domain lives as long as its daemon
-        if self._chance("lost_connection"):             # the copy goes on without us
+        died = self.fabric.daemon_died_at(target.host)  # an incoming domain lives as long as its daemon
+        if self._chance("lost_connection"):  # the copy goes on without us
             f = self._faults
+            assert f is not None  # (a fault only happens in fault mode)
             delay = f.delay(f.copy_delay_s) + disk_s
 
             def go_on():
@@ -320,42 +342,60 @@ class SimDriver(SimStorageDriver, Driver):
             thread = threading.Thread(target=go_on, name=f"sim-copy-{name}", daemon=True)
             self._copies[name] = thread
             thread.start()
-            raise DriverError(self.host, f"migration of {name}: the client connection was lost mid-copy "
-                                         f"(end of file while reading data: Input/output error)")
+            raise DriverError(
+                self.host,
+                f"migration of {name}: the client connection was lost mid-copy "
+                f"(end of file while reading data: Input/output error)",
+            )
         memory_s = spec.memory_mib / self.copy_rate_mib_s if self.copy_rate_mib_s else 0.0
         fail_s = None if plan.fail_at_mib is None else (plan.fail_at_mib / disk_rate if disk_rate else 0.0)
         t1, duration = time.monotonic(), disk_s + memory_s
         while (elapsed := time.monotonic() - t1) < duration or fail_s is not None:
             self._ends_answer(name, target, plan, disk_rate * elapsed if disk_rate else 0.0)
-            disk_done = disk_mib if elapsed >= disk_s else disk_rate * elapsed
+            # (no rate: disk_s is 0, so the disks are done at once)
+            disk_done = disk_mib if elapsed >= disk_s or not disk_rate else disk_rate * elapsed
             if fail_s is not None and elapsed >= fail_s:
+                assert plan.fail_at_mib is not None  # (fail_s is its time)
                 self.fabric.copied(plan, plan.fail_at_mib)
-                cause = ("Input/output error" if plan.fault else "No space left on device")
-                raise DriverError(self.host, f"migration of {name}: copying its disks to {target.host} failed after "
-                                             f"{int(plan.fail_at_mib)} of {disk_mib} MiB: {cause}; it keeps "
-                                             f"running here")
+                cause = "Input/output error" if plan.fault else "No space left on device"
+                raise DriverError(
+                    self.host,
+                    f"migration of {name}: copying its disks to {target.host} failed after "
+                    f"{int(plan.fail_at_mib)} of {disk_mib} MiB: {cause}; it keeps "
+                    f"running here",
+                )
             if name in self._aborts:
                 self.fabric.copied(plan, disk_done)
                 raise DriverError(self.host, f"migration of {name} cancelled; it keeps running here")
             if progress:
-                memory_done = 0 if elapsed < disk_s else int(spec.memory_mib * min(1.0, (elapsed - disk_s) / memory_s)
-                                                              if memory_s else spec.memory_mib)
+                memory_done = (
+                    0
+                    if elapsed < disk_s
+                    else int(spec.memory_mib * min(1.0, (elapsed - disk_s) / memory_s) if memory_s else spec.memory_mib)
+                )
                 done, total = disk_done + memory_done, disk_mib + spec.memory_mib
-                progress(int(100 * done / total) if total else 100,
-                         f"copied {memory_done} of {spec.memory_mib} MiB" if not disk_mib else
-                         f"copied {int(disk_done)} of {disk_mib} MiB of disks, {memory_done} of {spec.memory_mib} "
-                         f"MiB of memory")
+                progress(
+                    int(100 * done / total) if total else 100,
+                    f"copied {memory_done} of {spec.memory_mib} MiB"
+                    if not disk_mib
+                    else f"copied {int(disk_done)} of {disk_mib} MiB of disks, {memory_done} of {spec.memory_mib} "
+                    f"MiB of memory",
+                )
             time.sleep(max(0.0, min(0.02, duration - elapsed, (fail_s - elapsed) if fail_s is not None else 1)))
         self.fabric.copied(plan, disk_mib)
-        if self._chance("postcopy_failed"):
-            if self.fabric.copy_paused(name, self.host, target.host, "postcopy-failed"):
-                self._emit(name, SUSPENDED, SUSPENDED_POSTCOPY_FAILED)
-                target._emit(name, SUSPENDED, SUSPENDED_POSTCOPY_FAILED)
-                raise DriverError(self.host, f"migration of {name}: post-copy failed: the domain is paused on "
-                                             f"{self.host} and on {target.host}")
+        if self._chance("postcopy_failed") and self.fabric.copy_paused(name, self.host, target.host, "postcopy-failed"):
+            self._emit(name, SUSPENDED, SUSPENDED_POSTCOPY_FAILED)
+            target._emit(name, SUSPENDED, SUSPENDED_POSTCOPY_FAILED)
+            raise DriverError(
+                self.host,
+                f"migration of {name}: post-copy failed: the domain is paused on {self.host} and on {target.host}",
+            )
         if self.fabric.daemon_died_at(target.host) != died:
-            raise DriverError(self.host, f"migration of {name}: {target.host}'s libvirtd died during the copy and its "
-                                         f"incoming domain with it; it keeps running here")
+            raise DriverError(
+                self.host,
+                f"migration of {name}: {target.host}'s libvirtd died during the copy and its "
+                f"incoming domain with it; it keeps running here",
+            )
         if not self.fabric.move(name, self.host, target.host):
             self._ends_answer(name, target)
             raise DriverError(self.host, f"{target.host} already runs a domain {name}, or it left {self.host}")
@@ -363,12 +403,14 @@ class SimDriver(SimStorageDriver, Driver):
         target._emit(name, RESUMED, 1)
         if progress:
             progress(100, "switched over")
-        return MigrationStats(total_ms=int((time.monotonic() - t0) * 1000), downtime_ms=0,
-                              bytes_sent=(spec.memory_mib + disk_mib) * 1024 * 1024,
-                              extra={"disk_bytes": disk_mib * 1024 * 1024} if spec.disks else {})
+        return MigrationStats(
+            total_ms=int((time.monotonic() - t0) * 1000),
+            downtime_ms=0,
+            bytes_sent=(spec.memory_mib + disk_mib) * 1024 * 1024,
+            extra={"disk_bytes": disk_mib * 1024 * 1024} if spec.disks else {},
+        )
 
-    def _ends_answer(self, name: str, target: "SimDriver", plan: CopyPlan | None = None,
-                     disk_done: float = 0.0) -> None:
+    def _ends_answer(self, name: str, target: SimDriver, plan: CopyPlan | None = None, disk_done: float = 0.0) -> None:
         """A migration needs both ends: DriverError as soon as either does not answer (what the source
         keeps: its domain, unless it lost its power; the target keeps nothing but, after the source's power
         loss, its incoming domain, until its keepalive)."""
@@ -378,10 +420,16 @@ class SimDriver(SimStorageDriver, Driver):
                 continue
             if plan is not None:
                 self.fabric.copied(plan, min(disk_done, plan.mib))
-            keeps = ("it was lost with its host" if self.fabric.host_state(self.host).power == "off"
-                     else "it keeps running on " + self.host)
-            raise DriverError(self.host, f"migration of {name} to {target.host}: {end} does not answer "
-                                         f"(connection reset by peer; host {state.mode}); {keeps}")
+            keeps = (
+                "it was lost with its host"
+                if self.fabric.host_state(self.host).power == "off"
+                else "it keeps running on " + self.host
+            )
+            raise DriverError(
+                self.host,
+                f"migration of {name} to {target.host}: {end} does not answer "
+                f"(connection reset by peer; host {state.mode}); {keeps}",
+            )
 
     def resume_postcopy(self, name: str, target: Driver, params: MigrationParams) -> None:
         """Recover a failed post-copy (paused on both hosts): the domain then runs on the target only."""
@@ -389,8 +437,11 @@ class SimDriver(SimStorageDriver, Driver):
         if isinstance(target, SimDriver):
             self.fabric.check_host(target.host, f"resume the failed post-copy migration of {name}")
         if not isinstance(target, SimDriver) or not self.fabric.resume_postcopy(name, self.host, target.host):
-            raise DriverError(self.host, f"resume the failed post-copy migration of {name}: the domain is not "
-                                         f"paused (postcopy-failed) on {self.host} and {target.host}")
+            raise DriverError(
+                self.host,
+                f"resume the failed post-copy migration of {name}: the domain is not "
+                f"paused (postcopy-failed) on {self.host} and {target.host}",
+            )
         self._emit(name, STOPPED, STOPPED_MIGRATED)
         target._emit(name, RESUMED, 2)
 
@@ -418,5 +469,3 @@ class SimDriver(SimStorageDriver, Driver):
 
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
         raise DriverError(self.host, "sim hosts have no guest to run commands in; use a libvirt host")
-
-

@@ -38,7 +38,10 @@ import threading
 import time
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+
 from vmplane.core.driver import CpuCap, DomainInfo, DomainSpec
+from vmplane.hosts.drivers.simevents import RESUMED
 from vmplane.hosts.drivers.simfaults import SimFaults
 from vmplane.hosts.drivers.simhosts import HostFabric
 from vmplane.hosts.drivers.simstorage import SimStorageError, StorageFabric
@@ -54,15 +57,18 @@ CREATE TABLE IF NOT EXISTS domains (
 """
 _COLUMNS = "name, vcpus, max_vcpus, memory_mib, max_memory_mib, image, cap_period_us, cap_quota_us, state, reason"
 _ACTIVE = "state NOT IN ('shutoff', 'crashed', 'nostate')"
-# libvirt's virDomainEventType and details (hostevents.py takes these numbers)
-UNDEFINED, STARTED, SUSPENDED, RESUMED, STOPPED, SHUTDOWN, CRASHED = 1, 2, 3, 4, 5, 6, 8
-STOPPED_SHUTDOWN, STOPPED_DESTROYED, STOPPED_CRASHED, STOPPED_MIGRATED, STOPPED_FAILED = 0, 1, 2, 3, 5
-SHUTDOWN_GUEST = 1
-SUSPENDED_IOERROR, SUSPENDED_POSTCOPY_FAILED = 2, 8
-INCOMING_REASON = "migration"       # libvirt's VIR_DOMAIN_PAUSED_MIGRATION, as the libvirt driver names it
-INCOMING_LINGER_S = 30.0            # libvirtd's keepalive: interval 5 s x count 5, plus a little
-_shared: dict[str, "SimFabric"] = {}
+INCOMING_REASON = "migration"  # libvirt's VIR_DOMAIN_PAUSED_MIGRATION, as the libvirt driver names it
+INCOMING_LINGER_S = 30.0  # libvirtd's keepalive: interval 5 s x count 5, plus a little
+_shared: dict[str, SimFabric] = {}
 _shared_lock = threading.Lock()
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite store's URL; None for another database or an in-memory one."""
+    parsed = make_url(url)
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
 
 
 class SimFabric(HostFabric, StorageFabric):
@@ -77,15 +83,15 @@ class SimFabric(HostFabric, StorageFabric):
             target = str(path)
         self._db = sqlite3.connect(target, check_same_thread=False, isolation_level=None, timeout=30)
         self._lock = threading.Lock()
-        self.faults: SimFaults | None = None        # fault mode for every sim host of this fabric
-        self._watchers: dict[str, list] = {}        # host -> lifecycle callbacks (fault mode only)
-        self._unplugs: dict[tuple[str, str], tuple[int, float | None]] = {}   # (host, name) -> (MiB, due|never)
-        self._pauses: dict[str, float] = {}         # name -> when its pause ends
+        self.faults: SimFaults | None = None  # fault mode for every sim host of this fabric
+        self._watchers: dict[str, list] = {}  # host -> lifecycle callbacks (fault mode only)
+        self._unplugs: dict[tuple[str, str], tuple[int, float | None]] = {}  # (host, name) -> (MiB, due|never)
+        self._pauses: dict[str, float] = {}  # name -> when its pause ends
         self._later: list[tuple[float, tuple]] = []  # (due, (host, name, event, detail)): late events
         # how long a target keeps an incoming domain after its source lost its power ($VMPLANE_SIM_INCOMING_LINGER_S)
         self.incoming_linger_s = float(os.environ.get("VMPLANE_SIM_INCOMING_LINGER_S") or INCOMING_LINGER_S)
-        self._incoming_checked = 0.0                # when lingering incoming domains were last looked for
-        self._booted: dict[str, float] = {}         # guest (domain name) -> when it last started (its uptime)
+        self._incoming_checked = 0.0  # when lingering incoming domains were last looked for
+        self._booted: dict[str, float] = {}  # guest (domain name) -> when it last started (its uptime)
         with self._lock:
             if path is not None:
                 self._db.execute("PRAGMA journal_mode=WAL")
@@ -96,10 +102,12 @@ class SimFabric(HostFabric, StorageFabric):
             self._db.execute("CREATE TABLE IF NOT EXISTS silent_guests (name TEXT PRIMARY KEY, until REAL)")
             # incoming domains (begin_incoming): their source, and when the target's keepalive removes one whose
             # source lost its power (wall-clock; NULL: while its copy runs)
-            self._db.execute("CREATE TABLE IF NOT EXISTS incoming (host TEXT NOT NULL, name TEXT NOT NULL, "
-                             "source TEXT NOT NULL, gone_at REAL, PRIMARY KEY (host, name))")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS incoming (host TEXT NOT NULL, name TEXT NOT NULL, "
+                "source TEXT NOT NULL, gone_at REAL, PRIMARY KEY (host, name))"
+            )
             for column in ("state TEXT NOT NULL DEFAULT 'running'", "reason TEXT NOT NULL DEFAULT 'booted'"):
-                try:            # a fabric file from before states
+                try:  # a fabric file from before states
                     self._db.execute(f"ALTER TABLE domains ADD COLUMN {column}")
                 except sqlite3.OperationalError:
                     pass
@@ -107,12 +115,10 @@ class SimFabric(HostFabric, StorageFabric):
             self._init_hosts()
 
     @classmethod
-    def for_store(cls, url: str) -> "SimFabric":
+    def for_store(cls, url: str) -> SimFabric:
         """The fabric of a store: the file `$VMPLANE_SIM_HOSTS` when set (several control-plane processes
         on one PostgreSQL store share their sim hosts through it), else a file beside a SQLite store,
         else this process's memory (per URL)."""
-        from vmplane.store.db import _sqlite_file
-
         shared = os.environ.get("VMPLANE_SIM_HOSTS")
         db_file = Path(shared) if shared else _sqlite_file(url)
         if db_file is not None and not shared:
@@ -135,15 +141,20 @@ class SimFabric(HostFabric, StorageFabric):
             for key, (memory, due) in list(self._unplugs.items()):
                 if due is not None and due <= now:
                     del self._unplugs[key]
-                    self._db.execute("UPDATE domains SET memory_mib = ? WHERE host = ? AND name = ? AND "
-                                     "memory_mib > ?", (memory, *key, memory))
+                    self._db.execute(
+                        "UPDATE domains SET memory_mib = ? WHERE host = ? AND name = ? AND memory_mib > ?",
+                        (memory, *key, memory),
+                    )
             for name, due in list(self._pauses.items()):
                 if due <= now:
                     del self._pauses[name]
-                    for (host,) in self._db.execute("SELECT host FROM domains WHERE name = ? AND state = 'paused' "
-                                                    "AND reason = 'ioerror'", (name,)).fetchall():
-                        self._db.execute("UPDATE domains SET state = 'running', reason = 'unpaused' WHERE host = ? "
-                                         "AND name = ?", (host, name))
+                    for (host,) in self._db.execute(
+                        "SELECT host FROM domains WHERE name = ? AND state = 'paused' AND reason = 'ioerror'", (name,)
+                    ).fetchall():
+                        self._db.execute(
+                            "UPDATE domains SET state = 'running', reason = 'unpaused' WHERE host = ? AND name = ?",
+                            (host, name),
+                        )
                         events.append((host, name, RESUMED, 0))
             self._tick_detaches(now)
             due_events = [e for due, e in self._later if due <= now]
@@ -166,8 +177,13 @@ class SimFabric(HostFabric, StorageFabric):
 
     def settled(self) -> bool:
         """Nothing under way (what a quiet period waits for)."""
-        return not (any(due is not None for _, due in self._unplugs.values()) or self._pauses or self._later
-                    or any(due is not None for due in self._detaches.values()) or self.hosts_failing_for_a_while())
+        return not (
+            any(due is not None for _, due in self._unplugs.values())
+            or self._pauses
+            or self._later
+            or any(due is not None for due in self._detaches.values())
+            or self.hosts_failing_for_a_while()
+        )
 
     # -- events (fault mode) -----------------------------------------------------------------------
     def watch(self, host: str, callback) -> None:
@@ -179,7 +195,7 @@ class SimFabric(HostFabric, StorageFabric):
         it may arrive late, twice or not at all."""
         f = self.faults
         if f is None or not self._watchers.get(host) or not self.host_answers(host):
-            return                  # (a host the control plane does not reach sends it nothing)
+            return  # (a host the control plane does not reach sends it nothing)
         if f.chance("event_lost"):
             return
         if f.chance("event_late"):
@@ -192,20 +208,27 @@ class SimFabric(HostFabric, StorageFabric):
                 self._later.append((time.monotonic() + f.delay(f.event_delay_s), (host, name, event, detail)))
 
     def _deliver(self, host: str, name: str, event: int, detail: int) -> None:
-        if not self.host_answers(host):        # the connection it would come by is down: lost
+        if not self.host_answers(host):  # the connection it would come by is down: lost
             return
         for callback in list(self._watchers.get(host, ())):
             try:
                 callback(host, name, event, detail)
-            except Exception:       # a watcher's trouble is not the host's
+            except Exception:  # noqa: BLE001 (a watcher's trouble is not the host's)
                 pass
 
     # -- reads -----------------------------------------------------------------------------------
     @staticmethod
     def _info(row) -> DomainInfo:
         name, vcpus, _max_vcpus, memory, _max_memory, _image, period, quota, state, reason = row
-        return DomainInfo(name, state in ("running", "blocked"), vcpus, memory,
-                          CpuCap(period, quota) if period else None, state=state, reason=reason)
+        return DomainInfo(
+            name,
+            state in ("running", "blocked"),
+            vcpus,
+            memory,
+            CpuCap(period, quota) if period else None,
+            state=state,
+            reason=reason,
+        )
 
     def domains(self, host: str) -> list[DomainInfo]:
         self.tick()
@@ -216,29 +239,37 @@ class SimFabric(HostFabric, StorageFabric):
     def domain(self, host: str, name: str) -> DomainInfo | None:
         self.tick()
         with self._lock:
-            row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ?",
-                                   (host, name)).fetchone()
+            row = self._db.execute(
+                f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ?", (host, name)
+            ).fetchone()
         return None if row is None else self._info(row)
 
     def spec(self, host: str, name: str, active: bool = True) -> DomainSpec | None:
         """The domain's spec as it is now; None if it is not there (or, `active`, only defined)."""
         self.tick()
         with self._lock:
-            row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ?"
-                                   + (f" AND {_ACTIVE}" if active else ""), (host, name)).fetchone()
+            row = self._db.execute(
+                f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ?" + (f" AND {_ACTIVE}" if active else ""),
+                (host, name),
+            ).fetchone()
             if row is None:
                 return None
             disks = self._disks(self._db, host, name)
         name, vcpus, max_vcpus, memory, max_memory, image, period, quota, _state, _reason = row
-        return DomainSpec(name, vcpus, max_vcpus, memory, max_memory, image,
-                          CpuCap(period, quota) if period else None, disks)
+        return DomainSpec(
+            name, vcpus, max_vcpus, memory, max_memory, image, CpuCap(period, quota) if period else None, disks
+        )
 
     def hosts_of(self, name: str) -> list[str]:
         """Every host that runs a domain of this name (a correct cluster has at most one)."""
         self.tick()
         with self._lock:
-            return [h for (h,) in self._db.execute(f"SELECT host FROM domains WHERE name = ? AND {_ACTIVE} "
-                                                   f"ORDER BY host", (name,))]
+            return [
+                h
+                for (h,) in self._db.execute(
+                    f"SELECT host FROM domains WHERE name = ? AND {_ACTIVE} ORDER BY host", (name,)
+                )
+            ]
 
     # -- changes ---------------------------------------------------------------------------------
     def put(self, host: str, spec: DomainSpec) -> bool:
@@ -249,18 +280,31 @@ class SimFabric(HostFabric, StorageFabric):
             if not self._runs(db, host):
                 raise SimStorageError(f"host {host} is down")
             if db.execute("SELECT 1 FROM domains WHERE host = ? AND name = ?", (host, spec.name)).fetchone():
-                if db.execute(f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
-                              (host, spec.name)).fetchone():
+                if db.execute(
+                    f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}", (host, spec.name)
+                ).fetchone():
                     return False
                 db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (host, spec.name))
             self._unplugs.pop((host, spec.name), None)
             self._forget_detaches(host, spec.name)
             self._booted[spec.name] = time.time()
             self.put_disks(db, host, spec.name, spec.disks)
-            db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (host, spec.name, spec.vcpus, spec.max_vcpus, spec.memory_mib, spec.max_memory_mib,
-                        spec.image, cap.period_us if cap else None, cap.quota_us if cap else None,
-                        "running", "booted"))
+            db.execute(
+                f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    host,
+                    spec.name,
+                    spec.vcpus,
+                    spec.max_vcpus,
+                    spec.memory_mib,
+                    spec.max_memory_mib,
+                    spec.image,
+                    cap.period_us if cap else None,
+                    cap.quota_us if cap else None,
+                    "running",
+                    "booted",
+                ),
+            )
         return True
 
     def remove(self, host: str, name: str, shut_off_only: bool = False) -> bool:
@@ -278,8 +322,9 @@ class SimFabric(HostFabric, StorageFabric):
 
     def set_state(self, host: str, name: str, state: str, reason: str) -> bool:
         with self._tx():
-            cur = self._db.execute("UPDATE domains SET state = ?, reason = ? WHERE host = ? AND name = ?",
-                                   (state, reason, host, name))
+            cur = self._db.execute(
+                "UPDATE domains SET state = ?, reason = ? WHERE host = ? AND name = ?", (state, reason, host, name)
+            )
             if state != "running":
                 self._unplugs.pop((host, name), None)
                 self._forget_detaches(host, name)
@@ -297,10 +342,12 @@ class SimFabric(HostFabric, StorageFabric):
             fields["cap_period_us"], fields["cap_quota_us"] = (cap.period_us, cap.quota_us) if cap else (None, None)
         assignments = ", ".join(f"{k} = ?" for k in fields)
         with self._lock:
-            cur = self._db.execute(f"UPDATE domains SET {assignments} WHERE host = ? AND name = ? AND {_ACTIVE}",
-                                   (*fields.values(), host, name))
+            cur = self._db.execute(
+                f"UPDATE domains SET {assignments} WHERE host = ? AND name = ? AND {_ACTIVE}",
+                (*fields.values(), host, name),
+            )
             if "memory_mib" in fields:
-                self._unplugs.pop((host, name), None)       # a new size supersedes a request under way
+                self._unplugs.pop((host, name), None)  # a new size supersedes a request under way
         return cur.rowcount == 1
 
     # -- incoming migrations and guests ------------------------------------------------------------
@@ -308,18 +355,23 @@ class SimFabric(HostFabric, StorageFabric):
         """The target's incoming domain for a copy from `source`: paused (migration), never run; False if
         the target already runs a domain of that name (or is down, or the source has no such domain)."""
         with self._tx():
-            row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
-                                   (source, name)).fetchone()
+            row = self._db.execute(
+                f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}", (source, name)
+            ).fetchone()
             if row is None or not self._runs(self._db, source, target):
                 return False
             self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
             try:
-                self._db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 (target, *row[:-2], "paused", INCOMING_REASON))
+                self._db.execute(
+                    f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (target, *row[:-2], "paused", INCOMING_REASON),
+                )
             except sqlite3.IntegrityError:
                 return False
-            self._db.execute("INSERT OR REPLACE INTO incoming (host, name, source, gone_at) VALUES (?, ?, ?, NULL)",
-                             (target, name, source))
+            self._db.execute(
+                "INSERT OR REPLACE INTO incoming (host, name, source, gone_at) VALUES (?, ?, ?, NULL)",
+                (target, name, source),
+            )
         return True
 
     def end_incoming(self, name: str, source: str, target: str) -> None:
@@ -327,15 +379,19 @@ class SimFabric(HostFabric, StorageFabric):
         libvirtd tells it), or, when the source lost its power, `incoming_linger_s` later (keepalive)."""
         with self._tx() as db:
             if self._host(db, source).power == "off":
-                db.execute("UPDATE incoming SET gone_at = coalesce(gone_at, ?) WHERE host = ? AND name = ?",
-                           (time.time() + self.incoming_linger_s, target, name))
-                self._incoming_checked = 0.0        # looked for at the next read
+                db.execute(
+                    "UPDATE incoming SET gone_at = coalesce(gone_at, ?) WHERE host = ? AND name = ?",
+                    (time.time() + self.incoming_linger_s, target, name),
+                )
+                self._incoming_checked = 0.0  # looked for at the next read
             else:
                 self._drop_incoming(target, name)
 
     def _drop_incoming(self, target: str, name: str) -> None:
-        self._db.execute("DELETE FROM domains WHERE host = ? AND name = ? AND state = 'paused' AND reason = ?",
-                         (target, name, INCOMING_REASON))
+        self._db.execute(
+            "DELETE FROM domains WHERE host = ? AND name = ? AND state = 'paused' AND reason = ?",
+            (target, name, INCOMING_REASON),
+        )
         self._db.execute("DELETE FROM incoming WHERE host = ? AND name = ?", (target, name))
 
     def _expire_incoming(self) -> None:
@@ -358,9 +414,11 @@ class SimFabric(HostFabric, StorageFabric):
         state = super().fail_host(host, mode, seconds)
         if state.power == "off":
             with self._tx() as db:
-                db.execute("DELETE FROM incoming WHERE host = ?", (host,))      # gone with its domains
-                db.execute("UPDATE incoming SET gone_at = coalesce(gone_at, ?) WHERE source = ?",
-                           (time.time() + self.incoming_linger_s, host))
+                db.execute("DELETE FROM incoming WHERE host = ?", (host,))  # gone with its domains
+                db.execute(
+                    "UPDATE incoming SET gone_at = coalesce(gone_at, ?) WHERE source = ?",
+                    (time.time() + self.incoming_linger_s, host),
+                )
             self._incoming_checked = 0.0
         return state
 
@@ -368,8 +426,11 @@ class SimFabric(HostFabric, StorageFabric):
         """The guest of domain `name` (wherever it runs) does not answer its console for `seconds` (still
         booting), or, None, until silence_guest(name, 0). Kept in the file: every process sees it."""
         with self._tx() as db:
-            db.execute("INSERT INTO silent_guests (name, until) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
-                       "until = excluded.until", (name, None if seconds is None else time.time() + seconds))
+            db.execute(
+                "INSERT INTO silent_guests (name, until) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
+                "until = excluded.until",
+                (name, None if seconds is None else time.time() + seconds),
+            )
 
     def guest_answers(self, host: str, name: str, timeout_s: float) -> bool:
         """Whether the guest of `name` on `host` answers within `timeout_s` (waits for a silent one)."""
@@ -396,18 +457,19 @@ class SimFabric(HostFabric, StorageFabric):
         source or the target already runs one of that name (a shut-off definition, or the copy's own
         incoming domain, there is replaced)."""
         with self._tx():
-            if not self._runs(self._db, source, target):     # a dead daemon ends the migration
+            if not self._runs(self._db, source, target):  # a dead daemon ends the migration
                 return False
             self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
             self._drop_incoming(target, name)
             try:
-                cur = self._db.execute(f"UPDATE domains SET host = ? WHERE host = ? AND name = ? AND {_ACTIVE}",
-                                       (target, source, name))
+                cur = self._db.execute(
+                    f"UPDATE domains SET host = ? WHERE host = ? AND name = ? AND {_ACTIVE}", (target, source, name)
+                )
             except sqlite3.IntegrityError:
                 return False
             if cur.rowcount == 1:
                 pending = self._unplugs.pop((source, name), None)
-                if pending is not None:       # the guest's answer follows the domain
+                if pending is not None:  # the guest's answer follows the domain
                     self._unplugs[(target, name)] = pending
                 self.move_disks(self._db, name, source, target)
                 self._forget_detaches(source, name, to=target)
@@ -416,19 +478,23 @@ class SimFabric(HostFabric, StorageFabric):
     def copy_paused(self, name: str, source: str, target: str, reason: str) -> bool:
         """A post-copy failure: the domain left paused (`reason`) on the source and on the target."""
         with self._tx():
-            row = self._db.execute(f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
-                                   (source, name)).fetchone()
+            row = self._db.execute(
+                f"SELECT {_COLUMNS} FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}", (source, name)
+            ).fetchone()
             if row is None or not self._runs(self._db, source, target):
                 return False
             self._db.execute(f"DELETE FROM domains WHERE host = ? AND name = ? AND NOT ({_ACTIVE})", (target, name))
             self._drop_incoming(target, name)
             try:
-                self._db.execute(f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 (target, *row[:-2], "paused", reason))
+                self._db.execute(
+                    f"INSERT INTO domains (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (target, *row[:-2], "paused", reason),
+                )
             except sqlite3.IntegrityError:
                 return False
-            self._db.execute("UPDATE domains SET state = 'paused', reason = ? WHERE host = ? AND name = ?",
-                             (reason, source, name))
+            self._db.execute(
+                "UPDATE domains SET state = 'paused', reason = ? WHERE host = ? AND name = ?", (reason, source, name)
+            )
             self._unplugs.pop((source, name), None)
             self._forget_detaches(source, name)
             self.move_disks(self._db, name, source, target, copy=True)
@@ -438,14 +504,18 @@ class SimFabric(HostFabric, StorageFabric):
         """Finish a failed post-copy: the target's copy runs, the source's goes. False unless both are
         paused with reason postcopy-failed."""
         with self._tx():
-            rows = self._db.execute("SELECT host FROM domains WHERE name = ? AND host IN (?, ?) AND state = 'paused' "
-                                    "AND reason = 'postcopy-failed'", (name, source, target)).fetchall()
+            rows = self._db.execute(
+                "SELECT host FROM domains WHERE name = ? AND host IN (?, ?) AND state = 'paused' "
+                "AND reason = 'postcopy-failed'",
+                (name, source, target),
+            ).fetchall()
             if len(rows) != 2 or not self._runs(self._db, source, target):
                 return False
             self._db.execute("DELETE FROM domains WHERE host = ? AND name = ?", (source, name))
             self.drop_disks(self._db, source, name)
-            self._db.execute("UPDATE domains SET state = 'running', reason = 'migrated' WHERE host = ? AND name = ?",
-                             (target, name))
+            self._db.execute(
+                "UPDATE domains SET state = 'running', reason = 'migrated' WHERE host = ? AND name = ?", (target, name)
+            )
         return True
 
     def close(self) -> None:

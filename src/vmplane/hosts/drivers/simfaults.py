@@ -41,9 +41,28 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-KINDS = ("transient", "transient_call", "partial", "unplug_late", "unplug_never", "lost_connection", "postcopy_failed",
-         "guest_poweroff", "guest_crash", "guest_pause", "event_late", "event_twice", "event_lost",
-         "detach_late", "detach_never", "disk_copy_error", "host_flap", "host_partition", "host_reboot", "host_call")
+KINDS = (
+    "transient",
+    "transient_call",
+    "partial",
+    "unplug_late",
+    "unplug_never",
+    "lost_connection",
+    "postcopy_failed",
+    "guest_poweroff",
+    "guest_crash",
+    "guest_pause",
+    "event_late",
+    "event_twice",
+    "event_lost",
+    "detach_late",
+    "detach_never",
+    "disk_copy_error",
+    "host_flap",
+    "host_partition",
+    "host_reboot",
+    "host_call",
+)
 
 
 @dataclass
@@ -68,28 +87,41 @@ class SimFaults:
     host_partition: float = 0.0
     host_reboot: float = 0.0
     unplug_delay_s: tuple[float, float] = (0.05, 1.0)
-    copy_delay_s: tuple[float, float] = (0.02, 0.5)      # a copy that goes on after the connection was lost
+    copy_delay_s: tuple[float, float] = (0.02, 0.5)  # a copy that goes on after the connection was lost
     event_delay_s: tuple[float, float] = (0.05, 1.5)
     pause_s: tuple[float, float] = (0.05, 1.0)
     restart_s: tuple[float, float] = (0.05, 0.4)
-    flap_s: tuple[float, float] = (0.05, 0.5)           # a blip: far shorter than vmplane.ha.grace
+    flap_s: tuple[float, float] = (0.05, 0.5)  # a blip: far shorter than vmplane.ha.grace
     partition_s: tuple[float, float] = (1.0, 5.0)
     reboot_s: tuple[float, float] = (0.5, 3.0)
     enabled: bool = True
     counts: collections.Counter = field(default_factory=collections.Counter)
-    bursts: dict = field(default_factory=dict)          # host -> when its burst ends (time.monotonic())
+    bursts: dict = field(default_factory=dict)  # host -> when its burst ends (time.monotonic())
 
     def __post_init__(self):
         self._rng = random.Random(self.seed)
         self._lock = threading.Lock()
 
     @classmethod
-    def nasty(cls, seed: int, scale: float = 1.0, **overrides) -> "SimFaults":
+    def nasty(cls, seed: int, scale: float = 1.0, **overrides) -> SimFaults:
         """Every kind on, at rates that make a busy minute see each of them many times."""
-        rates = dict(transient=0.02, partial=0.05, unplug_late=0.3, unplug_never=0.15, lost_connection=0.1,
-                     postcopy_failed=0.05, guest_poweroff=0.002, guest_crash=0.002, guest_pause=0.003,
-                     event_late=0.2, event_twice=0.1, event_lost=0.1, detach_late=0.3, detach_never=0.15,
-                     disk_copy_error=0.1)
+        rates = dict(
+            transient=0.02,
+            partial=0.05,
+            unplug_late=0.3,
+            unplug_never=0.15,
+            lost_connection=0.1,
+            postcopy_failed=0.05,
+            guest_poweroff=0.002,
+            guest_crash=0.002,
+            guest_pause=0.003,
+            event_late=0.2,
+            event_twice=0.1,
+            event_lost=0.1,
+            detach_late=0.3,
+            detach_never=0.15,
+            disk_copy_error=0.1,
+        )
         return cls(seed=seed, **{k: v * scale for k, v in rates.items()} | overrides)
 
     def chance(self, kind: str) -> bool:

@@ -31,16 +31,22 @@ Time is wall-clock (`time.time()`): an end time written by one process is read b
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from vmplane.core.driver import DriverError
 from vmplane.hosts.drivers.simstorage import SHARED
 
 MODES = ("power", "daemon", "network")
 FENCE_BROKEN = ("dead", "ignores")
-HOSTS_SCHEMA = ("CREATE TABLE IF NOT EXISTS hosts (host TEXT PRIMARY KEY, mode TEXT, until REAL, "
-                "since REAL, fence_broken TEXT, fence_mode TEXT, died REAL)",)
+HOSTS_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS hosts (host TEXT PRIMARY KEY, mode TEXT, until REAL, "
+    "since REAL, fence_broken TEXT, fence_mode TEXT, died REAL)",
+)
 
 
 @dataclass(frozen=True)
@@ -48,12 +54,12 @@ class SimHostState:
     """A sim host's power and reachability, read now."""
 
     host: str
-    power: str                  # "on" | "off"
-    reachable: bool             # whether the control plane reaches its daemon
-    mode: str | None            # None (healthy) | "power" | "daemon" | "network"
-    until: float | None         # wall-clock end of a fault-mode failure; None: until recover_host
-    fence_broken: str | None    # why fencing this host fails (None: it works)
-    fence_mode: str | None = None   # "dead" | "ignores" (with fence_broken)
+    power: str  # "on" | "off"
+    reachable: bool  # whether the control plane reaches its daemon
+    mode: str | None  # None (healthy) | "power" | "daemon" | "network"
+    until: float | None  # wall-clock end of a fault-mode failure; None: until recover_host
+    fence_broken: str | None  # why fencing this host fails (None: it works)
+    fence_mode: str | None = None  # "dead" | "ignores" (with fence_broken)
 
     @property
     def daemon(self) -> bool:
@@ -64,9 +70,16 @@ class SimHostState:
 def _state(host: str, row, now: float) -> SimHostState:
     mode, until, fence_broken, fence_mode = row if row is not None else (None, None, None, None)
     if mode is not None and until is not None and until <= now:
-        mode, until = None, None        # the failure ran out: a flap ended, a rebooted host is back
-    return SimHostState(host, "off" if mode == "power" else "on", mode is None, mode, until, fence_broken,
-                        fence_mode if fence_broken else None)
+        mode, until = None, None  # the failure ran out: a flap ended, a rebooted host is back
+    return SimHostState(
+        host,
+        "off" if mode == "power" else "on",
+        mode is None,
+        mode,
+        until,
+        fence_broken,
+        fence_mode if fence_broken else None,
+    )
 
 
 _CAUSES = {
@@ -79,10 +92,21 @@ _CAUSES = {
 class HostFabric:
     """The host part of SimFabric (a mixin: it uses the fabric's `_db`, `_lock` and `_tx`)."""
 
+    if TYPE_CHECKING:  # what SimFabric (this and StorageFabric mixed) gives the methods here
+        _db: sqlite3.Connection
+        _lock: threading.Lock
+        _unplugs: dict[tuple[str, str], tuple[int, float | None]]
+        _later: list[tuple[float, tuple[Any, ...]]]
+
+        @contextmanager
+        def _tx(self) -> Iterator[sqlite3.Connection]: ...
+        def drop_disks(self, db: sqlite3.Connection, host: str, name: str) -> None: ...
+        def _forget_detaches(self, host: str, name: str, to: str | None = None) -> None: ...
+
     def _init_hosts(self) -> None:
         for statement in HOSTS_SCHEMA:
             self._db.execute(statement)
-        for column in ("died REAL", "lock_hold REAL"):      # a fabric file from before them
+        for column in ("died REAL", "lock_hold REAL"):  # a fabric file from before them
             try:
                 self._db.execute(f"ALTER TABLE hosts ADD COLUMN {column}")
             except sqlite3.OperationalError:
@@ -90,8 +114,7 @@ class HostFabric:
 
     # -- reads -------------------------------------------------------------------------------------
     def _host_row(self, db, host: str):
-        return db.execute("SELECT mode, until, fence_broken, fence_mode FROM hosts WHERE host = ?",
-                          (host,)).fetchone()
+        return db.execute("SELECT mode, until, fence_broken, fence_mode FROM hosts WHERE host = ?", (host,)).fetchone()
 
     def _host(self, db, host: str) -> SimHostState:
         return _state(host, self._host_row(db, host), time.time())
@@ -108,16 +131,21 @@ class HostFabric:
         """Every host that does not answer now, by name."""
         now = time.time()
         with self._lock:
-            rows = self._db.execute("SELECT host, mode, until, fence_broken, fence_mode FROM hosts "
-                                    "WHERE mode IS NOT NULL").fetchall()
+            rows = self._db.execute(
+                "SELECT host, mode, until, fence_broken, fence_mode FROM hosts WHERE mode IS NOT NULL"
+            ).fetchall()
         states = {r[0]: _state(r[0], r[1:], now) for r in rows}
         return {h: s for h, s in states.items() if not s.reachable}
 
     def hosts_failing_for_a_while(self) -> bool:
         """A fault-mode failure is under way (it ends by itself): what a quiet period waits for."""
         with self._lock:
-            return self._db.execute("SELECT 1 FROM hosts WHERE mode IS NOT NULL AND until > ? LIMIT 1",
-                                    (time.time(),)).fetchone() is not None
+            return (
+                self._db.execute(
+                    "SELECT 1 FROM hosts WHERE mode IS NOT NULL AND until > ? LIMIT 1", (time.time(),)
+                ).fetchone()
+                is not None
+            )
 
     def daemon_died_at(self, host: str) -> float:
         """When the host's libvirtd last died (its power or the daemon itself; 0: never). A migration into it
@@ -130,6 +158,7 @@ class HostFabric:
         """Raise DriverError as libvirt does when the host's daemon can not be reached."""
         state = self.host_state(host)
         if not state.reachable:
+            assert state.mode is not None  # (an unreachable host has failed in some mode)
             raise DriverError(host, f"{what}: cannot connect to the hypervisor: {_CAUSES[state.mode]}; retry")
 
     def _runs(self, db, *hosts: str) -> bool:
@@ -148,7 +177,7 @@ class HostFabric:
         with self._tx() as db:
             current = self._host(db, host)
             if current.mode == "power" and mode != "power":
-                mode = "power"          # a dead host's daemon can not die again; it stays off
+                mode = "power"  # a dead host's daemon can not die again; it stays off
                 until = current.until if until is not None else None
             if mode == "power":
                 self._hold_locks(db, host, now)
@@ -160,9 +189,12 @@ class HostFabric:
                 db.execute("DELETE FROM domains WHERE host = ?", (host,))
                 self._later = [(due, e) for due, e in self._later if e[0] != host]
             died = now if mode in ("power", "daemon") else None
-            db.execute("INSERT INTO hosts (host, mode, until, since, died) VALUES (?, ?, ?, ?, ?) ON CONFLICT (host) "
-                       "DO UPDATE SET mode = excluded.mode, until = excluded.until, since = excluded.since, "
-                       "died = coalesce(excluded.died, died)", (host, mode, until, now, died))
+            db.execute(
+                "INSERT INTO hosts (host, mode, until, since, died) VALUES (?, ?, ?, ?, ?) ON CONFLICT (host) "
+                "DO UPDATE SET mode = excluded.mode, until = excluded.until, since = excluded.since, "
+                "died = coalesce(excluded.died, died)",
+                (host, mode, until, now, died),
+            )
             return self._host(db, host)
 
     def recover_host(self, host: str) -> SimHostState:
@@ -178,8 +210,11 @@ class HostFabric:
         domains hold on the shared storage stay held for `seconds` (an NFS client's lease: about 90 s on
         NFSv4), refusing the disks to every other host meanwhile ("resource busy"). 0: released at once."""
         with self._tx() as db:
-            db.execute("INSERT INTO hosts (host, lock_hold) VALUES (?, ?) ON CONFLICT (host) DO UPDATE SET "
-                       "lock_hold = excluded.lock_hold", (host, float(seconds)))
+            db.execute(
+                "INSERT INTO hosts (host, lock_hold) VALUES (?, ?) ON CONFLICT (host) DO UPDATE SET "
+                "lock_hold = excluded.lock_hold",
+                (host, float(seconds)),
+            )
 
     def _hold_locks(self, db, host: str, now: float) -> None:
         """(in the power-off's transaction) the shared disks its active domains write keep their lock."""
@@ -187,9 +222,12 @@ class HostFabric:
         hold = row[0] if row is not None and row[0] else 0.0
         if hold <= 0:
             return
-        db.execute("INSERT INTO held_locks (storage, path, host, until) SELECT d.storage, d.path, d.host, ? FROM disks d "
-                   "JOIN domains m ON m.host = d.host AND m.name = d.domain WHERE d.host = ? AND d.readonly = 0 AND "
-                   "d.storage = ? AND m.state NOT IN ('shutoff', 'crashed', 'nostate')", (now + hold, host, SHARED))
+        db.execute(
+            "INSERT INTO held_locks (storage, path, host, until) SELECT d.storage, d.path, d.host, ? FROM disks d "
+            "JOIN domains m ON m.host = d.host AND m.name = d.domain WHERE d.host = ? AND d.readonly = 0 AND "
+            "d.storage = ? AND m.state NOT IN ('shutoff', 'crashed', 'nostate')",
+            (now + hold, host, SHARED),
+        )
 
     def set_fence_broken(self, host: str, reason: str | None, mode: str = "dead") -> None:
         """Make fencing this host fail with `reason` (None: it works again). `mode` "dead": the BMC does not
@@ -197,6 +235,8 @@ class HostFabric:
         if mode not in FENCE_BROKEN:
             raise ValueError(f"mode must be one of {', '.join(FENCE_BROKEN)}, not {mode!r}")
         with self._tx() as db:
-            db.execute("INSERT INTO hosts (host, fence_broken, fence_mode) VALUES (?, ?, ?) ON CONFLICT (host) DO "
-                       "UPDATE SET fence_broken = excluded.fence_broken, fence_mode = excluded.fence_mode",
-                       (host, reason, mode if reason else None))
+            db.execute(
+                "INSERT INTO hosts (host, fence_broken, fence_mode) VALUES (?, ?, ?) ON CONFLICT (host) DO "
+                "UPDATE SET fence_broken = excluded.fence_broken, fence_mode = excluded.fence_mode",
+                (host, reason, mode if reason else None),
+            )

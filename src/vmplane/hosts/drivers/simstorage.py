@@ -43,20 +43,28 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sqlite3
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from vmplane.core import driver as base
-from vmplane.core.driver import DiskSpec, DriverError, MigrationParams, PoolInfo, PoolSpec, VolumeInfo
+from vmplane.core.driver import DiskSpec, DomainSpec, DriverError, MigrationParams, PoolInfo, PoolSpec, VolumeInfo
+from vmplane.hosts.drivers.simevents import SUSPENDED, SUSPENDED_IOERROR
 from vmplane.hosts.drivers.volumefiles import same_volume
 
+if TYPE_CHECKING:
+    from vmplane.hosts.drivers.simfaults import SimFaults
+
 SHARED_ROOT = os.environ.get("VMPLANE_SIM_SHARED_ROOT", "/var/lib/vmplane/shared/").rstrip("/") + "/"
-SHARED = "(shared)"                 # the storage key of every path under SHARED_ROOT
-QCOW2_OVERHEAD_MIB = 1              # what a fresh qcow2 file takes (header, tables)
+SHARED = "(shared)"  # the storage key of every path under SHARED_ROOT
+QCOW2_OVERHEAD_MIB = 1  # what a fresh qcow2 file takes (header, tables)
 MIB = 1 << 20
 _ACTIVE = "state NOT IN ('shutoff', 'crashed', 'nostate')"
-_M_ACTIVE = "m.state NOT IN ('shutoff', 'crashed', 'nostate')"      # (domains AS m)
+_M_ACTIVE = "m.state NOT IN ('shutoff', 'crashed', 'nostate')"  # (domains AS m)
 
 STORAGE_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS storages (key TEXT PRIMARY KEY, capacity_mib INTEGER NOT NULL)",
@@ -121,17 +129,17 @@ class DiskCopy:
 
     target: str
     path: str
-    storage: str            # the target's storage of the file
-    mib: int                # the source overlay's allocation: what is copied
-    initial_mib: int        # the target file's allocation before the copy
-    marker: str | None = None   # what the guest wrote into the source (the target holds it once copied)
+    storage: str  # the target's storage of the file
+    mib: int  # the source overlay's allocation: what is copied
+    initial_mib: int  # the target file's allocation before the copy
+    marker: str | None = None  # what the guest wrote into the source (the target holds it once copied)
 
 
 @dataclass
 class CopyPlan:
     copies: list[DiskCopy]
-    fail_at_mib: float | None = None        # the copy fails after this much (ENOSPC, or `fault`)
-    fault: bool = False                     # fault mode: an I/O error mid-copy (else ENOSPC)
+    fail_at_mib: float | None = None  # the copy fails after this much (ENOSPC, or `fault`)
+    fault: bool = False  # fault mode: an I/O error mid-copy (else ENOSPC)
 
     @property
     def mib(self) -> int:
@@ -141,25 +149,35 @@ class CopyPlan:
 class StorageFabric:
     """The storage half of SimFabric (a mixin: it uses the fabric's `_db` and `_lock`)."""
 
+    if TYPE_CHECKING:  # what SimFabric (this and HostFabric mixed) gives the methods here
+        _db: sqlite3.Connection
+        _lock: threading.Lock
+
+        def fail_host(self, host: str, mode: str, seconds: float | None = None) -> Any: ...
+        def spec(self, host: str, name: str, active: bool = True) -> DomainSpec | None: ...
+        def set_state(self, host: str, name: str, state: str, reason: str) -> bool: ...
+
     def _init_storage(self) -> None:
-        self.local_capacity_mib = int(_env_number("VMPLANE_SIM_LOCAL_POOL_MIB", 1 << 20))       # 1 TiB
-        self.shared_capacity_mib = int(_env_number("VMPLANE_SIM_SHARED_POOL_MIB", 10 << 20))    # 10 TiB
+        self.local_capacity_mib = int(_env_number("VMPLANE_SIM_LOCAL_POOL_MIB", 1 << 20))  # 1 TiB
+        self.shared_capacity_mib = int(_env_number("VMPLANE_SIM_SHARED_POOL_MIB", 10 << 20))  # 10 TiB
         rate = _env_number("VMPLANE_SIM_DISK_COPY_RATE_MIB_S", 200.0)
-        self.disk_copy_rate_mib_s: float | None = rate or None        # None: disks copy at once
+        self.disk_copy_rate_mib_s: float | None = rate or None  # None: disks copy at once
         self._detaches: dict[tuple[str, str, str], float | None] = {}  # (host, domain, target) -> due|never
         self._db.execute("BEGIN IMMEDIATE")
         for statement in STORAGE_SCHEMA:
             self._db.execute(statement)
         have = {row[1] for row in self._db.execute("PRAGMA table_info(files)")}
-        for column in ("generation INTEGER", "marker TEXT"):        # (a fabric file made before they were)
+        for column in ("generation INTEGER", "marker TEXT"):  # (a fabric file made before they were)
             if column.split()[0] not in have:
                 self._db.execute(f"ALTER TABLE files ADD COLUMN {column}")
-        self._db.execute("DELETE FROM used")        # recounted: the triggers keep it from here
-        self._db.execute("INSERT INTO used (storage, mib) SELECT storage, SUM(allocation_mib) FROM files GROUP BY storage")
+        self._db.execute("DELETE FROM used")  # recounted: the triggers keep it from here
+        self._db.execute(
+            "INSERT INTO used (storage, mib) SELECT storage, SUM(allocation_mib) FROM files GROUP BY storage"
+        )
         self._db.execute("COMMIT")
 
     @contextlib.contextmanager
-    def _tx(self):
+    def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (across processes: BEGIN IMMEDIATE takes the file's write lock)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -174,7 +192,9 @@ class StorageFabric:
     def set_capacity(self, storage: str, capacity_mib: int) -> None:
         """The capacity of one storage: a host's own disk (its name) or SHARED."""
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO storages (key, capacity_mib) VALUES (?, ?)", (storage, capacity_mib))
+            self._db.execute(
+                "INSERT OR REPLACE INTO storages (key, capacity_mib) VALUES (?, ?)", (storage, capacity_mib)
+            )
 
     def _capacity(self, db, storage: str) -> int:
         row = db.execute("SELECT capacity_mib FROM storages WHERE key = ?", (storage,)).fetchone()
@@ -209,13 +229,19 @@ class StorageFabric:
             row = db.execute("SELECT path FROM pools WHERE host = ? AND name = ?", (host, name)).fetchone()
             if row is not None and row[0] != path:
                 raise SimStorageError(f"operation failed: pool '{name}' is already defined with path {row[0]}")
-            other = db.execute("SELECT name FROM pools WHERE host = ? AND path = ? AND name != ?",
-                               (host, path, name)).fetchone()
+            other = db.execute(
+                "SELECT name FROM pools WHERE host = ? AND path = ? AND name != ?", (host, path, name)
+            ).fetchone()
             if other is not None:
                 raise SimStorageError(f"operation failed: Storage source conflict with pool: '{other[0]}'")
-            db.execute("INSERT INTO pools (host, name, path, state) VALUES (?, ?, ?, 'running') "
-                       "ON CONFLICT (host, name) DO UPDATE SET state = 'running'", (host, name, path))
-            return self._pool_info(db, host, name)
+            db.execute(
+                "INSERT INTO pools (host, name, path, state) VALUES (?, ?, ?, 'running') "
+                "ON CONFLICT (host, name) DO UPDATE SET state = 'running'",
+                (host, name, path),
+            )
+            info = self._pool_info(db, host, name)
+            assert info is not None  # (just written)
+            return info
 
     def remove_pool(self, host: str, name: str) -> None:
         with self._lock:
@@ -224,8 +250,10 @@ class StorageFabric:
     def set_pool_state(self, host: str, name: str, state: str) -> bool:
         """A pool that went inactive or inaccessible (behind vmplane's back); its volumes are refused."""
         with self._lock:
-            return self._db.execute("UPDATE pools SET state = ? WHERE host = ? AND name = ?",
-                                    (state, host, name)).rowcount == 1
+            return (
+                self._db.execute("UPDATE pools SET state = ? WHERE host = ? AND name = ?", (state, host, name)).rowcount
+                == 1
+            )
 
     def _pool(self, db, host: str, pool: str) -> tuple[str, str]:
         """(storage, path) of a running pool of the host."""
@@ -247,27 +275,39 @@ class StorageFabric:
     def volumes(self, host: str, pool: str) -> list[VolumeInfo]:
         with self._lock:
             storage, path = self._pool(self._db, host, pool)
-            rows = self._db.execute(f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND dir = ? ORDER BY name",
-                                    (storage, path)).fetchall()
+            rows = self._db.execute(
+                f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND dir = ? ORDER BY name", (storage, path)
+            ).fetchall()
         return [self._volume(pool, r) for r in rows]
 
     def volume(self, host: str, pool: str, name: str) -> VolumeInfo | None:
         with self._lock:
             storage, path = self._pool(self._db, host, pool)
-            row = self._db.execute(f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND path = ?",
-                                   (storage, f"{path}/{name}")).fetchone()
+            row = self._db.execute(
+                f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND path = ?", (storage, f"{path}/{name}")
+            ).fetchone()
         return None if row is None else self._volume(pool, row)
 
     def file(self, host: str, path: str) -> VolumeInfo | None:
         """The file at `path` in the host's view (pool "" : not looked up through a pool)."""
         with self._lock:
-            row = self._db.execute(f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND path = ?",
-                                   (storage_of(host, path), _clean(path))).fetchone()
+            row = self._db.execute(
+                f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND path = ?",
+                (storage_of(host, path), _clean(path)),
+            ).fetchone()
         return None if row is None else self._volume("", row)
 
-    def create_volume(self, host: str, pool: str, name: str, capacity_mib: int, format: str = "qcow2",
-                      backing: str | None = None, backing_format: str | None = None,
-                      allocation_mib: int | None = None) -> VolumeInfo:
+    def create_volume(
+        self,
+        host: str,
+        pool: str,
+        name: str,
+        capacity_mib: int,
+        format: str = "qcow2",
+        backing: str | None = None,
+        backing_format: str | None = None,
+        allocation_mib: int | None = None,
+    ) -> VolumeInfo:
         """A new file in the pool; one of that name already there is returned as it is if it has the format
         and backing asked for (a create retried; the caller compares the size), else refused."""
         _check_name(name)
@@ -280,17 +320,22 @@ class StorageFabric:
         with self._tx() as db:
             storage, dir = self._pool(db, host, pool)
             path = f"{dir}/{name}"
-            row = db.execute(f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND path = ?",
-                             (storage, path)).fetchone()
-            if row is not None:         # a retried create: only the file asked for is returned
+            row = db.execute(
+                f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND path = ?", (storage, path)
+            ).fetchone()
+            if row is not None:  # a retried create: only the file asked for is returned
                 found = self._volume(pool, row)
                 if not same_volume(found, format, _clean(backing) if backing else None):
-                    raise SimStorageError(f"storage volume '{name}' exists already as {found.format} on "
-                                          f"{found.backing}: not the volume asked for")
+                    raise SimStorageError(
+                        f"storage volume '{name}' exists already as {found.format} on "
+                        f"{found.backing}: not the volume asked for"
+                    )
                 return found
             if backing:
-                base = db.execute("SELECT format FROM files WHERE storage = ? AND path = ?",
-                                  (storage_of(host, backing), _clean(backing))).fetchone()
+                base = db.execute(
+                    "SELECT format FROM files WHERE storage = ? AND path = ?",
+                    (storage_of(host, backing), _clean(backing)),
+                ).fetchone()
                 if base is None:
                     raise SimStorageError(f"Cannot access backing file '{backing}': No such file or directory")
                 if backing_format and backing_format != base[0]:
@@ -298,13 +343,28 @@ class StorageFabric:
             if allocation_mib is None:
                 allocation_mib = QCOW2_OVERHEAD_MIB if format == "qcow2" else capacity_mib
             if allocation_mib > self._available(db, storage):
-                raise SimStorageError(f"cannot allocate {allocation_mib} MiB for volume '{name}' in pool '{pool}': "
-                                      f"No space left on device ({self._available(db, storage)} MiB available)")
-            db.execute("INSERT INTO files (storage, path, dir, name, format, capacity_mib, allocation_mib, backing, "
-                       "generation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (storage, path, dir, name, format, capacity_mib, allocation_mib,
-                        _clean(backing) if backing else None, self._next_generation(db)))
-            return VolumeInfo(pool, name, path, format, capacity_mib, allocation_mib, _clean(backing) if backing else None)
+                raise SimStorageError(
+                    f"cannot allocate {allocation_mib} MiB for volume '{name}' in pool '{pool}': "
+                    f"No space left on device ({self._available(db, storage)} MiB available)"
+                )
+            db.execute(
+                "INSERT INTO files (storage, path, dir, name, format, capacity_mib, allocation_mib, backing, "
+                "generation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    storage,
+                    path,
+                    dir,
+                    name,
+                    format,
+                    capacity_mib,
+                    allocation_mib,
+                    _clean(backing) if backing else None,
+                    self._next_generation(db),
+                ),
+            )
+            return VolumeInfo(
+                pool, name, path, format, capacity_mib, allocation_mib, _clean(backing) if backing else None
+            )
 
     @staticmethod
     def _next_generation(db) -> int:
@@ -315,8 +375,10 @@ class StorageFabric:
     def file_facts(self, host: str, path: str) -> tuple[int | None, str | None] | None:
         """(generation, marker) of the file at `path` in the host's view; None: no such file."""
         with self._lock:
-            row = self._db.execute("SELECT generation, marker FROM files WHERE storage = ? AND path = ?",
-                                   (storage_of(host, path), _clean(path))).fetchone()
+            row = self._db.execute(
+                "SELECT generation, marker FROM files WHERE storage = ? AND path = ?",
+                (storage_of(host, path), _clean(path)),
+            ).fetchone()
         return None if row is None else (row[0], row[1])
 
     def write_marker(self, host: str, name: str, target: str, marker: str) -> None:
@@ -330,8 +392,9 @@ class StorageFabric:
         (None: nothing was, it reads as zeros)."""
         with self._lock:
             storage, path = self._disk_file(self._db, host, name, target)
-            row = self._db.execute("SELECT marker FROM files WHERE storage = ? AND path = ?",
-                                   (storage, path)).fetchone()
+            row = self._db.execute(
+                "SELECT marker FROM files WHERE storage = ? AND path = ?", (storage, path)
+            ).fetchone()
         if row is None:
             raise SimStorageError(f"Cannot access storage file '{path}' (disk {target} of {name})")
         return row[0]
@@ -344,7 +407,7 @@ class StorageFabric:
 
     def spring_delete_trap(self, host: str) -> None:
         """(the driver, before a delete) a trap set on the host fails it now, once."""
-        with self._lock:            # (a read first: no write transaction on every delete)
+        with self._lock:  # (a read first: no write transaction on every delete)
             row = self._db.execute("SELECT mode FROM delete_traps WHERE host = ?", (host,)).fetchone()
         if row is None:
             return
@@ -362,12 +425,16 @@ class StorageFabric:
             raise SimStorageError(f"storage volume name '{name}' already in use")
         return self.create_volume(host, pool, name, capacity, format, allocation_mib=size)
 
-    def _users(self, db, storage: str, path: str, exclude: tuple[str, str] | None = None,
-               writers: bool = False) -> list[tuple[str, str]]:
+    def _users(
+        self, db, storage: str, path: str, exclude: tuple[str, str] | None = None, writers: bool = False
+    ) -> list[tuple[str, str]]:
         """(host, domain) of every active domain that has the file open (as a writer)."""
-        rows = db.execute(f"SELECT d.host, d.domain FROM disks d JOIN domains m ON m.host = d.host AND "
-                          f"m.name = d.domain WHERE d.storage = ? AND d.path = ? AND {_M_ACTIVE}"
-                          + (" AND d.readonly = 0" if writers else ""), (storage, path)).fetchall()
+        rows = db.execute(
+            f"SELECT d.host, d.domain FROM disks d JOIN domains m ON m.host = d.host AND "
+            f"m.name = d.domain WHERE d.storage = ? AND d.path = ? AND {_M_ACTIVE}"
+            + (" AND d.readonly = 0" if writers else ""),
+            (storage, path),
+        ).fetchall()
         return [tuple(r) for r in rows if tuple(r) != exclude]
 
     def _chain_users(self, db, storage: str, path: str, depth: int = 0) -> list[tuple[str, str]]:
@@ -376,8 +443,9 @@ class StorageFabric:
         if depth > 16:
             return users
         for o_storage, o_path in db.execute("SELECT storage, path FROM files WHERE backing = ?", (path,)).fetchall():
-            users += [(h, d) for h, d in self._chain_users(db, o_storage, o_path, depth + 1)
-                      if storage_of(h, path) == storage]
+            users += [
+                (h, d) for h, d in self._chain_users(db, o_storage, o_path, depth + 1) if storage_of(h, path) == storage
+            ]
         return users
 
     def delete_volume(self, host: str, pool: str, name: str) -> bool:
@@ -387,8 +455,9 @@ class StorageFabric:
             path = f"{dir}/{name}"
             users = self._chain_users(db, storage, path)
             if users:
-                raise SimStorageError(f"volume '{name}' of pool '{pool}' is in use by domain {users[0][1]} "
-                                      f"on {users[0][0]}")
+                raise SimStorageError(
+                    f"volume '{name}' of pool '{pool}' is in use by domain {users[0][1]} on {users[0][0]}"
+                )
             return db.execute("DELETE FROM files WHERE storage = ? AND path = ?", (storage, path)).rowcount == 1
 
     def resize_volume(self, host: str, pool: str, name: str, capacity_mib: int) -> VolumeInfo:
@@ -397,16 +466,20 @@ class StorageFabric:
             path = f"{dir}/{name}"
             users = self._users(db, storage, path)
             if users:
-                raise SimStorageError(f"volume '{name}' is in use by running domain {users[0][1]} on {users[0][0]}: "
-                                      f"grow it through the domain (blockResize)")
+                raise SimStorageError(
+                    f"volume '{name}' is in use by running domain {users[0][1]} on {users[0][0]}: "
+                    f"grow it through the domain (blockResize)"
+                )
             self._grow(db, storage, path, capacity_mib, f"volume '{name}'")
-            row = db.execute(f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND path = ?",
-                             (storage, path)).fetchone()
+            row = db.execute(
+                f"SELECT {self._VOLUME} FROM files WHERE storage = ? AND path = ?", (storage, path)
+            ).fetchone()
         return self._volume(pool, row)
 
     def _grow(self, db, storage: str, path: str, capacity_mib: int, what: str) -> None:
-        row = db.execute("SELECT format, capacity_mib, allocation_mib FROM files WHERE storage = ? AND path = ?",
-                         (storage, path)).fetchone()
+        row = db.execute(
+            "SELECT format, capacity_mib, allocation_mib FROM files WHERE storage = ? AND path = ?", (storage, path)
+        ).fetchone()
         if row is None:
             raise SimStorageError(f"Storage volume not found: no storage volume with matching path '{path}'")
         format, capacity, allocation = row
@@ -415,8 +488,10 @@ class StorageFabric:
         new_allocation = capacity_mib if format == "raw" else allocation
         if new_allocation - allocation > self._available(db, storage):
             raise SimStorageError(f"cannot grow {what} to {capacity_mib} MiB: No space left on device")
-        db.execute("UPDATE files SET capacity_mib = ?, allocation_mib = ? WHERE storage = ? AND path = ?",
-                   (capacity_mib, new_allocation, storage, path))
+        db.execute(
+            "UPDATE files SET capacity_mib = ?, allocation_mib = ? WHERE storage = ? AND path = ?",
+            (capacity_mib, new_allocation, storage, path),
+        )
 
     # -- a domain's disks ----------------------------------------------------------------------------
     def disks(self, host: str, name: str) -> tuple[DiskSpec, ...]:
@@ -425,32 +500,47 @@ class StorageFabric:
 
     @staticmethod
     def _disks(db, host: str, name: str) -> tuple[DiskSpec, ...]:
-        rows = db.execute("SELECT pool, volume, path, target, format, readonly FROM disks WHERE host = ? AND "
-                          "domain = ? ORDER BY position", (host, name)).fetchall()
+        rows = db.execute(
+            "SELECT pool, volume, path, target, format, readonly FROM disks WHERE host = ? AND "
+            "domain = ? ORDER BY position",
+            (host, name),
+        ).fetchall()
         return tuple(DiskSpec(p, v, path, t, f, bool(r)) for p, v, path, t, f, r in rows)
 
     def _check_disk(self, db, host: str, name: str, disk: DiskSpec) -> None:
         storage, path = storage_of(host, disk.path), _clean(disk.path)
         row = db.execute("SELECT format, backing FROM files WHERE storage = ? AND path = ?", (storage, path)).fetchone()
         if row is None:
-            raise SimStorageError(f"Cannot access storage file '{disk.path}' (disk {disk.target}): "
-                                  f"No such file or directory")
+            raise SimStorageError(
+                f"Cannot access storage file '{disk.path}' (disk {disk.target}): No such file or directory"
+            )
         if row[0] != disk.format:
             raise SimStorageError(f"disk {disk.target}: '{disk.path}' is {row[0]}, not {disk.format}")
-        if row[1] and db.execute("SELECT 1 FROM files WHERE storage = ? AND path = ?",
-                                 (storage_of(host, row[1]), row[1])).fetchone() is None:
+        if (
+            row[1]
+            and db.execute(
+                "SELECT 1 FROM files WHERE storage = ? AND path = ?", (storage_of(host, row[1]), row[1])
+            ).fetchone()
+            is None
+        ):
             raise SimStorageError(f"Cannot access backing file '{row[1]}' of '{disk.path}': No such file or directory")
         if not disk.readonly:
             holders = self._users(db, storage, path, exclude=(host, name), writers=True)
             if holders:
-                raise SimStorageError(f"resource busy: Lockspace resource '{disk.path}' is locked (disk {disk.target} "
-                                      f"is open in domain {holders[0][1]} on {holders[0][0]})")
-            held = db.execute("SELECT host, until FROM held_locks WHERE storage = ? AND path = ? AND host != ? AND "
-                              "until > ? LIMIT 1", (storage, path, host, time.time())).fetchone()
-            if held:        # a powered-off host's lock, until its lease on the shared storage expires
-                raise SimStorageError(f"Failed to get \"write\" lock: resource busy: '{disk.path}' (disk {disk.target}) "
-                                      f"is still locked by {held[0]}, powered off; its lease on the storage expires in "
-                                      f"{held[1] - time.time():.0f} s")
+                raise SimStorageError(
+                    f"resource busy: Lockspace resource '{disk.path}' is locked (disk {disk.target} "
+                    f"is open in domain {holders[0][1]} on {holders[0][0]})"
+                )
+            held = db.execute(
+                "SELECT host, until FROM held_locks WHERE storage = ? AND path = ? AND host != ? AND until > ? LIMIT 1",
+                (storage, path, host, time.time()),
+            ).fetchone()
+            if held:  # a powered-off host's lock, until its lease on the shared storage expires
+                raise SimStorageError(
+                    f"Failed to get \"write\" lock: resource busy: '{disk.path}' (disk {disk.target}) "
+                    f"is still locked by {held[0]}, powered off; its lease on the storage expires in "
+                    f"{held[1] - time.time():.0f} s"
+                )
 
     def put_disks(self, db, host: str, name: str, disks: tuple[DiskSpec, ...]) -> None:
         """Check (files there, lease free) and record a starting domain's disks (in the caller's tx)."""
@@ -467,32 +557,52 @@ class StorageFabric:
 
     @staticmethod
     def _insert_disk(db, host: str, name: str, position: int, disk: DiskSpec) -> None:
-        db.execute("INSERT INTO disks (host, domain, target, position, storage, path, pool, volume, format, readonly) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (host, name, disk.target, position, storage_of(host, disk.path), _clean(disk.path), disk.pool,
-                    disk.volume, disk.format, int(disk.readonly)))
+        db.execute(
+            "INSERT INTO disks (host, domain, target, position, storage, path, pool, volume, format, readonly) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                host,
+                name,
+                disk.target,
+                position,
+                storage_of(host, disk.path),
+                _clean(disk.path),
+                disk.pool,
+                disk.volume,
+                disk.format,
+                int(disk.readonly),
+            ),
+        )
 
     def attach(self, host: str, name: str, disk: DiskSpec) -> None:
         with self._tx() as db:
-            if db.execute(f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
-                          (host, name)).fetchone() is None:
+            if (
+                db.execute(f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}", (host, name)).fetchone()
+                is None
+            ):
                 raise SimStorageError(f"domain {name} is not running here")
             for other in self._disks(db, host, name):
                 if other.target == disk.target:
                     raise SimStorageError(f"target {disk.target} already exists")
                 if _clean(other.path) == _clean(disk.path):
-                    raise SimStorageError(f"'{disk.path}' is already disk {other.target} of {name}: "
-                                          f"Failed to get \"write\" lock")
+                    raise SimStorageError(
+                        f"'{disk.path}' is already disk {other.target} of {name}: Failed to get \"write\" lock"
+                    )
             self._check_disk(db, host, name, disk)
-            position = db.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM disks WHERE host = ? AND domain = ?",
-                                  (host, name)).fetchone()[0]
+            position = db.execute(
+                "SELECT COALESCE(MAX(position), -1) + 1 FROM disks WHERE host = ? AND domain = ?", (host, name)
+            ).fetchone()[0]
             self._insert_disk(db, host, name, position, disk)
 
     def detach(self, host: str, name: str, target: str) -> bool:
         with self._lock:
             self._detaches.pop((host, name, target), None)
-            return self._db.execute("DELETE FROM disks WHERE host = ? AND domain = ? AND target = ?",
-                                    (host, name, target)).rowcount == 1
+            return (
+                self._db.execute(
+                    "DELETE FROM disks WHERE host = ? AND domain = ? AND target = ?", (host, name, target)
+                ).rowcount
+                == 1
+            )
 
     def request_detach(self, host: str, name: str, target: str, delay_s: float | None) -> None:
         """A detach the guest completes after `delay_s` (None: never, until asked again)."""
@@ -524,16 +634,19 @@ class StorageFabric:
 
     @staticmethod
     def _disk_file(db, host: str, name: str, target: str) -> tuple[str, str]:
-        row = db.execute("SELECT storage, path FROM disks WHERE host = ? AND domain = ? AND target = ?",
-                         (host, name, target)).fetchone()
+        row = db.execute(
+            "SELECT storage, path FROM disks WHERE host = ? AND domain = ? AND target = ?", (host, name, target)
+        ).fetchone()
         if row is None:
             raise SimStorageError(f"domain {name} has no disk {target}")
         return row
 
     def grow_disk(self, host: str, name: str, target: str, capacity_mib: int) -> None:
         with self._tx() as db:
-            if db.execute(f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}",
-                          (host, name)).fetchone() is None:
+            if (
+                db.execute(f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}", (host, name)).fetchone()
+                is None
+            ):
                 raise SimStorageError(f"domain {name} is not running here")
             storage, path = self._disk_file(db, host, name, target)
             self._grow(db, storage, path, capacity_mib, f"disk {target} of {name}")
@@ -543,15 +656,17 @@ class StorageFabric:
         with self._tx() as db:
             storage, path = self._disk_file(db, host, name, target)
             format, capacity, allocation = db.execute(
-                "SELECT format, capacity_mib, allocation_mib FROM files WHERE storage = ? AND path = ?",
-                (storage, path)).fetchone()
+                "SELECT format, capacity_mib, allocation_mib FROM files WHERE storage = ? AND path = ?", (storage, path)
+            ).fetchone()
             if format == "raw":
                 return mib, False
             room = max(0, capacity + QCOW2_OVERHEAD_MIB - allocation)
             wanted = min(mib, room)
             written = min(wanted, self._available(db, storage))
-            db.execute("UPDATE files SET allocation_mib = allocation_mib + ? WHERE storage = ? AND path = ?",
-                       (written, storage, path))
+            db.execute(
+                "UPDATE files SET allocation_mib = allocation_mib + ? WHERE storage = ? AND path = ?",
+                (written, storage, path),
+            )
         return written, written < wanted
 
     # -- migration -----------------------------------------------------------------------------------
@@ -569,24 +684,35 @@ class StorageFabric:
                 shared = storage_of(source, path) == storage_of(target, path)
                 if disk.target in params.copy_disks:
                     if shared:
-                        raise SimStorageError(f"disk {disk.target} ('{disk.path}') is on storage both hosts share: "
-                                              f"copying it would copy it onto itself")
+                        raise SimStorageError(
+                            f"disk {disk.target} ('{disk.path}') is on storage both hosts share: "
+                            f"copying it would copy it onto itself"
+                        )
                     copies.append(self._copy_of(db, disk, source, target))
                 elif shared:
                     continue
-                elif disk.readonly:     # libvirt copies no read-only disk: the target must have it
+                elif disk.readonly:  # libvirt copies no read-only disk: the target must have it
                     needed_here.append(disk)
                 elif params.shared_disks:
-                    raise SimStorageError(f"disk {disk.target} ('{disk.path}') is not on storage {source} and "
-                                          f"{target} share: the target would open another file")
+                    raise SimStorageError(
+                        f"disk {disk.target} ('{disk.path}') is not on storage {source} and "
+                        f"{target} share: the target would open another file"
+                    )
                 else:
-                    raise SimStorageError(f"Unsafe migration: Migration without shared storage is unsafe "
-                                          f"(disk {disk.target}, '{disk.path}', is neither shared nor copied)")
+                    raise SimStorageError(
+                        f"Unsafe migration: Migration without shared storage is unsafe "
+                        f"(disk {disk.target}, '{disk.path}', is neither shared nor copied)"
+                    )
             for disk in needed_here:
-                if db.execute("SELECT 1 FROM files WHERE storage = ? AND path = ?",
-                              (target, _clean(disk.path))).fetchone() is None:
-                    raise SimStorageError(f"Cannot access storage file '{disk.path}' on {target}: "
-                                          f"No such file or directory")
+                if (
+                    db.execute(
+                        "SELECT 1 FROM files WHERE storage = ? AND path = ?", (target, _clean(disk.path))
+                    ).fetchone()
+                    is None
+                ):
+                    raise SimStorageError(
+                        f"Cannot access storage file '{disk.path}' on {target}: No such file or directory"
+                    )
             plan = CopyPlan(copies)
             room, done = self._available(db, target), 0
             for c in copies:
@@ -600,24 +726,37 @@ class StorageFabric:
 
     def _copy_of(self, db, disk: DiskSpec, source: str, target: str) -> DiskCopy:
         path = _clean(disk.path)
-        src = db.execute("SELECT format, capacity_mib, allocation_mib FROM files WHERE storage = ? AND path = ?",
-                         (storage_of(source, path), path)).fetchone()
+        src = db.execute(
+            "SELECT format, capacity_mib, allocation_mib FROM files WHERE storage = ? AND path = ?",
+            (storage_of(source, path), path),
+        ).fetchone()
         if src is None:
             raise SimStorageError(f"Cannot access storage file '{disk.path}' (disk {disk.target})")
-        dst = db.execute("SELECT format, capacity_mib, allocation_mib, backing FROM files WHERE storage = ? AND "
-                         "path = ?", (target, path)).fetchone()
-        marker = db.execute("SELECT marker FROM files WHERE storage = ? AND path = ?",
-                            (storage_of(source, path), path)).fetchone()[0]
+        dst = db.execute(
+            "SELECT format, capacity_mib, allocation_mib, backing FROM files WHERE storage = ? AND path = ?",
+            (target, path),
+        ).fetchone()
+        marker = db.execute(
+            "SELECT marker FROM files WHERE storage = ? AND path = ?", (storage_of(source, path), path)
+        ).fetchone()[0]
         if dst is None:
-            raise SimStorageError(f"Cannot access storage file '{disk.path}' on {target}: No such file or directory "
-                                  f"(create the overlay of disk {disk.target} there first)")
+            raise SimStorageError(
+                f"Cannot access storage file '{disk.path}' on {target}: No such file or directory "
+                f"(create the overlay of disk {disk.target} there first)"
+            )
         if dst[0] != src[0]:
             raise SimStorageError(f"disk {disk.target}: the target's '{disk.path}' is {dst[0]}, the source's {src[0]}")
         if dst[1] != src[1]:
-            raise SimStorageError(f"disk {disk.target}: Source and target image have different sizes "
-                                  f"({src[1]} and {dst[1]} MiB)")
-        if dst[3] and db.execute("SELECT 1 FROM files WHERE storage = ? AND path = ?",
-                                 (storage_of(target, dst[3]), dst[3])).fetchone() is None:
+            raise SimStorageError(
+                f"disk {disk.target}: Source and target image have different sizes ({src[1]} and {dst[1]} MiB)"
+            )
+        if (
+            dst[3]
+            and db.execute(
+                "SELECT 1 FROM files WHERE storage = ? AND path = ?", (storage_of(target, dst[3]), dst[3])
+            ).fetchone()
+            is None
+        ):
             raise SimStorageError(f"Cannot access backing file '{dst[3]}' on {target}: No such file or directory")
         holders = self._users(db, target, path, writers=True)
         if holders:
@@ -633,25 +772,33 @@ class StorageFabric:
                     break
                 done = min(left, c.mib)
                 allocation = c.mib if done >= c.mib else max(c.initial_mib, int(done))
-                self._db.execute("UPDATE files SET allocation_mib = ? WHERE storage = ? AND path = ?",
-                                 (allocation, c.storage, c.path))
-                if done >= c.mib:       # the whole overlay is there: what the guest wrote too
-                    self._db.execute("UPDATE files SET marker = ? WHERE storage = ? AND path = ?",
-                                     (c.marker, c.storage, c.path))
+                self._db.execute(
+                    "UPDATE files SET allocation_mib = ? WHERE storage = ? AND path = ?",
+                    (allocation, c.storage, c.path),
+                )
+                if done >= c.mib:  # the whole overlay is there: what the guest wrote too
+                    self._db.execute(
+                        "UPDATE files SET marker = ? WHERE storage = ? AND path = ?", (c.marker, c.storage, c.path)
+                    )
                 left -= c.mib
 
     def move_disks(self, db, name: str, source: str, target: str, copy: bool = False) -> None:
         """(in the caller's lock) the domain's disks follow it (or, `copy`, exist on both)."""
         if copy:
             db.execute("DELETE FROM disks WHERE host = ? AND domain = ?", (target, name))
-            db.execute("INSERT INTO disks (host, domain, target, position, storage, path, pool, volume, format, "
-                       "readonly) SELECT ?, domain, target, position, CASE WHEN storage = ? THEN ? ELSE storage END, "
-                       "path, pool, volume, format, readonly FROM disks WHERE host = ? AND domain = ?",
-                       (target, source, target, source, name))
+            db.execute(
+                "INSERT INTO disks (host, domain, target, position, storage, path, pool, volume, format, "
+                "readonly) SELECT ?, domain, target, position, CASE WHEN storage = ? THEN ? ELSE storage END, "
+                "path, pool, volume, format, readonly FROM disks WHERE host = ? AND domain = ?",
+                (target, source, target, source, name),
+            )
         else:
             db.execute("DELETE FROM disks WHERE host = ? AND domain = ?", (target, name))
-            db.execute("UPDATE disks SET host = ?, storage = CASE WHEN storage = ? THEN ? ELSE storage END "
-                       "WHERE host = ? AND domain = ?", (target, source, target, source, name))
+            db.execute(
+                "UPDATE disks SET host = ?, storage = CASE WHEN storage = ? THEN ? ELSE storage END "
+                "WHERE host = ? AND domain = ?",
+                (target, source, target, source, name),
+            )
 
     def drop_disks(self, db, host: str, name: str) -> None:
         db.execute("DELETE FROM disks WHERE host = ? AND domain = ?", (host, name))
@@ -670,7 +817,19 @@ class SimStorageDriver:
     """The storage methods of SimDriver (a mixin: it uses the driver's host, fabric and fault mode)."""
 
     host: str
-    disk_copy_rate_mib_s: float | None = None       # None: the fabric's (fabric.disk_copy_rate_mib_s)
+    disk_copy_rate_mib_s: float | None = None  # None: the fabric's (fabric.disk_copy_rate_mib_s)
+
+    if TYPE_CHECKING:  # what SimDriver gives the methods here
+        fabric: StorageFabric
+        UNPLUG_TRIES: int
+        UNPLUG_WAIT_S: float
+
+        def _call(self, what: str) -> None: ...
+        def _partial(self, what: str) -> None: ...
+        def _chance(self, kind: str) -> bool: ...
+        def _emit(self, name: str, event: int, detail: int) -> None: ...
+        @property
+        def _faults(self) -> SimFaults | None: ...
 
     @contextlib.contextmanager
     def _refused(self, what: str):
@@ -704,8 +863,15 @@ class SimStorageDriver:
         with self._refused(f"look up volume {name}"):
             return self.fabric.volume(self.host, pool, name)
 
-    def create_volume(self, pool: str, name: str, capacity_mib: int, format: str = "qcow2",
-                      backing: str | None = None, backing_format: str | None = None) -> VolumeInfo:
+    def create_volume(
+        self,
+        pool: str,
+        name: str,
+        capacity_mib: int,
+        format: str = "qcow2",
+        backing: str | None = None,
+        backing_format: str | None = None,
+    ) -> VolumeInfo:
         self._call(f"create volume {name} in pool {pool}")
         with self._refused(f"create volume {name} in pool {pool}"):
             info = self.fabric.create_volume(self.host, pool, name, capacity_mib, format, backing, backing_format)
@@ -725,7 +891,9 @@ class SimStorageDriver:
         with self._refused(f"resize volume {name} of pool {pool}"):
             self.fabric.resize_volume(self.host, pool, name, capacity_mib)
         self._partial(f"resize volume {name}")
-        return self.fabric.volume(self.host, pool, name)
+        info = self.fabric.volume(self.host, pool, name)
+        assert info is not None  # (resized above: a missing volume was refused there)
+        return info
 
     def upload_volume(self, pool: str, name: str, source: str, format: str) -> VolumeInfo:
         self._call(f"upload volume {name} to pool {pool}")
@@ -754,6 +922,7 @@ class SimStorageDriver:
                 self.fabric.request_detach(self.host, name, target, None)
             elif self._chance("detach_late"):
                 f = self._faults
+                assert f is not None  # (a fault only happens in fault mode)
                 self.fabric.request_detach(self.host, name, target, f.delay(f.unplug_delay_s))
             else:
                 self.fabric.detach(self.host, name, target)
@@ -762,8 +931,7 @@ class SimStorageDriver:
         def gone() -> bool:
             return target not in self._disk_targets(name)
 
-        base.confirm_unplug(self.host, f"disk {target} of {name}", request, gone, self.UNPLUG_TRIES,
-                            self.UNPLUG_WAIT_S)
+        base.confirm_unplug(self.host, f"disk {target} of {name}", request, gone, self.UNPLUG_TRIES, self.UNPLUG_WAIT_S)
         self._partial(f"read {name} after the detach of {target}")
 
     def _disk_targets(self, name: str) -> set[str]:
@@ -791,8 +959,6 @@ class SimStorageDriver:
         with self._refused(f"write into disk {target} of {name}"):
             written, full = self.fabric.write(self.host, name, target, mib)
         if full:
-            from vmplane.hosts.drivers.simfabric import SUSPENDED, SUSPENDED_IOERROR
-
             self.fabric.set_state(self.host, name, "paused", "ioerror")
             self._emit(name, SUSPENDED, SUSPENDED_IOERROR)
         return written
@@ -810,7 +976,7 @@ class SimStorageDriver:
     # -- migration with disks ------------------------------------------------------------------------
     def _disk_rate(self, params: MigrationParams) -> float | None:
         rate = self.disk_copy_rate_mib_s or self.fabric.disk_copy_rate_mib_s
-        if params.bandwidth_mib_s:          # libvirt caps the NBD mirror at the migration bandwidth
+        if params.bandwidth_mib_s:  # libvirt caps the NBD mirror at the migration bandwidth
             rate = min(rate, params.bandwidth_mib_s) if rate else params.bandwidth_mib_s
         return rate
 
@@ -819,6 +985,7 @@ class SimStorageDriver:
             plan = self.fabric.plan_copy(disks, self.host, target, params)
         if plan.mib and self._chance("disk_copy_error"):
             f = self._faults
+            assert f is not None  # (a fault only happens in fault mode)
             at = plan.mib * f.delay((0.05, 0.95))
             plan.fail_at_mib = at if plan.fail_at_mib is None else min(at, plan.fail_at_mib)
             plan.fault = True

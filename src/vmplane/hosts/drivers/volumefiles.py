@@ -13,6 +13,7 @@ from vmplane.core.driver import VolumeInfo
 def same_volume(found: VolumeInfo, format: str, backing: str | None, capacity_mib: int = 0) -> bool:
     """Same format and backing image, and at least `capacity_mib` (the drivers leave the size to their
     caller: a create retried with a larger size returns the file as it is, and vmplane compares)."""
+
     def path(p: str | None) -> str | None:
         return os.path.normpath(p) if p else None
 

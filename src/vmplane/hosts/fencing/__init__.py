@@ -10,24 +10,34 @@ from __future__ import annotations
 
 import importlib
 
-from vmplane.hosts.fencing.base import FenceAgent, FenceError, Fenced
+from vmplane.hosts.fencing.base import FenceAgent, Fenced, FenceError
 
-__all__ = ["FenceAgent", "FenceError", "Fenced", "agent_for", "validate"]
+__all__ = ["FenceAgent", "FenceError", "Fenced", "agent_for", "default_agents", "validate"]
 
 # agent -> {field: (type, default)}; a default of ... means the field is required
 _FIELDS: dict[str, dict[str, tuple[type, object]]] = {
     "local": {},
     "sim": {},
-    "ipmi": {"address": (str, ...), "port": (int, 623), "username": (str, ...), "password": (str, ...),
-             "cipher": (int, 3)},
-    "redfish": {"address": (str, ...), "system": (str, ""), "username": (str, ...), "password": (str, ...),
-                "verify": (bool, True)},
+    "ipmi": {
+        "address": (str, ...),
+        "port": (int, 623),
+        "username": (str, ...),
+        "password": (str, ...),
+        "cipher": (int, 3),
+    },
+    "redfish": {
+        "address": (str, ...),
+        "system": (str, ""),
+        "username": (str, ...),
+        "password": (str, ...),
+        "verify": (bool, True),
+    },
 }
 
 
 def _normalise(config: dict, where: str) -> dict:
     if not isinstance(config, dict):
-        raise ValueError(f"{where}: a fence agent is an object with an \"agent\" field")
+        raise ValueError(f'{where}: a fence agent is an object with an "agent" field')
     agent = config.get("agent")
     if agent not in _FIELDS:
         raise ValueError(f"{where}.agent: must be one of {', '.join(sorted(_FIELDS))}, not {agent!r}")
@@ -65,3 +75,13 @@ def agent_for(config: dict, uri: str | None, name: str) -> FenceAgent:
     config = _normalise(config, "fence_agent")
     module = importlib.import_module(f"{__name__}.{config['agent']}")
     return module.from_config(config, uri, name)
+
+
+def default_agents(driver: str, uri: str | None) -> list[dict] | None:
+    """A new host's fence agents: a sim host's is the sim fabric, a local host's its own processes;
+    a remote host has none until an operator configures its BMC (`vmplane host fence-agents`)."""
+    if driver == "sim":
+        return [{"agent": "sim"}]
+    from vmplane.hosts.localhosts import from_uri
+
+    return [{"agent": "local"}] if uri and from_uri(uri) is not None else None

@@ -34,8 +34,8 @@ class Fenced:
 
     agent: str
     host: str
-    detail: str         # e.g. "chassis power is off (ipmitool)", "PowerState Off", "no process left"
-    seconds: float      # from the request to the confirmation
+    detail: str  # e.g. "chassis power is off (ipmitool)", "PowerState Off", "no process left"
+    seconds: float  # from the request to the confirmation
 
 
 class FenceAgent(Protocol):
@@ -46,5 +46,5 @@ class FenceAgent(Protocol):
         ...
 
     def status(self, host: str) -> str:
-        """"on" or "off", read now; FenceError when it can not be read."""
+        """ "on" or "off", read now; FenceError when it can not be read."""
         ...

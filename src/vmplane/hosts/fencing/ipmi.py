@@ -14,7 +14,7 @@ import os
 import subprocess
 import time
 
-from vmplane.hosts.fencing.base import FenceError, Fenced
+from vmplane.hosts.fencing.base import Fenced, FenceError
 
 
 class IpmiAgent:
@@ -24,18 +24,46 @@ class IpmiAgent:
         self.address, self.port, self.username, self.password, self.cipher = address, port, username, password, cipher
 
     def _run(self, host: str, *args: str, timeout_s: float = 20.0) -> str:
-        cmd = ["ipmitool", "-I", "lanplus", "-C", str(self.cipher), "-N", "2", "-R", "3", "-H", self.address,
-               "-p", str(self.port), "-U", self.username, "-E", "chassis", "power", *args]
+        cmd = [
+            "ipmitool",
+            "-I",
+            "lanplus",
+            "-C",
+            str(self.cipher),
+            "-N",
+            "2",
+            "-R",
+            "3",
+            "-H",
+            self.address,
+            "-p",
+            str(self.port),
+            "-U",
+            self.username,
+            "-E",
+            "chassis",
+            "power",
+            *args,
+        ]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                                  env={**os.environ, "IPMI_PASSWORD": self.password})
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env={**os.environ, "IPMI_PASSWORD": self.password},
+            )
         except FileNotFoundError:
             raise FenceError(self.kind, host, "ipmitool is not installed") from None
         except subprocess.TimeoutExpired:
-            raise FenceError(self.kind, host, f"ipmitool chassis power {args[0]}: no answer in {timeout_s:g} s") from None
+            raise FenceError(
+                self.kind, host, f"ipmitool chassis power {args[0]}: no answer in {timeout_s:g} s"
+            ) from None
         if done.returncode != 0:
             words = " ".join((done.stderr + done.stdout).split()) or f"exit status {done.returncode}"
-            raise FenceError(self.kind, host, f"ipmitool chassis power {args[0]} at {self.address}:{self.port}: {words}")
+            raise FenceError(
+                self.kind, host, f"ipmitool chassis power {args[0]} at {self.address}:{self.port}: {words}"
+            )
         return done.stdout.strip()
 
     def status(self, host: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from vmplane.hosts import localhosts
-from vmplane.hosts.fencing.base import FenceError, Fenced
+from vmplane.hosts.fencing.base import Fenced, FenceError
 
 
 class LocalAgent:
@@ -32,8 +32,9 @@ class LocalAgent:
         while True:
             left = self._left()
             if not left:
-                return Fenced(self.kind, host, "no process left (libvirtd, QEMU, virtlockd, heartbeat)",
-                              time.monotonic() - start)
+                return Fenced(
+                    self.kind, host, "no process left (libvirtd, QEMU, virtlockd, heartbeat)", time.monotonic() - start
+                )
             if time.monotonic() - start > timeout_s:
                 raise FenceError(self.kind, host, f"still alive after {timeout_s:g} s: {', '.join(left)}")
             time.sleep(0.05)

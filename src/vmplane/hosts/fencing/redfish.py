@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from vmplane.hosts.fencing.base import FenceError, Fenced
+from vmplane.hosts.fencing.base import Fenced, FenceError
 
 
 class RedfishAgent:
@@ -24,9 +24,16 @@ class RedfishAgent:
         import sushy
 
         try:
-            root = sushy.Sushy(self.address + "/redfish/v1", username=self.username, password=self.password,
-                               verify=self.verify, server_side_retries=1, server_side_retries_delay=1,
-                               read_timeout=15, connect_timeout=5)
+            root = sushy.Sushy(
+                self.address + "/redfish/v1",
+                username=self.username,
+                password=self.password,
+                verify=self.verify,
+                server_side_retries=1,
+                server_side_retries_delay=1,
+                read_timeout=15,
+                connect_timeout=5,
+            )
             return root.get_system(self.system_path or None)
         except sushy.exceptions.SushyError as exc:
             raise FenceError(self.kind, host, f"{self.address}: {exc}") from None
@@ -61,5 +68,4 @@ class RedfishAgent:
 
 
 def from_config(config: dict, uri: str | None, name: str) -> RedfishAgent:
-    return RedfishAgent(config["address"], config["username"], config["password"], config["system"],
-                        config["verify"])
+    return RedfishAgent(config["address"], config["username"], config["password"], config["system"], config["verify"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 from vmplane.hosts.drivers.simfabric import SimFabric
-from vmplane.hosts.fencing.base import FenceError, Fenced
+from vmplane.hosts.fencing.base import Fenced, FenceError
 
 POLL_S = 0.02
 
@@ -46,15 +46,18 @@ class SimAgent:
         while True:
             state = self._state(host)
             if state.power == "off":
-                return Fenced(self.kind, host, "sim host power is off (read back from the fabric)",
-                              time.monotonic() - t0)
+                return Fenced(
+                    self.kind, host, "sim host power is off (read back from the fabric)", time.monotonic() - t0
+                )
             if time.monotonic() - t0 >= timeout_s:
                 why = f": {state.fence_broken}" if state.fence_broken else ""
-                raise FenceError(self.kind, host, f"power-off asked, but the host is still on after {timeout_s:g} s{why}")
+                raise FenceError(
+                    self.kind, host, f"power-off asked, but the host is still on after {timeout_s:g} s{why}"
+                )
             time.sleep(POLL_S)
 
     def status(self, host: str) -> str:
-        """"on" or "off", read now; FenceError when the power controller does not answer."""
+        """ "on" or "off", read now; FenceError when the power controller does not answer."""
         return self._state(host).power
 
 
@@ -66,9 +69,14 @@ def sim_signal(fabric: SimFabric, host: str):
     if state.power == "off":
         alive, detail = False, "sim host is powered off" + (" (it comes back by itself)" if state.until else "")
     else:
-        alive, detail = True, {None: "sim host is on", "daemon": "sim host is on (its libvirtd is dead, its guests "
-                                     "run on)", "network": "sim host is on (unreachable from the control plane, "
-                                     "its guests run on)"}[state.mode]
+        alive, detail = (
+            True,
+            {
+                None: "sim host is on",
+                "daemon": "sim host is on (its libvirtd is dead, its guests run on)",
+                "network": "sim host is on (unreachable from the control plane, its guests run on)",
+            }[state.mode],
+        )
     try:
         from vmplane.hosts.liveness import Signal
     except ImportError:

@@ -28,7 +28,7 @@ from vmplane.hosts.guest import build
 DISK_MIB = 64
 IMAGE_FILE = "bootable.raw"
 STAMP = "BOOTABLE-RECIPE"
-BOOT_MARKER = "vmplane_boot=extlinux"          # on the kernel's command line only when EXTLINUX booted it
+BOOT_MARKER = "vmplane_boot=extlinux"  # on the kernel's command line only when EXTLINUX booted it
 PACKAGES = ("extlinux", "syslinux-common")
 EXTLINUX_CONF = f"""DEFAULT linux
 PROMPT 0
@@ -111,8 +111,11 @@ def build_bootable(force: bool = False) -> Path:
         raw = tmp / IMAGE_FILE
         with open(raw, "wb") as f:
             f.truncate(DISK_MIB << 20)
-        subprocess.run(["mkfs.ext3", "-q", "-F", "-L", "vmplane-boot", "-E", "root_owner=0:0", "-d", str(tree),
-                        str(raw)], check=True, capture_output=True)
+        subprocess.run(
+            ["mkfs.ext3", "-q", "-F", "-L", "vmplane-boot", "-E", "root_owner=0:0", "-d", str(tree), str(raw)],
+            check=True,
+            capture_output=True,
+        )
         _install_boot_loader(extlinux, raw, tmp / "mnt")
         raw.replace(d / IMAGE_FILE)
         (d / STAMP).write_text(recipe + "\n")

@@ -42,7 +42,8 @@ class GuestImage:
 
 def cache_dir() -> Path:
     base = os.environ.get("VMPLANE_GUEST_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")), "vmplane", "guest")
+        os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")), "vmplane", "guest"
+    )
     return Path(base)
 
 
@@ -71,8 +72,9 @@ def cached_image() -> GuestImage | None:
 
 
 def _kernel_package() -> str:
-    out = subprocess.run(["apt-cache", "depends", "linux-image-cloud-amd64"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["apt-cache", "depends", "linux-image-cloud-amd64"], capture_output=True, text=True, check=True
+    ).stdout
     for line in out.splitlines():
         line = line.strip()
         if line.startswith("Depends: linux-image-"):
@@ -83,10 +85,10 @@ def _kernel_package() -> str:
 def _modinfo(ko: Path) -> dict[str, list[str]]:
     """The `.modinfo` section of a kernel module (an ELF64 file): {key: [values]}."""
     data = ko.read_bytes()
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
 
-    def section(i: int) -> tuple[int, int, int]:          # (name offset, file offset, size)
+    def section(i: int) -> tuple[int, int, int]:  # (name offset, file offset, size)
         name, _, _, _, offset, size = struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize)
         return name, offset, size
 
@@ -94,8 +96,8 @@ def _modinfo(ko: Path) -> dict[str, list[str]]:
     info: dict[str, list[str]] = {}
     for i in range(shnum):
         name, offset, size = section(i)
-        if data[names_at + name:data.index(b"\0", names_at + name)] == b".modinfo":
-            for entry in data[offset:offset + size].split(b"\0"):
+        if data[names_at + name : data.index(b"\0", names_at + name)] == b".modinfo":
+            for entry in data[offset : offset + size].split(b"\0"):
                 key, _, value = entry.decode(errors="replace").partition("=")
                 if value:
                     info.setdefault(key, []).append(value)
@@ -128,7 +130,7 @@ def resolve_modules(root: Path, wanted: list[str]) -> list[Path]:
         for dep in ",".join(info.get("depends", [])).split(","):
             if dep:
                 visit(dep, True)
-        for soft in info.get("softdep", []):            # "pre: crc32c post: ..."
+        for soft in info.get("softdep", []):  # "pre: crc32c post: ..."
             pre = soft.split("post:")[0].removeprefix("pre:").split()
             for dep in pre:
                 visit(dep, False)
@@ -150,8 +152,7 @@ def build(force: bool = False) -> GuestImage:
         tmp = Path(tmp_name)
         package = _kernel_package()
         version = package.removeprefix("linux-image-")
-        subprocess.run(["apt-get", "download", package, "busybox-static"], cwd=tmp, check=True,
-                       capture_output=True)
+        subprocess.run(["apt-get", "download", package, "busybox-static"], cwd=tmp, check=True, capture_output=True)
         debs = {p.name.split("_")[0]: p for p in tmp.glob("*.deb")}
         subprocess.run(["dpkg", "-x", str(debs[package]), str(tmp / "k")], check=True)
         subprocess.run(["dpkg", "-x", str(debs["busybox-static"]), str(tmp / "bb")], check=True)
@@ -187,10 +188,16 @@ def build_root_disk(force: bool = False) -> Path:
         with open(raw, "wb") as f:
             f.truncate(ROOT_DISK_MIB << 20)
         # -E root_owner: the tree is the builder's, the file system root belongs to the guest's root
-        subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "vmplane-root", "-E", "root_owner=0:0", "-d", str(tree),
-                        str(raw)], check=True, capture_output=True)
-        subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(tmp / "root.qcow2")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["mkfs.ext4", "-q", "-F", "-L", "vmplane-root", "-E", "root_owner=0:0", "-d", str(tree), str(raw)],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(tmp / "root.qcow2")],
+            check=True,
+            capture_output=True,
+        )
         (tmp / "root.qcow2").replace(d / "root.qcow2")
         (d / "ROOT-RECIPE").write_text(recipe + "\n")
     return d / "root.qcow2"
@@ -204,5 +211,7 @@ def root_disk_image() -> Path:
 if __name__ == "__main__":
     image = build(force=True)
     disk = build_root_disk(force=True)
-    print(f"{IMAGE_NAME}: {image.kernel} ({image.kernel.stat().st_size >> 20} MiB), "
-          f"{image.initrd} ({image.initrd.stat().st_size >> 10} KiB), {disk} ({disk.stat().st_size >> 10} KiB)")
+    print(
+        f"{IMAGE_NAME}: {image.kernel} ({image.kernel.stat().st_size >> 20} MiB), "
+        f"{image.initrd} ({image.initrd.stat().st_size >> 10} KiB), {disk} ({disk.stat().st_size >> 10} KiB)"
+    )

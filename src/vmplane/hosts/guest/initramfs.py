@@ -5,8 +5,24 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
-DIRS = ["bin", "sbin", "dev", "proc", "sys", "tmp", "run", "lib", "lib/modules", "usr", "usr/bin", "usr/sbin", "etc",
-        "root", "mnt", "data"]
+DIRS = [
+    "bin",
+    "sbin",
+    "dev",
+    "proc",
+    "sys",
+    "tmp",
+    "run",
+    "lib",
+    "lib/modules",
+    "usr",
+    "usr/bin",
+    "usr/sbin",
+    "etc",
+    "root",
+    "mnt",
+    "data",
+]
 
 
 def _entry(name: str, mode: int, data: bytes = b"", ino: int = 1, rdev: tuple[int, int] = (0, 0)) -> bytes:
@@ -24,8 +40,11 @@ def write_initramfs(out: Path, busybox: Path, init_script: Path, modules: list[P
         parts.append(_entry(d, 0o040755, ino=ino))
         ino += 1
     parts.append(_entry("dev/console", 0o020600, ino=ino, rdev=(5, 1)))
-    files = [("bin/busybox", 0o100755, busybox.read_bytes()), ("bin/sh", 0o120777, b"busybox"),
-             ("init", 0o100755, init_script.read_bytes())]
+    files = [
+        ("bin/busybox", 0o100755, busybox.read_bytes()),
+        ("bin/sh", 0o120777, b"busybox"),
+        ("init", 0o100755, init_script.read_bytes()),
+    ]
     files += [(f"lib/modules/{m.name}", 0o100644, m.read_bytes()) for m in modules]
     # the order init loads them in: dependencies first
     files.append(("lib/modules/load-order", 0o100644, "".join(f"{m.stem}\n" for m in modules).encode()))

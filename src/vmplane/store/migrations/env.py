@@ -12,7 +12,9 @@ target_metadata = Base.metadata
 def run() -> None:
     connection = config.attributes.get("connection")
     if connection is None:
-        engine = create_engine(config.get_main_option("sqlalchemy.url"))
+        url = config.get_main_option("sqlalchemy.url")
+        assert url is not None, "alembic.ini names no sqlalchemy.url"
+        engine = create_engine(url)
         with engine.begin() as connection:
             context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
             with context.begin_transaction():
