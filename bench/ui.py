@@ -30,9 +30,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import percentile, table, write_section
-from vmplane.api.app import create_app
 from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.server import create_app
 from vmplane.store import Database
 
 TOKEN = "ui-bench-token"

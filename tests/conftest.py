@@ -17,13 +17,13 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 
-from vmplane.api.app import create_app
 from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.server import create_app
 from vmplane.store import Database
 
 from . import evidence, stores
-from .stores import store_url  # noqa: F401  (tests import it from here)
+from .stores import store_url
 
 # Hypothesis: no per-example deadline (200 ms by default: a wall-clock race on a loaded 2-core machine) and no
 # "too slow" health check; a test's own @settings still applies on top
@@ -35,20 +35,37 @@ VMPLANE = str(Path(sys.executable).with_name("vmplane"))
 
 
 def pytest_addoption(parser):
-    parser.addoption("--store-suite", action="store_true",
-                     help="only the files that exercise the store hardest (STORE_SUITE): the PostgreSQL pass")
-    parser.addoption("--no-guests", action="store_true",
-                     help="leave out the tests that boot real QEMU guests (tests/*_real.py, test_real_guests.py)")
-    parser.addoption("--only-guests", action="store_true",
-                     help="only the tests that boot real QEMU guests (the others: --no-guests); with -n 2 --dist "
-                          "loadfile, two modules at once, each on its own cluster")
-    parser.addoption("--seed", type=int, default=None,
-                     help="the seed of the fault harnesses (crash, truth, HA): the same seed replays the same fault "
-                          "schedule and workload; default: each harness's own fixed seed")
-    parser.addoption("--db", choices=stores.KINDS, default="sqlite",
-                     help="the store every test runs on: sqlite (a file per test, the default) or postgresql "
-                          "(a fresh database per store on a PostgreSQL server the session starts; the tests that reach "
-                          "PostgreSQL in every pass run in the default one only)")
+    parser.addoption(
+        "--store-suite",
+        action="store_true",
+        help="only the files that exercise the store hardest (STORE_SUITE): the PostgreSQL pass",
+    )
+    parser.addoption(
+        "--no-guests",
+        action="store_true",
+        help="leave out the tests that boot real QEMU guests (tests/*_real.py, test_real_guests.py)",
+    )
+    parser.addoption(
+        "--only-guests",
+        action="store_true",
+        help="only the tests that boot real QEMU guests (the others: --no-guests); with -n 2 --dist "
+        "loadfile, two modules at once, each on its own cluster",
+    )
+    parser.addoption(
+        "--seed",
+        type=int,
+        default=None,
+        help="the seed of the fault harnesses (crash, truth, HA): the same seed replays the same fault "
+        "schedule and workload; default: each harness's own fixed seed",
+    )
+    parser.addoption(
+        "--db",
+        choices=stores.KINDS,
+        default="sqlite",
+        help="the store every test runs on: sqlite (a file per test, the default) or postgresql "
+        "(a fresh database per store on a PostgreSQL server the session starts; the tests that reach "
+        "PostgreSQL in every pass run in the default one only)",
+    )
 
 
 def pytest_configure(config):
@@ -68,11 +85,19 @@ def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None or not session.testscollected:
         return
-    results = sum(1 for reports in reporter.stats.values() for r in reports
-                  if getattr(r, "when", None) == "call" or (getattr(r, "when", None) == "setup" and not r.passed))
+    results = sum(
+        1
+        for reports in reporter.stats.values()
+        for r in reports
+        if getattr(r, "when", None) == "call" or (getattr(r, "when", None) == "setup" and not r.passed)
+    )
     if results < session.testscollected:
-        reporter.write_line(f"only {results} of the {session.testscollected} tests collected reported a result: "
-                            f"the others never ran; this pass fails", red=True, bold=True)
+        reporter.write_line(
+            f"only {results} of the {session.testscollected} tests collected reported a result: "
+            f"the others never ran; this pass fails",
+            red=True,
+            bold=True,
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -82,10 +107,26 @@ def pytest_sessionfinish(session, exitstatus):
 # command runs `--no-guests` there (every test without real guests); `pytest --db postgresql` alone runs
 # everything.
 STORE_SUITE = {
-    "test_concurrency.py", "test_ledger.py", "test_storage_ledger.py", "test_lifecycle.py", "test_tokens.py",
-    "test_events.py", "test_restart.py", "test_reconcile.py", "test_migration_settle.py", "test_ha_sim.py",
-    "test_lists.py", "test_history.py", "test_api_errors.py", "test_authorization.py", "test_delete_asks_host.py",
-    "test_controllers.py", "test_admission_batch.py", "test_leases.py", "test_groups.py", "test_storage_sim.py",
+    "test_concurrency.py",
+    "test_ledger.py",
+    "test_storage_ledger.py",
+    "test_lifecycle.py",
+    "test_tokens.py",
+    "test_events.py",
+    "test_restart.py",
+    "test_reconcile.py",
+    "test_migration_settle.py",
+    "test_ha_sim.py",
+    "test_lists.py",
+    "test_history.py",
+    "test_api_errors.py",
+    "test_authorization.py",
+    "test_delete_asks_host.py",
+    "test_controllers.py",
+    "test_admission_batch.py",
+    "test_leases.py",
+    "test_groups.py",
+    "test_storage_sim.py",
 }
 
 
@@ -94,8 +135,12 @@ STORE_SUITE = {
 # ids up to "::" or "[", or whole files): several processes, PostgreSQL races, browsers, hypothesis state
 # machines, `vmplane up` restarts.
 SLOW = (
-    "test_multiprocess.py", "test_review_pg_frozen.py", "test_review_migration_multiprocess.py", "test_ui_browser.py",
-    "test_ledger.py::TestLedgerMachine", "test_storage_ledger.py::TestStorageLedgerMachine",
+    "test_multiprocess.py",
+    "test_review_pg_frozen.py",
+    "test_review_migration_multiprocess.py",
+    "test_ui_browser.py",
+    "test_ledger.py::TestLedgerMachine",
+    "test_storage_ledger.py::TestStorageLedgerMachine",
     "test_concurrency.py::test_1000_concurrent_creates_starts_and_scales_never_overrun_tight_quotas",
     "test_concurrency.py::test_200_concurrent_starts_against_a_quota_for_50_start_exactly_50",
     "test_review_sizes_and_hosts.py::test_up_on_libvirt_shares_the_memory_and_host_memory_overrides_it",
@@ -137,8 +182,11 @@ def pytest_collection_modifyitems(config, items):
     kept, dropped = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        outside = (suite and Path(str(item.fspath)).name not in STORE_SUITE) or (no_guests and boots_guests(item)) \
+        outside = (
+            (suite and Path(str(item.fspath)).name not in STORE_SUITE)
+            or (no_guests and boots_guests(item))
             or (only_guests and not boots_guests(item))
+        )
         other_store = stores.is_postgres() and (params.get("db_url") == "sqlite" or on_postgres_anyway(item))
         (dropped if other_store or outside else kept).append(item)
     if dropped:
@@ -146,7 +194,7 @@ def pytest_collection_modifyitems(config, items):
         items[:] = kept
 
 
-_running: list["LiveServer"] = []        # every `vmplane up` a test started and did not stop yet
+_running: list[LiveServer] = []  # every `vmplane up` a test started and did not stop yet
 
 
 @pytest.hookimpl(wrapper=True)
@@ -162,7 +210,7 @@ def pytest_runtest_makereport(item, call):
             sub.mkdir(exist_ok=True)
             try:
                 evidence.keep_live(server, sub)
-            except Exception as e:     # noqa: BLE001 (say what could not be kept; the failure stays the test's)
+            except Exception as e:  # noqa: BLE001 (say what could not be kept; the failure stays the test's)
                 evidence.write(sub, "evidence.error.txt", repr(e))
         if hasattr(report.longrepr, "addsection"):
             report.longrepr.addsection("evidence", f"evidence kept in {dest}")
@@ -216,8 +264,9 @@ def _orchestrator(db):
     o.close()
 
 
-def add_sim_hosts(o: Orchestrator, count: int, cores: int = 16, memory_mib: int = 65536, cluster: str = "c1",
-                  prefix: str = "h") -> list[str]:
+def add_sim_hosts(
+    o: Orchestrator, count: int, cores: int = 16, memory_mib: int = 65536, cluster: str = "c1", prefix: str = "h"
+) -> list[str]:
     names = [f"{prefix}{i}" for i in range(1, count + 1)]
     for name in names:
         o.add_host(name, cluster, "sim", cores, 2400, memory_mib)
@@ -228,8 +277,11 @@ def add_basics(o: Orchestrator) -> None:
     """Offerings and a template used across tests."""
     o.catalog.create_offering(Offering("small", OfferingKind.fixed, vcpus=1, memory_mib=1024))
     o.catalog.create_offering(Offering("large", OfferingKind.fixed, vcpus=4, memory_mib=16384))
-    o.catalog.create_offering(Offering("ranged", OfferingKind.custom_constrained, min_vcpus=1, max_vcpus=4,
-                                       min_memory_mib=256, max_memory_mib=8192))
+    o.catalog.create_offering(
+        Offering(
+            "ranged", OfferingKind.custom_constrained, min_vcpus=1, max_vcpus=4, min_memory_mib=256, max_memory_mib=8192
+        )
+    )
     o.catalog.create_offering(Offering("any", OfferingKind.custom_unconstrained))
     o.catalog.create_template("tiny", "tiny-linux")
 
@@ -267,24 +319,47 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / "server.log"
         self.proc: subprocess.Popen | None = None
-        self.extra_env: dict[str, str] = {}        # for the server only (e.g. VMPLANE_FAILPOINTS)
+        self.extra_env: dict[str, str] = {}  # for the server only (e.g. VMPLANE_FAILPOINTS)
         if not self.db_url.startswith("sqlite"):
             # on PostgreSQL the sim hosts are kept in the server's memory: a file instead, so that they
             # survive a restart of the server (and the test process can read them, as beside a SQLite store)
-            self.extra_env["VMPLANE_SIM_HOSTS"] = os.environ.get("VMPLANE_SIM_HOSTS") or str(tmp_path / "live.db.sim-hosts")
+            self.extra_env["VMPLANE_SIM_HOSTS"] = os.environ.get("VMPLANE_SIM_HOSTS") or str(
+                tmp_path / "live.db.sim-hosts"
+            )
 
     @property
     def env(self) -> dict:
-        return {**os.environ, "VMPLANE_API": self.url, "VMPLANE_TOKEN": ADMIN_TOKEN, "VMPLANE_HOME": str(self.home),
-                "COLUMNS": "80"}          # the CLI as an 80-column terminal shows it (tables must fit, ids whole)
+        return {
+            **os.environ,
+            "VMPLANE_API": self.url,
+            "VMPLANE_TOKEN": ADMIN_TOKEN,
+            "VMPLANE_HOME": str(self.home),
+            "COLUMNS": "80",
+        }  # the CLI as an 80-column terminal shows it (tables must fit, ids whole)
 
-    def start(self, *extra: str, wait_recovered: bool = True) -> "LiveServer":
+    def start(self, *extra: str, wait_recovered: bool = True) -> LiveServer:
         """Start `vmplane up` and wait until it answers /healthz (and, with `wait_recovered`, until its
         start-up recovery, which runs in the background, is done)."""
         self.proc = subprocess.Popen(
-            [VMPLANE, "up", "--driver", self.driver, "--hosts", str(self.hosts), "--db", self.db_url,
-             "--port", str(self.port), "--token", ADMIN_TOKEN, *extra],
-            stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env={**self.env, **self.extra_env})
+            [
+                VMPLANE,
+                "up",
+                "--driver",
+                self.driver,
+                "--hosts",
+                str(self.hosts),
+                "--db",
+                self.db_url,
+                "--port",
+                str(self.port),
+                "--token",
+                ADMIN_TOKEN,
+                *extra,
+            ],
+            stdout=open(self.log, "a"),  # noqa: SIM115 - the server process keeps it
+            stderr=subprocess.STDOUT,
+            env={**self.env, **self.extra_env},
+        )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -305,7 +380,7 @@ class LiveServer:
             _running.remove(self)
         if self.proc is None or self.proc.poll() is not None:
             if self.driver == "libvirt" and sig == "term":
-                self.cli("down")       # `up` died without its cleanup (a crash test): stop its hosts
+                self.cli("down")  # `up` died without its cleanup (a crash test): stop its hosts
             return
         if sig == "kill":
             self.proc.kill()
@@ -325,14 +400,17 @@ class LiveServer:
             return SimFabric.for_store(self.db_url)
 
     def client(self, timeout: float = 30.0) -> httpx.Client:
-        return httpx.Client(base_url=self.url + "/api/v1", timeout=timeout,
-                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        return httpx.Client(
+            base_url=self.url + "/api/v1", timeout=timeout, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
 
     def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
         r = subprocess.run([VMPLANE, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0 and '"unreachable"' in r.stdout and self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"`vmplane {' '.join(args)}`: the server exited ({self.proc.returncode}); the end "
-                                 f"of its log:\n{self.log.read_text(errors='replace')[-6000:]}")
+            raise AssertionError(
+                f"`vmplane {' '.join(args)}`: the server exited ({self.proc.returncode}); the end "
+                f"of its log:\n{self.log.read_text(errors='replace')[-6000:]}"
+            )
         return r
 
 

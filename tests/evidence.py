@@ -24,7 +24,9 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-ROOT = Path(os.environ.get("VMPLANE_EVIDENCE") or Path(__file__).resolve().parent.parent / "test-artifacts" / "evidence")
+ROOT = Path(
+    os.environ.get("VMPLANE_EVIDENCE") or Path(__file__).resolve().parent.parent / "test-artifacts" / "evidence"
+)
 
 
 def folder(name: str) -> Path:
@@ -53,7 +55,7 @@ def keep_store(url: str, dest: Path, sim_hosts: Path | None = None) -> None:
             _pg_dump(url, dest / "store.sql")
         if sim_hosts is not None and sim_hosts.exists():
             _backup(sim_hosts, dest / sim_hosts.name)
-    except Exception as e:        # noqa: BLE001 (evidence is best effort: say what could not be kept)
+    except Exception as e:  # noqa: BLE001 (evidence is best effort: say what could not be kept)
         write(dest, "store.error.txt", f"the store at {url} could not be copied: {e!r}\n")
         return
     write(dest, "events.txt", _events(url))
@@ -61,15 +63,21 @@ def keep_store(url: str, dest: Path, sim_hosts: Path | None = None) -> None:
 
 def _backup(source: Path, target: Path) -> None:
     """A consistent copy of a SQLite file (its WAL included) that opens by itself."""
-    with contextlib.closing(sqlite3.connect(source, timeout=30)) as src, \
-            contextlib.closing(sqlite3.connect(target)) as out:
+    with (
+        contextlib.closing(sqlite3.connect(source, timeout=30)) as src,
+        contextlib.closing(sqlite3.connect(target)) as out,
+    ):
         src.backup(out)
 
 
 def _pg_dump(url: str, out: Path) -> None:
     u = make_url(url)
-    subprocess.run(["pg_dump", "-h", u.query["host"], "-p", u.query["port"], "-U", u.username, "-f", str(out),
-                    u.database], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        ["pg_dump", "-h", u.query["host"], "-p", u.query["port"], "-U", u.username, "-f", str(out), u.database],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def _events(url: str) -> str:
@@ -80,7 +88,7 @@ def _events(url: str) -> str:
         with engine.connect() as conn:
             rows = conn.execute(text("SELECT * FROM events ORDER BY id")).mappings().all()
         return "".join(" ".join(f"{k}={v}" for k, v in row.items()) + "\n" for row in rows)
-    except Exception as e:        # noqa: BLE001
+    except Exception as e:  # noqa: BLE001
         return f"(the event log could not be read: {e!r})\n"
     finally:
         engine.dispose()
@@ -98,16 +106,18 @@ def keep_hosts(hosts_dir: Path, dest: Path) -> None:
                 shutil.copy2(host / log, out / Path(log).name)
         for qemu_log in (host / "log" / "qemu").glob("*.log"):
             shutil.copy2(qemu_log, out / qemu_log.name)
-        sock = host / "run" / "libvirt-sock"         # (localhosts.LocalHost.socket)
+        sock = host / "run" / "libvirt-sock"  # (localhosts.LocalHost.socket)
         if not sock.exists():
             continue
         uri = f"qemu+unix:///system?socket={sock}"
         try:
-            names = subprocess.run(["virsh", "-c", uri, "list", "--all", "--name"], capture_output=True,
-                                   text=True, timeout=10).stdout.split()
+            names = subprocess.run(
+                ["virsh", "-c", uri, "list", "--all", "--name"], capture_output=True, text=True, timeout=10
+            ).stdout.split()
             for name in names:
-                xml = subprocess.run(["virsh", "-c", uri, "dumpxml", name], capture_output=True, text=True,
-                                     timeout=10).stdout
+                xml = subprocess.run(
+                    ["virsh", "-c", uri, "dumpxml", name], capture_output=True, text=True, timeout=10
+                ).stdout
                 write(out, f"{name}.xml", xml)
         except (subprocess.TimeoutExpired, OSError) as e:
             write(out, "domains.error.txt", f"virsh did not answer: {e!r}\n")
@@ -120,4 +130,3 @@ def keep_live(live, dest: Path) -> None:
     if live.log.exists():
         shutil.copy2(live.log, dest / "server.log")
     keep_hosts(live.home / "hosts", dest)
-

@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from vmplane.api.app import create_app
 from vmplane.core.driver import DriverError
 from vmplane.core.model import HostState, Offering, OfferingKind
 from vmplane.core.names import domain_name
 from vmplane.orchestrator import Orchestrator
+from vmplane.server import create_app
 from vmplane.store import events
 from vmplane.store.listing import Page
 

@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from vmplane.api.app import create_app
 from vmplane.core.model import Offering, OfferingKind
 from vmplane.core.settings import KEYS as SETTING_KEYS
 from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.server import create_app
 from vmplane.store import Database
 
 from .stores import store_url

@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event
 
-from vmplane.api.app import create_app
 from vmplane.api.metricscollect import StateCollector
 from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.server import create_app
 from vmplane.store import Database
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow

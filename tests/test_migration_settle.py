@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from vmplane.api.app import create_app
 from vmplane.core import failpoints
 from vmplane.core.driver import DomainInfo, DriverError
 from vmplane.core.migration import (
@@ -33,6 +32,7 @@ from vmplane.core.migration import (
 )
 from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.server import create_app
 
 from .conftest import ADMIN_TOKEN, add_sim_hosts
 from .conftest import ledger_usage as usage

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from vmplane.api.app import create_app
+from vmplane.server import create_app
 from vmplane.store.schema import ConsoleSession
 from vmplane.ui.consolesessions import cookie_secure, hash_session, open_session, session_caller
 from vmplane.ui.session import COOKIE

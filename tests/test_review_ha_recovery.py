@@ -192,7 +192,7 @@ def test_fence_confirm_off_on_a_host_left_fenced_starts_a_recovery(ha, monkeypat
 def test_host_recover_runs_a_failed_recovery_again_and_refuses_when_nothing_is_left(ha, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from vmplane.api.app import create_app
+    from vmplane.server import create_app
 
     from .conftest import ADMIN_TOKEN
 

@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from vmplane.api.app import create_app
 from vmplane.core.leases import session_limits
 from vmplane.plane.membership import CONTROLLERS, mark_lapsed
+from vmplane.server import create_app
 from vmplane.store import Database, ownership, pgsessions
 from vmplane.store.admission import Batcher
 from vmplane.store.events import EVENTS, record

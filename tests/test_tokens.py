@@ -2,8 +2,8 @@
 
 from fastapi.testclient import TestClient
 
-from vmplane.api.app import create_app
 from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.server import create_app
 
 from .conftest import ADMIN_TOKEN
 

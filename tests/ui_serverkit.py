@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from fastapi.testclient import TestClient
 
-from vmplane.api.app import create_app
 from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
+from vmplane.server import create_app
 from vmplane.ui.session import COOKIE, csrf_token
 
 from .conftest import add_sim_hosts

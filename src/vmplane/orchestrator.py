@@ -55,23 +55,33 @@ log = logging.getLogger("vmplane.orchestrator")
 class InlineExecutor(Executor):
     """Runs operations in the caller's thread (benchmarks and deterministic tests)."""
 
-    runs_inline = True          # the start controller too asks every host in the caller's thread
+    runs_inline = True  # the start controller too asks every host in the caller's thread
 
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+    def submit(self, fn, /, *args, **kwargs):
         fn(*args, **kwargs)
 
 
 class Orchestrator:
-    def __init__(self, db: Database, executor: Executor | None = None, name: str | None = None,
-                 lease_s: float = DEFAULT_LEASE_S, api_url: str | None = None):
+    def __init__(
+        self,
+        db: Database,
+        executor: Executor | None = None,
+        name: str | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        api_url: str | None = None,
+    ):
         catalog = Catalog(db, on_settings_changed=self._settings_changed, disk_image=images.template_disk)
         capacity = Capacity(db, catalog)
         self.plane = plane = Plane(
-            db=db, catalog=catalog, drivers={}, capacity=capacity,
+            db=db,
+            catalog=catalog,
+            drivers={},
+            capacity=capacity,
             # this process among the control planes of the store: its lease, what it owns (registered by load())
             membership=Membership(db, name, lease_s, api_url),
-            admissions=admission.Batcher(db, capacity.lock, on_abort=capacity.rebuild),     # group commit
-            executor=executor or ThreadPoolExecutor(16, thread_name_prefix="vmplane-op"))
+            admissions=admission.Batcher(db, capacity.lock, on_abort=capacity.rebuild),  # group commit
+            executor=executor or ThreadPoolExecutor(16, thread_name_prefix="vmplane-op"),
+        )
         plane.ops = ops = Operations(plane, settle_after=partial(after_failed_operation, plane))
         self.db, self.catalog, self.drivers, self.capacity = db, catalog, plane.drivers, capacity
         self.admissions, self.executor, self.closing = plane.admissions, plane.executor, plane.closing
@@ -80,25 +90,38 @@ class Orchestrator:
         self.pools = Pools(plane)
         self.volumes = Volumes(plane, self.pools)
         self.disk_moves = DiskMoves(plane, self.pools)
-        self.starts = Starts(plane, self.volumes)               # start operations, run in batches
+        self.starts = Starts(plane, self.volumes)  # start operations, run in batches
         self.vms_ctl = Vms(plane, self.volumes, self.starts)
         self.migrator = Migrator(plane, self.disk_moves)
-        self.maintenance = Maintenance(plane, self.migrator, self.host_admin)     # host drains, by live migration
+        self.maintenance = Maintenance(plane, self.migrator, self.host_admin)  # host drains, by live migration
         self.scaler = Scaler(plane, self.migrator, self.disk_moves)
-        self.migration_settle = MigrationSettle(plane, self.migrator)       # migrations no copy thread carries
-        self.storage_settle = StorageSettle(plane, self.volumes, self.disk_moves)   # volumes between two steps
+        self.migration_settle = MigrationSettle(plane, self.migrator)  # migrations no copy thread carries
+        self.storage_settle = StorageSettle(plane, self.volumes, self.disk_moves)  # volumes between two steps
         self.ha = HaController(plane, self.volumes, self.migration_settle)  # failed hosts: fencing, HA restarts
         # the loops that listen to the hosts, started by start_monitor()
         self.monitor, self.sync, self.host_events = HostMonitor(plane), HostSync(plane), HostEvents(plane)
-        self.recovery = Recovery(plane, self.migrator, self.storage_settle,      # start-up recovery
-                                 lambda: reconcile_running(plane))
-        self.overdue = OverdueOperations(plane)    # its own operations left in flight past their deadline
+        self.recovery = Recovery(
+            plane,
+            self.migrator,
+            self.storage_settle,  # start-up recovery
+            lambda: reconcile_running(plane),
+        )
+        self.overdue = OverdueOperations(plane)  # its own operations left in flight past their deadline
         self.auditor = Audit(plane, self.volumes, self.pools)
         self.reads = Reads(db, catalog)
-        ops.register("start", on_fail=self.vms_ctl.fail_start_stop, before_fail=self.vms_ctl.domain_presence,
-                     resume=lambda op_id: self.starts.submit(op_id, "recovery"), carried=self.starts.carried)
-        ops.register("stop", self.vms_ctl.run_stop, on_fail=self.vms_ctl.fail_start_stop,
-                     before_fail=self.vms_ctl.domain_presence)
+        ops.register(
+            "start",
+            on_fail=self.vms_ctl.fail_start_stop,
+            before_fail=self.vms_ctl.domain_presence,
+            resume=lambda op_id: self.starts.submit(op_id, "recovery"),
+            carried=self.starts.carried,
+        )
+        ops.register(
+            "stop",
+            self.vms_ctl.run_stop,
+            on_fail=self.vms_ctl.fail_start_stop,
+            before_fail=self.vms_ctl.domain_presence,
+        )
         ops.register("scale", self.scaler.resume, on_fail=self.scaler.fail_scale)
         ops.register("drain", self.maintenance.resume_drain)
         ops.register("recover", self.ha.recovery.resume)
@@ -135,8 +158,15 @@ class Orchestrator:
             loop.start()
 
     def _loops(self) -> tuple:
-        return (self.monitor, self.sync, self.host_events, self.migration_settle, self.storage_settle, self.ha,
-                self.overdue)
+        return (
+            self.monitor,
+            self.sync,
+            self.host_events,
+            self.migration_settle,
+            self.storage_settle,
+            self.ha,
+            self.overdue,
+        )
 
     def close(self) -> None:
         self.closing.set()
@@ -149,6 +179,7 @@ class Orchestrator:
 
     # -- the facade: what the API, the console and the tests call ----------------------------------
     domain_name = staticmethod(domain_name)
+
     @property
     def index(self) -> CapacityIndex:
         return self.capacity.index

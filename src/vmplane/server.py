@@ -14,21 +14,22 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import update
 
-from vmplane.hosts import localhosts
-from vmplane.api.app import create_app
+from vmplane.api.app import create_api
 from vmplane.core.errors import Invalid, NotFound
+from vmplane.hosts import localhosts
 from vmplane.hosts.guest import build as guest
-from vmplane.plane.membership import DEFAULT_LEASE_S
 from vmplane.orchestrator import Orchestrator
+from vmplane.plane.membership import DEFAULT_LEASE_S
 from vmplane.store import Database
 from vmplane.store.schema import Host
+from vmplane.ui import install as install_console
 
 DEFAULT_PORT = 8470
 UP_ZONE, UP_CLUSTER = "zone1", "cluster1"
 UP_SHARED_POOL = "shared"
 UP_TOKEN_NAME = "up-admin"
 SIM_HOST = {"cores": 16, "cpu_mhz": 2400, "memory_mib": 65536}
-DEFAULT_FORWARDED_ALLOW_IPS = "127.0.0.1"     # a proxy on this machine; `--forwarded-allow-ips` names others
+DEFAULT_FORWARDED_ALLOW_IPS = "127.0.0.1"  # a proxy on this machine; `--forwarded-allow-ips` names others
 
 
 def default_db_url() -> str:
@@ -46,19 +47,34 @@ class ControlPlane:
         self.db.dispose()
 
 
-def build(db_url: str | None = None, recover: bool = True, name: str | None = None,
-          lease_s: float = DEFAULT_LEASE_S, api_url: str | None = None, insecure_cookies: bool = False) -> ControlPlane:
+def build(
+    db_url: str | None = None,
+    recover: bool = True,
+    name: str | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
+    api_url: str | None = None,
+    insecure_cookies: bool = False,
+) -> ControlPlane:
     """The control plane of a store; its start-up recovery runs in the background (the API answers at
     once; /healthz shows what is still recovered), or, with `recover=False`, when the caller says
     (`orchestrator.recovery.run(background=True)`: `vmplane up` once its local hosts run). `name`: this
     process among the control planes of the store (controllers.py; a restart under the same name takes
-    over its previous incarnation's work at once). `insecure_cookies`: api/app.create_app."""
+    over its previous incarnation's work at once). `insecure_cookies`: create_app."""
     db = Database(db_url or default_db_url())
     db.migrate()
     orch = Orchestrator(db, name=name, lease_s=lease_s, api_url=api_url)
     orch.load(background=True, recover=recover)
     orch.start_monitor()
     return ControlPlane(db, orch, create_app(orch, insecure_cookies=insecure_cookies))
+
+
+def create_app(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
+    """The REST API (api/app.create_api) with the web console at /ui: same process, same rules.
+    `insecure_cookies`: the console's session cookie may go over plain http from any client (`vmplane
+    serve --insecure-cookies`; ui/consolesessions.py), not only to a browser on this machine."""
+    app = create_api(orch, insecure_cookies=insecure_cookies)
+    install_console(app)
+    return app
 
 
 def home() -> Path:
@@ -99,7 +115,7 @@ def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str, host_memo
         cat.create_zone(UP_ZONE)
     if UP_CLUSTER not in {c.name for c in cat.clusters()}:
         cat.create_cluster(UP_CLUSTER, UP_ZONE)
-    if guest.IMAGE_NAME not in {t.name for t in cat.templates()}:     # the test guest, with a root disk
+    if guest.IMAGE_NAME not in {t.name for t in cat.templates()}:  # the test guest, with a root disk
         cat.create_template(guest.IMAGE_NAME, guest.IMAGE_NAME, dynamic_scaling=True, disk=guest.IMAGE_NAME)
     prefix = "lv" if driver == "libvirt" else "sim"
     names = []
@@ -120,7 +136,7 @@ def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str, host_memo
         names.append(name)
     _prepare_pools(orch, names)
     if driver == "libvirt":
-        guest.build()                 # once per machine; the first VM would otherwise wait for it
+        guest.build()  # once per machine; the first VM would otherwise wait for it
     return names
 
 
@@ -155,12 +171,14 @@ def lock_home() -> object:
     import fcntl
 
     home().mkdir(parents=True, exist_ok=True)
-    handle = open(home() / "up.lock", "w")
+    handle = open(home() / "up.lock", "w")  # noqa: SIM115 - held open for the life of `vmplane up`
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise Invalid(f"another `vmplane up` is running with VMPLANE_HOME={home()}; stop it first "
-                      f"or use another VMPLANE_HOME", field="VMPLANE_HOME") from None
+        raise Invalid(
+            f"another `vmplane up` is running with VMPLANE_HOME={home()}; stop it first or use another VMPLANE_HOME",
+            field="VMPLANE_HOME",
+        ) from None
     handle.write(str(os.getpid()))
     handle.flush()
     return handle
@@ -186,10 +204,17 @@ def serve(app: FastAPI, host: str, port: int, forwarded_allow_ips: str | None = 
     networks, `*` for any) whose X-Forwarded-Proto and X-Forwarded-For are believed (the request's
     scheme decides the console cookie's Secure flag); default 127.0.0.1, uvicorn's."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    faulthandler.enable()       # a crash in C (libvirt's client, a driver) leaves every thread's stack in the log
+    faulthandler.enable()  # a crash in C (libvirt's client, a driver) leaves every thread's stack in the log
     exit_on_sigterm()
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, proxy_headers=True,
-                forwarded_allow_ips=forwarded_allow_ips or DEFAULT_FORWARDED_ALLOW_IPS)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        proxy_headers=True,
+        forwarded_allow_ips=forwarded_allow_ips or DEFAULT_FORWARDED_ALLOW_IPS,
+    )
 
 
 def new_token() -> str:

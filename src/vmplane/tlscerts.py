@@ -65,9 +65,14 @@ def make_ca(folder: Path, name: str = "vmplane CA", days: int = 3650) -> Path:
     if (folder / "cacert.pem").exists() and (folder / "cakey.pem").exists():
         return folder
     _private_key(folder / "cakey.pem")
-    _certtool("--generate-self-signed", "--load-privkey", str(folder / "cakey.pem"),
-              "--outfile", str(folder / "cacert.pem"),
-              template=f'cn = "{name}"\nca\ncert_signing_key\nexpiration_days = {days}\n')
+    _certtool(
+        "--generate-self-signed",
+        "--load-privkey",
+        str(folder / "cakey.pem"),
+        "--outfile",
+        str(folder / "cacert.pem"),
+        template=f'cn = "{name}"\nca\ncert_signing_key\nexpiration_days = {days}\n',
+    )
     return folder
 
 
@@ -85,39 +90,60 @@ def _names(hosts: list[str]) -> str:
 def _sign(ca: Path, out: Path, cert: str, key: str, template: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     _private_key(out / key)
-    _certtool("--generate-certificate", "--load-privkey", str(out / key),
-              "--load-ca-certificate", str(ca / "cacert.pem"), "--load-ca-privkey", str(ca / "cakey.pem"),
-              "--outfile", str(out / cert), template=template)
+    _certtool(
+        "--generate-certificate",
+        "--load-privkey",
+        str(out / key),
+        "--load-ca-certificate",
+        str(ca / "cacert.pem"),
+        "--load-ca-privkey",
+        str(ca / "cakey.pem"),
+        "--outfile",
+        str(out / cert),
+        template=template,
+    )
     shutil.copyfile(ca / "cacert.pem", out / "cacert.pem")
 
 
-def make_server_cert(ca: Path, folder: Path, hosts: list[str], organization: str = "vmplane",
-                     days: int = 3650) -> Path:
+def make_server_cert(ca: Path, folder: Path, hosts: list[str], organization: str = "vmplane", days: int = 3650) -> Path:
     """servercert.pem + serverkey.pem (and the CA's cacert.pem) in FOLDER for a libvirtd reached as any
     of HOSTS (names or IP addresses; the first is the common name). It may also act as a client (a
     daemon that migrates peer to peer connects to the other daemon)."""
     if not hosts:
         raise ValueError("a server certificate needs at least one host name or address")
-    _sign(Path(ca), Path(folder), "servercert.pem", "serverkey.pem",
-          f'organization = "{organization}"\ncn = "{hosts[0]}"\n' + _names(hosts)
-          + f"tls_www_server\ntls_www_client\nencryption_key\nsigning_key\nexpiration_days = {days}\n")
+    _sign(
+        Path(ca),
+        Path(folder),
+        "servercert.pem",
+        "serverkey.pem",
+        f'organization = "{organization}"\ncn = "{hosts[0]}"\n'
+        + _names(hosts)
+        + f"tls_www_server\ntls_www_client\nencryption_key\nsigning_key\nexpiration_days = {days}\n",
+    )
     return Path(folder)
 
 
-def make_client_cert(ca: Path, folder: Path, name: str = "vmplane", organization: str = "vmplane",
-                     days: int = 3650) -> Path:
+def make_client_cert(
+    ca: Path, folder: Path, name: str = "vmplane", organization: str = "vmplane", days: int = 3650
+) -> Path:
     """clientcert.pem + clientkey.pem (and cacert.pem) in FOLDER: what a URI's `?pkipath=FOLDER` uses."""
-    _sign(Path(ca), Path(folder), "clientcert.pem", "clientkey.pem",
-          f'organization = "{organization}"\ncn = "{name}"\n'
-          f"tls_www_client\nencryption_key\nsigning_key\nexpiration_days = {days}\n")
+    _sign(
+        Path(ca),
+        Path(folder),
+        "clientcert.pem",
+        "clientkey.pem",
+        f'organization = "{organization}"\ncn = "{name}"\n'
+        f"tls_www_client\nencryption_key\nsigning_key\nexpiration_days = {days}\n",
+    )
     return Path(folder)
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m vmplane.tlscerts",
-                                     description="Certificates for libvirt over TLS (GnuTLS certtool).")
+    parser = argparse.ArgumentParser(
+        prog="python -m vmplane.tlscerts", description="Certificates for libvirt over TLS (GnuTLS certtool)."
+    )
     sub = parser.add_subparsers(dest="what", required=True)
     ca = sub.add_parser("ca", help="a certificate authority: DIR/cacert.pem, DIR/cakey.pem")
     ca.add_argument("dir")

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import func, select
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vmplane.metrics")
 
 MIB = 1024 * 1024
-OPERATION_KINDS = ("start", "stop", "scale", "drain", "reconcile", "recover", "restart")   # shown at 0 too
+OPERATION_KINDS = ("start", "stop", "scale", "drain", "reconcile", "recover", "restart")  # shown at 0 too
 _CHARGED = sorted(s.value for s in CHARGED_STATES)
 _IN_FLIGHT = sorted(s.value for s in IN_FLIGHT_OPERATION_STATES)
 _ACTIVE = sorted(s.value for s in ACTIVE_MIGRATION_STATES)
@@ -58,22 +59,53 @@ _V, _P, _H, _C, _O, _M = (t.c for t in (L.VMS, L.PROJECTS, L.HOSTS, L.CLAIMS, L.
 _CL, _Z, _PO = Cluster.__table__.c, Zone.__table__.c, Pool.__table__.c
 
 VMS_BY_STATE = select(_V.state, func.count()).group_by(_V.state)
-PROJECTS = select(_P.id, _P.name, _P.quota_vcpus, _P.quota_memory_mib, _P.quota_vms, _P.quota_storage_mib,
-                  _P.used_vcpus, _P.used_memory_mib, _P.used_vms, _P.used_storage_mib)
-FOOTPRINT_BY_PROJECT = (select(_V.project_id, func.sum(_V.memory_mib + _V.overhead_mib))
-                        .where(_V.state.in_(_CHARGED)).group_by(_V.project_id))
-HOSTS = (select(_H.id, _H.name, _H.state, _H.driver, _H.used_vcpus, _H.used_memory_mib,
-                _CL.name.label("cluster"), _Z.name.label("zone"))
-         .join(Cluster.__table__, _CL.id == _H.cluster_id).join(Zone.__table__, _Z.id == _CL.zone_id))
+PROJECTS = select(
+    _P.id,
+    _P.name,
+    _P.quota_vcpus,
+    _P.quota_memory_mib,
+    _P.quota_vms,
+    _P.quota_storage_mib,
+    _P.used_vcpus,
+    _P.used_memory_mib,
+    _P.used_vms,
+    _P.used_storage_mib,
+)
+FOOTPRINT_BY_PROJECT = (
+    select(_V.project_id, func.sum(_V.memory_mib + _V.overhead_mib))
+    .where(_V.state.in_(_CHARGED))
+    .group_by(_V.project_id)
+)
+HOSTS = (
+    select(
+        _H.id,
+        _H.name,
+        _H.state,
+        _H.driver,
+        _H.used_vcpus,
+        _H.used_memory_mib,
+        _CL.name.label("cluster"),
+        _Z.name.label("zone"),
+    )
+    .join(Cluster.__table__, _CL.id == _H.cluster_id)
+    .join(Zone.__table__, _Z.id == _CL.zone_id)
+)
 # the overhead on a host: of the VMs placed there, and of those migrating to it (few: their claims)
-VMS_BY_HOST = (select(_V.host_id, func.count(), func.sum(_V.overhead_mib))
-               .where(_V.host_id.is_not(None)).group_by(_V.host_id))
-TARGETS_BY_HOST = (select(_C.host_id, func.sum(_V.overhead_mib)).join(L.VMS, _V.id == _C.vm_id)
-                   .where(_C.kind == ClaimKind.migration_target.value).group_by(_C.host_id))
-OPERATIONS_IN_FLIGHT = (select(_O.kind, func.count(), func.min(_O.created_at))
-                        .where(_O.state.in_(_IN_FLIGHT)).group_by(_O.kind))
-MIGRATIONS_IN_FLIGHT = (select(_M.state, func.count(), func.min(_M.created_at))
-                        .where(_M.state.in_(_ACTIVE)).group_by(_M.state))
+VMS_BY_HOST = (
+    select(_V.host_id, func.count(), func.sum(_V.overhead_mib)).where(_V.host_id.is_not(None)).group_by(_V.host_id)
+)
+TARGETS_BY_HOST = (
+    select(_C.host_id, func.sum(_V.overhead_mib))
+    .join(L.VMS, _V.id == _C.vm_id)
+    .where(_C.kind == ClaimKind.migration_target.value)
+    .group_by(_C.host_id)
+)
+OPERATIONS_IN_FLIGHT = (
+    select(_O.kind, func.count(), func.min(_O.created_at)).where(_O.state.in_(_IN_FLIGHT)).group_by(_O.kind)
+)
+MIGRATIONS_IN_FLIGHT = (
+    select(_M.state, func.count(), func.min(_M.created_at)).where(_M.state.in_(_ACTIVE)).group_by(_M.state)
+)
 POOLS = select(_PO.name, _PO.capacity_mib, _PO.used_mib)
 
 
@@ -136,7 +168,7 @@ def exposition(families: list[Family]) -> str:
 class StateCollector:
     """Reads the cluster's state at each scrape (no describe(): nothing is read at registration)."""
 
-    def __init__(self, plane: "Plane"):
+    def __init__(self, plane: Plane):
         self.plane = plane
 
     def collect(self) -> Iterator[Metric]:
@@ -151,50 +183,96 @@ class StateCollector:
         t0 = time.perf_counter()
         try:
             families, ok = self._read(), 1
-        except Exception:           # the store does not answer: the counters are still worth serving
+        except Exception:  # the store does not answer: the counters are still worth serving
             log.exception("reading the cluster's state for /metrics")
             families, ok = [], 0
         return families + [
             Family("vmplane_state_scrape_ok", "1 if the cluster's state could be read for this scrape", (), (), [ok]),
-            Family("vmplane_state_scrape_duration_seconds", "Time to read the cluster's state", (), (),
-                   [time.perf_counter() - t0])]
+            Family(
+                "vmplane_state_scrape_duration_seconds",
+                "Time to read the cluster's state",
+                (),
+                (),
+                [time.perf_counter() - t0],
+            ),
+        ]
 
     def _read(self) -> list[Family]:
         with self.plane.db.read() as s:
             conn = s.connection()
-            vms = dict(conn.execute(VMS_BY_STATE).all())
+            vms = dict(conn.execute(VMS_BY_STATE).tuples().all())
             projects = conn.execute(PROJECTS).all()
-            footprint = dict(conn.execute(FOOTPRINT_BY_PROJECT).all())
+            footprint = dict(conn.execute(FOOTPRINT_BY_PROJECT).tuples().all())
             hosts = conn.execute(HOSTS).all()
             placed = {host_id: (n, mib) for host_id, n, mib in conn.execute(VMS_BY_HOST)}
-            targets = dict(conn.execute(TARGETS_BY_HOST).all())
+            targets = dict(conn.execute(TARGETS_BY_HOST).tuples().all())
             operations = conn.execute(OPERATIONS_IN_FLIGHT).all()
             migrations = conn.execute(MIGRATIONS_IN_FLIGHT).all()
             pools = conn.execute(POOLS).all()
         now = utcnow()
-        states = [st.value for st in VmState] + sorted(set(vms) - {st.value for st in VmState})   # unknown ones too
+        states = [st.value for st in VmState] + sorted(set(vms) - {st.value for st in VmState})  # unknown ones too
         out = [Family("vmplane_vms", "VMs by state", ("state",), (states,), [vms.get(st, 0) for st in states])]
         out += self._projects(projects, footprint)
         out += self._hosts(hosts, placed, targets)
 
         seen = {kind: (n, since) for kind, n, since in operations}
         kinds = sorted(set(OPERATION_KINDS) | set(seen))
-        out.append(Family("vmplane_operations_in_flight", "Operations pending or running, by kind", ("kind",),
-                          (kinds,), [seen.get(k, (0, None))[0] for k in kinds]))
-        out.append(Family("vmplane_operation_oldest_in_flight_seconds",
-                          "Age of the oldest operation pending or running, by kind (0: none)", ("kind",),
-                          (kinds,), [_age(now, seen.get(k, (0, None))[1]) for k in kinds]))
+        out.append(
+            Family(
+                "vmplane_operations_in_flight",
+                "Operations pending or running, by kind",
+                ("kind",),
+                (kinds,),
+                [seen.get(k, (0, None))[0] for k in kinds],
+            )
+        )
+        out.append(
+            Family(
+                "vmplane_operation_oldest_in_flight_seconds",
+                "Age of the oldest operation pending or running, by kind (0: none)",
+                ("kind",),
+                (kinds,),
+                [_age(now, seen.get(k, (0, None))[1]) for k in kinds],
+            )
+        )
         seen = {state: (n, since) for state, n, since in migrations}
-        out.append(Family("vmplane_migrations_in_flight", "Migrations not ended, by state", ("state",),
-                          (_ACTIVE,), [seen.get(st, (0, None))[0] for st in _ACTIVE]))
-        out.append(Family("vmplane_migration_oldest_in_flight_seconds",
-                          "Age (since admission) of the oldest migration in this state (0: none)", ("state",),
-                          (_ACTIVE,), [_age(now, seen.get(st, (0, None))[1]) for st in _ACTIVE]))
+        out.append(
+            Family(
+                "vmplane_migrations_in_flight",
+                "Migrations not ended, by state",
+                ("state",),
+                (_ACTIVE,),
+                [seen.get(st, (0, None))[0] for st in _ACTIVE],
+            )
+        )
+        out.append(
+            Family(
+                "vmplane_migration_oldest_in_flight_seconds",
+                "Age (since admission) of the oldest migration in this state (0: none)",
+                ("state",),
+                (_ACTIVE,),
+                [_age(now, seen.get(st, (0, None))[1]) for st in _ACTIVE],
+            )
+        )
         names = [name for name, _, _ in pools]
-        out.append(Family("vmplane_pool_capacity_bytes", "A storage pool's capacity as its host reports it",
-                          ("pool",), (names,), [cap * MIB for _, cap, _ in pools]))
-        out.append(Family("vmplane_pool_used_bytes", "What vmplane's volumes take on a pool (provisioned size)",
-                          ("pool",), (names,), [used * MIB for _, _, used in pools]))
+        out.append(
+            Family(
+                "vmplane_pool_capacity_bytes",
+                "A storage pool's capacity as its host reports it",
+                ("pool",),
+                (names,),
+                [cap * MIB for _, cap, _ in pools],
+            )
+        )
+        out.append(
+            Family(
+                "vmplane_pool_used_bytes",
+                "What vmplane's volumes take on a pool (provisioned size)",
+                ("pool",),
+                (names,),
+                [used * MIB for _, _, used in pools],
+            )
+        )
         return out
 
     @staticmethod
@@ -202,43 +280,97 @@ class StateCollector:
         quota: list = []
         usage: list = []
         for p in projects:
-            quota += [(p.name, "vcpus", p.quota_vcpus), (p.name, "memory_bytes", p.quota_memory_mib * MIB),
-                      (p.name, "vms", p.quota_vms), (p.name, "storage_bytes", p.quota_storage_mib * MIB)]
-            usage += [(p.name, "vcpus", p.used_vcpus), (p.name, "memory_bytes", p.used_memory_mib * MIB),
-                      (p.name, "vms", p.used_vms), (p.name, "storage_bytes", p.used_storage_mib * MIB),
-                      (p.name, "memory_with_overhead_bytes", (footprint.get(p.id) or 0) * MIB)]
-        return [_family("vmplane_project_quota", "A project's quota by resource (memory and storage in bytes)",
-                        ("project", "resource"), quota),
-                _family("vmplane_project_usage", "A project's usage by resource: its quota ledger (memory with "
-                        "overhead when the project counts it); memory_with_overhead_bytes: its charged VMs' guest "
-                        "memory plus overhead", ("project", "resource"), usage)]
+            quota += [
+                (p.name, "vcpus", p.quota_vcpus),
+                (p.name, "memory_bytes", p.quota_memory_mib * MIB),
+                (p.name, "vms", p.quota_vms),
+                (p.name, "storage_bytes", p.quota_storage_mib * MIB),
+            ]
+            usage += [
+                (p.name, "vcpus", p.used_vcpus),
+                (p.name, "memory_bytes", p.used_memory_mib * MIB),
+                (p.name, "vms", p.used_vms),
+                (p.name, "storage_bytes", p.used_storage_mib * MIB),
+                (p.name, "memory_with_overhead_bytes", (footprint.get(p.id) or 0) * MIB),
+            ]
+        return [
+            _family(
+                "vmplane_project_quota",
+                "A project's quota by resource (memory and storage in bytes)",
+                ("project", "resource"),
+                quota,
+            ),
+            _family(
+                "vmplane_project_usage",
+                "A project's usage by resource: its quota ledger (memory with "
+                "overhead when the project counts it); memory_with_overhead_bytes: its charged VMs' guest "
+                "memory plus overhead",
+                ("project", "resource"),
+                usage,
+            ),
+        ]
 
     def _hosts(self, hosts, placed: dict, targets: dict) -> list[Family]:
         ids, names, states, drivers, vcpus, memory, clusters, zones = (
-            tuple(map(list, zip(*hosts))) if hosts else ([],) * 8)
+            tuple(map(list, zip(*hosts))) if hosts else ([],) * 8
+        )
         index = self.plane.capacity.index
-        known = [name for name in names if name in index]   # else added by another process, not indexed here yet
+        known = [name for name in names if name in index]  # else added by another process, not indexed here yet
         capacity = [index.capacity_of(name) for name in known]
         counts = dict.fromkeys((st.value for st in HostState), 0)
         for st in states:
             counts[st] = counts.get(st, 0) + 1
         nothing = (0, 0)
         return [
-            Family("vmplane_host_info", "A host's place and driver (always 1)", ("host", "cluster", "zone", "driver"),
-                   (names, clusters, zones, drivers), [1] * len(names)),
-            Family("vmplane_host_state", "A host's state (1; its other states are absent)", ("host", "state"),
-                   (names, states), [1] * len(names)),
+            Family(
+                "vmplane_host_info",
+                "A host's place and driver (always 1)",
+                ("host", "cluster", "zone", "driver"),
+                (names, clusters, zones, drivers),
+                [1] * len(names),
+            ),
+            Family(
+                "vmplane_host_state",
+                "A host's state (1; its other states are absent)",
+                ("host", "state"),
+                (names, states),
+                [1] * len(names),
+            ),
             Family("vmplane_hosts", "Hosts by state", ("state",), (list(counts),), list(counts.values())),
-            Family("vmplane_host_vcpus_capacity", "vCPUs placement may put on a host (cores times the cpu "
-                   "overprovisioning factor)", ("host",), (known,), [c[0] for c in capacity]),
-            Family("vmplane_host_memory_capacity_bytes", "Memory placement may put on a host (memory times the mem "
-                   "overprovisioning factor)", ("host",), (known,), [c[1] * MIB for c in capacity]),
+            Family(
+                "vmplane_host_vcpus_capacity",
+                "vCPUs placement may put on a host (cores times the cpu overprovisioning factor)",
+                ("host",),
+                (known,),
+                [c[0] for c in capacity],
+            ),
+            Family(
+                "vmplane_host_memory_capacity_bytes",
+                "Memory placement may put on a host (memory times the mem overprovisioning factor)",
+                ("host",),
+                (known,),
+                [c[1] * MIB for c in capacity],
+            ),
             Family("vmplane_host_vcpus_allocated", "vCPUs claimed on a host", ("host",), (names,), vcpus),
-            Family("vmplane_host_memory_allocated_bytes", "Memory claimed on a host, QEMU overhead included",
-                   ("host",), (names,), [m * MIB for m in memory]),
-            Family("vmplane_host_memory_overhead_bytes", "The QEMU-overhead part of the memory claimed on a host",
-                   ("host",), (names,), [((placed.get(i, nothing)[1] or 0) + (targets.get(i) or 0)) * MIB
-                                         for i in ids]),
-            Family("vmplane_host_vms", "VMs placed on a host", ("host",), (names,),
-                   [placed.get(i, nothing)[0] for i in ids]),
+            Family(
+                "vmplane_host_memory_allocated_bytes",
+                "Memory claimed on a host, QEMU overhead included",
+                ("host",),
+                (names,),
+                [m * MIB for m in memory],
+            ),
+            Family(
+                "vmplane_host_memory_overhead_bytes",
+                "The QEMU-overhead part of the memory claimed on a host",
+                ("host",),
+                (names,),
+                [((placed.get(i, nothing)[1] or 0) + (targets.get(i) or 0)) * MIB for i in ids],
+            ),
+            Family(
+                "vmplane_host_vms",
+                "VMs placed on a host",
+                ("host",),
+                (names,),
+                [placed.get(i, nothing)[0] for i in ids],
+            ),
         ]

@@ -40,19 +40,26 @@ class StrictQueryRoute(APIRoute):
                     if name not in known:
                         choices = f"known: {', '.join(sorted(known))}" if known else "this route takes none"
                         raise Invalid(f"{name}: unknown query parameter; {choices}", field=name)
-                    if "\x00" in value:     # no store keeps it (PostgreSQL refuses it in text): no name has it
+                    if "\x00" in value:  # no store keeps it (PostgreSQL refuses it in text): no name has it
                         raise Invalid(f"{name}: must not contain a NUL character", field=name)
             if "\x00" in request.scope["path"]:
                 raise Invalid("the path must not contain a NUL character", field=None)
             return await handler(request)
+
         return strict
 
 
-async def page_params(limit: Annotated[int, Query(ge=1, le=1000, description="at most this many (default 100)")] = 100,
-                      offset: Annotated[int, Query(ge=0, le=2**31 - 1, description="skip this many first")] = 0,
-                      sort: Annotated[str | None, Query(max_length=64, description=(
-                          "a field to sort by, '-field' for descending (the route's fields: see a 422)"))] = None) -> Page:
-    return Page(limit=limit, offset=offset, sort=sort)     # (async: no threadpool hop, as in deps.py)
+async def page_params(
+    limit: Annotated[int, Query(ge=1, le=1000, description="at most this many (default 100)")] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1, description="skip this many first")] = 0,
+    sort: Annotated[
+        str | None,
+        Query(
+            max_length=64, description=("a field to sort by, '-field' for descending (the route's fields: see a 422)")
+        ),
+    ] = None,
+) -> Page:
+    return Page(limit=limit, offset=offset, sort=sort)  # (async: no threadpool hop, as in deps.py)
 
 
 Paging = Annotated[Page, Depends(page_params)]

@@ -19,7 +19,7 @@ HaPriority = Annotated[StrictInt, Field(ge=0, le=1000, description="HA restarts 
 
 def _utc(value: dt.datetime) -> dt.datetime:
     """The store keeps naive UTC; every response says so (ISO 8601 with +00:00)."""
-    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
 
 
 def utc_iso(value: dt.datetime) -> str:
@@ -27,8 +27,9 @@ def utc_iso(value: dt.datetime) -> str:
     return _utc(value).isoformat()
 
 
-UtcDatetime = Annotated[dt.datetime, AfterValidator(_utc),
-                        PlainSerializer(dt.datetime.isoformat, return_type=str, when_used="json")]
+UtcDatetime = Annotated[
+    dt.datetime, AfterValidator(_utc), PlainSerializer(dt.datetime.isoformat, return_type=str, when_used="json")
+]
 
 
 class Request(BaseModel):
@@ -41,8 +42,11 @@ class Response(BaseModel):
 
 class ErrorBody(BaseModel):
     """Every error: a stable code, a message for people, and the field (or query parameter) at fault."""
-    error: str = Field(description="unauthorized, forbidden, not_found, method_not_allowed, already_exists, "
-                                   "conflict, quota_exceeded, insufficient_capacity, invalid, internal")
+
+    error: str = Field(
+        description="unauthorized, forbidden, not_found, method_not_allowed, already_exists, "
+        "conflict, quota_exceeded, insufficient_capacity, invalid, internal"
+    )
     message: str
     field: str | None = Field(description="the field or query parameter at fault; null where none")
 
@@ -98,19 +102,24 @@ class HostOut(Response):
 
 
 class FenceRequest(Request):
-    confirm_off: StrictBool = Field(False, description="the operator's word that the host is off: its HA VMs "
-                                                       "are restarted without asking a fence agent")
+    confirm_off: StrictBool = Field(
+        False,
+        description="the operator's word that the host is off: its HA VMs are restarted without asking a fence agent",
+    )
 
 
 class FenceAgents(Request):
-    agents: list[dict] = Field(description='tried in order, e.g. [{"agent": "ipmi", "address": "10.0.0.5", '
-                                           '"username": "admin", "password": "..."}]')
+    agents: list[dict] = Field(
+        description='tried in order, e.g. [{"agent": "ipmi", "address": "10.0.0.5", '
+        '"username": "admin", "password": "..."}]'
+    )
 
 
 class HostFailure(Request):
     mode: Literal["power", "daemon", "network"] = Field(
         description="power: daemon and guests killed; daemon: libvirtd killed, guests run on; network: the host "
-                    "unreachable from the control plane, guests run on")
+        "unreachable from the control plane, guests run on"
+    )
 
 
 # -- projects ----------------------------------------------------------------------------------
@@ -195,12 +204,19 @@ class OfferingOut(Response):
 
 class TemplateCreate(Request):
     name: Name
-    image: Annotated[str, Field(min_length=1, max_length=1024,
-                                description="a kernel image (tiny-linux, or a folder with vmlinuz and initrd.gz), or a "
-                                            "disk image file (qcow2 or raw) on the control plane: imported, it boots "
-                                            "as it is")]
+    image: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=1024,
+            description="a kernel image (tiny-linux, or a folder with vmlinuz and initrd.gz), or a "
+            "disk image file (qcow2 or raw) on the control plane: imported, it boots "
+            "as it is",
+        ),
+    ]
     disk: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
-        None, description="root disk image of a kernel template: tiny-linux (the test guest's) or an image file")
+        None, description="root disk image of a kernel template: tiny-linux (the test guest's) or an image file"
+    )
     dynamic_scaling: StrictBool = False
 
 
@@ -218,7 +234,8 @@ class TemplateOut(Response):
 # -- settings ----------------------------------------------------------------------------------
 class SettingSet(Request):
     value: Annotated[str, Field(max_length=256)] | StrictInt | float | StrictBool = Field(
-        description="a JSON number, boolean or string; checked against the key's type and range")
+        description="a JSON number, boolean or string; checked against the key's type and range"
+    )
     scope: Literal["global", "zone", "cluster"] = "global"
     scope_name: Name | None = None
 
@@ -246,13 +263,15 @@ class VmCreate(Request):
     memory_mib: Positive | None = None
     dynamic_scaling: StrictBool = True
     start: StrictBool = False
-    zone: Name | None = Field(None, description="the zone it runs in for life; may be left out when there is one zone "
-                                                "or a cluster is given")
+    zone: Name | None = Field(
+        None, description="the zone it runs in for life; may be left out when there is one zone or a cluster is given"
+    )
     cluster: Name | None = Field(None, description="pin it to one cluster of its zone; any cluster when left out")
     root_disk_mib: Positive | None = Field(None, description="root disk size (templates with a disk image)")
     pool: Name | None = Field(None, description="the pool of its root disk; placement picks when left out")
-    ha_policy: HaPolicy | None = Field(None, description="restart: run it again elsewhere when its host fails; "
-                                                         "null: its offering's policy")
+    ha_policy: HaPolicy | None = Field(
+        None, description="restart: run it again elsewhere when its host fails; null: its offering's policy"
+    )
     ha_priority: HaPriority = 0
     group: Name | None = Field(None, description="its placement group (of its project)")
 
@@ -277,8 +296,9 @@ class VmOut(Response):
     dynamic_scaling: bool
     zone: str | None = Field(description="the zone it runs in")
     cluster: str | None = Field(description="the cluster it is pinned to; null when any cluster of its zone will do")
-    boot_memory_mib: int | None = Field(description="memory it started with: live scaling never goes below it; "
-                                                    "null while it has not started")
+    boot_memory_mib: int | None = Field(
+        description="memory it started with: live scaling never goes below it; null while it has not started"
+    )
     ha_policy: str = Field("off", description="restart: run it again elsewhere when its host fails")
     ha_priority: int = Field(0, description="HA restarts go highest first")
     created_at: UtcDatetime
@@ -305,12 +325,15 @@ class EventOut(Response):
     subject: str = Field(description="the VM's, host's, volume's or pool's name, the migration's or operation's id")
     vm: str | None = Field(description="the VM it concerns, if any")
     host: str | None = Field(description="the host it concerns (a VM's host, a migration's source), if any")
-    project: str | None = Field(description="the project of its VM; null for hosts and drains (or a project "
-                                            "since deleted)")
+    project: str | None = Field(
+        description="the project of its VM; null for hosts and drains (or a project since deleted)"
+    )
     old_state: str | None = Field(description="null when the subject was created")
     new_state: str | None
-    cause: str = Field(description="`user <token name>` for API requests (and the work they start), or "
-                                   "`monitor`, `recovery`, `sync`, `libvirt event`")
+    cause: str = Field(
+        description="`user <token name>` for API requests (and the work they start), or "
+        "`monitor`, `recovery`, `sync`, `libvirt event`"
+    )
     message: str
 
 
@@ -322,13 +345,16 @@ ExecArg = Annotated[str, Field(max_length=4096)]
 
 
 class ExecRequest(Request):
-    command: Annotated[str, Field(min_length=1, max_length=4096)] | Annotated[
-        list[ExecArg], Field(min_length=1, max_length=256)] = Field(
-        description="an argv, as `kubectl exec` takes it: `[\"sh\", \"-c\", \"echo a; echo b\"]` runs `sh` "
-                    "with exactly these two arguments (each is quoted for the guest's shell); or a string, one "
-                    "shell command line run by `sh -c` in the guest (not split by vmplane). Its standard "
-                    "input is empty; when it outlives `timeout_s` it is stopped in the guest and the answer "
-                    "is 409")
+    command: (
+        Annotated[str, Field(min_length=1, max_length=4096)]
+        | Annotated[list[ExecArg], Field(min_length=1, max_length=256)]
+    ) = Field(
+        description='an argv, as `kubectl exec` takes it: `["sh", "-c", "echo a; echo b"]` runs `sh` '
+        "with exactly these two arguments (each is quoted for the guest's shell); or a string, one "
+        "shell command line run by `sh -c` in the guest (not split by vmplane). Its standard "
+        "input is empty; when it outlives `timeout_s` it is stopped in the guest and the answer "
+        "is 409"
+    )
     timeout_s: Annotated[float, Field(gt=0, le=600)] = 60.0
 
 
@@ -341,12 +367,14 @@ class MigrateRequest(Request):
     to: Name | None = Field(None, description="target host; placement chooses when left out")
     dry_run: StrictBool = False
     policy: Literal["vmplane", "hypervisor-default"] = Field(
-        "vmplane", description="vmplane's measured policy per accelerator, or the hypervisor's own defaults")
+        "vmplane", description="vmplane's measured policy per accelerator, or the hypervisor's own defaults"
+    )
     bandwidth_mib_s: Positive | None = Field(None, description="override the policy (admins only)")
     postcopy: StrictBool | None = Field(None, description="override the policy (admins only)")
     max_downtime_ms: Positive | None = Field(None, description="override the policy (admins only)")
-    postcopy_bandwidth_mib_s: Positive | None = Field(None, description="override the policy: the post-copy phase's "
-                                                                        "bandwidth (admins only; at least 64 MiB/s)")
+    postcopy_bandwidth_mib_s: Positive | None = Field(
+        None, description="override the policy: the post-copy phase's bandwidth (admins only; at least 64 MiB/s)"
+    )
 
 
 class MigrationOut(BaseModel):
@@ -380,8 +408,9 @@ class ScaleRequest(Request):
     offering: Name | None = Field(None, description="scale to this offering (any kind, fixed included)")
     vcpus: Positive | None = None
     memory_mib: Positive | None = None
-    cpu_cap: StrictBool | None = Field(None, description="true/false to apply/remove the CPU cap; left out: kept, "
-                                                          "or the new offering's")
+    cpu_cap: StrictBool | None = Field(
+        None, description="true/false to apply/remove the CPU cap; left out: kept, or the new offering's"
+    )
     dry_run: StrictBool = False
 
 
@@ -430,8 +459,9 @@ class VmSyncOut(BaseModel):
     vm: str
     in_sync: bool = Field(description="the record already said what the host runs; nothing changed")
     changes: list[SyncChange]
-    over_quota: str | None = Field(None, description="the adopted size exceeds the project's quota by this "
-                                                     "(the VM keeps running)")
+    over_quota: str | None = Field(
+        None, description="the adopted size exceeds the project's quota by this (the VM keeps running)"
+    )
     message: str
     host: str | None = Field(None, description="where the VM runs; none: no host runs it (recorded stopped)")
 
@@ -443,7 +473,8 @@ class PoolCreate(Request):
     host: Name | None = Field(None, description="a local pool's host")
     cluster: Name | None = Field(None, description="a shared pool's cluster")
     path: Annotated[str, Field(min_length=1, max_length=1000)] | None = Field(
-        None, description="folder on the host(s); default /var/lib/vmplane/local or /var/lib/vmplane/shared/NAME")
+        None, description="folder on the host(s); default /var/lib/vmplane/local or /var/lib/vmplane/shared/NAME"
+    )
 
 
 class PoolOut(Response):

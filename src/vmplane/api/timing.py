@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from time import perf_counter
 
+from prometheus_client import Histogram
 from starlette.routing import Mount
+from starlette.types import ASGIApp
 
 from vmplane.plane.metrics import API_REQUEST_SECONDS
 
@@ -28,16 +30,16 @@ def route_template(scope) -> str:
     context = scope.get("fastapi", {}).get("effective_route_context")
     path = getattr(context, "path_format", None) or getattr(route, "path", None)
     root, app_root = scope.get("root_path", ""), scope.get("app_root_path", "")
-    prefix = root[len(app_root):] if root.startswith(app_root) else root     # the mounts it went through
-    if path is None or isinstance(route, Mount):    # a mount that answered itself (static files): its prefix
+    prefix = root[len(app_root) :] if root.startswith(app_root) else root  # the mounts it went through
+    if path is None or isinstance(route, Mount):  # a mount that answered itself (static files): its prefix
         return prefix or path or UNMATCHED
     return prefix + path
 
 
 class RequestTiming:
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._series: dict[tuple[str, str, int], object] = {}     # the histogram's children, by labels
+        self._series: dict[tuple[str, str, int], Histogram] = {}  # the histogram's children, by labels
 
     def _observe(self, scope, status: int, seconds: float) -> None:
         method = scope.get("method", "")
@@ -63,5 +65,5 @@ class RequestTiming:
         try:
             await self.app(scope, receive, send_timed)
         finally:
-            if not timed:                       # no answer was started: an error the server turns into a 500
+            if not timed:  # no answer was started: an error the server turns into a 500
                 self._observe(scope, 500, perf_counter() - t0)

@@ -4,44 +4,89 @@ from __future__ import annotations
 
 from sqlalchemy import bindparam, func, select
 
+from vmplane.api import schemas
 from vmplane.core.errors import NotFound
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
 from vmplane.store.prepared import prepared
 from vmplane.store.schema import Cluster, Host, Offering, Operation, Project, Template, Vm, Zone
-from vmplane.api import schemas
 
 
 def host_out(orch: Orchestrator, h: Host) -> schemas.HostOut:
     cap = orch.host_capacity(h.name)
-    return schemas.HostOut(name=h.name, cluster=h.cluster.name, zone=h.cluster.zone.name, driver=h.driver,
-                           uri=h.uri, state=h.state, cores=h.cores, cpu_mhz=h.cpu_mhz, memory_mib=h.memory_mib,
-                           vcpus_capacity=cap.vcpus_capacity, memory_capacity_mib=cap.memory_capacity_mib,
-                           used_vcpus=h.used_vcpus, used_memory_mib=h.used_memory_mib,
-                           migration_address=h.migration_address, state_reason=h.state_reason,
-                           down_since=h.down_since, fence_agents=[a.get("agent", "?") for a in h.fence_agents or []])
+    return schemas.HostOut(
+        name=h.name,
+        cluster=h.cluster.name,
+        zone=h.cluster.zone.name,
+        driver=h.driver,
+        uri=h.uri,
+        state=h.state,
+        cores=h.cores,
+        cpu_mhz=h.cpu_mhz,
+        memory_mib=h.memory_mib,
+        vcpus_capacity=cap.vcpus_capacity,
+        memory_capacity_mib=cap.memory_capacity_mib,
+        used_vcpus=h.used_vcpus,
+        used_memory_mib=h.used_memory_mib,
+        migration_address=h.migration_address,
+        state_reason=h.state_reason,
+        down_since=h.down_since,
+        fence_agents=[a.get("agent", "?") for a in h.fence_agents or []],
+    )
 
 
 def project_out(p: Project) -> schemas.ProjectOut:
     return schemas.ProjectOut(
-        name=p.name, count_overhead=p.count_overhead, max_concurrent_migrations=p.max_concurrent_migrations,
-        quota={"vcpus": p.quota_vcpus, "memory_mib": p.quota_memory_mib, "vms": p.quota_vms,
-               "storage_mib": p.quota_storage_mib},
-        usage={"vcpus": p.used_vcpus, "memory_mib": p.used_memory_mib, "vms": p.used_vms,
-               "storage_mib": p.used_storage_mib})
+        name=p.name,
+        count_overhead=p.count_overhead,
+        max_concurrent_migrations=p.max_concurrent_migrations,
+        quota={
+            "vcpus": p.quota_vcpus,
+            "memory_mib": p.quota_memory_mib,
+            "vms": p.quota_vms,
+            "storage_mib": p.quota_storage_mib,
+        },
+        usage={
+            "vcpus": p.used_vcpus,
+            "memory_mib": p.used_memory_mib,
+            "vms": p.used_vms,
+            "storage_mib": p.used_storage_mib,
+        },
+    )
 
 
 def pool_out(r) -> schemas.PoolOut:
-    return schemas.PoolOut(name=r.name, kind=r.kind, cluster=r.cluster_name, host=r.host_name, path=r.path,
-                           state=r.state, capacity_mib=r.capacity_mib, allocation_mib=r.allocation_mib,
-                           available_mib=r.available_mib, used_mib=r.used_mib, free_mib=r.capacity_mib - r.used_mib,
-                           shared_checked=r.shared_checked)
+    return schemas.PoolOut(
+        name=r.name,
+        kind=r.kind,
+        cluster=r.cluster_name,
+        host=r.host_name,
+        path=r.path,
+        state=r.state,
+        capacity_mib=r.capacity_mib,
+        allocation_mib=r.allocation_mib,
+        available_mib=r.available_mib,
+        used_mib=r.used_mib,
+        free_mib=r.capacity_mib - r.used_mib,
+        shared_checked=r.shared_checked,
+    )
 
 
 def volume_out(r) -> schemas.VolumeOut:
-    return schemas.VolumeOut(name=r.name, project=r.project, pool=r.pool_name, host=r.pool_host, size_mib=r.size_mib,
-                             format=r.format, role=r.role, state=r.state, vm=r.vm_name, device=r.device,
-                             template=r.template, copy_to=r.copy_pool_name)
+    return schemas.VolumeOut(
+        name=r.name,
+        project=r.project,
+        pool=r.pool_name,
+        host=r.pool_host,
+        size_mib=r.size_mib,
+        format=r.format,
+        role=r.role,
+        state=r.state,
+        vm=r.vm_name,
+        device=r.device,
+        template=r.template,
+        copy_to=r.copy_pool_name,
+    )
 
 
 def _zone_of(vm: Vm) -> str | None:
@@ -52,13 +97,26 @@ def _zone_of(vm: Vm) -> str | None:
 
 
 def vm_out(vm: Vm) -> schemas.VmOut:
-    return schemas.VmOut(name=vm.name, project=vm.project.name, offering=vm.offering.name,
-                         template=vm.template.name, state=vm.state, host=vm.host.name if vm.host else None,
-                         vcpus=vm.vcpus, memory_mib=vm.memory_mib, max_vcpus=vm.max_vcpus,
-                         max_memory_mib=vm.max_memory_mib, overhead_mib=vm.overhead_mib,
-                         dynamic_scaling=vm.dynamically_scalable, zone=_zone_of(vm),
-                         cluster=vm.cluster.name if vm.cluster else None, boot_memory_mib=vm.boot_memory_mib,
-                         ha_policy=vm.ha_policy, ha_priority=vm.ha_priority, created_at=vm.created_at)
+    return schemas.VmOut(
+        name=vm.name,
+        project=vm.project.name,
+        offering=vm.offering.name,
+        template=vm.template.name,
+        state=vm.state,
+        host=vm.host.name if vm.host else None,
+        vcpus=vm.vcpus,
+        memory_mib=vm.memory_mib,
+        max_vcpus=vm.max_vcpus,
+        max_memory_mib=vm.max_memory_mib,
+        overhead_mib=vm.overhead_mib,
+        dynamic_scaling=vm.dynamically_scalable,
+        zone=_zone_of(vm),
+        cluster=vm.cluster.name if vm.cluster else None,
+        boot_memory_mib=vm.boot_memory_mib,
+        ha_policy=vm.ha_policy,
+        ha_priority=vm.ha_priority,
+        created_at=vm.created_at,
+    )
 
 
 def _vm_view():
@@ -66,17 +124,42 @@ def _vm_view():
     the ORM object with its seven joined relationships cost several times the query itself)."""
     v, p, o, t = Vm.__table__.c, Project.__table__, Offering.__table__, Template.__table__
     h, z, c = Host.__table__.alias("h"), Zone.__table__.alias("z"), Cluster.__table__.alias("c")
-    hc, hz = Cluster.__table__.alias("hc"), Zone.__table__.alias("hz")     # the host's, for _zone_of
-    joined = (Vm.__table__.join(p, p.c.id == v.project_id).join(o, o.c.id == v.offering_id)
-              .join(t, t.c.id == v.template_id).outerjoin(h, h.c.id == v.host_id)
-              .outerjoin(z, z.c.id == v.zone_id).outerjoin(c, c.c.id == v.cluster_id)
-              .outerjoin(hc, hc.c.id == h.c.cluster_id).outerjoin(hz, hz.c.id == hc.c.zone_id))
-    return select(v.name, p.c.name.label("project"), o.c.name.label("offering"), t.c.name.label("template"),
-                  v.state, h.c.name.label("host"), v.vcpus, v.memory_mib, v.max_vcpus, v.max_memory_mib,
-                  v.overhead_mib, v.dynamically_scalable.label("dynamic_scaling"),
-                  func.coalesce(z.c.name, hz.c.name).label("zone"), c.c.name.label("cluster"), v.boot_memory_mib,
-                  v.ha_policy, v.ha_priority, v.created_at, v.project_id) \
-        .select_from(joined).where(v.name == bindparam("name"))
+    hc, hz = Cluster.__table__.alias("hc"), Zone.__table__.alias("hz")  # the host's, for _zone_of
+    joined = (
+        Vm.__table__.join(p, p.c.id == v.project_id)
+        .join(o, o.c.id == v.offering_id)
+        .join(t, t.c.id == v.template_id)
+        .outerjoin(h, h.c.id == v.host_id)
+        .outerjoin(z, z.c.id == v.zone_id)
+        .outerjoin(c, c.c.id == v.cluster_id)
+        .outerjoin(hc, hc.c.id == h.c.cluster_id)
+        .outerjoin(hz, hz.c.id == hc.c.zone_id)
+    )
+    return (
+        select(
+            v.name,
+            p.c.name.label("project"),
+            o.c.name.label("offering"),
+            t.c.name.label("template"),
+            v.state,
+            h.c.name.label("host"),
+            v.vcpus,
+            v.memory_mib,
+            v.max_vcpus,
+            v.max_memory_mib,
+            v.overhead_mib,
+            v.dynamically_scalable.label("dynamic_scaling"),
+            func.coalesce(z.c.name, hz.c.name).label("zone"),
+            c.c.name.label("cluster"),
+            v.boot_memory_mib,
+            v.ha_policy,
+            v.ha_priority,
+            v.created_at,
+            v.project_id,
+        )
+        .select_from(joined)
+        .where(v.name == bindparam("name"))
+    )
 
 
 _VM_VIEW = _vm_view()
@@ -100,10 +183,19 @@ def operation_out(op: Operation | None) -> schemas.OperationOut | None:
     if op is None:
         return None
     on_host = op.kind in ("drain", "recover")
-    return schemas.OperationOut(id=op.id, kind=op.kind, vm=None if on_host else op.target,
-                                host=op.target if on_host else None, state=op.state, step=op.step,
-                                progress=op.progress, message=op.message, result=op.result,
-                                created_at=op.created_at, updated_at=op.updated_at)
+    return schemas.OperationOut(
+        id=op.id,
+        kind=op.kind,
+        vm=None if on_host else op.target,
+        host=op.target if on_host else None,
+        state=op.state,
+        step=op.step,
+        progress=op.progress,
+        message=op.message,
+        result=op.result,
+        created_at=op.created_at,
+        updated_at=op.updated_at,
+    )
 
 
 def migration_out(row: dict) -> schemas.MigrationOut:

@@ -9,7 +9,7 @@ from vmplane.cli.common import app
 
 
 def main() -> None:
-    faulthandler.enable()       # a crash in a C library (libvirt) leaves its thread's stack in the log
+    faulthandler.enable()  # a crash in a C library (libvirt) leaves its thread's stack in the log
     app(prog_name="vmplane")
 
 

@@ -32,9 +32,14 @@ class Client:
         try:
             r = self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise ApiError(0, {"error": "unreachable",
-                               "message": f"cannot reach the vmplane API at {self.base}: {exc}; "
-                                          f"is `vmplane up` running? (--api / VMPLANE_API)"}) from None
+            raise ApiError(
+                0,
+                {
+                    "error": "unreachable",
+                    "message": f"cannot reach the vmplane API at {self.base}: {exc}; "
+                    f"is `vmplane up` running? (--api / VMPLANE_API)",
+                },
+            ) from None
         if r.status_code == 204:
             return None
         try:
@@ -43,15 +48,31 @@ class Client:
             body = None
         if r.status_code >= 400 and not _is_error_body(body):
             # every vmplane error has {"error", "message"}: anything else is another server
-            raise ApiError(r.status_code, {"error": "not_vmplane", "field": "api", "message": (
-                f"the server at {self.base} is not a vmplane API (HTTP {r.status_code} for {method} "
-                f"{r.request.url.path}: {r.text[:120].strip() or 'no body'}); check --api / VMPLANE_API")})
+            raise ApiError(
+                r.status_code,
+                {
+                    "error": "not_vmplane",
+                    "field": "api",
+                    "message": (
+                        f"the server at {self.base} is not a vmplane API (HTTP {r.status_code} for {method} "
+                        f"{r.request.url.path}: {r.text[:120].strip() or 'no body'}); check --api / VMPLANE_API"
+                    ),
+                },
+            )
         if r.status_code >= 400:
             raise ApiError(r.status_code, body)
         if body is None:
-            raise ApiError(r.status_code, {"error": "not_vmplane", "field": "api", "message": (
-                f"the server at {self.base} answered {method} {r.request.url.path} with something that is "
-                f"not JSON; is it the vmplane API? (--api / VMPLANE_API)")})
+            raise ApiError(
+                r.status_code,
+                {
+                    "error": "not_vmplane",
+                    "field": "api",
+                    "message": (
+                        f"the server at {self.base} answered {method} {r.request.url.path} with something that is "
+                        f"not JSON; is it the vmplane API? (--api / VMPLANE_API)"
+                    ),
+                },
+            )
         return body
 
     def get(self, path: str, **params):
@@ -84,6 +105,7 @@ class Client:
             if op["state"] in ("succeeded", "failed"):
                 return op
             if time.monotonic() > deadline:
-                raise ApiError(0, {"error": "timeout", "message": f"operation {op_id} still {op['state']} "
-                                                                  f"after {timeout_s:.0f} s"})
+                raise ApiError(
+                    0, {"error": "timeout", "message": f"operation {op_id} still {op['state']} after {timeout_s:.0f} s"}
+                )
             time.sleep(0.1)

@@ -1,4 +1,5 @@
 """Shared CLI plumbing: the Typer app and its groups, output options, API-command wrapper, waiting."""
+
 from __future__ import annotations
 
 import enum
@@ -7,7 +8,7 @@ import inspect
 import re
 import time
 import typing
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -15,15 +16,27 @@ from vmplane.cli.client import ApiError, Client
 from vmplane.cli.output import Col, err_console, error, note, render
 from vmplane.core.units import parse_mib
 
-app = typer.Typer(help="vmplane: a control plane for KVM clusters.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
-groups = {name: typer.Typer(help=text, no_args_is_help=True) for name, text in [
-    ("zone", "Zones."), ("cluster", "Clusters of hosts."), ("host", "Hypervisor hosts."),
-    ("project", "Projects (tenants) and their quotas."), ("offering", "Compute offerings."),
-    ("template", "Guest images."), ("setting", "Settings at global, zone or cluster scope."),
-    ("vm", "Virtual machines."), ("operation", "Asynchronous operations."), ("token", "API tokens."),
-    ("migration", "Live migrations."), ("pool", "Storage pools (local to a host, or shared by a cluster)."),
-    ("volume", "Volumes: disks that outlive their VM.")]}
+app = typer.Typer(
+    help="vmplane: a control plane for KVM clusters.", no_args_is_help=True, pretty_exceptions_enable=False
+)
+groups = {
+    name: typer.Typer(help=text, no_args_is_help=True)
+    for name, text in [
+        ("zone", "Zones."),
+        ("cluster", "Clusters of hosts."),
+        ("host", "Hypervisor hosts."),
+        ("project", "Projects (tenants) and their quotas."),
+        ("offering", "Compute offerings."),
+        ("template", "Guest images."),
+        ("setting", "Settings at global, zone or cluster scope."),
+        ("vm", "Virtual machines."),
+        ("operation", "Asynchronous operations."),
+        ("token", "API tokens."),
+        ("migration", "Live migrations."),
+        ("pool", "Storage pools (local to a host, or shared by a cluster)."),
+        ("volume", "Volumes: disks that outlive their VM."),
+    ]
+}
 maintenance_app = typer.Typer(help="Drain a host by live migration, or enable it again.", no_args_is_help=True)
 groups["host"].add_typer(maintenance_app, name="maintenance")
 for _name, _group in groups.items():
@@ -39,9 +52,13 @@ def _version(show: bool) -> None:
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
-                                       help="print the version and exit")) -> None:
+def _main(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="print the version and exit"
+    ),
+) -> None:
     """vmplane: a control plane for KVM clusters."""
+
 
 DEFAULT_API = "http://127.0.0.1:8470"
 
@@ -57,7 +74,7 @@ TokenOption = typer.Option(None, envvar="VMPLANE_TOKEN", help="bearer token (VMP
 Wide = typer.Option(False, "--wide", help="every field, not only the columns that fit 80 characters")
 
 
-def mib(value: Optional[str], option: str = "--memory") -> Optional[int]:
+def mib(value: str | None, option: str = "--memory") -> int | None:
     """A size option in MiB; a bad size is a usage error naming the option (exit code 2)."""
     if value is None:
         return None
@@ -76,16 +93,29 @@ def size_help(what: str) -> str:
     return f"{what}: {SIZE_RULE}"
 
 
-Size = Annotated[Optional[str], typer.Option(help=SIZE_RULE, metavar="SIZE")]
+Size = Annotated[str | None, typer.Option(help=SIZE_RULE, metavar="SIZE")]
 
 
 # API field names as the CLI's flags, for errors (`memory_mib is required` -> `--memory is required`)
-FLAGS = {"memory_mib": "--memory", "min_memory_mib": "--min-memory", "max_memory_mib": "--max-memory",
-         "cpu_cap": "--cpu-cap", "cpu_speed_mhz": "--cpu-speed", "dynamic_scaling": "--dynamic-scaling",
-         "dynamically_scalable": "--dynamic-scaling", "min_vcpus": "--min-vcpus", "max_vcpus": "--max-vcpus",
-         "max_concurrent_migrations": "--max-concurrent-migrations", "count_overhead": "--count-overhead",
-         "cpu_mhz": "--mhz", "dry_run": "--dry-run", "scope_name": "--zone/--cluster",
-         "bandwidth_mib_s": "--bandwidth", "max_downtime_ms": "--max-downtime", "timeout_s": "--timeout"}
+FLAGS = {
+    "memory_mib": "--memory",
+    "min_memory_mib": "--min-memory",
+    "max_memory_mib": "--max-memory",
+    "cpu_cap": "--cpu-cap",
+    "cpu_speed_mhz": "--cpu-speed",
+    "dynamic_scaling": "--dynamic-scaling",
+    "dynamically_scalable": "--dynamic-scaling",
+    "min_vcpus": "--min-vcpus",
+    "max_vcpus": "--max-vcpus",
+    "max_concurrent_migrations": "--max-concurrent-migrations",
+    "count_overhead": "--count-overhead",
+    "cpu_mhz": "--mhz",
+    "dry_run": "--dry-run",
+    "scope_name": "--zone/--cluster",
+    "bandwidth_mib_s": "--bandwidth",
+    "max_downtime_ms": "--max-downtime",
+    "timeout_s": "--timeout",
+}
 _FIELD_WORD = re.compile(r"\b(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")\b")
 
 
@@ -113,36 +143,40 @@ def api_command(group: typer.Typer, name: str, lists: bool = False, **kwargs):
         extra = [
             inspect.Parameter("output", inspect.Parameter.KEYWORD_ONLY, default=Output, annotation=OutputFormat),
             inspect.Parameter("api", inspect.Parameter.KEYWORD_ONLY, annotation=str, default=ApiOption),
-            inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=TokenOption),
+            inspect.Parameter("token", inspect.Parameter.KEYWORD_ONLY, annotation=str | None, default=TokenOption),
         ]
         if lists:
             extra.append(inspect.Parameter("wide", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=Wide))
-        wants_output = "output" in sig.parameters      # the command reads --output itself
-        wants_wide = lists and "wide" in sig.parameters      # ... or --wide
+        wants_output = "output" in sig.parameters  # the command reads --output itself
+        wants_wide = lists and "wide" in sig.parameters  # ... or --wide
         # the annotations resolved in the command's own module (they are strings there, `from __future__ import
         # annotations`): typer would read them in this module's and lose an Annotated option's help and metavar
         hints = typing.get_type_hints(fn, include_extras=True)
-        params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
-                  if p.name not in ("client", "output", "wide")] + extra
+        params = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in sig.parameters.values()
+            if p.name not in ("client", "output", "wide")
+        ] + extra
 
         @functools.wraps(fn)
-        def run(*args, output: OutputFormat, api: str, token: Optional[str], wide: bool = False, **kw):
-            output = OutputFormat(output).value
+        def run(*args, output: OutputFormat, api: str, token: str | None, wide: bool = False, **kw):
+            fmt = OutputFormat(output).value
             client = Client(api, token)
             if wants_output:
-                kw["output"] = output
+                kw["output"] = fmt
             if wants_wide:
                 kw["wide"] = wide
             try:
                 result = fn(*args, client=client, **kw)
             except ApiError as exc:
-                fail(exc, output)
+                fail(exc, fmt)
             if result is not None:
-                data, columns, title, caption = (tuple(result) + (None,))[:4] if isinstance(result, tuple) else (
-                    result, None, None, None)
-                render(data, output, columns, title, wide=wide, caption=caption)
+                data, columns, title, caption = (
+                    (tuple(result) + (None,))[:4] if isinstance(result, tuple) else (result, None, None, None)
+                )
+                render(data, fmt, columns, title, wide=wide, caption=caption)
 
-        run.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        run.__signature__ = sig.replace(parameters=params)
         # Typer reads annotations too: the command's own `output: str` must not override the option's type
         run.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k not in ("client", "output", "wide")}
         return group.command(name, **kwargs)(run)
@@ -150,26 +184,38 @@ def api_command(group: typer.Typer, name: str, lists: bool = False, **kwargs):
     return wrap
 
 
-HOST_COLUMNS = ["name", "cluster", "state", Col("vcpus", lambda r: f"{r['used_vcpus']}/{r['vcpus_capacity']}"),
-                Col("memory MiB", lambda r: f"{r['used_memory_mib']}/{r['memory_capacity_mib']}")]
+HOST_COLUMNS = [
+    "name",
+    "cluster",
+    "state",
+    Col("vcpus", lambda r: f"{r['used_vcpus']}/{r['vcpus_capacity']}"),
+    Col("memory MiB", lambda r: f"{r['used_memory_mib']}/{r['memory_capacity_mib']}"),
+]
 VM_COLUMNS = ["name", "project", "state", "host", "vcpus", Col("memory MiB", "memory_mib"), "offering"]
 # What fits 80 columns beside a whole 36-character id; `--wide` shows every field, `show` one object.
-OP_COLUMNS = ["id", "kind", Col("on", lambda r: r.get("vm") or r.get("host") or r.get("target")), "state",
-              Col("%", "progress")]
+OP_COLUMNS = [
+    "id",
+    "kind",
+    Col("on", lambda r: r.get("vm") or r.get("host") or r.get("target")),
+    "state",
+    Col("%", "progress"),
+]
 MIGRATION_COLUMNS = ["id", "vm", "source", "target", "state", Col("%", "progress")]
 
 
 def migration_note(m: dict) -> str | None:
     """What a migration waits for, or why it failed: printed under a migration table."""
-    if m.get("state") == "postcopy-failed":         # needs an operator's eye: why, and what vmplane does
+    if m.get("state") == "postcopy-failed":  # needs an operator's eye: why, and what vmplane does
         return f"{vm_of(m)}: postcopy-failed: {m.get('reason')}; {m.get('waiting_for') or ''}".rstrip("; ")
     if m.get("waiting_for"):
         return f"{vm_of(m)}: waits for {m['waiting_for']}"
     if m.get("state") in ("failed", "cancelled", "moved-unhealthy") and m.get("reason"):
         return f"{vm_of(m)}: {m['state']}: {m['reason']}"
     return None
+
+
 DONE = ("succeeded", "failed", "cancelled", "moved-unhealthy")
-STOP_WAITING = DONE + ("postcopy-failed",)      # a failed post-copy needs an operator: waiting ends there
+STOP_WAITING = DONE + ("postcopy-failed",)  # a failed post-copy needs an operator: waiting ends there
 
 
 def vm_of(migration: dict) -> str:
@@ -191,16 +237,26 @@ def follow_migrations(client: Client, ids: list[str], output: str, timeout_s: fl
     deadline = time.monotonic() + timeout_s
     rows: list[dict] = []
     try:
-        with Progress(TextColumn("{task.fields[vm]:<16}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                      TextColumn("{task.fields[status]}"), console=err_console, disable=output == "json") as bar:
+        with Progress(
+            TextColumn("{task.fields[vm]:<16}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TextColumn("{task.fields[status]}"),
+            console=err_console,
+            disable=output == "json",
+        ) as bar:
             tasks = {i: bar.add_task("", total=100, vm=i[:8], status="") for i in ids}
             while True:
                 rows = [client.get(f"/migrations/{i}") for i in ids]
                 for r in rows:
-                    status = r["state"] + (f": {r['waiting_for']}" if r.get("waiting_for") else "") + (
-                        f" ({r['reason']})" if r["state"] in ("failed", "cancelled", "postcopy-failed") else "")
-                    bar.update(tasks[r["id"]], completed=r["progress"], vm=f"{vm_of(r)} -> {r['target']}",
-                               status=status[:70])
+                    status = (
+                        r["state"]
+                        + (f": {r['waiting_for']}" if r.get("waiting_for") else "")
+                        + (f" ({r['reason']})" if r["state"] in ("failed", "cancelled", "postcopy-failed") else "")
+                    )
+                    bar.update(
+                        tasks[r["id"]], completed=r["progress"], vm=f"{vm_of(r)} -> {r['target']}", status=status[:70]
+                    )
                 if all(r["state"] in STOP_WAITING for r in rows) or time.monotonic() > deadline:
                     return rows
                 time.sleep(0.2)
@@ -212,7 +268,7 @@ def follow_migrations(client: Client, ids: list[str], output: str, timeout_s: fl
 
 
 # -- lists: filters, paging and sorting are the server's -------------------------------------------
-def Limit(default: Optional[int] = None):   # noqa: N802 (an option, as typer.Option)
+def Limit(default: int | None = None):  # noqa: N802 (an option, as typer.Option)
     return typer.Option(default, min=1, max=1000, help="show at most this many (the server's default is 100)")
 
 
@@ -225,6 +281,7 @@ def listed(client: Client, path: str, noun: str, columns, **params) -> tuple:
     rows, total = client.get_list(path, **params)
     if not rows and total:
         noun = f"{noun} at this offset ({total} in all)"
-    caption = (f"showing {len(rows)} of {total} (use --limit/--offset)"
-               if total is not None and total > len(rows) else None)
+    caption = (
+        f"showing {len(rows)} of {total} (use --limit/--offset)" if total is not None and total > len(rows) else None
+    )
     return rows, columns, noun, caption

@@ -13,18 +13,17 @@ import json
 import sys
 import textwrap
 import time
-from typing import Optional
 
 import typer
 
 from vmplane.cli.client import Client
-from vmplane.cli.output import console, note
 from vmplane.cli.common import Limit, Offset, api_command, app
+from vmplane.cli.output import console, note
 
 WIDTH = 80
-INDENT = 4                  # a message's lines start here
+INDENT = 4  # a message's lines start here
 FOLLOW_EVERY_S = 0.5
-FOLLOW_BACKLOG = 10         # events shown before following, without --limit
+FOLLOW_BACKLOG = 10  # events shown before following, without --limit
 FOLLOW_PAGE = 1000
 FOLLOW_WIDTHS = (9, 12, 22)  # kind, subject, change: fixed while following (later events are not known yet)
 
@@ -64,25 +63,44 @@ def change(row: dict) -> str:
 def event_lines(row: dict, fmt: str, widths: tuple[int, int, int]) -> list[str]:
     """One event: its columns on a line, its message folded below, indented."""
     at = _local(row)
-    cells = [at.strftime(fmt) if at else str(row.get("at")), row["kind"].ljust(widths[0]),
-             subject(row).ljust(widths[1]), change(row).ljust(widths[2]), row["cause"]]
+    cells = [
+        at.strftime(fmt) if at else str(row.get("at")),
+        row["kind"].ljust(widths[0]),
+        subject(row).ljust(widths[1]),
+        change(row).ljust(widths[2]),
+        row["cause"],
+    ]
     lines = ["  ".join(cells)]
     if row.get("message"):
-        lines += textwrap.wrap(row["message"], WIDTH - INDENT, initial_indent=" " * INDENT,
-                               subsequent_indent=" " * INDENT, break_on_hyphens=False)
+        lines += textwrap.wrap(
+            row["message"],
+            WIDTH - INDENT,
+            initial_indent=" " * INDENT,
+            subsequent_indent=" " * INDENT,
+            break_on_hyphens=False,
+        )
     return lines
 
 
 def print_events(rows: list[dict]) -> None:
     fmt = time_format(rows)
-    widths = tuple(max(len(h), *(len(f(r)) for r in rows)) for h, f in (
-        ("kind", lambda r: r["kind"]), ("subject", subject), ("old -> new", change)))
+    widths = tuple(
+        max(len(h), *(len(f(r)) for r in rows))
+        for h, f in (("kind", lambda r: r["kind"]), ("subject", subject), ("old -> new", change))
+    )
     at_width = len(dt.datetime(2000, 1, 1).strftime(fmt))
-    header = "  ".join(["time".ljust(at_width), "kind".ljust(widths[0]), "subject".ljust(widths[1]),
-                        "old -> new".ljust(widths[2]), "cause"])
+    header = "  ".join(
+        [
+            "time".ljust(at_width),
+            "kind".ljust(widths[0]),
+            "subject".ljust(widths[1]),
+            "old -> new".ljust(widths[2]),
+            "cause",
+        ]
+    )
     console.print(header, style="bold", markup=False, highlight=False, soft_wrap=True)
     for row in rows:
-        for text in event_lines(row, fmt, widths):     # type: ignore[arg-type]
+        for text in event_lines(row, fmt, widths):  # type: ignore[arg-type]
             console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -94,16 +112,23 @@ def _emit(rows: list[dict], output: str) -> None:
 
 
 @api_command(app, "events", lists=True)
-def events(vm: Optional[str] = typer.Option(None, help="only this VM's events (its operations and migrations "
-                                                       "too)"),
-           host: Optional[str] = typer.Option(None, help="only this host's events and those of what runs on it"),
-           kind: Optional[Kind] = typer.Option(None, help="vm, host, migration, operation, volume or pool"),
-           since: Optional[str] = typer.Option(None, help="an event id (the events after it) or an ISO 8601 "
-                                                          "timestamp (those at or after it)"),
-           limit: Optional[int] = Limit(), offset: Optional[int] = Offset,
-           follow: bool = typer.Option(False, "--follow", "-f", help="then print new events as they happen, "
-                                                                      "until Ctrl-C (JSON lines with -o json)"),
-           wide: bool = False, output: str = "table", *, client: Client):
+def events(
+    vm: str | None = typer.Option(None, help="only this VM's events (its operations and migrations too)"),
+    host: str | None = typer.Option(None, help="only this host's events and those of what runs on it"),
+    kind: Kind | None = typer.Option(None, help="vm, host, migration, operation, volume or pool"),
+    since: str | None = typer.Option(
+        None, help="an event id (the events after it) or an ISO 8601 timestamp (those at or after it)"
+    ),
+    limit: int | None = Limit(),
+    offset: int | None = Offset,
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="then print new events as they happen, until Ctrl-C (JSON lines with -o json)"
+    ),
+    wide: bool = False,
+    output: str = "table",
+    *,
+    client: Client,
+):
     """State changes of VMs, hosts, migrations and operations with their cause, newest first.
 
     --follow prints the last few oldest first, then each new one as it comes (checked every 0.5 s)."""

@@ -5,23 +5,29 @@ from __future__ import annotations
 import typer
 
 from vmplane.cli.client import Client
-from vmplane.cli.output import Col, note
 from vmplane.cli.common import api_command, app, groups
+from vmplane.cli.output import Col, note
 
-group_app = typer.Typer(help="Placement groups: a project's VMs together on one host (affinity) or apart "
-                             "(anti-affinity).", no_args_is_help=True)
+group_app = typer.Typer(
+    help="Placement groups: a project's VMs together on one host (affinity) or apart (anti-affinity).",
+    no_args_is_help=True,
+)
 app.add_typer(group_app, name="group")
 
 GROUP_COLUMNS = ["name", "project", "rule", Col("VMs", lambda g: ", ".join(g["vms"]) or "-")]
 
 
 @api_command(group_app, "create")
-def group_create(name: str, project: str = typer.Option(..., help="the project whose VMs join it"),
-                 policy: str = typer.Option(..., help="anti-affinity (each VM on another host) or affinity "
-                                                      "(all on one host)"),
-                 soft: bool = typer.Option(False, help="prefer hosts that keep the policy, but place anyway "
-                                                       "when none can (default: hard, refuse)"),
-                 *, client: Client):
+def group_create(
+    name: str,
+    project: str = typer.Option(..., help="the project whose VMs join it"),
+    policy: str = typer.Option(..., help="anti-affinity (each VM on another host) or affinity (all on one host)"),
+    soft: bool = typer.Option(
+        False, help="prefer hosts that keep the policy, but place anyway when none can (default: hard, refuse)"
+    ),
+    *,
+    client: Client,
+):
     """Create a placement group; VMs join it with `vm create --group NAME`."""
     return client.post("/groups", {"name": name, "project": project, "policy": policy, "hard": not soft})
 
@@ -53,13 +59,24 @@ def cluster_show(name: str, output: str, client: Client):
     if output != "table":
         return c
     f = c["failover"]
-    survives = "yes" if f["survives"] else (
-        f"no: {f['survivable_failures']} of {f['failures_tolerated']}; the worst case, "
-        f"{', '.join(f['worst_case'])} failing, needs {f['shortfall_vcpus']} vCPU / {f['shortfall_memory_mib']} MiB "
-        f"more than the other hosts have free")
-    return {"name": c["name"], "zone": c["zone"], "hosts": c["hosts"],
-            "host failures tolerated": f"{f['failures_tolerated']} ({f['setting']})",
-            "reserve": f"{f['reserve_vcpus']} vCPU / {f['reserve_memory_mib']} MiB",
-            "HA VMs claim": f"{f['ha_vcpus']} vCPU / {f['ha_memory_mib']} MiB",
-            "free": f"{f['free_vcpus']} vCPU / {f['free_memory_mib']} MiB",
-            "survives": survives, "worst case": ", ".join(f["worst_case"]) or "-"}
+    survives = (
+        "yes"
+        if f["survives"]
+        else (
+            f"no: {f['survivable_failures']} of {f['failures_tolerated']}; the worst case, "
+            f"{', '.join(f['worst_case'])} failing, needs {f['shortfall_vcpus']} vCPU / "
+            f"{f['shortfall_memory_mib']} MiB "
+            f"more than the other hosts have free"
+        )
+    )
+    return {
+        "name": c["name"],
+        "zone": c["zone"],
+        "hosts": c["hosts"],
+        "host failures tolerated": f"{f['failures_tolerated']} ({f['setting']})",
+        "reserve": f"{f['reserve_vcpus']} vCPU / {f['reserve_memory_mib']} MiB",
+        "HA VMs claim": f"{f['ha_vcpus']} vCPU / {f['ha_memory_mib']} MiB",
+        "free": f"{f['free_vcpus']} vCPU / {f['free_memory_mib']} MiB",
+        "survives": survives,
+        "worst case": ", ".join(f["worst_case"]) or "-",
+    }

@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
 from vmplane.cli.client import Client
-from vmplane.cli.output import Col, console, note, render
 from vmplane.cli.common import (
+    HOST_COLUMNS,
     Limit,
     Offset,
-    Sort,
-    listed,
-    HOST_COLUMNS,
     Size,
+    Sort,
     api_command,
     app,
     follow_migrations,
     groups,
+    listed,
     maintenance_app,
     mib,
 )
+from vmplane.cli.output import Col, console, note, render
 
 
 # -- the control-plane processes ----------------------------------------------------------------
@@ -31,11 +30,16 @@ def _hosts_cell(row: dict) -> str:
     return ", ".join(hosts) if len(hosts) <= 4 else f"{', '.join(hosts[:3])} and {len(hosts) - 3} more"
 
 
-CONTROLLER_COLUMNS = [Col("EPOCH", "epoch"), Col("NAME", lambda r: r["name"] + (" *" if r["this"] else "")),
-                      Col("STATE", "state"),
-                      Col("LEASE", lambda r: "-" if r["expires_in_s"] is None else f"{r['expires_in_s']:g} s left"),
-                      Col("COORDINATOR", lambda r: "yes" if r["coordinator"] else ""),
-                      Col("HOSTS", _hosts_cell), Col("OPS", "operations"), Col("MIGRATIONS", "migrations")]
+CONTROLLER_COLUMNS = [
+    Col("EPOCH", "epoch"),
+    Col("NAME", lambda r: r["name"] + (" *" if r["this"] else "")),
+    Col("STATE", "state"),
+    Col("LEASE", lambda r: "-" if r["expires_in_s"] is None else f"{r['expires_in_s']:g} s left"),
+    Col("COORDINATOR", lambda r: "yes" if r["coordinator"] else ""),
+    Col("HOSTS", _hosts_cell),
+    Col("OPS", "operations"),
+    Col("MIGRATIONS", "migrations"),
+]
 
 
 @api_command(app, "controllers", lists=True)
@@ -43,9 +47,13 @@ def controllers(client: Client):
     """The control-plane processes of this store: each one's epoch (its fencing token), lease, whether it
     coordinates (recovery, settling, HA, the migration queue), the hosts whose events it listens to, and
     the operations and migrations it runs. `*` marks the process that answered."""
-    return (client.get("/controllers"), CONTROLLER_COLUMNS, "control-plane processes",
-            "a live process renews its lease every third of it; one whose lease lapses changes nothing more, "
-            "and its work is taken over")
+    return (
+        client.get("/controllers"),
+        CONTROLLER_COLUMNS,
+        "control-plane processes",
+        "a live process renews its lease every third of it; one whose lease lapses changes nothing more, "
+        "and its work is taken over",
+    )
 
 
 # -- zones, clusters, hosts --------------------------------------------------------------------
@@ -88,26 +96,56 @@ def cluster_delete(name: str, client: Client):
 
 
 @api_command(groups["host"], "add")
-def host_add(name: str, cluster: str = typer.Option(...), sim: bool = typer.Option(False, help="a simulated host"),
-             cores: Optional[int] = typer.Option(None), mhz: Optional[int] = typer.Option(None),
-             memory: Size = None, uri: Optional[str] = typer.Option(None, help="libvirt URI of the host"),
-             *, client: Client):
+def host_add(
+    name: str,
+    cluster: str = typer.Option(...),
+    sim: bool = typer.Option(False, help="a simulated host"),
+    cores: int | None = typer.Option(None),
+    mhz: int | None = typer.Option(None),
+    memory: Size = None,
+    uri: str | None = typer.Option(None, help="libvirt URI of the host"),
+    *,
+    client: Client,
+):
     """Register a host: simulated (--sim --cores --mhz --memory) or real (--uri)."""
     if sim == bool(uri):
         raise typer.BadParameter("give either --sim (with --cores, --mhz, --memory) or --uri")
-    body = {"name": name, "cluster": cluster, "driver": "sim" if sim else "libvirt", "uri": uri,
-            "cores": cores, "cpu_mhz": mhz, "memory_mib": mib(memory)}
+    body = {
+        "name": name,
+        "cluster": cluster,
+        "driver": "sim" if sim else "libvirt",
+        "uri": uri,
+        "cores": cores,
+        "cpu_mhz": mhz,
+        "memory_mib": mib(memory),
+    }
     return client.post("/hosts", {k: v for k, v in body.items() if v is not None})
 
 
 @api_command(groups["host"], "list", lists=True)
-def host_list(cluster: Optional[str] = typer.Option(None), zone: Optional[str] = typer.Option(None),
-              state: Optional[str] = typer.Option(None, help="enabled, maintenance, disabled or down"),
-              limit: Optional[int] = Limit(), offset: Optional[int] = Offset, sort: Optional[str] = Sort,
-              *, client: Client):
+def host_list(
+    cluster: str | None = typer.Option(None),
+    zone: str | None = typer.Option(None),
+    state: str | None = typer.Option(None, help="enabled, maintenance, disabled or down"),
+    limit: int | None = Limit(),
+    offset: int | None = Offset,
+    sort: str | None = Sort,
+    *,
+    client: Client,
+):
     """Hosts and their capacity (--sort name|cluster|zone|state|cores|memory_mib|used_vcpus|used_memory_mib)."""
-    return listed(client, "/hosts", "hosts", HOST_COLUMNS, cluster=cluster, zone=zone, state=state, limit=limit,
-                  offset=offset, sort=sort)
+    return listed(
+        client,
+        "/hosts",
+        "hosts",
+        HOST_COLUMNS,
+        cluster=cluster,
+        zone=zone,
+        state=state,
+        limit=limit,
+        offset=offset,
+        sort=sort,
+    )
 
 
 @api_command(groups["host"], "delete")
@@ -124,19 +162,30 @@ def host_show(name: str, client: Client):
 
 
 @api_command(groups["host"], "fence")
-def host_fence(name: str, confirm_off: bool = typer.Option(False, help="your word that the host is off (pulled the "
-                                                                       "plug, checked its BMC): no agent is asked"),
-               *, client: Client):
+def host_fence(
+    name: str,
+    confirm_off: bool = typer.Option(
+        False, help="your word that the host is off (pulled the plug, checked its BMC): no agent is asked"
+    ),
+    *,
+    client: Client,
+):
     """Fence a host that does not answer now, without waiting for vmplane.ha.grace: its fence agents power
     it off, then its HA VMs run elsewhere (`operation show` follows the recovery)."""
     return client.post(f"/hosts/{name}/fence", {"confirm_off": confirm_off})
 
 
 @api_command(groups["host"], "fence-agents")
-def host_fence_agents(name: str, agents: str = typer.Argument(
-        ..., help='JSON list, tried in order: \'[{"agent": "local"}]\', \'[{"agent": "ipmi", "address": "10.0.0.5", '
-                  '"username": "admin", "password": "secret"}]\', redfish: address, system, username, password'),
-        *, client: Client):
+def host_fence_agents(
+    name: str,
+    agents: str = typer.Argument(
+        ...,
+        help='JSON list, tried in order: \'[{"agent": "local"}]\', \'[{"agent": "ipmi", "address": "10.0.0.5", '
+        '"username": "admin", "password": "secret"}]\', redfish: address, system, username, password',
+    ),
+    *,
+    client: Client,
+):
     """Set how a host is powered off when it fails (its fence agents, tried in order)."""
     try:
         parsed = json.loads(agents)
@@ -146,9 +195,17 @@ def host_fence_agents(name: str, agents: str = typer.Argument(
 
 
 @api_command(groups["host"], "fail")
-def host_fail(name: str, mode: str = typer.Option(..., help="power (daemon and guests killed), daemon (libvirtd "
-                                                            "killed, guests run on) or network (unreachable, guests "
-                                                            "run on)"), *, client: Client):
+def host_fail(
+    name: str,
+    mode: str = typer.Option(
+        ...,
+        help="power (daemon and guests killed), daemon (libvirtd "
+        "killed, guests run on) or network (unreachable, guests "
+        "run on)",
+    ),
+    *,
+    client: Client,
+):
     """The nemesis, for drills on local and simulated clusters: make a host fail. Refused for remote hosts."""
     return client.post(f"/hosts/{name}/fail", {"mode": mode})
 
@@ -165,10 +222,16 @@ DRAIN_COLUMNS = ["vm", "target", "migration", "state", Col("note", lambda r: r.g
 
 
 @api_command(maintenance_app, "enter")
-def maintenance_enter(name: str, dry_run: bool = typer.Option(False, help="print the plan, change nothing"),
-                      wait: bool = typer.Option(True, help="follow the drain until it ends (--no-wait: return "
-                                                           "once its migrations are admitted)"),
-                      output: str = "table", *, client: Client):
+def maintenance_enter(
+    name: str,
+    dry_run: bool = typer.Option(False, help="print the plan, change nothing"),
+    wait: bool = typer.Option(
+        True, help="follow the drain until it ends (--no-wait: return once its migrations are admitted)"
+    ),
+    output: str = "table",
+    *,
+    client: Client,
+):
     """Drain a host by live migration, within the limits; VMs that fit nowhere are listed and stay.
 
     Exits 1 when a VM stays on the host or a migration fails (a dry run too, when a VM would stay)."""

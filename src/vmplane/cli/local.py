@@ -2,45 +2,56 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
-from vmplane.cli.output import console
-from vmplane.core.units import format_mib
 from vmplane.cli.common import (
     app,
     mib,
     size_help,
 )
+from vmplane.cli.output import console
+from vmplane.core.units import format_mib
 
-
-INSECURE_COOKIES_HELP = ("let the web console's session cookie go over plain http to any client (it is Secure "
-                         "otherwise, except for a browser on this machine): only on a network you trust")
-FORWARDED_HELP = ("proxies whose X-Forwarded-Proto/-For are believed (comma-separated addresses or networks, `*` "
-                  "for any; default 127.0.0.1): name the load balancer that ends TLS in front of the console")
+INSECURE_COOKIES_HELP = (
+    "let the web console's session cookie go over plain http to any client (it is Secure "
+    "otherwise, except for a browser on this machine): only on a network you trust"
+)
+FORWARDED_HELP = (
+    "proxies whose X-Forwarded-Proto/-For are believed (comma-separated addresses or networks, `*` "
+    "for any; default 127.0.0.1): name the load balancer that ends TLS in front of the console"
+)
 
 
 # -- local cluster -----------------------------------------------------------------------------
 @app.command()
-def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
-       driver: str = typer.Option("auto", help="auto, libvirt or sim"),
-       db: Optional[str] = typer.Option(None, help="SQLAlchemy URL (default: SQLite in $VMPLANE_HOME)"),
-       bind: str = typer.Option("127.0.0.1", help="address to listen on"),
-       port: int = typer.Option(8470, help="port to listen on"),
-       token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN",
-                                           help="admin token to use (default: a new one, printed once)"),
-       keep_hosts: bool = typer.Option(False, help="leave libvirt hosts and their VMs running on exit"),
-       lease: float = typer.Option(15.0, min=1.0, max=300.0,
-                                   help="seconds this process's lease lasts unrenewed (see `vmplane serve`)"),
-       name: Optional[str] = typer.Option(None, help="this process among the control planes of the store "
-                                                     "(default HOSTNAME:PORT)"),
-       insecure_cookies: bool = typer.Option(False, help=INSECURE_COOKIES_HELP),
-       forwarded_allow_ips: Optional[str] = typer.Option(None, help=FORWARDED_HELP),
-       host_memory: Optional[str] = typer.Option(
-           None, metavar="SIZE", help=size_help("each host's memory (libvirt hosts: default this machine's memory "
-                                                "less 1 GiB or 10 % for the control plane, split evenly; at most "
-                                                "that in all. Simulated hosts: default 64GiB)"))):
+def up(
+    hosts: int = typer.Option(3, min=0, help="hosts to register"),
+    driver: str = typer.Option("auto", help="auto, libvirt or sim"),
+    db: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite in $VMPLANE_HOME)"),
+    bind: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8470, help="port to listen on"),
+    token: str | None = typer.Option(
+        None, envvar="VMPLANE_TOKEN", help="admin token to use (default: a new one, printed once)"
+    ),
+    keep_hosts: bool = typer.Option(False, help="leave libvirt hosts and their VMs running on exit"),
+    lease: float = typer.Option(
+        15.0, min=1.0, max=300.0, help="seconds this process's lease lasts unrenewed (see `vmplane serve`)"
+    ),
+    name: str | None = typer.Option(
+        None, help="this process among the control planes of the store (default HOSTNAME:PORT)"
+    ),
+    insecure_cookies: bool = typer.Option(False, help=INSECURE_COOKIES_HELP),
+    forwarded_allow_ips: str | None = typer.Option(None, help=FORWARDED_HELP),
+    host_memory: str | None = typer.Option(
+        None,
+        metavar="SIZE",
+        help=size_help(
+            "each host's memory (libvirt hosts: default this machine's memory "
+            "less 1 GiB or 10 % for the control plane, split evenly; at most "
+            "that in all. Simulated hosts: default 64GiB)"
+        ),
+    ),
+):
     """Run a local cluster: the API and HOSTS hosts on this machine (libvirtd daemons, or simulated)."""
     from vmplane import server
     from vmplane.core.errors import VmplaneError
@@ -56,14 +67,20 @@ def up(hosts: int = typer.Option(3, min=0, help="hosts to register"),
     except VmplaneError as exc:
         raise typer.BadParameter(exc.message, param_hint="--host-memory") from None
     try:
-        _lock = server.lock_home()  # noqa: F841 (held while this process lives)
+        _lock = server.lock_home()
     except VmplaneError as exc:
         console.print(f"[red]error[/red] {exc.message}")
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     from vmplane.plane.membership import default_name
 
-    plane = server.build(db, recover=False, name=name or default_name(port), lease_s=lease, api_url=f"http://{bind}:{port}",
-                         insecure_cookies=insecure_cookies)
+    plane = server.build(
+        db,
+        recover=False,
+        name=name or default_name(port),
+        lease_s=lease,
+        api_url=f"http://{bind}:{port}",
+        insecure_cookies=insecure_cookies,
+    )
     try:
         names = server.prepare_local_cluster(plane.orchestrator, hosts, kind, asked_memory)
         # the hosts run now: recover in the background (what it finds is logged and in the event log)
@@ -115,26 +132,41 @@ def down():
 
 
 @app.command()
-def serve(db: Optional[str] = typer.Option(None, help="SQLAlchemy URL"),
-          bind: str = typer.Option("127.0.0.1", help="address to listen on"),
-          port: int = typer.Option(8470, help="port to listen on"),
-          token: Optional[str] = typer.Option(None, envvar="VMPLANE_TOKEN",
-                                              help="make this the admin token (for a fresh database)"),
-          name: Optional[str] = typer.Option(None, help="this process among the control planes of the store "
-                                                        "(default HOSTNAME:PORT); a restart under the same name "
-                                                        "takes over what the previous one left at once"),
-          lease: float = typer.Option(15.0, min=1.0, max=300.0,
-                                      help="seconds this process's lease lasts unrenewed (renewed every third); "
-                                           "its work is taken over by another process when it lapses"),
-          insecure_cookies: bool = typer.Option(False, help=INSECURE_COOKIES_HELP),
-          forwarded_allow_ips: Optional[str] = typer.Option(None, help=FORWARDED_HELP)):
+def serve(
+    db: str | None = typer.Option(None, help="SQLAlchemy URL"),
+    bind: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8470, help="port to listen on"),
+    token: str | None = typer.Option(
+        None, envvar="VMPLANE_TOKEN", help="make this the admin token (for a fresh database)"
+    ),
+    name: str | None = typer.Option(
+        None,
+        help="this process among the control planes of the store "
+        "(default HOSTNAME:PORT); a restart under the same name "
+        "takes over what the previous one left at once",
+    ),
+    lease: float = typer.Option(
+        15.0,
+        min=1.0,
+        max=300.0,
+        help="seconds this process's lease lasts unrenewed (renewed every third); "
+        "its work is taken over by another process when it lapses",
+    ),
+    insecure_cookies: bool = typer.Option(False, help=INSECURE_COOKIES_HELP),
+    forwarded_allow_ips: str | None = typer.Option(None, help=FORWARDED_HELP),
+):
     """Run the API alone, on an existing database (several of them may share one PostgreSQL database)."""
     from vmplane import server
-    from vmplane.plane.membership import default_name
     from vmplane.core.errors import VmplaneError
+    from vmplane.plane.membership import default_name
 
-    plane = server.build(db, name=name or default_name(port), lease_s=lease, api_url=f"http://{bind}:{port}",
-                         insecure_cookies=insecure_cookies)
+    plane = server.build(
+        db,
+        name=name or default_name(port),
+        lease_s=lease,
+        api_url=f"http://{bind}:{port}",
+        insecure_cookies=insecure_cookies,
+    )
     if token:
         try:
             plane.orchestrator.catalog.ensure_admin_token(server.UP_TOKEN_NAME, token)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -21,9 +22,24 @@ console = Console()
 err_console = Console(stderr=True)
 
 # Columns whose values people copy into the next command: shown whole, on one line.
-KEY_COLUMNS = frozenset({"id", "name", "key", "vm", "host", "source", "target", "migration", "operation",
-                         "project", "cluster", "zone", "token"})
-SHORT = 12    # a column no wider than this is never wrapped either (states, counts, sizes)
+KEY_COLUMNS = frozenset(
+    {
+        "id",
+        "name",
+        "key",
+        "vm",
+        "host",
+        "source",
+        "target",
+        "migration",
+        "operation",
+        "project",
+        "cluster",
+        "zone",
+        "token",
+    }
+)
+SHORT = 12  # a column no wider than this is never wrapped either (states, counts, sizes)
 
 
 @dataclass(frozen=True)
@@ -31,7 +47,7 @@ class Col:
     """A table column: a header and how to get its value from a row (a field name or a function)."""
 
     header: str
-    value: Union[str, Callable[[dict], Any], None] = None
+    value: str | Callable[[dict], Any] | None = None
 
     def of(self, row: dict) -> Any:
         if callable(self.value):
@@ -39,7 +55,7 @@ class Col:
         return row.get(self.value or self.header)
 
 
-Columns = Sequence[Union[str, Col]]
+Columns = Sequence[str | Col]
 
 
 def _cell(value) -> str:
@@ -54,12 +70,18 @@ def _cell(value) -> str:
     return str(value)
 
 
-def _as_col(c: Union[str, Col]) -> Col:
+def _as_col(c: str | Col) -> Col:
     return c if isinstance(c, Col) else Col(c)
 
 
-def render(data, output: str, columns: Columns | None = None, title: str | None = None, wide: bool = False,
-           caption: str | None = None) -> None:
+def render(
+    data,
+    output: str,
+    columns: Columns | None = None,
+    title: str | None = None,
+    wide: bool = False,
+    caption: str | None = None,
+) -> None:
     if output == "json":
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
         return
@@ -86,7 +108,7 @@ def render(data, output: str, columns: Columns | None = None, title: str | None 
             table.add_column(c.header, overflow="fold")
     for r in cells:
         table.add_row(*r)
-    if wide:     # every field, on one line each, however wide the terminal (pipe it to `less -S`)
+    if wide:  # every field, on one line each, however wide the terminal (pipe it to `less -S`)
         need = sum(max(len(c.header), *(len(r[i]) for r in cells)) + 2 for i, c in enumerate(cols))
         Console(width=max(need, console.width)).print(table)
         return
@@ -103,5 +125,8 @@ def error(body: dict, output: str) -> None:
         sys.stdout.write(json.dumps({k: v for k, v in body.items() if v is not None}) + "\n")
         return
     field = f" [dim](field: {escape(str(body['field']))})[/dim]" if body.get("field") else ""
-    err_console.print(f"[red]error[/red] {escape(str(body.get('error')))}: {escape(str(body.get('message')))}{field}",
-                      highlight=False, soft_wrap=True)
+    err_console.print(
+        f"[red]error[/red] {escape(str(body.get('error')))}: {escape(str(body.get('message')))}{field}",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from vmplane.cli.client import Client
-from vmplane.cli.output import Col, note
 from vmplane.cli.common import api_command, groups, mib, size_help
+from vmplane.cli.output import Col, note
 
-POOL_COLUMNS = ["name", "kind", Col("host/cluster", lambda p: p["host"] or p["cluster"]), "state",
-                Col("free MiB", "free_mib"), Col("capacity MiB", "capacity_mib"), "path"]
+POOL_COLUMNS = [
+    "name",
+    "kind",
+    Col("host/cluster", lambda p: p["host"] or p["cluster"]),
+    "state",
+    Col("free MiB", "free_mib"),
+    Col("capacity MiB", "capacity_mib"),
+    "path",
+]
 VOLUME_COLUMNS = ["name", "project", "pool", Col("MiB", "size_mib"), "role", "state", "vm", "device"]
 
 
 @api_command(groups["pool"], "create")
-def pool_create(name: str, kind: str = typer.Option(..., help="local (one host's folder) or shared (every host "
-                                                              "of a cluster sees it)"),
-                host: Optional[str] = typer.Option(None, help="a local pool's host"),
-                cluster: Optional[str] = typer.Option(None, help="a shared pool's cluster"),
-                path: Optional[str] = typer.Option(None, help="folder on the host(s); default /var/lib/vmplane/local, "
-                                                              "or /var/lib/vmplane/shared/NAME"),
-                *, client: Client):
+def pool_create(
+    name: str,
+    kind: str = typer.Option(..., help="local (one host's folder) or shared (every host of a cluster sees it)"),
+    host: str | None = typer.Option(None, help="a local pool's host"),
+    cluster: str | None = typer.Option(None, help="a shared pool's cluster"),
+    path: str | None = typer.Option(
+        None, help="folder on the host(s); default /var/lib/vmplane/local, or /var/lib/vmplane/shared/NAME"
+    ),
+    *,
+    client: Client,
+):
     """Define a storage pool on its host(s); a shared one is checked to be really shared."""
     body = {"name": name, "kind": kind, "host": host, "cluster": cluster, "path": path}
     return client.post("/pools", {k: v for k, v in body.items() if v is not None})
@@ -48,18 +57,21 @@ def pool_delete(name: str, client: Client):
 
 
 @api_command(groups["volume"], "create")
-def volume_create(name: str, project: str = typer.Option(...),
-                  size: str = typer.Option(..., help=size_help("its size"), metavar="SIZE"),
-                  pool: Optional[str] = typer.Option(None, help="default: a shared pool, else the local pool with "
-                                                                "the most room"),
-                  *, client: Client):
+def volume_create(
+    name: str,
+    project: str = typer.Option(...),
+    size: str = typer.Option(..., help=size_help("its size"), metavar="SIZE"),
+    pool: str | None = typer.Option(None, help="default: a shared pool, else the local pool with the most room"),
+    *,
+    client: Client,
+):
     """Create a blank volume, charged to its project's storage quota."""
     body = {"name": name, "project": project, "size_mib": mib(size, "--size"), "pool": pool}
     return client.post("/volumes", {k: v for k, v in body.items() if v is not None})
 
 
 @api_command(groups["volume"], "list", lists=True)
-def volume_list(vm: Optional[str] = typer.Option(None, help="the volumes of this VM"), *, client: Client):
+def volume_list(vm: str | None = typer.Option(None, help="the volumes of this VM"), *, client: Client):
     """Volumes and root disks, with where they are attached."""
     return client.get("/volumes", vm=vm), VOLUME_COLUMNS, "volumes"
 
@@ -83,8 +95,9 @@ def volume_detach(name: str, client: Client):
 
 
 @api_command(groups["volume"], "resize")
-def volume_resize(name: str, size: str = typer.Option(..., help=size_help("the new, larger size"), metavar="SIZE"),
-                  *, client: Client):
+def volume_resize(
+    name: str, size: str = typer.Option(..., help=size_help("the new, larger size"), metavar="SIZE"), *, client: Client
+):
     """Grow a volume or a root disk (live while its VM runs); charged to the storage quota."""
     return client.post(f"/volumes/{name}/resize", {"size_mib": mib(size, "--size")})
 

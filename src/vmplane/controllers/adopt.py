@@ -10,21 +10,20 @@ Refused while an operation or a migration owns the VM: it will settle the VM its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from vmplane.store import events
-from vmplane.core.drift import MOVING_STATES
-from vmplane.core.drift import cap_words, host_size, is_active
+from vmplane.core.drift import MOVING_STATES, cap_words, host_size, is_active
 from vmplane.core.driver import DomainInfo, DriverError
 from vmplane.core.errors import Conflict
-from vmplane.core.migration import ACTIVE, COPYING
+from vmplane.core.migration import ACTIVE
 from vmplane.core.model import IN_FLIGHT_OPERATION_STATES, ClaimKind, Size, Usage, VmState
-from vmplane.core.quota import overhead_mib, running_charge
-from vmplane.store import ledger as L
 from vmplane.core.names import domain_name
+from vmplane.core.quota import overhead_mib, running_charge
+from vmplane.store import events
+from vmplane.store import ledger as L
 
 if TYPE_CHECKING:
     from vmplane.plane.context import Plane
@@ -47,7 +46,7 @@ def _owner(conn: Connection, vm) -> str | None:
     return None
 
 
-def _where_it_runs(plane: "Plane", vm) -> tuple[str, DomainInfo] | None:
+def _where_it_runs(plane: Plane, vm) -> tuple[str, DomainInfo] | None:
     """The one host whose domain of this VM is active, or None when every host says it has none."""
     domain = domain_name(vm.name)
     found, silent = [], []
@@ -60,12 +59,18 @@ def _where_it_runs(plane: "Plane", vm) -> tuple[str, DomainInfo] | None:
         if info is not None and is_active(info):
             found.append((host, info))
     if len(found) > 1:
-        raise Conflict(f"vm {vm.name} runs on {' and '.join(h for h, _ in found)}; vmplane can not tell which copy "
-                       f"is the VM: stop the other one on its host, then sync again", field="vm")
+        raise Conflict(
+            f"vm {vm.name} runs on {' and '.join(h for h, _ in found)}; vmplane can not tell which copy "
+            f"is the VM: stop the other one on its host, then sync again",
+            field="vm",
+        )
     own_silent = [why for host, why in silent if host == vm.host_name]
     if own_silent or (silent and not found):
-        raise Conflict(f"vm {vm.name}: {'; '.join(own_silent or [why for _, why in silent])}; where it runs can "
-                       f"not be known now, nothing changed", field="host")
+        raise Conflict(
+            f"vm {vm.name}: {'; '.join(own_silent or [why for _, why in silent])}; where it runs can "
+            f"not be known now, nothing changed",
+            field="host",
+        )
     return found[0] if found else None
 
 
@@ -79,7 +84,7 @@ def _over_quota(p, ledger: Usage) -> str | None:
     return f"over quota by {' and '.join(parts)}" if parts else None
 
 
-def sync_vm(plane: "Plane", name: str) -> dict:
+def sync_vm(plane: Plane, name: str) -> dict:
     """Read what the hosts run for vm `name` and adopt it: size (vCPUs the guest may use, memory), CPU
     cap, state (no domain anywhere: stopped; running elsewhere: that host), the charge and the host
     claim following in the same transaction. Returns the changes (field: record -> host)."""
@@ -111,8 +116,10 @@ def sync_vm(plane: "Plane", name: str) -> dict:
                     changes.append({"field": "host", "record": vm.host_name or "-", "host": host})
                 if vm.state != VmState.running.value:
                     changes.append({"field": "state", "record": vm.state, "host": "running"})
-                for field, before, after in (("vcpus", vm.vcpus, size.vcpus),
-                                             ("memory_mib", vm.memory_mib, size.memory_mib)):
+                for field, before, after in (
+                    ("vcpus", vm.vcpus, size.vcpus),
+                    ("memory_mib", vm.memory_mib, size.memory_mib),
+                ):
                     if before != after:
                         changes.append({"field": field, "record": str(before), "host": str(after)})
                 before_cap = round(vm.cpu_cap_percent / 100, 2) if vm.cpu_cap_percent else None
@@ -126,18 +133,33 @@ def sync_vm(plane: "Plane", name: str) -> dict:
                 message += f"; {over}"
             if changes and (found is not None and not any(c["field"] in ("state", "host") for c in changes)):
                 # a state or host change is recorded by set_vm; a change of size alone is recorded here
-                events.record(conn, "vm", name, old_state=vm.state, new_state=vm.state, message=f"sync: {message}",
-                              vm=name, host=vm.host_name, project_id=vm.project_id)
+                events.record(
+                    conn,
+                    "vm",
+                    name,
+                    old_state=vm.state,
+                    new_state=vm.state,
+                    message=f"sync: {message}",
+                    vm=name,
+                    host=vm.host_name,
+                    project_id=vm.project_id,
+                )
         for host, vcpus, memory in freed:
             if host in plane.capacity.index:
                 plane.capacity.add(host, -vcpus, -memory)
         if taken is not None and taken[0] in plane.capacity.index:
             plane.capacity.add(*taken)
-    return {"vm": name, "in_sync": not changes, "changes": changes, "over_quota": over, "message": message,
-            "host": found[0] if found else None}
+    return {
+        "vm": name,
+        "in_sync": not changes,
+        "changes": changes,
+        "over_quota": over,
+        "message": message,
+        "host": found[0] if found else None,
+    }
 
 
-def _adopt(plane: "Plane", conn: Connection, vm, p, host: str, size, changes: list[dict]):
+def _adopt(plane: Plane, conn: Connection, vm, p, host: str, size, changes: list[dict]):
     """Write the VM as it runs on `host` at `size`: its claim there (whatever the host's free room: it runs),
     its charge on the ledger (whatever the quota), its row. Returns (freed, taken, over-quota words)."""
     new = Size(size.vcpus, size.memory_mib)
@@ -146,17 +168,30 @@ def _adopt(plane: "Plane", conn: Connection, vm, p, host: str, size, changes: li
     footprint = new.memory_mib + overhead
     host_id = plane.capacity.hosts[host].id
     freed = L.release_claim(conn, vm.id, None)
-    conn.execute(update(L.HOSTS).where(L.HOSTS.c.id == host_id).values(
-        used_vcpus=L.HOSTS.c.used_vcpus + new.vcpus, used_memory_mib=L.HOSTS.c.used_memory_mib + footprint))
+    conn.execute(
+        update(L.HOSTS)
+        .where(L.HOSTS.c.id == host_id)
+        .values(used_vcpus=L.HOSTS.c.used_vcpus + new.vcpus, used_memory_mib=L.HOSTS.c.used_memory_mib + footprint)
+    )
     L.record_claim(conn, host_id, vm.id, None, ClaimKind.running, new.vcpus, footprint)
     charge = running_charge(new, overhead, p.count_overhead)
     delta = Usage(charge.vcpus - vm.charged_vcpus, charge.memory_mib - vm.charged_memory_mib, 0)
     L.add_to_ledger(conn, p.id, delta)
     over = _over_quota(p, L.ledger_row(p) + delta)
     note = "sync: " + "; ".join(f"{c['field']}: {c['record']} -> {c['host']}" for c in changes)
-    L.set_vm(conn, vm.id, note=note + (f"; {over}" if over else ""), state=VmState.running, host_id=host_id,
-             vcpus=new.vcpus, memory_mib=new.memory_mib, overhead_mib=overhead, charged_vcpus=charge.vcpus,
-             charged_memory_mib=charge.memory_mib, cpu_cap_percent=size.cpu_cap_percent,
-             max_vcpus=max(vm.max_vcpus or vm.vcpus, new.vcpus),
-             max_memory_mib=max(vm.max_memory_mib or vm.memory_mib, new.memory_mib))
+    L.set_vm(
+        conn,
+        vm.id,
+        note=note + (f"; {over}" if over else ""),
+        state=VmState.running,
+        host_id=host_id,
+        vcpus=new.vcpus,
+        memory_mib=new.memory_mib,
+        overhead_mib=overhead,
+        charged_vcpus=charge.vcpus,
+        charged_memory_mib=charge.memory_mib,
+        cpu_cap_percent=size.cpu_cap_percent,
+        max_vcpus=max(vm.max_vcpus or vm.vcpus, new.vcpus),
+        max_memory_mib=max(vm.max_memory_mib or vm.memory_mib, new.memory_mib),
+    )
     return freed, (host, new.vcpus, footprint), over

@@ -6,17 +6,16 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
-from vmplane.store.catalog import ledger_of, quota_of
+from vmplane.controllers.storageaudit import storage_problems
 from vmplane.core.drift import MOVING_STATES, StoredVm, is_active, is_paused, size_drift
-from vmplane.core.driver import DomainInfo
+from vmplane.core.driver import DomainInfo, DriverError
 from vmplane.core.model import CHARGED_STATES, VmState
+from vmplane.core.names import DOMAIN_PREFIX, domain_name
 from vmplane.core.placement import CapacityIndex
 from vmplane.store import Database
-from vmplane.store.schema import Claim, Host, Project, Vm
-from vmplane.controllers.storageaudit import storage_problems
-from vmplane.core.driver import DriverError
-from vmplane.core.names import DOMAIN_PREFIX, domain_name
+from vmplane.store.catalog import ledger_of, quota_of
 from vmplane.store.reads import drift_view
+from vmplane.store.schema import Claim, Host, Project, Vm
 
 if TYPE_CHECKING:
     from vmplane.controllers.pools import Pools
@@ -37,8 +36,12 @@ def audit(db: Database, recomputed_usage, index: CapacityIndex | None = None) ->
             for r in ("vcpus", "memory_mib", "vms"):
                 if getattr(ledger, r) > getattr(quota_of(p), r):
                     problems.append(f"project {p.name}: {r} {getattr(ledger, r)} above quota")
-        sums = {hid: (c, m) for hid, c, m in s.execute(
-            select(Claim.host_id, func.sum(Claim.vcpus), func.sum(Claim.memory_mib)).group_by(Claim.host_id))}
+        sums = {
+            hid: (c, m)
+            for hid, c, m in s.execute(
+                select(Claim.host_id, func.sum(Claim.vcpus), func.sum(Claim.memory_mib)).group_by(Claim.host_id)
+            )
+        }
         for h in s.scalars(select(Host)).unique():
             c, m = sums.get(h.id, (0, 0))
             if (h.used_vcpus, h.used_memory_mib) != (c, m):
@@ -47,9 +50,10 @@ def audit(db: Database, recomputed_usage, index: CapacityIndex | None = None) ->
                 ix = index.host(h.name)
                 if (ix.used_vcpus, ix.used_memory_mib) != (h.used_vcpus, h.used_memory_mib):
                     problems.append(f"host {h.name}: index {ix.used_vcpus}/{ix.used_memory_mib} != store")
-        claims = dict(s.execute(select(Claim.vm_id, func.count()).group_by(Claim.vm_id)).all())
+        claims = {vm_id: n for vm_id, n in s.execute(select(Claim.vm_id, func.count()).group_by(Claim.vm_id)).all()}
         for vm_id, name, state, host_id, cv, cm in s.execute(
-                select(Vm.id, Vm.name, Vm.state, Vm.host_id, Vm.charged_vcpus, Vm.charged_memory_mib)):
+            select(Vm.id, Vm.name, Vm.state, Vm.host_id, Vm.charged_vcpus, Vm.charged_memory_mib)
+        ):
             n = claims.get(vm_id, 0)
             if VmState(state) in CHARGED_STATES:
                 if host_id is None or n != 1:
@@ -64,6 +68,7 @@ def overdue_operations(conn) -> list[str]:
     """Operations in flight past `vmplane.operation.deadline` that no thread of this process carries (review
     N5), each with what clears it (overdue.py: the process that owns it settles it with backoff)."""
     from vmplane.plane.overdue import problems as overdue_problems
+
     return overdue_problems(conn)
 
 
@@ -83,8 +88,10 @@ def unknown_on_answering_host(vm: StoredVm, seen: dict[str, list[DomainInfo] | N
     that operation's (an operation in flight too long is a finding of its own)."""
     if vm.state != VmState.unknown or vm.busy or vm.host is None or seen.get(vm.host) is None:
         return None
-    return (f"vm {vm.name}: unknown on {vm.host}, which answers; `vmplane vm sync {vm.name}` settles it from what "
-            f"the hosts run")
+    return (
+        f"vm {vm.name}: unknown on {vm.host}, which answers; `vmplane vm sync {vm.name}` settles it from what "
+        f"the hosts run"
+    )
 
 
 def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | None], prefix: str) -> list[str]:
@@ -109,28 +116,33 @@ def placement_problems(vms: list[StoredVm], seen: dict[str, list[DomainInfo] | N
             continue
         if vm.state in MOVING_STATES:
             if not vm.busy:
-                problems.append(f"vm {vm.name}: {vm.state.value} in the store, but no operation or migration of it "
-                                f"is in flight")
+                problems.append(
+                    f"vm {vm.name}: {vm.state.value} in the store, but no operation or migration of it is in flight"
+                )
             continue
         if problem := unknown_on_answering_host(vm, seen):
             problems.append(problem)
         if vm.state == VmState.running:
-            if seen.get(vm.host) is None:
-                continue                       # its host did not answer: the monitor's business
+            if vm.host is None or seen.get(vm.host) is None:
+                continue  # its host did not answer: the monitor's business
             if not found:
                 problems.append(f"vm {vm.name}: running on {vm.host} in the store, but no host runs it")
             elif hosts[0] != vm.host:
                 problems.append(f"vm {vm.name}: the store says {vm.host}, but it runs on {hosts[0]}")
             else:
-                problems.extend(str(d) for d in size_drift(vm.name, vm.host, vm.vcpus, vm.memory_mib,
-                                                           vm.cpu_cap_percent, found[0][1]))
+                problems.extend(
+                    str(d)
+                    for d in size_drift(vm.name, vm.host, vm.vcpus, vm.memory_mib, vm.cpu_cap_percent, found[0][1])
+                )
         elif vm.state in (VmState.stopped, VmState.error) and found:
             problems.append(f"vm {vm.name}: {vm.state.value} in the store, but it runs on {hosts[0]}")
     for domain in sorted(set(where) - known):
         on = ", ".join(sorted(h for h, _ in where[domain]))
-        if domain.startswith(prefix + "probe-"):   # the libvirt driver's accelerator probe (PROBE_PREFIX)
-            problems.append(f"domain {domain}: a leftover accelerator probe (no VM) runs on {on}, holding memory "
-                            f"without a claim; destroy it there (virsh destroy {domain})")
+        if domain.startswith(prefix + "probe-"):  # the libvirt driver's accelerator probe (PROBE_PREFIX)
+            problems.append(
+                f"domain {domain}: a leftover accelerator probe (no VM) runs on {on}, holding memory "
+                f"without a claim; destroy it there (virsh destroy {domain})"
+            )
         else:
             problems.append(f"domain {domain}: runs on {on} but the store has no such VM")
     return problems
@@ -163,6 +175,7 @@ class Audit:
         """The store against what every host runs. The hosts are scanned, then the store is read, with no
         lock between: an operation that ends in between shows as a finding that is already gone. So a
         finding is reported only if a second pass (a fresh scan and a fresh read) finds it again."""
+
         def scan() -> list[str]:
             seen: dict[str, list | None] = {}
             for name, driver in list(self.plane.drivers.items()):

@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING
 from sqlalchemy import update
 from sqlalchemy.engine import Connection
 
-from vmplane.hosts import images
+from vmplane.controllers.volumes import file_of
 from vmplane.core import storagerules as R
 from vmplane.core.driver import DriverError, MigrationParams, PoolSpec
 from vmplane.core.errors import Conflict, InsufficientCapacity
 from vmplane.core.migration import ACTIVE
+from vmplane.hosts import images
 from vmplane.store import ledger as L
 from vmplane.store import storageledger as SL
 from vmplane.store.schema import Volume
-from vmplane.controllers.volumes import file_of
 
 if TYPE_CHECKING:
     from vmplane.controllers.pools import Pools
@@ -55,8 +55,15 @@ class DiskMoves:
             if source.kind == "shared":
                 reach = {h for h, meta in self.plane.capacity.hosts.items() if meta.cluster == source.cluster}
             else:
-                reach = {p.host for p in pools if p.kind == "local" and p.path == source.path
-                         and p.state == "running" and p.free_mib >= v.size_mib and p.host}
+                reach = {
+                    p.host
+                    for p in pools
+                    if p.kind == "local"
+                    and p.path == source.path
+                    and p.state == "running"
+                    and p.free_mib >= v.size_mib
+                    and p.host
+                }
             hosts = reach if hosts is None else hosts & reach
         return frozenset(hosts or ())
 
@@ -67,17 +74,27 @@ class DiskMoves:
             return []
         for v in disks:
             if v.copy_pool_id is not None:
-                raise Conflict(f"volume {v.name} still has a copy on pool {v.copy_pool_name} from an earlier "
-                               f"migration, being deleted; retry in a moment", field="vm")
-        moves = R.plan_disk_moves([(v.name, v.device or "vda", v.size_mib, v.pool_name) for v in disks],
-                                  self.pools.views(conn), target, self.plane.capacity.hosts[target].cluster)
+                raise Conflict(
+                    f"volume {v.name} still has a copy on pool {v.copy_pool_name} from an earlier "
+                    f"migration, being deleted; retry in a moment",
+                    field="vm",
+                )
+        moves = R.plan_disk_moves(
+            [(v.name, v.device or "vda", v.size_mib, v.pool_name) for v in disks],
+            self.pools.views(conn),
+            target,
+            self.plane.capacity.hosts[target].cluster,
+        )
         for move in moves:
             if move.how != "copy":
                 continue
             pool = SL.pool_row(conn, move.target_pool)
             if not SL.take_on_pool(conn, pool.id, move.size_mib):
-                raise InsufficientCapacity(f"pool {pool.name} on {target} has no room for volume {move.volume} "
-                                           f"({move.size_mib} MiB) any more; retry", field="to")
+                raise InsufficientCapacity(
+                    f"pool {pool.name} on {target} has no room for volume {move.volume} "
+                    f"({move.size_mib} MiB) any more; retry",
+                    field="to",
+                )
             conn.execute(update(Volume.__table__).where(_VO.name == move.volume).values(copy_pool_id=pool.id))
         return moves
 
@@ -93,8 +110,9 @@ class DiskMoves:
         copied: list[str] = []
         for v in disks:
             backing = backing_format = None
-            if v.template is not None:      # a shared disk's backing image must be on the target too
+            if v.template is not None:  # a shared disk's backing image must be on the target too
                 t = self.plane.catalog.template(v.template)
+                assert t.disk_image is not None and t.disk_format is not None  # a disk's template has an image
                 backing, backing_format = images.ensure_on_host(target, t.disk_image, t.disk_format), t.disk_format
             pool = copy_pools.get(v.name)
             if pool is None:
@@ -117,8 +135,11 @@ class DiskMoves:
         if target.volume(pool, file) is not None:
             raise DriverError(target.host, f"pool {pool} still holds {file} after it was deleted")
         with self.plane.db.transaction() as conn:
-            SL.file_event(conn, SL.volume_row(conn, v.name), f"a file {file} already in pool {pool} on "
-                                                             f"{target.host} (no copy of it) removed before the copy")
+            SL.file_event(
+                conn,
+                SL.volume_row(conn, v.name),
+                f"a file {file} already in pool {pool} on {target.host} (no copy of it) removed before the copy",
+            )
 
     @staticmethod
     def swap(conn: Connection, vm_id: int) -> None:
@@ -126,8 +147,11 @@ class DiskMoves:
         source's files become the copies to delete."""
         for v in SL.vm_volumes(conn, vm_id):
             if v.copy_pool_id is not None:
-                conn.execute(update(Volume.__table__).where(_VO.id == v.id).values(
-                    pool_id=v.copy_pool_id, copy_pool_id=v.pool_id))
+                conn.execute(
+                    update(Volume.__table__)
+                    .where(_VO.id == v.id)
+                    .values(pool_id=v.copy_pool_id, copy_pool_id=v.pool_id)
+                )
 
     def cleanup(self, vm_id: int | None = None) -> list[str]:
         """Delete the copy each volume has on its copy pool (no migration carries it any more), confirmed

@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import select
 
-from vmplane.core.errors import Conflict, Invalid, NotFound
-from vmplane.store.events import acting_as
 from vmplane.controllers.harecovery import CAUSE, HostRecovery
-from vmplane.plane.loops import every
+from vmplane.core.errors import Conflict, Invalid, NotFound
 from vmplane.core.model import HostState, OperationState, VmState
+from vmplane.plane.loops import every
 from vmplane.store import ledger as L
+from vmplane.store.events import acting_as
 from vmplane.store.schema import utcnow
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vmplane.controllers.migrationsettle import MigrationSettle
@@ -55,8 +54,15 @@ class HaController:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        every(lambda: CHECK_INTERVAL_S, self.check, self._stop, "ha", log, when=self.plane.membership.coordinates,
-              owner=lambda: self.plane.membership.epoch)
+        every(
+            lambda: CHECK_INTERVAL_S,
+            self.check,
+            self._stop,
+            "ha",
+            log,
+            when=self.plane.membership.coordinates,
+            owner=lambda: self.plane.membership.epoch,
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -68,22 +74,28 @@ class HaController:
         h, v = L.HOSTS.c, L.VMS.c
         with self.plane.db.read() as s:
             conn = s.connection()
-            down = conn.execute(select(h.name, h.down_since).where(h.state == HostState.down.value,
-                                                                   h.down_since.is_not(None))).all()
+            down = conn.execute(
+                select(h.name, h.down_since).where(h.state == HostState.down.value, h.down_since.is_not(None))
+            ).all()
             if not down:
                 return self._resume_stranded()
             names = [r.name for r in down]
             # hosts holding an HA VM: running there, or a claim there (a migration's target)
-            with_vms = set(conn.execute(select(h.name).join(L.CLAIMS, L.CLAIMS.c.host_id == h.id)
-                                        .join(L.VMS, v.id == L.CLAIMS.c.vm_id)
-                                        .where(h.name.in_(names), v.ha_policy == "restart").group_by(h.name))
-                           .scalars())
+            with_vms = set(
+                conn.execute(
+                    select(h.name)
+                    .join(L.CLAIMS, L.CLAIMS.c.host_id == h.id)
+                    .join(L.VMS, v.id == L.CLAIMS.c.vm_id)
+                    .where(h.name.in_(names), v.ha_policy == "restart")
+                    .group_by(h.name)
+                ).scalars()
+            )
         now, declared = utcnow(), []
         for name, since in down:
             meta = self.plane.capacity.hosts.get(name)
             if meta is None or name not in with_vms:
                 continue
-            grace = float(self.plane.catalog.effective("vmplane.ha.grace", meta.zone, meta.cluster))
+            grace = float(cast(float, self.plane.catalog.effective("vmplane.ha.grace", meta.zone, meta.cluster)))
             silent = (now - since).total_seconds()
             if silent < grace:
                 continue
@@ -91,11 +103,18 @@ class HaController:
                 self._hold(name, meta.cluster)
                 continue
             signal = self.signal(name)
-            words = (f"its hypervisor has not answered for {silent:.0f} s (grace {grace:g} s); second signal: "
-                     f"{signal.detail}; "
-                     + ("it looks dead" if signal.alive is False else
-                        "it may still run its guests" if signal.alive else "its liveness is unknown")
-                     + "; fencing it before its VMs run elsewhere")
+            words = (
+                f"its hypervisor has not answered for {silent:.0f} s (grace {grace:g} s); second signal: "
+                f"{signal.detail}; "
+                + (
+                    "it looks dead"
+                    if signal.alive is False
+                    else "it may still run its guests"
+                    if signal.alive
+                    else "its liveness is unknown"
+                )
+                + "; fencing it before its VMs run elsewhere"
+            )
             if self.declare(name, words):
                 declared.append(f"{name}: {words}")
         return declared + self._resume_stranded()
@@ -105,12 +124,18 @@ class HaController:
         """Hosts `fencing` or `fenced` that still hold `unknown` HA VMs with no recovery in flight: a
         recovery that failed (an error it could not get past) left them; nothing else runs them again."""
         h, v, op = L.HOSTS.c, L.VMS.c, L.OPERATIONS.c
-        query = (select(h.name).join(L.VMS, v.host_id == h.id)
-                 .where(h.state.in_([HostState.fencing.value, HostState.fenced.value]),
-                        v.state == VmState.unknown.value, v.ha_policy == "restart",
-                        ~select(op.id).where(op.kind == "recover", op.target == h.name, op.state.in_(IN_FLIGHT))
-                        .exists())
-                 .group_by(h.name).order_by(h.name))
+        query = (
+            select(h.name)
+            .join(L.VMS, v.host_id == h.id)
+            .where(
+                h.state.in_([HostState.fencing.value, HostState.fenced.value]),
+                v.state == VmState.unknown.value,
+                v.ha_policy == "restart",
+                ~select(op.id).where(op.kind == "recover", op.target == h.name, op.state.in_(IN_FLIGHT)).exists(),
+            )
+            .group_by(h.name)
+            .order_by(h.name)
+        )
         if name is not None:
             query = query.where(h.name == name)
         return list(conn.execute(query).scalars())
@@ -128,16 +153,15 @@ class HaController:
     def resume_host(self, name: str, reason: str) -> str | None:
         """A new recovery of a `fencing` host (fenced first) or a `fenced` one (its HA VMs restarted);
         None if it is neither or a recovery of it runs already."""
-        with self.plane.capacity.lock:
-            with self.plane.db.transaction() as conn:
-                row = conn.execute(select(L.HOSTS.c.state).where(L.HOSTS.c.name == name).with_for_update()).first()
-                if row is None or row.state not in (HostState.fencing.value, HostState.fenced.value):
-                    return None
-                if self._recovering(conn, name):
-                    return None
-                op_id = self.recovery.begin(conn, name, reason)
-                if row.state == HostState.fenced.value:
-                    L.set_operation(conn, op_id, step="restarting")
+        with self.plane.capacity.lock, self.plane.db.transaction() as conn:
+            row = conn.execute(select(L.HOSTS.c.state).where(L.HOSTS.c.name == name).with_for_update()).first()
+            if row is None or row.state not in (HostState.fencing.value, HostState.fenced.value):
+                return None
+            if self._recovering(conn, name):
+                return None
+            op_id = self.recovery.begin(conn, name, reason)
+            if row.state == HostState.fenced.value:
+                L.set_operation(conn, op_id, step="restarting")
         log.error("host %s: %s (operation %s)", name, reason, op_id)
         self._launch(op_id)
         return op_id
@@ -158,11 +182,14 @@ class HaController:
             running = self._recovering(conn, name)
             stranded = bool(self.stranded(conn, name))
         if running:
-            raise Conflict(f"host {name}: its recovery runs already (operation {running}; `vmplane operation show "
-                           f"{running}`)", field="host")
+            raise Conflict(
+                f"host {name}: its recovery runs already (operation {running}; `vmplane operation show {running}`)",
+                field="host",
+            )
         if not stranded:
-            raise Conflict(f"host {name} is {row.state}: nothing is left to recover (no HA VM of it is unknown)",
-                           field="host")
+            raise Conflict(
+                f"host {name} is {row.state}: nothing is left to recover (no HA VM of it is unknown)", field="host"
+            )
         op_id = self.resume_host(name, f"recovered again by {who}")
         if op_id is None:
             raise Conflict(f"host {name}: nothing is left to recover (its state changed meanwhile)", field="host")
@@ -170,12 +197,15 @@ class HaController:
 
     def _whole_cluster_down(self, cluster: str) -> bool:
         members = [n for n, meta in self.plane.capacity.hosts.items() if meta.cluster == cluster]
-        return len(members) > 1 and all(self.plane.capacity.index.host(n).state == HostState.down for n in members
-                                        if n in self.plane.capacity.index)
+        return len(members) > 1 and all(
+            self.plane.capacity.index.host(n).state == HostState.down for n in members if n in self.plane.capacity.index
+        )
 
     def _hold(self, name: str, cluster: str) -> None:
-        reason = (f"every host of cluster {cluster} stopped answering at once: the control plane's own network is "
-                  f"the likely failure; nothing is fenced (fence by hand: vmplane host fence {name})")
+        reason = (
+            f"every host of cluster {cluster} stopped answering at once: the control plane's own network is "
+            f"the likely failure; nothing is fenced (fence by hand: vmplane host fence {name})"
+        )
         with self.plane.db.transaction() as conn:
             row = conn.execute(select(L.HOSTS.c.state_reason).where(L.HOSTS.c.name == name)).first()
             if row and row.state_reason != reason:
@@ -187,14 +217,16 @@ class HaController:
         host's own processes; else unknown (a remote host's heartbeat needs the shared storage mounted
         on the control plane)."""
         from vmplane.hosts.liveness import Signal, local_signal
+
         with self.plane.db.read() as s:
             row = s.connection().execute(select(L.HOSTS.c.driver, L.HOSTS.c.uri).where(L.HOSTS.c.name == name)).first()
         try:
             if row.driver == "sim":
                 from vmplane.hosts.fencing.sim import sim_signal
+
                 return sim_signal(self.plane.drivers[name].fabric, name)
             return (local_signal(row.uri) if row.uri else None) or Signal(None, "no second signal for a remote host")
-        except Exception as exc:      # noqa: BLE001 - a second signal that fails is "unknown"
+        except Exception as exc:  # noqa: BLE001 - a second signal that fails is "unknown"
             return Signal(None, f"can not be read ({exc})")
 
     def declare(self, name: str, reason: str) -> str | None:
@@ -217,8 +249,9 @@ class HaController:
     @staticmethod
     def _recovering(conn, name: str) -> str | None:
         op = L.OPERATIONS.c
-        return conn.execute(select(op.id).where(op.kind == "recover", op.target == name, op.state.in_(IN_FLIGHT))
-                            ).scalar()
+        return conn.execute(
+            select(op.id).where(op.kind == "recover", op.target == name, op.state.in_(IN_FLIGHT))
+        ).scalar()
 
     def _launch(self, op_id: str) -> None:
         self.plane.executor.submit(self.plane.ops.run, op_id, self.recovery.run, CAUSE)
@@ -233,15 +266,20 @@ class HaController:
         if row is None:
             raise NotFound(f"host {name!r} does not exist", field="host")
         if row.state not in (HostState.down.value, HostState.fencing.value, HostState.fenced.value):
-            raise Conflict(f"host {name} is {row.state}: it answers; only a host that does not can be fenced "
-                           f"(maintenance drains a host that answers)", field="host")
+            raise Conflict(
+                f"host {name} is {row.state}: it answers; only a host that does not can be fenced "
+                f"(maintenance drains a host that answers)",
+                field="host",
+            )
         if row.state == HostState.fenced.value:
             with self.plane.db.read() as s:
                 stranded = bool(self.stranded(s.connection(), name))
             if not stranded:
-                raise Conflict(f"host {name} is already fenced ({row.state_reason}) and nothing is left to recover "
-                               f"there", field="host")
-            return self.recover(name, who)          # a recovery that failed left it so: run again
+                raise Conflict(
+                    f"host {name} is already fenced ({row.state_reason}) and nothing is left to recover there",
+                    field="host",
+                )
+            return self.recover(name, who)  # a recovery that failed left it so: run again
         if confirm_off:
             with self.plane.capacity.lock:
                 with self.plane.db.transaction() as conn:
@@ -253,7 +291,7 @@ class HaController:
                         L.set_operation(conn, op_id, step="restarting")
                         launch = True
                     else:
-                        launch = False      # the running recovery sees `fenced` on its next attempt
+                        launch = False  # the running recovery sees `fenced` on its next attempt
                 self.plane.capacity.set_state(name, HostState.fenced)
             if launch:
                 self._launch(op_id)
@@ -268,6 +306,7 @@ class HaController:
 
     def set_agents(self, name: str, agents: list[dict]) -> list[dict]:
         from vmplane.hosts.fencing import validate as validate_agents
+
         try:
             agents = validate_agents(agents)
         except ValueError as exc:
@@ -281,14 +320,18 @@ class HaController:
         """`vm update --ha restart|off --ha-priority N`. Restart needs every disk of the VM on a shared
         pool: a disk on a host's own pool is lost with that host."""
         from vmplane.store import storageledger as SL
+
         with self.plane.db.transaction() as conn:
             row = L.vm_row(conn, name=vm, lock=True)
             policy = check_ha(policy or row.ha_policy, row.ha_priority if priority is None else priority)
             if policy == "restart":
                 local = [v.name for v in SL.vm_volumes(conn, row.id) if v.pool_kind != "shared"]
                 if local:
-                    raise Invalid(f"--ha restart needs every disk of vm {vm} on a shared pool: {', '.join(local)} "
-                                  f"would be lost with its host", field="ha_policy")
+                    raise Invalid(
+                        f"--ha restart needs every disk of vm {vm} on a shared pool: {', '.join(local)} "
+                        f"would be lost with its host",
+                        field="ha_policy",
+                    )
             L.set_vm(conn, row.id, ha_policy=policy, ha_priority=row.ha_priority if priority is None else priority)
 
     def nemesis(self, name: str, mode: str | None) -> dict:
@@ -302,10 +345,13 @@ class HaController:
             fabric.fail_host(name, mode) if mode else fabric.recover_host(name)
         else:
             from vmplane.hosts import localhosts
+
             local = localhosts.from_uri(row.uri) if row.uri else None
             if local is None:
-                raise Conflict(f"host {name} is a remote host ({row.uri}); the nemesis only acts on local and "
-                               f"simulated hosts", field="host")
+                raise Conflict(
+                    f"host {name} is a remote host ({row.uri}); the nemesis only acts on local and simulated hosts",
+                    field="host",
+                )
             try:
                 localhosts.fail(local, mode) if mode else localhosts.recover(local)
             except (ValueError, RuntimeError) as exc:
@@ -317,10 +363,11 @@ class HaController:
         """The fence agent of one config entry of host `row`."""
         if config.get("agent") == "sim":
             from vmplane.hosts.fencing.sim import SimAgent
+
             return SimAgent(self.plane.drivers[row.name].fabric)
         from vmplane.hosts.fencing import agent_for
-        return agent_for(config, row.uri, row.name)
 
+        return agent_for(config, row.uri, row.name)
 
 
 HA_POLICIES = ("restart", "off")

@@ -26,27 +26,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from vmplane.controllers.hostmonitor import probe
 from vmplane.core import failpoints
-from vmplane.plane import metrics
+from vmplane.core.domain import spec_of
 from vmplane.core.errors import Interrupted, VmplaneError
-from vmplane.hosts.fencing.base import FenceError, Fenced
+from vmplane.core.migration import SETTLING
 from vmplane.core.model import ClaimKind, HostState, OperationState, PlacementRequest, Size, VmState
 from vmplane.core.names import DOMAIN_PREFIX
+from vmplane.core.scope import Scope
+from vmplane.hosts.fencing.base import Fenced, FenceError
+from vmplane.plane import metrics
 from vmplane.plane.carried import carrying
 from vmplane.plane.reserves import placement_rules
-from vmplane.core.scope import Scope
-from vmplane.controllers.hostmonitor import probe
-from vmplane.core.migration import SETTLING
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
-from vmplane.core.domain import spec_of
 
 if TYPE_CHECKING:
     from vmplane.controllers.migrationsettle import MigrationSettle
@@ -61,11 +62,13 @@ def transient(exc: BaseException) -> bool:
     """(pure) A database error that passes by itself: the connection lost or refused, a lock or busy timeout,
     a serialisation failure. Not a constraint or a programming error."""
     return isinstance(exc, (OperationalError, InterfaceError)) or bool(getattr(exc, "connection_invalidated", False))
+
+
 CAUSE = "ha"
 FENCE_BACKOFF_S = (1, 2, 5, 10, 30)
 RESTART_BACKOFF_S = (1, 3, 10, 30)
-PRESENCE_TRIES = 3              # a failed restart asks its host this often whether the domain runs
-ASK_S = 2.0             # a fenced host that answers again answers within this; else it is taken for off
+PRESENCE_TRIES = 3  # a failed restart asks its host this often whether the domain runs
+ASK_S = 2.0  # a fenced host that answers again answers within this; else it is taken for off
 # VMs an operation owns right now: their operation's end (or its failure path) settles them first
 OWNED = [VmState.starting.value, VmState.stopping.value, VmState.scaling.value, VmState.migrating.value]
 _SETTLED = [VmState.running.value, VmState.unknown.value]
@@ -78,8 +81,14 @@ def _recorded_on(host: str):
 
 
 # how libvirt and QEMU word a disk lock held elsewhere (virtlockd, sanlock's lockd, QEMU's image lock)
-LOCK_WORDS = ("resource busy", "failed to get \"write\" lock", "failed to get shared \"write\" lock", "lockd",
-              "lockspace", "is locked")
+LOCK_WORDS = (
+    "resource busy",
+    'failed to get "write" lock',
+    'failed to get shared "write" lock',
+    "lockd",
+    "lockspace",
+    "is locked",
+)
 
 
 def lock_refusal(message: str | None) -> bool:
@@ -98,19 +107,32 @@ def _backoff(table: tuple[int, ...], attempt: int) -> float:
 
 
 class HostRecovery:
-    def __init__(self, plane: Plane, agent: Callable[[dict, Any], FenceAgent], volumes: Volumes,
-                 migration_settle: MigrationSettle):
+    def __init__(
+        self,
+        plane: Plane,
+        agent: Callable[[dict, Any], FenceAgent],
+        volumes: Volumes,
+        migration_settle: MigrationSettle,
+    ):
         self.plane = plane
-        self.agent = agent                  # a host's fence agent (HaController.agent)
+        self.agent = agent  # a host's fence agent (HaController.agent)
         self.volumes, self.migration_settle = volumes, migration_settle
-        self._running: set[str] = set()         # restart operations being run in this process
+        self._running: set[str] = set()  # restart operations being run in this process
         self._runs_lock = threading.Lock()
 
     # -- the operation ---------------------------------------------------------------------------
     def begin(self, conn, host: str, reason: str) -> str:
         """In the caller's transaction: the recovery operation of `host` (already `fencing`)."""
-        return L.new_operation(conn, "recover", host, None, None, step="fencing", message=reason,
-                               result={"attempts": {}, "restarted": {}, "failed": {}})
+        return L.new_operation(
+            conn,
+            "recover",
+            host,
+            None,
+            None,
+            step="fencing",
+            message=reason,
+            result={"attempts": {}, "restarted": {}, "failed": {}},
+        )
 
     def run(self, op_id: str) -> None:
         """The operation's body (Orchestrator._run): from its persisted step to its end. A transient
@@ -125,8 +147,12 @@ class HostRecovery:
                     raise
                 wait = _backoff(RESTART_BACKOFF_S, errors)
                 errors += 1
-                log.error("recovery %s: the database failed (%s); going on from its step in %g s", op_id[:8],
-                          type(exc.orig or exc).__name__, wait)
+                log.error(
+                    "recovery %s: the database failed (%s); going on from its step in %g s",
+                    op_id[:8],
+                    type(exc.orig or exc).__name__,
+                    wait,
+                )
                 self._wait(wait)
 
     def _run_from_step(self, op_id: str) -> None:
@@ -145,8 +171,11 @@ class HostRecovery:
         their claim and their end), that no thread carries: driven to their end first."""
         op = L.OPERATIONS.c
         with self.plane.db.read() as s:
-            rows = s.connection().execute(select(op.id, op.result).where(
-                op.kind == "restart", op.state.in_(["pending", "running"]))).all()
+            rows = (
+                s.connection()
+                .execute(select(op.id, op.result).where(op.kind == "restart", op.state.in_(["pending", "running"])))
+                .all()
+            )
         for row in rows:
             if (row.result or {}).get("recovery") == op_id:
                 self.run_restart(row.id)
@@ -181,7 +210,7 @@ class HostRecovery:
             if row is None:
                 self._end(op_id, OperationState.failed, f"host {host} was removed")
                 return False
-            if row.state == HostState.fenced.value:        # an operator confirmed it off meanwhile
+            if row.state == HostState.fenced.value:  # an operator confirmed it off meanwhile
                 return self._fenced(op_id, host, None)
             if row.state != HostState.fencing.value:
                 self._end(op_id, OperationState.failed, f"host {host} is {row.state} again; nothing was restarted")
@@ -194,8 +223,10 @@ class HostRecovery:
                 return self._fenced(op_id, host, fenced)
             attempt += 1
             wait = _backoff(FENCE_BACKOFF_S, attempt - 1)
-            reason = (f"fencing failed (attempt {attempt}): {'; '.join(errors)}; retrying in {wait:g} s (or confirm "
-                      f"it off: vmplane host fence {host} --confirm-off)")
+            reason = (
+                f"fencing failed (attempt {attempt}): {'; '.join(errors)}; retrying in {wait:g} s (or confirm "
+                f"it off: vmplane host fence {host} --confirm-off)"
+            )
             with self.plane.db.transaction() as conn:
                 L.set_host_state(conn, host, HostState.fencing, state_reason=reason)
                 L.set_operation(conn, op_id, state=OperationState.running, message=reason)
@@ -217,13 +248,22 @@ class HostRecovery:
 
     def _fenced(self, op_id: str, host: str, fenced: Fenced | None) -> bool:
         failpoints.hit("ha.before-fenced")
-        how = (f"fenced by its {fenced.agent} agent: {fenced.detail} ({fenced.seconds:.1f} s)" if fenced
-               else "confirmed off by an operator")
+        how = (
+            f"fenced by its {fenced.agent} agent: {fenced.detail} ({fenced.seconds:.1f} s)"
+            if fenced
+            else "confirmed off by an operator"
+        )
         with self.plane.capacity.lock:
             with self.plane.db.transaction() as conn:
                 L.set_host_state(conn, host, HostState.fenced, how, state_reason=how)
-                L.set_operation(conn, op_id, state=OperationState.running, step="restarting", progress=30,
-                                message=f"{host} {how}; restarting its HA VMs")
+                L.set_operation(
+                    conn,
+                    op_id,
+                    state=OperationState.running,
+                    step="restarting",
+                    progress=30,
+                    message=f"{host} {how}; restarting its HA VMs",
+                )
             self.plane.capacity.set_state(host, HostState.fenced)
         metrics.OPERATIONS.labels("fence", "succeeded").inc()
         log.warning("host %s %s", host, how)
@@ -237,29 +277,44 @@ class HostRecovery:
             with self.plane.db.transaction() as conn:
                 # its silence starts again from now: the old down_since would let HA declare it again at
                 # once, before the monitor brings it back (and fence it if one probe fails meanwhile)
-                L.set_host_state(conn, host, HostState.down, "it answers again before it was fenced",
-                                 state_reason="it answers again; the monitor brings it back", down_since=utcnow())
-                L.set_operation(conn, op_id, state=OperationState.failed, step="done", progress=100,
-                                message=f"{host} answers again before it was fenced; nothing was restarted")
+                L.set_host_state(
+                    conn,
+                    host,
+                    HostState.down,
+                    "it answers again before it was fenced",
+                    state_reason="it answers again; the monitor brings it back",
+                    down_since=utcnow(),
+                )
+                L.set_operation(
+                    conn,
+                    op_id,
+                    state=OperationState.failed,
+                    step="done",
+                    progress=100,
+                    message=f"{host} answers again before it was fenced; nothing was restarted",
+                )
             self.plane.capacity.set_state(host, HostState.down)
         log.warning("host %s answers again before it was fenced; recovery ends", host)
 
     # -- restarting ------------------------------------------------------------------------------
     def _restart_all(self, op_id: str, host: str) -> None:
-        rounds = 0          # passes that left an HA VM to restart: the backoff between attempts
+        rounds = 0  # passes that left an HA VM to restart: the backoff between attempts
         while True:
             if self.plane.closing.is_set():
                 raise Interrupted()
             row = self._host(host)
-            if row is None or row.state != HostState.fenced.value:     # repaired (and maybe failed again,
-                self._end(op_id, OperationState.failed,                 # not fenced): its VMs are not ours
-                          f"{host} is {row.state if row else 'removed'}, no longer fenced: its VMs are left to "
-                          f"the monitor (and a new recovery if it fails again)")
+            if row is None or row.state != HostState.fenced.value:  # repaired (and maybe failed again,
+                self._end(
+                    op_id,
+                    OperationState.failed,  # not fenced): its VMs are not ours
+                    f"{host} is {row.state if row else 'removed'}, no longer fenced: its VMs are left to "
+                    f"the monitor (and a new recovery if it fails again)",
+                )
                 return
             left, owned = self._pass(op_id, host)
             if not left and not owned:
                 break
-            if owned:       # a migration into or out of the fenced host: settled now that it is off
+            if owned:  # a migration into or out of the fenced host: settled now that it is off
                 self.migration_settle.run_once()
             # a pass that only waited for an owned VM does not lengthen the backoff of the next attempt
             self._wait(_backoff(RESTART_BACKOFF_S, rounds) if left else 0.5)
@@ -268,11 +323,14 @@ class HostRecovery:
         restarted, failed = result.get("restarted", {}), result.get("failed", {})
         words = ", ".join(f"{vm} on {h}" for vm, h in restarted.items()) or "none"
         message = f"restarted {len(restarted)} VM(s): {words}" + (
-            f"; {len(failed)} in error: {', '.join(f'{vm} ({why})' for vm, why in failed.items())}" if failed else "")
+            f"; {len(failed)} in error: {', '.join(f'{vm} ({why})' for vm, why in failed.items())}" if failed else ""
+        )
         kept = self._kept_on(host)
         if kept:
-            message += f"; {kept} VM(s) run on {host} again (powered on since its fence): it is down again, for the " \
-                       f"monitor to bring back"
+            message += (
+                f"; {kept} VM(s) run on {host} again (powered on since its fence): it is down again, for the "
+                f"monitor to bring back"
+            )
         self._end(op_id, OperationState.succeeded, message)
 
     def _kept_on(self, host: str) -> int:
@@ -284,9 +342,14 @@ class HostRecovery:
                 kept = conn.execute(select(func.count()).select_from(_recorded_on(host).subquery())).scalar() or 0
                 if not kept:
                     return 0
-                L.set_host_state(conn, host, HostState.down, f"it runs {kept} of its VMs again since its fence",
-                                 state_reason="powered on again since its fence; the monitor brings it back",
-                                 down_since=utcnow())
+                L.set_host_state(
+                    conn,
+                    host,
+                    HostState.down,
+                    f"it runs {kept} of its VMs again since its fence",
+                    state_reason="powered on again since its fence; the monitor brings it back",
+                    down_since=utcnow(),
+                )
             self.plane.capacity.set_state(host, HostState.down)
         return kept
 
@@ -302,21 +365,39 @@ class HostRecovery:
         runs = self._runs_there(host) if before else set()
         with self.plane.db.transaction() as conn:
             for r in conn.execute(on_host.with_for_update()).all():
-                if r not in before:     # recorded there after the host was asked (a settle): the next pass
+                if r not in before:  # recorded there after the host was asked (a settle): the next pass
                     continue
                 if r.name in runs and r.state == VmState.unknown.value:
-                    L.set_vm(conn, r.id, f"its fenced host {host} answers again and runs it: not restarted",
-                             state=VmState.running)
-                elif r.name not in runs and r.state == VmState.running.value:   # put back to running there by an
-                    L.set_vm(conn, r.id, f"its host {host} is fenced: it runs nowhere",   # operation's failure path
-                             state=VmState.unknown)                                    # (a scale whose migration failed)
+                    L.set_vm(
+                        conn,
+                        r.id,
+                        f"its fenced host {host} answers again and runs it: not restarted",
+                        state=VmState.running,
+                    )
+                elif r.name not in runs and r.state == VmState.running.value:  # put back to running there by an
+                    L.set_vm(
+                        conn,
+                        r.id,
+                        f"its host {host} is fenced: it runs nowhere",  # operation's failure path
+                        state=VmState.unknown,
+                    )  # (a scale whose migration failed)
         with self.plane.db.read() as s:
             conn = s.connection()
-            rows = conn.execute(select(v.name, v.state, v.ha_policy, v.cluster_id).join(L.HOSTS, h.id == v.host_id)
-                                .where(h.name == host).order_by(v.ha_priority.desc(), v.name)).all()
+            rows = conn.execute(
+                select(v.name, v.state, v.ha_policy, v.cluster_id)
+                .join(L.HOSTS, h.id == v.host_id)
+                .where(h.name == host)
+                .order_by(v.ha_priority.desc(), v.name)
+            ).all()
             m = L.MIGRATIONS.c
-            incoming = conn.execute(select(func.count()).select_from(L.MIGRATIONS).where(
-                m.target == host, m.state.in_([st.value for st in SETTLING]))).scalar() or 0
+            incoming = (
+                conn.execute(
+                    select(func.count())
+                    .select_from(L.MIGRATIONS)
+                    .where(m.target == host, m.state.in_([st.value for st in SETTLING]))
+                ).scalar()
+                or 0
+            )
         owned = sum(1 for r in rows if r.state in OWNED) + incoming
         unknown = [r for r in rows if r.state == VmState.unknown.value]
         for r in unknown:
@@ -326,9 +407,14 @@ class HostRecovery:
         if not queue:
             return [], owned
         cluster = self.plane.capacity.hosts[host].cluster
-        parallel = int(self.plane.catalog.effective("vmplane.ha.max.parallel", self.plane.capacity.hosts[host].zone, cluster))
+        parallel = int(
+            cast(
+                int,
+                self.plane.catalog.effective("vmplane.ha.max.parallel", self.plane.capacity.hosts[host].zone, cluster),
+            )
+        )
         with ThreadPoolExecutor(min(parallel, len(queue)), thread_name_prefix="vmplane-ha") as pool:
-            done = list(pool.map(lambda vm: self._restart(op_id, vm, host), queue))    # submitted in order
+            done = list(pool.map(lambda vm: self._restart(op_id, vm, host), queue))  # submitted in order
         return [vm for vm, ok in zip(queue, done) if not ok], owned
 
     def _runs_there(self, host: str) -> set[str]:
@@ -339,17 +425,18 @@ class HostRecovery:
         if driver is None:
             return set()
         pool = ThreadPoolExecutor(1, thread_name_prefix="vmplane-ha-ask")
-        try:        # a call to a host that is off may wait for a connection timeout: not the recovery
+        try:  # a call to a host that is off may wait for a connection timeout: not the recovery
             domains = pool.submit(driver.domains).result(timeout=ASK_S)
-        except Exception:           # noqa: BLE001 - it does not answer (in time): off, as its fence confirmed
+        except Exception:  # noqa: BLE001 - it does not answer (in time): off, as its fence confirmed
             return set()
         finally:
             pool.shutdown(wait=False)
         return {d.name.removeprefix(DOMAIN_PREFIX) for d in domains if d.active and d.name.startswith(DOMAIN_PREFIX)}
 
     def _stop_unprotected(self, vm: str, host: str) -> None:
-        self._release(vm, host, f"its host {host} failed and was fenced; it has no HA policy: stopped, its charge "
-                                f"released")
+        self._release(
+            vm, host, f"its host {host} failed and was fenced; it has no HA policy: stopped, its charge released"
+        )
 
     def _release(self, vm: str, host: str, note: str, then=None) -> bool:
         """Give back all `vm` holds, if it is still unknown on the fenced `host` (else False); `then(conn,
@@ -383,9 +470,9 @@ class HostRecovery:
         """One attempt to run `vm` (unknown on the fenced `host`) elsewhere; True when it needs no more.
         When the last allowed attempt fails, the VM is in error at once (no backoff to wait for first)."""
         meta = self.plane.capacity.hosts[host]
-        max_restart = int(self.plane.catalog.effective("vmplane.ha.max.restart", meta.zone, meta.cluster))
+        max_restart = int(cast(int, self.plane.catalog.effective("vmplane.ha.max.restart", meta.zone, meta.cluster)))
         attempt = self._attempt(op_id, vm, max_restart)
-        if attempt is None:             # counted used up before (a recovery resumed after a restart)
+        if attempt is None:  # counted used up before (a recovery resumed after a restart)
             self._give_up(op_id, vm, host, f"not restarted after {max_restart} attempt(s)")
             return True
         try:
@@ -394,21 +481,23 @@ class HostRecovery:
             self._note(op_id, vm, f"attempt {attempt}: {exc.message}")
             return self._last(op_id, vm, host, attempt, max_restart)
         if restart_op is None:
-            return True                 # no longer unknown on the host: someone else settled it
+            return True  # no longer unknown on the host: someone else settled it
         try:
             done = self.run_restart(restart_op)
-        except Exception as exc:        # noqa: BLE001 - outside its own try (its step, its last write)
+        except Exception as exc:
             if isinstance(exc, DBAPIError) and transient(exc):
-                raise                   # the recovery goes on from its step, this restart first
+                raise  # the recovery goes on from its step, this restart first
             done = self._settle_restart(restart_op, exc) is not False
         if not done and lock_refusal(self._op(restart_op).message) and self._lock_wait(op_id, vm, meta):
-            return False                # the fenced host's lock is not released yet: not an attempt spent
+            return False  # the fenced host's lock is not released yet: not an attempt spent
         return done or self._last(op_id, vm, host, attempt, max_restart)
 
     def _lock_wait(self, op_id: str, vm: str, meta) -> bool:
         """A restart of `vm` refused on a disk lock: True (its attempt given back, tried again after the
         backoff) while within `vmplane.ha.lock.release.window` of its first lock refusal; False after."""
-        window = float(self.plane.catalog.effective("vmplane.ha.lock.release.window", meta.zone, meta.cluster))
+        window = float(
+            cast(float, self.plane.catalog.effective("vmplane.ha.lock.release.window", meta.zone, meta.cluster))
+        )
         now = time.time()
         with self.plane.db.transaction() as conn:
             op = L.operation_row(conn, op_id, lock=True)
@@ -420,8 +509,12 @@ class HostRecovery:
             attempts = dict(result.get("attempts", {}))
             attempts[vm] = max(attempts.get(vm, 1) - 1, 0)
             L.set_operation(conn, op_id, result={**result, "attempts": attempts, "locked": locked})
-        log.warning("vm %s: its disk is still locked by its failed host; tried again (lock release window %g s, "
-                    "%.0f s left)", vm, window, first + window - now)
+        log.warning(
+            "vm %s: its disk is still locked by its failed host; tried again (lock release window %g s, %.0f s left)",
+            vm,
+            window,
+            first + window - now,
+        )
         return True
 
     def _last(self, op_id: str, vm: str, host: str, attempt: int, max_restart: int) -> bool:
@@ -444,23 +537,47 @@ class HostRecovery:
                     return None
                 size = Size(row.vcpus, row.memory_mib)
                 cluster = plane.capacity.hosts[host].cluster
-                rules = placement_rules(plane, conn, Scope(plane.capacity.hosts[host].zone, cluster), vm_id=row.id, ha=True,
-                                        action=f"restarting {vm} on {{host}}", keep_reserve=False)
-                request = PlacementRequest(size, exclude_hosts=frozenset({host}), cluster=cluster,
-                                           exclude_reason=f"the failed host {host}",
-                                           storage_hosts=self.volumes.storage_hosts(conn, row.id),
-                                           storage_reason="can not open the VM's disks (their pools are not on it)",
-                                           **rules)
+                rules = placement_rules(
+                    plane,
+                    conn,
+                    Scope(plane.capacity.hosts[host].zone, cluster),
+                    vm_id=row.id,
+                    ha=True,
+                    action=f"restarting {vm} on {{host}}",
+                    keep_reserve=False,
+                )
+                request = PlacementRequest(
+                    size,
+                    exclude_hosts=frozenset({host}),
+                    cluster=cluster,
+                    exclude_reason=f"the failed host {host}",
+                    storage_hosts=self.volumes.storage_hosts(conn, row.id),
+                    storage_reason="can not open the VM's disks (their pools are not on it)",
+                    **rules,
+                )
                 placement, host_id = plane.capacity.take_placement(conn, request)
-                restart_op = L.new_operation(conn, "restart", vm, row.id, row.project_id, step="claimed",
-                                             message=f"attempt {attempt}: claimed {size.vcpus} vCPU(s) / "
-                                                     f"{placement.memory_mib} MiB on {placement.host}",
-                                             result={"from": host, "host": placement.host, "recovery": op_id,
-                                                     "attempt": attempt})
-                freed = L.move_running_claim(conn, row.id, host_id, restart_op, size.vcpus, placement.memory_mib,
-                                             taken=True)
-                L.set_vm(conn, row.id, note=f"HA restart after {host} failed (attempt {attempt})",
-                         state=VmState.starting, host_id=host_id, overhead_mib=placement.overhead_mib)
+                restart_op = L.new_operation(
+                    conn,
+                    "restart",
+                    vm,
+                    row.id,
+                    row.project_id,
+                    step="claimed",
+                    message=f"attempt {attempt}: claimed {size.vcpus} vCPU(s) / "
+                    f"{placement.memory_mib} MiB on {placement.host}",
+                    result={"from": host, "host": placement.host, "recovery": op_id, "attempt": attempt},
+                )
+                freed = L.move_running_claim(
+                    conn, row.id, host_id, restart_op, size.vcpus, placement.memory_mib, taken=True
+                )
+                L.set_vm(
+                    conn,
+                    row.id,
+                    note=f"HA restart after {host} failed (attempt {attempt})",
+                    state=VmState.starting,
+                    host_id=host_id,
+                    overhead_mib=placement.overhead_mib,
+                )
             plane.capacity.give_back(freed)
             plane.capacity.add(placement.host, size.vcpus, placement.memory_mib)
         failpoints.hit("ha.claimed")
@@ -473,7 +590,7 @@ class HostRecovery:
         One run at a time in this process (carried: overdue.py); another one already running it: True."""
         with self._runs_lock:
             if op_id in self._running:
-                return True     # its other run settles it (its VM is `starting`: the recovery waits for it)
+                return True  # its other run settles it (its VM is `starting`: the recovery waits for it)
             self._running.add(op_id)
         try:
             with carrying(op_id):
@@ -516,12 +633,18 @@ class HostRecovery:
             current = driver.domain(spec.name)
             if current is None or not current.active:
                 driver.start(spec)
-        except Exception as exc:          # noqa: BLE001 - every failure is settled by asking the host
+        except Exception as exc:  # noqa: BLE001 - every failure is settled by asking the host
             return self._restart_failed(op_id, op, vm, exc)
         with plane.db.transaction() as conn:
             L.set_vm(conn, vm.id, note=f"restarted by HA after {op.result['from']} failed", state=VmState.running)
-            L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100,
-                            message=f"running on {vm.host_name}")
+            L.set_operation(
+                conn,
+                op_id,
+                state=OperationState.succeeded,
+                step="done",
+                progress=100,
+                message=f"running on {vm.host_name}",
+            )
             self._record(conn, op.result.get("recovery"), "restarted", vm.name, vm.host_name)
         metrics.OPERATIONS.labels("restart", "succeeded").inc()
         log.warning("vm %s restarted on %s (its host %s failed)", vm.name, vm.host_name, op.result["from"])
@@ -537,7 +660,7 @@ class HostRecovery:
                 time.sleep(1.0)
             try:
                 info = self.plane.drivers[host].domain(domain)
-            except Exception as exc:        # noqa: BLE001 - unknown is not absent
+            except Exception as exc:  # noqa: BLE001 - unknown is not absent
                 log.info("restart of %s: %s can not tell whether it runs (%s)", domain, host, exc)
                 continue
             return "running" if info is not None and info.active else "gone"
@@ -555,28 +678,52 @@ class HostRecovery:
                 if row.state != VmState.starting.value:
                     pass
                 elif presence == "running":
-                    L.set_vm(conn, vm.id, note=f"its restart reported {reason}, but it runs on {vm.host_name}",
-                             state=VmState.running)
+                    L.set_vm(
+                        conn,
+                        vm.id,
+                        note=f"its restart reported {reason}, but it runs on {vm.host_name}",
+                        state=VmState.running,
+                    )
                     self._record(conn, op.result.get("recovery"), "restarted", vm.name, vm.host_name)
                 elif presence == "unknown":
-                    L.set_vm(conn, vm.id, note=f"its restart failed and {vm.host_name} can not tell whether it runs: "
-                                               f"{reason}", state=VmState.unknown)
-                else:                       # confirmed not running there: back to the fenced host, tried again
+                    L.set_vm(
+                        conn,
+                        vm.id,
+                        note=f"its restart failed and {vm.host_name} can not tell whether it runs: {reason}",
+                        state=VmState.unknown,
+                    )
+                else:  # confirmed not running there: back to the fenced host, tried again
                     dead_id = plane.capacity.hosts[dead].id
-                    claim = conn.execute(select(L.CLAIMS.c.vcpus, L.CLAIMS.c.memory_mib).where(
-                        L.CLAIMS.c.vm_id == vm.id, L.CLAIMS.c.kind == ClaimKind.running.value)).first()
-                    freed = L.move_running_claim(conn, vm.id, dead_id, None, claim.vcpus, claim.memory_mib,
-                                                 taken=False)
-                    L.set_vm(conn, vm.id, note=f"HA restart on {vm.host_name} failed: {reason}", state=VmState.unknown,
-                             host_id=dead_id)
+                    claim = conn.execute(
+                        select(L.CLAIMS.c.vcpus, L.CLAIMS.c.memory_mib).where(
+                            L.CLAIMS.c.vm_id == vm.id, L.CLAIMS.c.kind == ClaimKind.running.value
+                        )
+                    ).first()
+                    freed = L.move_running_claim(conn, vm.id, dead_id, None, claim.vcpus, claim.memory_mib, taken=False)
+                    L.set_vm(
+                        conn,
+                        vm.id,
+                        note=f"HA restart on {vm.host_name} failed: {reason}",
+                        state=VmState.unknown,
+                        host_id=dead_id,
+                    )
                     plane.capacity.add(dead, claim.vcpus, claim.memory_mib)
-                L.set_operation(conn, op_id, state=OperationState.failed, step="done", progress=100,
-                                message=f"restart on {vm.host_name} failed: {reason}")
+                L.set_operation(
+                    conn,
+                    op_id,
+                    state=OperationState.failed,
+                    step="done",
+                    progress=100,
+                    message=f"restart on {vm.host_name} failed: {reason}",
+                )
             plane.capacity.give_back(freed)
         metrics.OPERATIONS.labels("restart", "failed").inc()
-        self._note(op.result.get("recovery"), vm.name, f"attempt {op.result.get('attempt')} on {vm.host_name}: {reason}")
-        log.error("vm %s: HA restart on %s failed (%s); its domain is %s there", vm.name, vm.host_name, reason,
-                  presence)
+        self._note(
+            op.result.get("recovery"), vm.name, f"attempt {op.result.get('attempt')} on {vm.host_name}: {reason}"
+        )
+        log.error(
+            "vm %s: HA restart on %s failed (%s); its domain is %s there", vm.name, vm.host_name, reason, presence
+        )
         return presence != "gone"
 
     def _give_up(self, op_id: str, vm: str, host: str, why: str) -> None:
@@ -587,6 +734,7 @@ class HostRecovery:
         def in_error(conn, row) -> None:
             L.set_vm(conn, row.id, note="HA gave up", state=VmState.error)
             self._record(conn, op_id, "failed", vm, why)
+
         if self._release(vm, host, f"its host {host} failed; {why}", in_error):
             log.error("vm %s: %s; it is in error", vm, why)
 
@@ -609,4 +757,3 @@ class HostRecovery:
             L.set_operation(conn, op_id, state=state, step="done", progress=100, message=message)
         metrics.OPERATIONS.labels("recover", state.value).inc()
         log.warning("recovery %s: %s", op_id[:8], message)
-

@@ -32,8 +32,9 @@ def libvirt_driver(host: str, uri: str | None) -> Driver:
     try:
         from vmplane.hosts.drivers.libvirt import LibvirtDriver
     except ImportError:
-        raise Invalid("libvirt hosts need the libvirt-python package (scripts/setup.sh installs it)",
-                      field="driver") from None
+        raise Invalid(
+            "libvirt hosts need the libvirt-python package (scripts/setup.sh installs it)", field="driver"
+        ) from None
     return LibvirtDriver(host, uri or "")
 
 
@@ -49,8 +50,9 @@ class HostAdmin:
 
     def _make_driver(self, host: Host) -> Driver:
         if host.driver == "sim":
-            return SimDriver(host.name, HostInfo(host.cores, host.cpu_mhz, host.memory_mib),
-                             SimFabric.for_store(self.plane.db.url))
+            return SimDriver(
+                host.name, HostInfo(host.cores, host.cpu_mhz, host.memory_mib), SimFabric.for_store(self.plane.db.url)
+            )
         return libvirt_driver(host.name, host.uri)
 
     def set_host_state(self, name: str, state: HostState) -> None:
@@ -64,9 +66,12 @@ class HostAdmin:
                 if now is None:
                     raise NotFound(f"host {name!r} does not exist", field="host")
                 if now in UNREACHABLE and now != state.value:
-                    raise Conflict(f"host {name} is {now}: it does not answer; its state comes back when it does "
-                                   f"(vmplane host show {name} says why)", field="host")
-                L.set_host_state(conn, name, state)         # records the change in the event log
+                    raise Conflict(
+                        f"host {name} is {now}: it does not answer; its state comes back when it does "
+                        f"(vmplane host show {name} says why)",
+                        field="host",
+                    )
+                L.set_host_state(conn, name, state)  # records the change in the event log
             capacity.set_state(name, state)
 
     def refresh(self) -> None:
@@ -78,13 +83,21 @@ class HostAdmin:
             gone = [drivers.pop(name) for name in set(drivers) - set(hosts)]
             for name in set(hosts) - set(drivers):
                 drivers[name] = self._make_driver(hosts[name])
-        for driver in gone:         # outside the lock: closing asks the daemon, which may not answer
+        for driver in gone:  # outside the lock: closing asks the daemon, which may not answer
             driver.close()
         self.plane.capacity.rebuild()
 
-    def add_host(self, name: str, cluster: str, driver: str, cores: int | None = None,
-                 cpu_mhz: int | None = None, memory_mib: int | None = None, uri: str | None = None,
-                 migration_address: str | None = None) -> Host:
+    def add_host(
+        self,
+        name: str,
+        cluster: str,
+        driver: str,
+        cores: int | None = None,
+        cpu_mhz: int | None = None,
+        memory_mib: int | None = None,
+        uri: str | None = None,
+        migration_address: str | None = None,
+    ) -> Host:
         check_name(name)
         if driver == "sim":
             for field, value in (("cores", cores), ("cpu_mhz", cpu_mhz), ("memory_mib", memory_mib)):
@@ -94,8 +107,10 @@ class HostAdmin:
                     raise Invalid(f"{field} must be greater than 0, got {value}", field=field)
         elif driver == "libvirt":
             if not uri:
-                raise Invalid("a libvirt host needs its uri (qemu+tls://HOST/system, or qemu+unix:///system?socket=...)",
-                              field="uri")
+                raise Invalid(
+                    "a libvirt host needs its uri (qemu+tls://HOST/system, or qemu+unix:///system?socket=...)",
+                    field="uri",
+                )
             probe = libvirt_driver(name, uri)
             try:
                 info = probe.host_info()
@@ -110,14 +125,27 @@ class HostAdmin:
             with self.plane.db.write() as s:
                 ensure_new(s, Host, name)
                 c = get_by_name(s, Cluster, cluster, field="cluster")
-                s.add(Host(name=name, cluster_id=c.id, driver=driver, uri=uri, cores=cores, cpu_mhz=cpu_mhz,
-                           memory_mib=memory_mib, state=HostState.enabled.value, used_vcpus=0, used_memory_mib=0,
-                           migration_address=migration_address, fence_agents=default_agents(driver, uri)))
+                s.add(
+                    Host(
+                        name=name,
+                        cluster_id=c.id,
+                        driver=driver,
+                        uri=uri,
+                        cores=cores,
+                        cpu_mhz=cpu_mhz,
+                        memory_mib=memory_mib,
+                        state=HostState.enabled.value,
+                        used_vcpus=0,
+                        used_memory_mib=0,
+                        migration_address=migration_address,
+                        fence_agents=default_agents(driver, uri),
+                    )
+                )
             host = self.host(name)
             self.plane.drivers[name] = self._make_driver(host)
             self.plane.capacity.put_host(host)
         if self.plane.membership.epoch is not None:
-            self.plane.membership.balance()      # its listener: this process or another, from now on
+            self.plane.membership.balance()  # its listener: this process or another, from now on
         return host
 
     def remove_host(self, name: str) -> None:

@@ -22,16 +22,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from vmplane.store.events import acting_as, record
 from vmplane.core.model import VmState
-from vmplane.store.ownership import owned
+from vmplane.core.names import domain_name
 from vmplane.plane.settle import settle_vm
 from vmplane.store import ledger as L
-from vmplane.core.names import domain_name
-from typing import TYPE_CHECKING
+from vmplane.store.events import acting_as, record
+from vmplane.store.ownership import owned
 
 if TYPE_CHECKING:
     from vmplane.plane.context import Plane
@@ -67,7 +67,7 @@ class HostEvents:
         """Watch every driver that can be watched (hosts added later included)."""
         for host, driver in list(self.plane.drivers.items()):
             if not self.plane.membership.owns_host(host):
-                continue            # another control-plane process listens to it
+                continue  # another control-plane process listens to it
             watch = getattr(driver, "watch", None)
             if watch is not None and id(driver) not in self._watched:
                 watch(self.on_event)
@@ -88,18 +88,18 @@ class HostEvents:
             except queue.Empty:
                 continue
             if not self.plane.membership.owns_host(item[0]):
-                continue            # no longer this process's host: its new listener reads it at attach
+                continue  # no longer this process's host: its new listener reads it at attach
             try:
                 with acting_as(CAUSE), owned(self.plane.membership.epoch):
                     self.handle(*item)
-            except Exception:       # one bad event must not end the loop
+            except Exception:  # one bad event must not end the loop
                 log.exception("libvirt event %s", item)
 
     def handle(self, host: str, domain: str, event: int, detail: int) -> str | None:
         prefix = domain_name("")
         if not domain.startswith(prefix):
             return None
-        vm = domain[len(prefix):]
+        vm = domain[len(prefix) :]
         if event in SETTLES:
             what = SETTLES[event]
             if event == STOPPED:
@@ -107,8 +107,14 @@ class HostEvents:
             elif event == SHUTDOWN:
                 what = SHUTDOWN_DETAIL.get(detail, what)
             # migrated away: it may run on another host (a migration vmplane did not order): settle_vm asks
-            return settle_vm(self.plane, vm, host, CAUSE, f"libvirt on {host}: the domain {what}",
-                             migrated=event == STOPPED and detail == STOPPED_MIGRATED)
+            return settle_vm(
+                self.plane,
+                vm,
+                host,
+                CAUSE,
+                f"libvirt on {host}: the domain {what}",
+                migrated=event == STOPPED and detail == STOPPED_MIGRATED,
+            )
         if event in NOTES:
             self._note(vm, host, NOTES[event], detail)
         return None
@@ -116,10 +122,18 @@ class HostEvents:
     def _note(self, vm: str, host: str, what: str, detail: int) -> None:
         v, h = L.VMS.c, L.HOSTS.c
         with self.plane.db.transaction() as conn:
-            row = conn.execute(select(v.project_id, v.state).join(L.HOSTS, h.id == v.host_id)
-                               .where(v.name == vm, h.name == host)).first()
+            row = conn.execute(
+                select(v.project_id, v.state).join(L.HOSTS, h.id == v.host_id).where(v.name == vm, h.name == host)
+            ).first()
             if row is None or row.state != VmState.running.value:
-                return              # an operation owns it, or it is not recorded here
-            record(conn, "vm", vm, message=f"libvirt on {host}: the domain was {what} (detail {detail}); "
-                                           f"it stays running and charged", vm=vm, host=host,
-                   project_id=row.project_id, cause=CAUSE)
+                return  # an operation owns it, or it is not recorded here
+            record(
+                conn,
+                "vm",
+                vm,
+                message=f"libvirt on {host}: the domain was {what} (detail {detail}); it stays running and charged",
+                vm=vm,
+                host=host,
+                project_id=row.project_id,
+                cause=CAUSE,
+            )

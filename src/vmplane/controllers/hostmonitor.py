@@ -31,19 +31,19 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import select
 
-from vmplane.core.driver import DriverError
-from vmplane.store.events import acting_as
-from vmplane.plane.loops import every
+from vmplane.core.driver import Driver, DriverError
 from vmplane.core.migration import ACTIVE as ACTIVE_MIGRATION
-from vmplane.core.model import IN_FLIGHT_OPERATION_VALUES as IN_FLIGHT, UNREACHABLE_HOST_STATES, HostState, VmState
+from vmplane.core.model import IN_FLIGHT_OPERATION_VALUES as IN_FLIGHT
+from vmplane.core.model import UNREACHABLE_HOST_STATES, HostState, VmState
+from vmplane.plane.loops import every
 from vmplane.plane.settle import settle_vm
 from vmplane.store import ledger as L
+from vmplane.store.events import acting_as
 from vmplane.store.schema import utcnow
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vmplane.plane.context import Plane
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vmplane.hostmonitor")
 CAUSE = "monitor"
 PROBE_THREADS = 8
-PROBE_DEADLINE_S = 30.0     # libvirt's keepalive (5 s x 3) ends a call to a silent daemon well before
+PROBE_DEADLINE_S = 30.0  # libvirt's keepalive (5 s x 3) ends a call to a silent daemon well before
 
 
 def probe(driver) -> DriverError | None:
@@ -67,14 +67,20 @@ class HostMonitor:
     def __init__(self, plane: Plane):
         self.plane = plane
         self._stop = threading.Event()
-        self._probing: dict[str, Future] = {}      # each host's last probe (one still running is not asked again)
-        self._unknown_due = 0.0                     # when unknown VMs are settled next (time.monotonic())
+        self._probing: dict[str, Future] = {}  # each host's last probe (one still running is not asked again)
+        self._unknown_due = 0.0  # when unknown VMs are settled next (time.monotonic())
 
     def start(self) -> None:
         """Check the hosts every `vmplane.host.check.interval` seconds until stop()."""
 
-        every(lambda: float(self.plane.catalog.effective("vmplane.host.check.interval")), self.check, self._stop,
-              "host-monitor", log, owner=lambda: self.plane.membership.epoch)
+        every(
+            lambda: float(cast(float, self.plane.catalog.effective("vmplane.host.check.interval"))),
+            self.check,
+            self._stop,
+            "host-monitor",
+            log,
+            owner=lambda: self.plane.membership.epoch,
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -82,8 +88,11 @@ class HostMonitor:
     # -- one pass ------------------------------------------------------------------------------
     def check(self) -> list[str]:
         """One pass over every host; returns what changed, in words."""
-        hosts = [(name, d) for name, d in list(self.plane.drivers.items())
-                 if name in self.plane.capacity.index and self.plane.membership.owns_host(name)]    # the hosts this process listens to
+        hosts = [
+            (name, d)
+            for name, d in list(self.plane.drivers.items())
+            if name in self.plane.capacity.index and self.plane.membership.owns_host(name)
+        ]  # the hosts this process listens to
         if not hosts:
             return []
         answers = self._probe(hosts)
@@ -91,7 +100,7 @@ class HostMonitor:
         with acting_as(CAUSE):
             for (name, _), error in zip(hosts, answers):
                 if name not in self.plane.capacity.index:
-                    continue                    # removed meanwhile
+                    continue  # removed meanwhile
                 state = self.plane.capacity.index.host(name).state
                 down = state in UNREACHABLE_HOST_STATES
                 if error is not None:
@@ -101,13 +110,13 @@ class HostMonitor:
         changes += self._settle_unknown_when_due([name for (name, _), error in zip(hosts, answers) if error is None])
         return changes
 
-    def _probe(self, hosts: list[tuple[str, object]]) -> list[DriverError | None]:
+    def _probe(self, hosts: list[tuple[str, Driver]]) -> list[DriverError | None]:
         """Each host's answer, in parallel. A probe not answered within PROBE_DEADLINE_S is "does not answer",
         whatever libvirt's keepalive does (a call it never ends would hold every later verdict); it is
         left running, and its host counts as not answering until it ends."""
         asked = {name for name, _ in hosts}
         for name in [n for n, f in list(self._probing.items()) if n not in asked and f.done()]:
-            self._probing.pop(name, None)       # a host removed or handed to another process
+            self._probing.pop(name, None)  # a host removed or handed to another process
         pool = ThreadPoolExecutor(min(PROBE_THREADS, len(hosts)), thread_name_prefix="vmplane-probe")
         try:
             for name, driver in hosts:
@@ -117,16 +126,22 @@ class HostMonitor:
             wait(futures, timeout=PROBE_DEADLINE_S)
         finally:
             pool.shutdown(wait=False)
-        return [f.result() if f.done() else DriverError(name, f"no answer within {PROBE_DEADLINE_S:g} s")
-                for (name, _), f in zip(hosts, futures)]
+        return [
+            f.result() if f.done() else DriverError(name, f"no answer within {PROBE_DEADLINE_S:g} s")
+            for (name, _), f in zip(hosts, futures)
+        ]
 
     def _recovering(self, host: str) -> bool:
         """Whether HA's recovery of this fenced host is still in flight: its VMs are that operation's until
         it ends (a restart of the control plane may have started the host's daemon again meanwhile)."""
         op = L.OPERATIONS.c
         with self.plane.db.read() as s:
-            return s.connection().execute(select(op.id).where(
-                op.kind == "recover", op.target == host, op.state.in_(IN_FLIGHT)).limit(1)).first() is not None
+            return (
+                s.connection()
+                .execute(select(op.id).where(op.kind == "recover", op.target == host, op.state.in_(IN_FLIGHT)).limit(1))
+                .first()
+                is not None
+            )
 
     # -- down --------------------------------------------------------------------------------
     def _mark_down(self, name: str, error: DriverError) -> list[str]:
@@ -137,8 +152,15 @@ class HostMonitor:
                 if row is None or row.state == HostState.down.value:
                     return []
                 reason = f"its hypervisor does not answer: {error}"
-                L.set_host_state(conn, name, HostState.down, reason, state_before_down=row.state,
-                                 state_reason=reason, down_since=utcnow())
+                L.set_host_state(
+                    conn,
+                    name,
+                    HostState.down,
+                    reason,
+                    state_before_down=row.state,
+                    state_reason=reason,
+                    down_since=utcnow(),
+                )
                 moved = self._running_to_unknown(conn, row.id, name)
             self.plane.capacity.set_state(name, HostState.down)
         log.error("host %s is down (%s); %d VM(s) unknown; it was %s", name, error, moved, row.state)
@@ -154,11 +176,18 @@ class HostMonitor:
     @staticmethod
     def _running_to_unknown(conn, host_id: int, host: str) -> int:
         v = L.VMS.c
-        ids = conn.execute(select(v.id).where(v.host_id == host_id, v.state == VmState.running.value)
-                           .with_for_update()).scalars().all()
-        for vm_id in ids:           # each change is an event (the ledger records it)
-            L.set_vm(conn, vm_id, f"its host {host} does not answer; still charged, never started elsewhere",
-                     state=VmState.unknown)
+        ids = (
+            conn.execute(select(v.id).where(v.host_id == host_id, v.state == VmState.running.value).with_for_update())
+            .scalars()
+            .all()
+        )
+        for vm_id in ids:  # each change is an event (the ledger records it)
+            L.set_vm(
+                conn,
+                vm_id,
+                f"its host {host} does not answer; still charged, never started elsewhere",
+                state=VmState.unknown,
+            )
         return len(ids)
 
     # -- back ----------------------------------------------------------------------------------
@@ -166,20 +195,35 @@ class HostMonitor:
         h, v = L.HOSTS.c, L.VMS.c
         with self.plane.capacity.lock:
             with self.plane.db.transaction() as conn:
-                row = conn.execute(select(h.id, h.state, h.state_before_down).where(h.name == name)
-                                   .with_for_update()).first()
+                row = conn.execute(
+                    select(h.id, h.state, h.state_before_down).where(h.name == name).with_for_update()
+                ).first()
                 if row is None or row.state not in (HostState.down.value, HostState.fenced.value):
                     return []
                 restored = row.state_before_down or HostState.enabled.value
-                L.set_host_state(conn, name, restored, f"its hypervisor answers again; its state before it went "
-                                 f"{row.state} is restored", state_before_down=None, state_reason=None,
-                                 down_since=None)
+                L.set_host_state(
+                    conn,
+                    name,
+                    restored,
+                    f"its hypervisor answers again; its state before it went {row.state} is restored",
+                    state_before_down=None,
+                    state_reason=None,
+                    down_since=None,
+                )
             self.plane.capacity.set_state(name, HostState(restored))
         with self.plane.db.read() as s:
-            names = s.connection().execute(select(v.name).where(
-                v.host_id == row.id, v.state.in_([VmState.running.value, VmState.unknown.value]))).scalars().all()
+            names = (
+                s.connection()
+                .execute(
+                    select(v.name).where(
+                        v.host_id == row.id, v.state.in_([VmState.running.value, VmState.unknown.value])
+                    )
+                )
+                .scalars()
+                .all()
+            )
         outcome: dict[str | None, int] = {}
-        for vm_name in names:       # every VM recorded on it, not only the unknown ones
+        for vm_name in names:  # every VM recorded on it, not only the unknown ones
             new = settle_vm(self.plane, vm_name, name, CAUSE, f"host {name} is back")
             outcome[new] = outcome.get(new, 0) + 1
         found, gone = outcome.get(VmState.running.value, 0), outcome.get(VmState.stopped.value, 0)
@@ -191,7 +235,7 @@ class HostMonitor:
         now = time.monotonic()
         if now < self._unknown_due:
             return []
-        self._unknown_due = now + float(self.plane.catalog.effective("vmplane.unknown.settle.interval"))
+        self._unknown_due = now + float(cast(float, self.plane.catalog.effective("vmplane.unknown.settle.interval")))
         return self.settle_unknown(answered)
 
     def settle_unknown(self, answered: list[str]) -> list[str]:
@@ -199,16 +243,29 @@ class HostMonitor:
         down nor fenced, settled from what the hosts run (settle_vm): running, stopped, or left unknown when
         another host of its zone runs it or can not be asked. VMs an operation or a migration in flight owns
         are left to it. Returns what changed, in words."""
-        hosts = [h for h in answered if h in self.plane.capacity.index and self.plane.capacity.index.host(h).state not in UNREACHABLE_HOST_STATES]
+        hosts = [
+            h
+            for h in answered
+            if h in self.plane.capacity.index and self.plane.capacity.index.host(h).state not in UNREACHABLE_HOST_STATES
+        ]
         if not hosts:
             return []
         v, h, op, m = L.VMS.c, L.HOSTS.c, L.OPERATIONS.c, L.MIGRATIONS.c
         owned = select(op.vm_id).where(op.state.in_(IN_FLIGHT), op.vm_id.is_not(None))
         migrating = select(m.vm_id).where(m.state.in_([st.value for st in ACTIVE_MIGRATION]))
         with self.plane.db.read() as s:
-            rows = s.connection().execute(select(v.name, h.name).join(L.HOSTS, h.id == v.host_id).where(
-                v.state == VmState.unknown.value, h.name.in_(hosts), v.id.not_in(owned), v.id.not_in(migrating))
-                .order_by(v.name)).all()
+            rows = (
+                s.connection()
+                .execute(
+                    select(v.name, h.name)
+                    .join(L.HOSTS, h.id == v.host_id)
+                    .where(
+                        v.state == VmState.unknown.value, h.name.in_(hosts), v.id.not_in(owned), v.id.not_in(migrating)
+                    )
+                    .order_by(v.name)
+                )
+                .all()
+            )
         changes = []
         for vm_name, host in rows:
             new = settle_vm(self.plane, vm_name, host, CAUSE, f"unknown while its host {host} answers")

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from vmplane.core import failpoints
-from vmplane.plane import metrics
 from vmplane.core.errors import Conflict, Invalid, NotFound
 from vmplane.core.model import HostState, OperationState, VmState
-from vmplane.plane.carried import carrying
 from vmplane.core.placement import CapacityIndex
+from vmplane.plane import metrics
+from vmplane.plane.carried import carrying
 from vmplane.store import ledger as L
 
 if TYPE_CHECKING:
@@ -44,9 +44,9 @@ class Maintenance:
         with self.plane.db.transaction() as conn:
             op_id = L.new_operation(conn, "drain", host, None, None, step="maintenance")
         try:
-            with carrying(op_id):       # run in the request's thread, not by Orchestrator._run
+            with carrying(op_id):  # run in the request's thread, not by Orchestrator._run
                 return self._drain(host, op_id)
-        except Exception as exc:        # the drain operation must end, whatever happened
+        except Exception as exc:  # the drain operation must end, whatever happened
             self.plane.ops.fail(op_id, exc)
             raise
 
@@ -62,9 +62,16 @@ class Maintenance:
             with self.plane.db.transaction() as conn:
                 L.set_operation(conn, op_id, state=OperationState.running, step="admitting migrations", progress=20)
         with self.plane.db.read() as s:
-            vms = s.connection().execute(
-                select(L.VMS.c.name, L.VMS.c.state, L.VMS.c.memory_mib).join(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id)
-                .where(L.HOSTS.c.name == host).order_by(L.VMS.c.memory_mib.desc(), L.VMS.c.name)).all()
+            vms = (
+                s.connection()
+                .execute(
+                    select(L.VMS.c.name, L.VMS.c.state, L.VMS.c.memory_mib)
+                    .join(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id)
+                    .where(L.HOSTS.c.name == host)
+                    .order_by(L.VMS.c.memory_mib.desc(), L.VMS.c.name)
+                )
+                .all()
+            )
         planned, unplaceable = [], []
         # a dry run plans on its own copy of the index: the shared one stays exact for real admissions
         # meanwhile (a plan added there, even for a moment, could refuse them for usage nobody claimed)
@@ -82,23 +89,34 @@ class Maintenance:
                     with self.plane.db.read() as s:
                         vm = L.vm_row(s.connection(), name=name)
                     placement = self.migrator.plan(vm, None, index=index)
-                    index.add_usage(placement.host, vm.vcpus, placement.memory_mib)     # the next VMs see it
+                    index.add_usage(placement.host, vm.vcpus, placement.memory_mib)  # the next VMs see it
                     planned.append({"vm": name, "target": placement.host, "claim_memory_mib": placement.memory_mib})
                 else:
                     mig = self.migrator.migrate(name, reason=f"draining {host} for maintenance")
-                    planned.append({"vm": name, "target": mig["target"], "migration": mig["id"],
-                                    "state": mig["state"]})
+                    planned.append({"vm": name, "target": mig["target"], "migration": mig["id"], "state": mig["state"]})
                     failpoints.hit("drain.mid")
             except (Conflict, Invalid, NotFound) as exc:
                 unplaceable.append({"vm": name, "reason": exc.message})
-            except Exception as exc:    # InsufficientCapacity and the like: reported, not stopped
+            except Exception as exc:  # noqa: BLE001 - InsufficientCapacity and the like: reported, not stopped
                 unplaceable.append({"vm": name, "reason": getattr(exc, "message", str(exc))})
-        result = {"host": host, "state": "maintenance" if not dry_run else self.plane.capacity.host(host).state.value,
-                  "dry_run": dry_run, "migrations": planned, "unplaceable": unplaceable}
+        result = {
+            "host": host,
+            "state": "maintenance" if not dry_run else self.plane.capacity.host(host).state.value,
+            "dry_run": dry_run,
+            "migrations": planned,
+            "unplaceable": unplaceable,
+        }
         if not dry_run:
             with self.plane.db.transaction() as conn:
-                L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100, result=result,
-                                message=f"{len(planned)} migration(s) admitted, {len(unplaceable)} VM(s) fit nowhere")
+                L.set_operation(
+                    conn,
+                    op_id,
+                    state=OperationState.succeeded,
+                    step="done",
+                    progress=100,
+                    result=result,
+                    message=f"{len(planned)} migration(s) admitted, {len(unplaceable)} VM(s) fit nowhere",
+                )
             metrics.OPERATIONS.labels("drain", "succeeded").inc()
             result["operation_id"] = op_id
         return result
@@ -106,12 +124,23 @@ class Maintenance:
     def _still_running(self, host: str) -> str:
         """What a second `maintenance enter` could still do: retry the VMs that fit nowhere the first time."""
         with self.plane.db.read() as s:
-            left = s.connection().execute(select(L.VMS.c.name).join(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id).where(
-                L.HOSTS.c.name == host, L.VMS.c.state == VmState.running.value).order_by(L.VMS.c.name)).scalars().all()
+            left = (
+                s.connection()
+                .execute(
+                    select(L.VMS.c.name)
+                    .join(L.HOSTS, L.HOSTS.c.id == L.VMS.c.host_id)
+                    .where(L.HOSTS.c.name == host, L.VMS.c.state == VmState.running.value)
+                    .order_by(L.VMS.c.name)
+                )
+                .scalars()
+                .all()
+            )
         if not left:
             return ""
-        return (f"; {len(left)} VM(s) still run on it ({', '.join(left[:5])}{', ...' if len(left) > 5 else ''}): "
-                f"exit and enter maintenance again to retry draining them")
+        return (
+            f"; {len(left)} VM(s) still run on it ({', '.join(left[:5])}{', ...' if len(left) > 5 else ''}): "
+            f"exit and enter maintenance again to retry draining them"
+        )
 
     def exit(self, host: str) -> dict:
         if host not in self.plane.capacity.index:

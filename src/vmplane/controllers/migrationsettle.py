@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 import threading
-
-from vmplane.store.events import acting_as
-from vmplane.plane.loops import every
 from typing import TYPE_CHECKING
+
+from vmplane.plane.loops import every
+from vmplane.store.events import acting_as
 
 if TYPE_CHECKING:
     from vmplane.controllers.migrator import Migrator
@@ -35,8 +35,15 @@ class MigrationSettle:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        every(lambda: self.interval_s, self.run_once, self._stop, "migration-settle", log,
-              when=self.plane.membership.coordinates, owner=lambda: self.plane.membership.epoch)
+        every(
+            lambda: self.interval_s,
+            self.run_once,
+            self._stop,
+            "migration-settle",
+            log,
+            when=self.plane.membership.coordinates,
+            owner=lambda: self.plane.membership.epoch,
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -53,9 +60,9 @@ class MigrationSettle:
                     continue
                 try:
                     done[mig["id"]] = migrator.settle(mig["id"], why=self._why(mig))
-                except Exception:       # this one again at the next pass; the others go on
+                except Exception:  # this one again at the next pass; the others go on
                     log.exception("migration %s: settle", mig["id"])
-        migrator.pump()     # a slot may have freed; a queued migration whose host failed meanwhile ends
+        migrator.pump()  # a slot may have freed; a queued migration whose host failed meanwhile ends
         return done
 
     @staticmethod

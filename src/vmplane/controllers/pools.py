@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Row
 
-from vmplane.store import events
 from vmplane.core import storagerules as R
 from vmplane.core.driver import Driver, DriverError, PoolInfo, PoolSpec
 from vmplane.core.errors import AlreadyExists, Conflict, InsufficientCapacity, NotFound
 from vmplane.core.names import check_name
+from vmplane.store import events
 from vmplane.store import storageledger as SL
 from vmplane.store.schema import Cluster, Host, Pool, Volume
 
@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 
 def view(row: Row) -> R.PoolView:
-    return R.PoolView(row.name, row.kind, row.cluster_name, row.host_name, row.path, row.state,
-                      row.capacity_mib, row.used_mib)
+    return R.PoolView(
+        row.name, row.kind, row.cluster_name, row.host_name, row.path, row.state, row.capacity_mib, row.used_mib
+    )
 
 
 class Pools:
@@ -79,8 +80,9 @@ class Pools:
         raise Conflict(f"pool {pool.name}: no host answers ({'; '.join(errors) or 'it has no host'})", field="pool")
 
     # -- changing --------------------------------------------------------------------------------
-    def create(self, name: str, kind: str, cluster: str | None = None, host: str | None = None,
-               path: str | None = None) -> Row:
+    def create(
+        self, name: str, kind: str, cluster: str | None = None, host: str | None = None, path: str | None = None
+    ) -> Row:
         """Define a pool on its host(s) and record what they report; nothing is left behind if a host
         refuses (the definitions made are removed)."""
         check_name(name)
@@ -109,16 +111,38 @@ class Pools:
         checked = kind == "shared" and self._probe_shared(name, hosts)
         if kind == "shared" and not checked:
             self._undefine(name, hosts)
-            raise Conflict(f"pool {name}: {path} is not shared by the hosts of cluster {cluster}: a file created "
-                           f"through {hosts[0]} is not seen by the others", field="path")
+            raise Conflict(
+                f"pool {name}: {path} is not shared by the hosts of cluster {cluster}: a file created "
+                f"through {hosts[0]} is not seen by the others",
+                field="path",
+            )
         info = infos[0]
         with self.plane.db.transaction() as conn:
-            conn.execute(Pool.__table__.insert(), dict(
-                name=name, kind=kind, cluster_id=cluster_id, host_id=host_id, path=path, state=info.state,
-                capacity_mib=info.capacity_mib, allocation_mib=info.allocation_mib, available_mib=info.available_mib,
-                used_mib=0, shared_checked=checked))
-            events.record(conn, "pool", name, old_state=None, new_state=info.state,
-                          message=f"{kind} pool at {path} on {', '.join(hosts)}", host=host)
+            conn.execute(
+                Pool.__table__.insert(),
+                dict(
+                    name=name,
+                    kind=kind,
+                    cluster_id=cluster_id,
+                    host_id=host_id,
+                    path=path,
+                    state=info.state,
+                    capacity_mib=info.capacity_mib,
+                    allocation_mib=info.allocation_mib,
+                    available_mib=info.available_mib,
+                    used_mib=0,
+                    shared_checked=checked,
+                ),
+            )
+            events.record(
+                conn,
+                "pool",
+                name,
+                old_state=None,
+                new_state=info.state,
+                message=f"{kind} pool at {path} on {', '.join(hosts)}",
+                host=host,
+            )
             return SL.pool_row(conn, name)
 
     def _define_everywhere(self, name: str, path: str, hosts: list[str]) -> list[PoolInfo]:
@@ -160,8 +184,11 @@ class Pools:
     def delete(self, name: str) -> None:
         pool = self.row(name)
         with self.plane.db.read() as s:
-            used = list(s.scalars(select(Volume.name).where(
-                (Volume.pool_id == pool.id) | (Volume.copy_pool_id == pool.id)).limit(5)))
+            used = list(
+                s.scalars(
+                    select(Volume.name).where((Volume.pool_id == pool.id) | (Volume.copy_pool_id == pool.id)).limit(5)
+                )
+            )
         if used:
             raise Conflict(f"pool {name} holds volumes ({', '.join(used)}); delete or move them first", field="name")
         self._undefine(name, self.hosts_of(pool))
@@ -185,10 +212,11 @@ class Pools:
                     continue
                 state = info.state if info else "missing"
                 break
-            fields = {"state": state}
+            fields: dict[str, object] = {"state": state}
             if info is not None:
-                fields.update(capacity_mib=info.capacity_mib, allocation_mib=info.allocation_mib,
-                              available_mib=info.available_mib)
+                fields.update(
+                    capacity_mib=info.capacity_mib, allocation_mib=info.allocation_mib, available_mib=info.available_mib
+                )
             with self.plane.db.transaction() as conn:
                 conn.execute(Pool.__table__.update().where(Pool.__table__.c.id == pool.id).values(**fields))
         return [self.row(name)] if name else self.rows()
@@ -197,8 +225,11 @@ class Pools:
         """Take `mib` on the pool (compare-and-add); refused naming its room, or, if it fitted when read,
         naming the request that took the room meanwhile."""
         if pool.free_mib < mib:
-            raise InsufficientCapacity(f"pool {pool.name}: {max(pool.free_mib, 0)} MiB free of {pool.capacity_mib} "
-                                       f"MiB, {mib} MiB asked", field="pool")
+            raise InsufficientCapacity(
+                f"pool {pool.name}: {max(pool.free_mib, 0)} MiB free of {pool.capacity_mib} MiB, {mib} MiB asked",
+                field="pool",
+            )
         if not SL.take_on_pool(conn, pool_id, mib):
-            raise InsufficientCapacity(f"pool {pool.name} has no room for {mib} MiB any more (another request "
-                                       f"took it); retry", field="pool")
+            raise InsufficientCapacity(
+                f"pool {pool.name} has no room for {mib} MiB any more (another request took it); retry", field="pool"
+            )

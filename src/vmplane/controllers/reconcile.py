@@ -26,8 +26,8 @@ from sqlalchemy import select, update
 from vmplane.core.driver import DriverError
 from vmplane.core.migration import ACTIVE
 from vmplane.core.model import ClaimKind, OperationState, VmState
-from vmplane.store import ledger as L
 from vmplane.core.names import domain_name
+from vmplane.store import ledger as L
 
 if TYPE_CHECKING:
     from vmplane.plane.context import Plane
@@ -40,7 +40,7 @@ _ACTIVE_MIGRATION = [st.value for st in ACTIVE]
 class _Hosts:
     """What each host runs, asked once per reconcile; None for a host that can not be asked."""
 
-    def __init__(self, plane: "Plane"):
+    def __init__(self, plane: Plane):
         self.plane = plane
         self._seen: dict[str, set[str] | None] = {}
 
@@ -50,21 +50,26 @@ class _Hosts:
             try:
                 if driver is None:
                     raise DriverError(host, "no driver")
-                self._seen[host] = {d.name for d in driver.domains() if d.active}   # paused holds memory too
+                self._seen[host] = {d.name for d in driver.domains() if d.active}  # paused holds memory too
             except DriverError as exc:
-                log.warning("reconcile: host %s can not be asked (%s); VMs that depend on it are left as they "
-                            "are", host, exc)
+                log.warning(
+                    "reconcile: host %s can not be asked (%s); VMs that depend on it are left as they are", host, exc
+                )
                 self._seen[host] = None
         return self._seen[host]
 
 
-def reconcile(plane: "Plane") -> list[str]:
+def reconcile(plane: Plane) -> list[str]:
     """Compare every `running` VM with the hosts of its zone (see the module); returns findings in words."""
     v, h, m = L.VMS.c, L.HOSTS.c, L.MIGRATIONS.c
     with plane.db.read() as s:
         conn = s.connection()
-        rows = conn.execute(select(v.id, v.name, h.name, v.updated_at).join(L.HOSTS, h.id == v.host_id)
-                            .where(v.state == VmState.running.value).order_by(v.name)).all()
+        rows = conn.execute(
+            select(v.id, v.name, h.name, v.updated_at)
+            .join(L.HOSTS, h.id == v.host_id)
+            .where(v.state == VmState.running.value)
+            .order_by(v.name)
+        ).all()
         migrating = set(conn.execute(select(m.vm_id).where(m.state.in_(_ACTIVE_MIGRATION))).scalars())
     hosts = _Hosts(plane)
     findings = []
@@ -78,8 +83,12 @@ def reconcile(plane: "Plane") -> list[str]:
         silent = [n for n in others if hosts.running(n) is None]
         if silent:
             findings.append(f"{name}: not running on {host}; {', '.join(silent)} can not be asked: left as it is")
-            log.warning("reconcile: vm %s is not running on %s, and %s can not be asked; left as it is", name,
-                        host, ", ".join(silent))
+            log.warning(
+                "reconcile: vm %s is not running on %s, and %s can not be asked; left as it is",
+                name,
+                host,
+                ", ".join(silent),
+            )
             continue
         if vm_id in migrating:
             findings.append(f"{name}: not running on {host}; its active migration settles it")
@@ -90,9 +99,14 @@ def reconcile(plane: "Plane") -> list[str]:
         elif len(elsewhere) == 1:
             words = _adopt(plane, vm_id, name, host, elsewhere[0], updated)
         else:
-            words = _unknown(plane, vm_id, name, updated,
-                             f"recorded on {host}, but its domain runs on {' and '.join(elsewhere)}; vmplane can "
-                             f"not tell which copy is the VM: stop the other one(s), then `vmplane vm sync {name}`")
+            words = _unknown(
+                plane,
+                vm_id,
+                name,
+                updated,
+                f"recorded on {host}, but its domain runs on {' and '.join(elsewhere)}; vmplane can "
+                f"not tell which copy is the VM: stop the other one(s), then `vmplane vm sync {name}`",
+            )
         if words:
             findings.append(f"{name}: {words}")
     return findings
@@ -101,7 +115,7 @@ def reconcile(plane: "Plane") -> list[str]:
 def _locked_if_unchanged(conn, vm_id: int, updated):
     vm = L.vm_row(conn, vm_id, lock=True)
     if vm.state != VmState.running.value or vm.updated_at != updated:
-        return None             # an operation or a loop changed it meanwhile: it owns the outcome
+        return None  # an operation or a loop changed it meanwhile: it owns the outcome
     return vm
 
 
@@ -110,23 +124,25 @@ def _operation(conn, vm, state: OperationState, message: str) -> None:
     L.set_operation(conn, op_id, state=state, message=message)
 
 
-def _record_stopped(plane: "Plane", vm_id: int, name: str, host: str, updated) -> str | None:
+def _record_stopped(plane: Plane, vm_id: int, name: str, host: str, updated) -> str | None:
     with plane.db.transaction() as conn:
         vm = _locked_if_unchanged(conn, vm_id, updated)
         if vm is None:
             return None
         L.lock_project(conn, vm.project_id)
-        freed = L.release_vm(conn, vm_id, note=f"not running on {host} at start-up, nor on any other host of its "
-                                               f"zone")
-        _operation(conn, vm, OperationState.failed,
-                   f"vm {name} was not running on {host} at start-up (nor on any other host of its zone); "
-                   f"recorded as stopped")
+        freed = L.release_vm(conn, vm_id, note=f"not running on {host} at start-up, nor on any other host of its zone")
+        _operation(
+            conn,
+            vm,
+            OperationState.failed,
+            f"vm {name} was not running on {host} at start-up (nor on any other host of its zone); recorded as stopped",
+        )
     plane.capacity.give_back(freed)
     log.warning("reconcile: vm %s was not running on %s nor elsewhere; recorded as stopped", name, host)
     return f"not running on {host}; recorded stopped"
 
 
-def _adopt(plane: "Plane", vm_id: int, name: str, host: str, there: str, updated) -> str | None:
+def _adopt(plane: Plane, vm_id: int, name: str, host: str, there: str, updated) -> str | None:
     """Move the VM's running claim from `host` to `there`, where its domain runs, if `there` has room."""
     c, hc = L.CLAIMS.c, L.HOSTS.c
     with plane.capacity.lock:
@@ -134,30 +150,40 @@ def _adopt(plane: "Plane", vm_id: int, name: str, host: str, there: str, updated
             vm = _locked_if_unchanged(conn, vm_id, updated)
             if vm is None:
                 return None
-            vcpus, memory = conn.execute(select(c.vcpus, c.memory_mib).where(
-                c.vm_id == vm_id, c.kind == ClaimKind.running.value)).first() or (vm.vcpus, vm.memory_mib)
+            vcpus, memory = conn.execute(
+                select(c.vcpus, c.memory_mib).where(c.vm_id == vm_id, c.kind == ClaimKind.running.value)
+            ).first() or (vm.vcpus, vm.memory_mib)
             cap_vcpus, cap_memory = plane.capacity.index.capacity_of(there)
             target = plane.capacity.hosts[there].id
             # room as placement counts it (whatever the host's state: the VM already runs there)
-            taken = conn.execute(update(L.HOSTS).where(
-                hc.id == target, hc.used_vcpus + vcpus <= cap_vcpus, hc.used_memory_mib + memory <= cap_memory)
-                .values(used_vcpus=hc.used_vcpus + vcpus, used_memory_mib=hc.used_memory_mib + memory)).rowcount
+            taken = conn.execute(
+                update(L.HOSTS)
+                .where(hc.id == target, hc.used_vcpus + vcpus <= cap_vcpus, hc.used_memory_mib + memory <= cap_memory)
+                .values(used_vcpus=hc.used_vcpus + vcpus, used_memory_mib=hc.used_memory_mib + memory)
+            ).rowcount
             if not taken:
                 freed: list = []
-                note = (f"recorded on {host}, but its domain runs on {there} (a migration completed behind "
-                        f"vmplane's back), which has no room for its claim ({vcpus} vCPU(s) / {memory} MiB); the "
-                        f"claim stays on {host}: `vmplane vm sync {name}` adopts it on {there}")
+                note = (
+                    f"recorded on {host}, but its domain runs on {there} (a migration completed behind "
+                    f"vmplane's back), which has no room for its claim ({vcpus} vCPU(s) / {memory} MiB); the "
+                    f"claim stays on {host}: `vmplane vm sync {name}` adopts it on {there}"
+                )
                 L.set_vm(conn, vm_id, note=f"reconcile: {note}", state=VmState.unknown)
                 _operation(conn, vm, OperationState.failed, f"vm {name} {note}")
             else:
                 freed = L.release_claim(conn, vm_id, None, ClaimKind.running)
                 L.record_claim(conn, target, vm_id, None, ClaimKind.running, vcpus, memory)
-                note = (f"reconcile: not running on {host} at start-up but on {there} (a migration completed behind "
-                        f"vmplane's back): adopted there, its claim moved")
+                note = (
+                    f"reconcile: not running on {host} at start-up but on {there} (a migration completed behind "
+                    f"vmplane's back): adopted there, its claim moved"
+                )
                 L.set_vm(conn, vm_id, note=note, host_id=target)
-                if vm.cluster_id is not None:       # a VM pinned to a cluster follows, as after a migration
-                    conn.execute(update(L.VMS).where(L.VMS.c.id == vm_id).values(
-                        cluster_id=plane.capacity.hosts[there].cluster_id))
+                if vm.cluster_id is not None:  # a VM pinned to a cluster follows, as after a migration
+                    conn.execute(
+                        update(L.VMS)
+                        .where(L.VMS.c.id == vm_id)
+                        .values(cluster_id=plane.capacity.hosts[there].cluster_id)
+                    )
                 _operation(conn, vm, OperationState.succeeded, f"vm {name} {note.removeprefix('reconcile: ')}")
         if taken:
             for freed_host, fv, fm in freed:
@@ -165,13 +191,21 @@ def _adopt(plane: "Plane", vm_id: int, name: str, host: str, there: str, updated
                     plane.capacity.add(freed_host, -fv, -fm)
             if there in plane.capacity.index:
                 plane.capacity.add(there, vcpus, memory)
-    log.warning("reconcile: vm %s runs on %s, recorded on %s: %s", name, there, host,
-                "adopted" if taken else "unknown (no room there)")
-    return (f"runs on {there}, not {host}; adopted there" if taken
-            else f"runs on {there}, not {host}, which has no room; set unknown")
+    log.warning(
+        "reconcile: vm %s runs on %s, recorded on %s: %s",
+        name,
+        there,
+        host,
+        "adopted" if taken else "unknown (no room there)",
+    )
+    return (
+        f"runs on {there}, not {host}; adopted there"
+        if taken
+        else f"runs on {there}, not {host}, which has no room; set unknown"
+    )
 
 
-def _unknown(plane: "Plane", vm_id: int, name: str, updated, note: str) -> str | None:
+def _unknown(plane: Plane, vm_id: int, name: str, updated, note: str) -> str | None:
     with plane.db.transaction() as conn:
         vm = _locked_if_unchanged(conn, vm_id, updated)
         if vm is None:

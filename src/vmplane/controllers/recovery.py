@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from vmplane.store.events import acting_as
-from vmplane.store.ownership import owned
 from vmplane.controllers.storagesettle import MIN_AGE_S
 from vmplane.core.migration import MigrationState
 from vmplane.core.model import IN_FLIGHT_OPERATION_STATES, VmState
 from vmplane.store import ledger as L
-from typing import TYPE_CHECKING
+from vmplane.store.events import acting_as
+from vmplane.store.ownership import owned
 
 if TYPE_CHECKING:
     from vmplane.controllers.migrator import Migrator
@@ -38,35 +38,47 @@ SETTLING = [MigrationState.copying.value, MigrationState.checking.value, Migrati
 class Recovery:
     """What start-up recovery still has to do, per VM; runs it once per `run()`."""
 
-    def __init__(self, plane: Plane, migrator: Migrator, storage_settle: StorageSettle,
-                 reconcile: Callable[[], object]):
+    def __init__(
+        self, plane: Plane, migrator: Migrator, storage_settle: StorageSettle, reconcile: Callable[[], object]
+    ):
         self.plane = plane
         self.migrator, self.storage_settle, self.reconcile = migrator, storage_settle, reconcile
         self._lock = threading.Lock()
-        self._pending = plane.recovering        # vm name -> (phase, why), read by settle and the API
+        self._pending = plane.recovering  # vm name -> (phase, why), read by settle and the API
         self._done = threading.Event()
         self._done.set()
         self.phase = "done"
         self.error: str | None = None
-        self.started = False            # take_over() waits for the first run()
+        self.started = False  # take_over() waits for the first run()
 
     # -- what is recovered ---------------------------------------------------------------------
     def _plan(self) -> dict[str, tuple[str, str]]:
         with self.plane.db.read() as s:
             conn = s.connection()
             v, h, m, op = L.VMS.c, L.HOSTS.c, L.MIGRATIONS.c, L.OPERATIONS.c
-            running = conn.execute(select(v.name, h.name).join(L.HOSTS, h.id == v.host_id)
-                                   .where(v.state == VmState.running.value)).all()
-            migrations = conn.execute(select(m.vm_name, m.id, m.source, m.target)
-                                      .where(m.state.in_(SETTLING))).all()
-            operations = conn.execute(select(op.target, op.kind, op.id)
-                                      .where(op.state.in_(IN_FLIGHT), op.vm_id.is_not(None))).all()
+            running = conn.execute(
+                select(v.name, h.name).join(L.HOSTS, h.id == v.host_id).where(v.state == VmState.running.value)
+            ).all()
+            migrations = conn.execute(select(m.vm_name, m.id, m.source, m.target).where(m.state.in_(SETTLING))).all()
+            operations = conn.execute(
+                select(op.target, op.kind, op.id).where(op.state.in_(IN_FLIGHT), op.vm_id.is_not(None))
+            ).all()
         plan = {name: ("reconcile", f"comparing it with what {host} runs") for name, host in running}
-        plan.update({name: ("operations", f"resuming its interrupted {kind} (operation {op_id[:8]})")
-                     for name, kind, op_id in operations})
-        plan.update({name: ("migrations", f"settling its migration {mig_id[:8]} from {source} to {target} by "
-                                          f"asking both hosts")
-                     for name, mig_id, source, target in migrations})
+        plan.update(
+            {
+                name: ("operations", f"resuming its interrupted {kind} (operation {op_id[:8]})")
+                for name, kind, op_id in operations
+            }
+        )
+        plan.update(
+            {
+                name: (
+                    "migrations",
+                    f"settling its migration {mig_id[:8]} from {source} to {target} by asking both hosts",
+                )
+                for name, mig_id, source, target in migrations
+            }
+        )
         return plan
 
     def run(self, background: bool) -> None:
@@ -88,7 +100,7 @@ class Recovery:
         recovery runs already (it takes them too)."""
         with self._lock:
             if not self._done.is_set() or not self.started:
-                return False        # recovering already (it takes them too), or not yet started (`vmplane up`)
+                return False  # recovering already (it takes them too), or not yet started (`vmplane up`)
             self.phase, self.error = "migrations", None
             self._done.clear()
         log.info("taking over the work of lapsed control-plane processes")
@@ -111,7 +123,7 @@ class Recovery:
                 self.storage_settle.run_once(min_age_s=0 if membership.alone() else MIN_AGE_S)
                 self._finish_phase("operations", "migration queue")
                 self.migrator.pump()
-        except Exception as exc:        # what is left is retried by the loops and the next start
+        except Exception as exc:  # what is left is retried by the loops and the next start
             log.exception("start-up recovery")
             self.error = str(exc) or type(exc).__name__
         finally:

@@ -17,8 +17,8 @@ slow host holds up only its own starts.
 Each start keeps its own cause (its events name the request that made it) and is fenced by the lease the
 process held when its batch began (an epoch read once: a process that lapsed and registered again does
 not carry on its old batch under its new lease; a start another process owns now is left to it). A start
-whose host call failed ends alone, as it always did (Orchestrator._fail asks the host whether the domain
-is there). A transaction that fails for the batch runs again for each start alone, so one start's bad
+whose host call failed ends alone, as it always did (Operations.fail, with its failure hook
+Vms.fail_start_stop, asks the host whether the domain is there). A transaction that fails for the batch runs again for each start alone, so one start's bad
 row never fails the others. A start already being run here is not run twice at once: one queued again
 meanwhile (a takeover handing back this process's own start) waits until the first run ended. Recovery
 hands interrupted starts here too, with the cause `recovery`.
@@ -29,29 +29,31 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy.engine import Connection, Row
 
-from vmplane.store import events, ownership
 from vmplane.core import failpoints
-from vmplane.plane import metrics
+from vmplane.core.domain import spec_of
 from vmplane.core.errors import Interrupted, NotFound
 from vmplane.core.model import OperationState, VmState
+from vmplane.plane import metrics
+from vmplane.store import events, ownership
 from vmplane.store import ledger as L
 from vmplane.store import storageledger as SL
-from vmplane.core.domain import spec_of
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vmplane.controllers.volumes import Volumes
     from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.starts")
-MAX_BATCH = 64              # starts per step transaction
-PARALLEL_CALLS = 16         # starts on hosts whose calls wait on a daemon, at once (as the executor had)
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
+MAX_BATCH = 64  # starts per step transaction
+PARALLEL_CALLS = 16  # starts on hosts whose calls wait on a daemon, at once (as the executor had)
 IN_FLIGHT = (OperationState.pending.value, OperationState.running.value)
 
 
@@ -59,7 +61,7 @@ IN_FLIGHT = (OperationState.pending.value, OperationState.running.value)
 class _Start:
     op_id: str
     cause: str
-    epoch: int | None           # the lease its batch runs under
+    epoch: int | None  # the lease its batch runs under
     vm: Row
     disks: list[Row]
     error: Exception | None = None
@@ -70,7 +72,7 @@ class Starts:
         self.plane = plane
         self.volumes = volumes
         self._queue: deque[tuple[str, str | None]] = deque()
-        self._active: set[str] = set()          # op ids being run here (taken from the queue, not ended)
+        self._active: set[str] = set()  # op ids being run here (taken from the queue, not ended)
         self._lock = threading.Lock()
         self._draining = False
         self._closed = False
@@ -102,7 +104,7 @@ class Starts:
             self._draining = True
         try:
             self.plane.executor.submit(self._drain)
-        except BaseException:   # an executor shut down: nothing drains
+        except BaseException:  # an executor shut down: nothing drains
             with self._lock:
                 self._draining = False
             raise
@@ -110,7 +112,9 @@ class Starts:
     def _take(self) -> list[tuple[str, str | None]]:
         """Under the lock: up to MAX_BATCH queued starts, in order, not being run here already (those stay
         queued, at the front)."""
-        batch, skipped, taken = [], [], set()
+        batch: list[tuple[str, str | None]] = []
+        skipped: list[tuple[str, str | None]] = []
+        taken: set[str] = set()
         while self._queue and len(batch) < MAX_BATCH:
             item = self._queue.popleft()
             if item[0] in self._active or item[0] in taken:
@@ -126,8 +130,8 @@ class Starts:
         with self._lock:
             self._active.difference_update(op_ids)
         try:
-            self._kick()        # a start queued again while it ran can go now
-        except RuntimeError as exc:     # the executor shut down: the process is stopping
+            self._kick()  # a start queued again while it ran can go now
+        except RuntimeError as exc:  # the executor shut down: the process is stopping
             log.info("starts: %s", exc)
 
     def _drain(self) -> None:
@@ -138,10 +142,10 @@ class Starts:
                     if not batch:
                         self._draining = False
                         return
-                handed: list[str] = []      # filled as starts go to the pool (kept if run raises)
+                handed: list[str] = []  # filled as starts go to the pool (kept if run raises)
                 try:
                     self.run(batch, handed)
-                except Exception:  # noqa: BLE001 - a defect; its starts are resumed at the next start-up
+                except Exception:
                     log.exception("starts %s", [op for op, _ in batch])
                 with self._lock:
                     self._active.difference_update(op for op, _ in batch if op not in handed)
@@ -155,13 +159,18 @@ class Starts:
         epoch = self.plane.membership.epoch
         try:
             with ownership.owned(epoch):
-                starts = self._together(batch, lambda conn, item: self._step(conn, item, epoch),
-                                        lambda item, exc: self._failed(item[0], item[1], epoch, exc))
-        except Interrupted as exc:      # Fenced: this process's lease lapsed; the starts are another's now
-            log.info("starts %s left at their step for the process that takes them over: %s",
-                     [op for op, _ in batch], exc)
+                starts = self._together(
+                    batch,
+                    lambda conn, item: self._step(conn, item, epoch),
+                    lambda item, exc: self._failed(item[0], item[1], epoch, exc),
+                )
+        except Interrupted as exc:  # Fenced: this process's lease lapsed; the starts are another's now
+            log.info(
+                "starts %s left at their step for the process that takes them over: %s", [op for op, _ in batch], exc
+            )
             return
-        remote, local = [], []
+        remote: list[_Start] = []
+        local: list[_Start] = []
         for s in starts:
             (remote if getattr(self.plane.drivers.get(s.vm.host_name), "blocking_calls", True) else local).append(s)
         self._hand_over(remote, handed)
@@ -187,7 +196,7 @@ class Starts:
             handed.append(s.op_id)
             try:
                 pool.submit(self._alone_then_end, s)
-            except RuntimeError:        # the pool shut down meanwhile (closing): asked here, at once
+            except RuntimeError:  # the pool shut down meanwhile (closing): asked here, at once
                 handed.pop()
                 self._alone(s)
 
@@ -205,23 +214,29 @@ class Starts:
                 self._confirm_all([s], s.epoch)
             else:
                 self._failed(s.op_id, s.cause, s.epoch, s.error)
-        except Exception:  # noqa: BLE001 - a defect; resumed at the next start-up
+        except Exception:
             log.exception("start %s", s.op_id)
 
     def _confirm_all(self, done: list[_Start], epoch: int | None) -> None:
         try:
             with ownership.owned(epoch):
-                confirmed = self._together(done, self._confirm,
-                                           lambda s, exc: self._failed(s.op_id, s.cause, epoch, exc))
+                confirmed = self._together(
+                    done, self._confirm, lambda s, exc: self._failed(s.op_id, s.cause, epoch, exc)
+                )
         except Interrupted as exc:
-            log.info("starts %s left at their step for the process that takes them over: %s",
-                     [s.op_id for s in done], exc)
+            log.info(
+                "starts %s left at their step for the process that takes them over: %s", [s.op_id for s in done], exc
+            )
             return
         for _ in confirmed:
             metrics.OPERATIONS.labels("start", "succeeded").inc()
 
-    def _together(self, items: list, one: Callable[[Connection, object], object | None],
-                  failed: Callable[[object, Exception], None]) -> list:
+    def _together(
+        self,
+        items: list[_Item],
+        one: Callable[[Connection, _Item], _Result | None],
+        failed: Callable[[_Item, Exception], None],
+    ) -> list[_Result]:
         """`one(conn, item)` for each item in one transaction (its events held and written together);
         returns the non-None results. If the transaction fails, each item runs again in a transaction of
         its own (`failed` for one that fails alone). Interrupted (fenced) is raised: nothing of this
@@ -230,7 +245,7 @@ class Starts:
             return []
         try:
             with self.plane.db.transaction() as conn:
-                events.hold(conn)       # the batch's events: one executemany before the commit
+                events.hold(conn)  # the batch's events: one executemany before the commit
                 try:
                     results = [r for r in (one(conn, item) for item in items) if r is not None]
                     events.write_held(conn)
@@ -264,18 +279,22 @@ class Starts:
         try:
             op = L.operation_row(conn, op_id, lock=True)
         except NotFound:
-            return None         # ended and pruned
+            return None  # ended and pruned
         if op.owner is not None and op.owner != epoch:
-            log.warning("operation %s is owned by controller %s now, not by this one (%s): not run here",
-                        op_id, op.owner, epoch)
+            log.warning(
+                "operation %s is owned by controller %s now, not by this one (%s): not run here", op_id, op.owner, epoch
+            )
             return None
         if op.state not in IN_FLIGHT:
             return None
-        cause = (cause or events.remembered(op_id) or events.cause_of(conn, "operation", op_id, vm=op.target)
-                 or events.current_cause())
+        cause = (
+            cause
+            or events.remembered(op_id)
+            or events.cause_of(conn, "operation", op_id, vm=op.target)
+            or events.current_cause()
+        )
         with events.acting_as(cause):
-            L.set_operation(conn, op_id, before=op, state=OperationState.running, step="starting-domain",
-                            progress=30)
+            L.set_operation(conn, op_id, before=op, state=OperationState.running, step="starting-domain", progress=30)
         vm = L.vm_row(conn, op.vm_id)
         return _Start(op_id, cause, epoch, vm, SL.vm_volumes(conn, vm.id))
 
@@ -301,12 +320,18 @@ class Starts:
     def _confirm(conn: Connection, s: _Start) -> _Start:
         with events.acting_as(s.cause):
             L.set_vm(conn, s.vm.id, state=VmState.running)
-            L.set_operation(conn, s.op_id, state=OperationState.succeeded, step="done", progress=100,
-                            message=f"running on {s.vm.host_name}")
+            L.set_operation(
+                conn,
+                s.op_id,
+                state=OperationState.succeeded,
+                step="done",
+                progress=100,
+                message=f"running on {s.vm.host_name}",
+            )
         return s
 
     def _failed(self, op_id: str, cause: str | None, epoch: int | None, exc: Exception) -> None:
-        """End one start as failed (Orchestrator._settle_failed), under its batch's lease and its own cause;
+        """End one start as failed (Operations.settle_failed), under its batch's lease and its own cause;
         whatever goes wrong there stays with this start (logged; resumed at the next start-up)."""
         try:
             if cause is None:
@@ -316,5 +341,5 @@ class Starts:
                     cause = events.cause_of(s.connection(), "operation", op_id)
             with ownership.owned(epoch), events.acting_as(cause or events.current_cause()):
                 self.plane.ops.settle_failed(op_id, exc)
-        except Exception:  # noqa: BLE001 - the other starts of the batch go on
+        except Exception:
             log.exception("start %s: ending it as failed (%s)", op_id, exc)

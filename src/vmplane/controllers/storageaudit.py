@@ -8,29 +8,33 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
+from vmplane.controllers.volumes import disk_spec, domain_name, file_of
 from vmplane.core import storagerules as R
 from vmplane.core.driver import DriverError
 from vmplane.store import storageledger as SL
 from vmplane.store.schema import Host, Vm
-from vmplane.controllers.volumes import disk_spec, domain_name, file_of
 
 if TYPE_CHECKING:
     from vmplane.controllers.pools import Pools
     from vmplane.controllers.volumes import Volumes
     from vmplane.plane.context import Plane
 
-_PROBE = re.compile(re.escape(R.VOLUME_PREFIX) + r"probe-[0-9a-f]{8}\.raw$")     # pools.py's shared check
-SETTLING = ("creating", "deleting", "attaching", "detaching", "resizing")     # a step in flight: the host may differ
+_PROBE = re.compile(re.escape(R.VOLUME_PREFIX) + r"probe-[0-9a-f]{8}\.raw$")  # pools.py's shared check
+SETTLING = ("creating", "deleting", "attaching", "detaching", "resizing")  # a step in flight: the host may differ
 
 
-def storage_problems(plane: "Plane", volume_ctl: Volumes, pool_ctl: Pools) -> list[str]:
+def storage_problems(plane: Plane, volume_ctl: Volumes, pool_ctl: Pools) -> list[str]:
     problems: list[str] = []
     with plane.db.transaction() as conn:
         pools = SL.pool_rows(conn)
         volumes = SL.volume_rows(conn)
         problems += volume_ctl.usage_check(conn)
-        running = dict(conn.execute(select(Vm.name, Host.name).join(Host, Host.id == Vm.host_id)
-                                    .where(Vm.state == "running")).all())
+        running = {
+            vm: host
+            for vm, host in conn.execute(
+                select(Vm.name, Host.name).join(Host, Host.id == Vm.host_id).where(Vm.state == "running")
+            ).all()
+        }
     for pool in pools:
         problems += _pool_problems(plane, pool_ctl, pool, volumes)
     for vm, host in running.items():
@@ -50,14 +54,14 @@ def storage_problems(plane: "Plane", volume_ctl: Volumes, pool_ctl: Pools) -> li
     return problems
 
 
-def _pool_problems(plane: "Plane", pool_ctl: Pools, pool, volumes) -> list[str]:
+def _pool_problems(plane: Plane, pool_ctl: Pools, pool, volumes) -> list[str]:
     host = next((h for h in pool_ctl.hosts_of(pool) if h in plane.drivers), None)
     if host is None:
         return []
     try:
         listed = {v.name: v for v in plane.drivers[host].volumes(pool.name)}
     except DriverError:
-        return []                       # can not tell: nothing is said
+        return []  # can not tell: nothing is said
     expected = {file_of(v): v for v in volumes if v.pool_name == pool.name or v.copy_pool_name == pool.name}
     problems = []
     for file, v in sorted(expected.items()):
@@ -74,6 +78,9 @@ def unowned_files(pool: str, host: str, files, volumes) -> list[str]:
     neither a volume's file on that pool nor its migration copy's. Another volume of the same name could
     be given such a file (another tenant's data: review N2); the operator decides what to do with it."""
     owned = {file_of(v) for v in volumes if pool in (v.pool_name, v.copy_pool_name)}
-    return [f"pool {pool} on {host} holds {file}, a vmplane volume file that no volume owns (once its data is "
-            f"not needed: `virsh vol-delete --pool {pool} {file}` on {host})"
-            for file in sorted(set(files) - owned) if file.startswith(R.VOLUME_PREFIX) and not _PROBE.match(file)]
+    return [
+        f"pool {pool} on {host} holds {file}, a vmplane volume file that no volume owns (once its data is "
+        f"not needed: `virsh vol-delete --pool {pool} {file}` on {host})"
+        for file in sorted(set(files) - owned)
+        if file.startswith(R.VOLUME_PREFIX) and not _PROBE.match(file)
+    ]

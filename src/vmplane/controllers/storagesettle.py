@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import threading
-
-from vmplane.store.events import acting_as
-from vmplane.plane.loops import every
 from typing import TYPE_CHECKING
+
+from vmplane.plane.loops import every
+from vmplane.store.events import acting_as
 
 if TYPE_CHECKING:
     from vmplane.controllers.diskmoves import DiskMoves
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vmplane.storagesettle")
 CAUSE = "storage-settle"
 CHECK_INTERVAL_S = 10.0
-MIN_AGE_S = 60.0            # a younger step may still be carried by the request that started it
+MIN_AGE_S = 60.0  # a younger step may still be carried by the request that started it
 
 
 class StorageSettle:
@@ -33,8 +33,15 @@ class StorageSettle:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        every(lambda: self.interval_s, self.run_once, self._stop, "storage-settle", log,
-              when=self.plane.membership.coordinates, owner=lambda: self.plane.membership.epoch)
+        every(
+            lambda: self.interval_s,
+            self.run_once,
+            self._stop,
+            "storage-settle",
+            log,
+            when=self.plane.membership.coordinates,
+            owner=lambda: self.plane.membership.epoch,
+        )
 
     def stop(self) -> None:
         self._stop.set()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
@@ -22,7 +23,15 @@ from vmplane.controllers.ha import check_ha
 from vmplane.core import failpoints
 from vmplane.core.driver import DriverError
 from vmplane.core.errors import AlreadyExists, Conflict, Invalid, VmplaneError
-from vmplane.core.model import UNREACHABLE_HOST_STATES, ClaimKind, OperationState, PlacementRequest, Size, Usage, VmState
+from vmplane.core.model import (
+    UNREACHABLE_HOST_STATES,
+    ClaimKind,
+    OperationState,
+    PlacementRequest,
+    Size,
+    Usage,
+    VmState,
+)
 from vmplane.core.names import check_name, domain_name
 from vmplane.core.offerings import size_for
 from vmplane.core.placement import Placement
@@ -45,7 +54,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vmplane.orchestrator")
 
-OUTDATED_TRIES = 3              # admissions of one create that may find its offering or template changed
+OUTDATED_TRIES = 3  # admissions of one create that may find its offering or template changed
 
 
 @dataclass(frozen=True)
@@ -81,11 +90,26 @@ class Vms:
         self.volumes, self.starts = volumes, starts
 
     # -- VMs: admission ------------------------------------------------------------------------
-    def create_vm(self, name: str, project: str, offering: str, template: str, vcpus: int | None = None,
-                  memory_mib: int | None = None, dynamically_scalable: bool = True,
-                  start: bool = False, zone: str | None = None, cluster: str | None = None,
-                  root_disk_mib: int | None = None, pool: str | None = None, ha_policy: str | None = None,
-                  ha_priority: int = 0, group: str | None = None, *, _tries: int = OUTDATED_TRIES) -> Admitted:
+    def create_vm(
+        self,
+        name: str,
+        project: str,
+        offering: str,
+        template: str,
+        vcpus: int | None = None,
+        memory_mib: int | None = None,
+        dynamically_scalable: bool = True,
+        start: bool = False,
+        zone: str | None = None,
+        cluster: str | None = None,
+        root_disk_mib: int | None = None,
+        pool: str | None = None,
+        ha_policy: str | None = None,
+        ha_priority: int = 0,
+        group: str | None = None,
+        *,
+        _tries: int = OUTDATED_TRIES,
+    ) -> Admitted:
         """Create a VM (charging one `vms`, and its root disk's storage when its template has a disk
         image) in a zone (and a cluster when given), and with `start` admit its start in the same
         transaction: either all of it is committed or nothing is. The root disk is then made on its
@@ -99,6 +123,7 @@ class Vms:
         disk_mib = self.volumes.root_size(t, o, root_disk_mib) if t.disk_image else None
         if disk_mib is None and (root_disk_mib is not None or pool is not None):
             raise Invalid(f"template {template} has no disk image: its VMs have no root disk", field="root_disk_mib")
+
         def admit(conn: Connection) -> tuple[int, str | None, Claimed | None]:
             self.plane.catalog.check_new_vm(conn, o, t)
             scope, zone_id, cluster_id = admission.scope_of(conn, zone, cluster)
@@ -106,17 +131,38 @@ class Vms:
             base = Usage(vms=1, storage_mib=disk_mib or 0)
             reach = self.volumes.reach_for_new(conn, disk_mib, pool, scope.cluster) if disk_mib else None
             group_id = resolve_group(conn, group, p.id) if group else None
-            rules = placement_rules(self.plane, conn, scope, action=f"starting {name} on {{host}}", group_id=group_id,
-                                    ha=ha_chosen == "restart") if start else None
+            rules = (
+                placement_rules(
+                    self.plane,
+                    conn,
+                    scope,
+                    action=f"starting {name} on {{host}}",
+                    group_id=group_id,
+                    ha=ha_chosen == "restart",
+                )
+                if start
+                else None
+            )
             placement, delta = self._admit(conn, p, size, base, start, scope, reach, rules)
             L.add_to_ledger(conn, p.id, delta)
-            facts = StartFacts(o.dynamic_scaling, t.dynamically_scalable, dynamically_scalable, o.cpu_cap,
-                               o.cpu_speed_mhz)
-            fields = dict(name=name, project_id=p.id, offering_id=o.id, template_id=t.id, vcpus=size.vcpus,
-                          memory_mib=size.memory_mib, dynamically_scalable=dynamically_scalable,
-                          zone_id=zone_id, cluster_id=cluster_id, ha_policy=ha_chosen, ha_priority=ha_priority,
-                          group_id=group_id,
-                          **self._started_fields(size, placement, delta, facts))
+            facts = StartFacts(
+                o.dynamic_scaling, t.dynamically_scalable, dynamically_scalable, o.cpu_cap, o.cpu_speed_mhz
+            )
+            fields = dict(
+                name=name,
+                project_id=p.id,
+                offering_id=o.id,
+                template_id=t.id,
+                vcpus=size.vcpus,
+                memory_mib=size.memory_mib,
+                dynamically_scalable=dynamically_scalable,
+                zone_id=zone_id,
+                cluster_id=cluster_id,
+                ha_policy=ha_chosen,
+                ha_priority=ha_priority,
+                group_id=group_id,
+                **self._started_fields(size, placement, delta, facts),
+            )
             host = placement[0].host if placement else None
             try:
                 vm_id = L.insert_vm(conn, host_name=host, **fields)
@@ -124,29 +170,49 @@ class Vms:
                 raise AlreadyExists(f"vm {name!r} already exists", field="name") from None
             if disk_mib:
                 meta = self.plane.capacity.hosts.get(host) if host else None
-                chosen = self.volumes.root_pool(conn, disk_mib, pool, host,
-                                                meta.cluster if meta else scope.cluster)
+                chosen = self.volumes.root_pool(conn, disk_mib, pool, host, meta.cluster if meta else scope.cluster)
                 if ha_chosen == "restart" and chosen.kind != "shared":
-                    raise Invalid(f"--ha restart needs its root disk on a shared pool: {chosen.name} is a "
-                                  f"{chosen.kind} pool, and the disk would be lost with its host; use "
-                                  f"--pool with a shared pool", field="ha_policy")
+                    raise Invalid(
+                        f"--ha restart needs its root disk on a shared pool: {chosen.name} is a "
+                        f"{chosen.kind} pool, and the disk would be lost with its host; use "
+                        f"--pool with a shared pool",
+                        field="ha_policy",
+                    )
                 self.volumes.add_root(conn, vm_id, name, p.id, t.id, disk_mib, chosen)
             claimed = self._claim(conn, vm_id, name, p.id, size, placement) if placement else None
             return vm_id, host, self._mirror(claimed)
 
         try:
             vm_id, host, claimed = self.plane.admissions.run(admit)
-        except Outdated:        # the offering or template was deleted (or made again) meanwhile: read again
+        except Outdated:  # the offering or template was deleted (or made again) meanwhile: read again
             if _tries <= 1:
-                raise Conflict(f"offering {offering} or template {template} changed {OUTDATED_TRIES} times while "
-                               f"vm {name} was admitted; nothing was created: try again", field="offering") from None
-            return self.create_vm(name, project, offering, template, vcpus, memory_mib, dynamically_scalable,
-                                  start, zone, cluster, root_disk_mib, pool, ha_policy, ha_priority, group,
-                                  _tries=_tries - 1)
+                raise Conflict(
+                    f"offering {offering} or template {template} changed {OUTDATED_TRIES} times while "
+                    f"vm {name} was admitted; nothing was created: try again",
+                    field="offering",
+                ) from None
+            return self.create_vm(
+                name,
+                project,
+                offering,
+                template,
+                vcpus,
+                memory_mib,
+                dynamically_scalable,
+                start,
+                zone,
+                cluster,
+                root_disk_mib,
+                pool,
+                ha_policy,
+                ha_priority,
+                group,
+                _tries=_tries - 1,
+            )
         if disk_mib:
             try:
                 self._make_root_or_undo(name, vm_id, host, claimed)
-            except VmplaneError:        # undone: the index gives back what admit() mirrored
+            except VmplaneError:  # undone: the index gives back what admit() mirrored
                 if claimed:
                     self.plane.capacity.give_back([(claimed.host, claimed.vcpus, claimed.memory_mib)])
                 raise
@@ -163,9 +229,14 @@ class Vms:
                 vm = L.vm_row(conn, vm_id=vm_id, lock=True)
                 L.lock_project(conn, vm.project_id)
                 if claimed:
-                    L.set_operation(conn, claimed.operation_id, state=OperationState.failed, step="done",
-                                    message="its root disk could not be created")
-                L.release_vm(conn, vm_id)       # the index never had the claim (_launch did not run)
+                    L.set_operation(
+                        conn,
+                        claimed.operation_id,
+                        state=OperationState.failed,
+                        step="done",
+                        message="its root disk could not be created",
+                    )
+                L.release_vm(conn, vm_id)  # the index never had the claim (_launch did not run)
                 if not SL.vm_volumes(conn, vm_id):
                     L.add_to_ledger(conn, vm.project_id, Usage(vms=-1))
                     L.delete_vm(conn, vm_id, note="its root disk could not be created")
@@ -174,31 +245,52 @@ class Vms:
     def start_vm(self, name: str) -> Admitted:
         def admit(conn: Connection) -> Claimed:
             vm = L.vm_row(conn, name=name, lock=True)
-            if vm.state not in (VmState.stopped.value, VmState.error.value):      # neither holds anything
+            if vm.state not in (VmState.stopped.value, VmState.error.value):  # neither holds anything
                 raise Conflict(f"vm {name} is {vm.state}; only a stopped VM can be started", field="state")
             p = L.lock_project(conn, vm.project_id)
             size = Size(vm.vcpus, vm.memory_mib)
             self.volumes.check_ready(conn, vm.id, name)
             reach = self.volumes.storage_hosts(conn, vm.id)
             scope = Scope(vm.zone_name, vm.cluster_name)
-            rules = placement_rules(self.plane, conn, scope, action=f"starting {name} on {{host}}", vm_id=vm.id,
-                                    ha=vm.ha_policy == "restart")
+            rules = placement_rules(
+                self.plane,
+                conn,
+                scope,
+                action=f"starting {name} on {{host}}",
+                vm_id=vm.id,
+                ha=vm.ha_policy == "restart",
+            )
             placement, delta = self._admit(conn, p, size, Usage(), True, scope, reach, rules)
+            assert placement is not None  # a start is placed, or refused
             L.add_to_ledger(conn, p.id, delta)
-            facts = StartFacts(vm.offering_dynamic, vm.template_dynamic, vm.dynamically_scalable,
-                               vm.offering_cpu_cap, vm.offering_cpu_mhz)
+            facts = StartFacts(
+                vm.offering_dynamic,
+                vm.template_dynamic,
+                vm.dynamically_scalable,
+                vm.offering_cpu_cap,
+                vm.offering_cpu_mhz,
+            )
             fields = self._started_fields(size, placement, delta, facts)
-            if vm.zone_id is None:          # placed before zones mattered: it joins its host's zone
+            if vm.zone_id is None:  # placed before zones mattered: it joins its host's zone
                 fields["zone_id"] = self.plane.capacity.hosts[placement[0].host].zone_id
             L.set_vm(conn, vm.id, **fields)
-            return self._mirror(self._claim(conn, vm.id, name, p.id, size, placement))
+            claimed = self._claim(conn, vm.id, name, p.id, size, placement)
+            self._mirror(claimed)
+            return claimed
 
         return self._launch(name, self.plane.admissions.run(admit))
 
-    def _admit(self, conn: Connection, p: Row, size: Size, base: Usage, start: bool,
-               scope: Scope = Scope(None, None),
-               reach: frozenset[str] | None = None,
-               rules: dict | None = None) -> tuple[tuple[Placement, int] | None, Usage]:
+    def _admit(
+        self,
+        conn: Connection,
+        p: Row,
+        size: Size,
+        base: Usage,
+        start: bool,
+        scope: Scope = Scope(None, None),
+        reach: frozenset[str] | None = None,
+        rules: dict | None = None,
+    ) -> tuple[tuple[Placement, int] | None, Usage]:
         """Quota and placement for `base` (+ a start): returns the locked host and the ledger delta.
         `rules`: the group and failover-reserve fields of the placement (reserves.placement_rules).
         Quota is checked before placement (without overhead) so that a quota refusal is reported as
@@ -211,8 +303,16 @@ class Vms:
         t0 = time.perf_counter()
         try:
             check_admission(p.name, quota, ledger, base + running_charge(size, 0, False))
-            placement = self._place(conn, size, scope, reach, rules, check=lambda chosen: check_admission(
-                p.name, quota, ledger, base + running_charge(size, chosen.overhead_mib, p.count_overhead)))
+            placement = self._place(
+                conn,
+                size,
+                scope,
+                reach,
+                rules,
+                check=lambda chosen: check_admission(
+                    p.name, quota, ledger, base + running_charge(size, chosen.overhead_mib, p.count_overhead)
+                ),
+            )
             delta = base + running_charge(size, placement[0].overhead_mib, p.count_overhead)
         except VmplaneError as exc:
             metrics.ADMISSIONS.labels(exc.code).inc()
@@ -221,42 +321,78 @@ class Vms:
         metrics.ADMISSION_SECONDS.observe(time.perf_counter() - t0)
         return placement, delta
 
-    def _started_fields(self, size: Size, placement: tuple[Placement, int] | None, delta: Usage,
-                        facts: StartFacts) -> dict:
+    def _started_fields(
+        self, size: Size, placement: tuple[Placement, int] | None, delta: Usage, facts: StartFacts
+    ) -> dict:
         """The VM's row once admitted: host, charge, the live-scaling ceiling and the CPU cap share."""
         if placement is None:
             return dict(state=VmState.stopped.value, overhead_mib=0, charged_vcpus=0, charged_memory_mib=0)
         chosen, host_id = placement
         meta = self.plane.capacity.hosts[chosen.host]
         eff = self.plane.catalog.effective
-        flags = ScalingFlags(bool(eff("enable.dynamic.scale.vm", meta.zone, meta.cluster)), facts.offering_dynamic,
-                             facts.template_dynamic, facts.vm_dynamic)
-        top = ceiling(flags, size, int(eff("kvm.cpu.dynamic.scaling.capacity", meta.zone, meta.cluster)),
-                      int(eff("kvm.memory.dynamic.scaling.capacity", meta.zone, meta.cluster)), meta.cores,
-                      meta.memory_mib)
+        flags = ScalingFlags(
+            bool(eff("enable.dynamic.scale.vm", meta.zone, meta.cluster)),
+            facts.offering_dynamic,
+            facts.template_dynamic,
+            facts.vm_dynamic,
+        )
+        top = ceiling(
+            flags,
+            size,
+            int(cast(int, eff("kvm.cpu.dynamic.scaling.capacity", meta.zone, meta.cluster))),
+            int(cast(int, eff("kvm.memory.dynamic.scaling.capacity", meta.zone, meta.cluster))),
+            meta.cores,
+            meta.memory_mib,
+        )
         share = cap_share(facts.cpu_speed_mhz, meta.cpu_mhz) if facts.cpu_cap else None
-        return dict(state=VmState.starting.value, host_id=host_id, overhead_mib=chosen.overhead_mib,
-                    boot_memory_mib=size.memory_mib,
-                    charged_vcpus=delta.vcpus, charged_memory_mib=delta.memory_mib, max_vcpus=top.vcpus,
-                    max_memory_mib=top.memory_mib, cpu_cap_percent=share * 100 if share else None,
-                    prepared=flags.prepared)
+        return dict(
+            state=VmState.starting.value,
+            host_id=host_id,
+            overhead_mib=chosen.overhead_mib,
+            boot_memory_mib=size.memory_mib,
+            charged_vcpus=delta.vcpus,
+            charged_memory_mib=delta.memory_mib,
+            max_vcpus=top.vcpus,
+            max_memory_mib=top.memory_mib,
+            cpu_cap_percent=share * 100 if share else None,
+            prepared=flags.prepared,
+        )
 
-    def _place(self, conn: Connection, size: Size, scope: Scope,
-               reach: frozenset[str] | None = None, rules: dict | None = None,
-               check: Callable[[Placement], None] | None = None) -> tuple[Placement, int]:
+    def _place(
+        self,
+        conn: Connection,
+        size: Size,
+        scope: Scope,
+        reach: frozenset[str] | None = None,
+        rules: dict | None = None,
+        check: Callable[[Placement], None] | None = None,
+    ) -> tuple[Placement, int]:
         """Pick a host within the VM's zone (and cluster) and take its capacity (take_placement)."""
-        request = PlacementRequest(size, zone=scope.zone, cluster=scope.cluster, storage_hosts=reach,
-                                   storage_reason="can not open the VM's disks (their pools are not on it)",
-                                   **(rules or {}))
+        request = PlacementRequest(
+            size,
+            zone=scope.zone,
+            cluster=scope.cluster,
+            storage_hosts=reach,
+            storage_reason="can not open the VM's disks (their pools are not on it)",
+            **(rules or {}),
+        )
         return self.plane.capacity.take_placement(conn, request, check)
 
     @staticmethod
-    def _claim(conn: Connection, vm_id: int, name: str, project_id: int, size: Size,
-               placement: tuple[Placement, int]) -> Claimed:
+    def _claim(
+        conn: Connection, vm_id: int, name: str, project_id: int, size: Size, placement: tuple[Placement, int]
+    ) -> Claimed:
         chosen, host_id = placement
-        op_id = L.new_operation(conn, "start", name, vm_id, project_id, step="claimed",
-                                message=f"claimed {size.vcpus} vCPU(s) / {chosen.memory_mib} MiB on {chosen.host}",
-                                result={"host": chosen.host})
+        op_id = L.new_operation(
+            conn,
+            "start",
+            name,
+            vm_id,
+            project_id,
+            step="claimed",
+            message=f"claimed {size.vcpus} vCPU(s) / {chosen.memory_mib} MiB on {chosen.host}",
+            result={"host": chosen.host},
+        )
         L.record_claim(conn, host_id, vm_id, op_id, ClaimKind.running, size.vcpus, chosen.memory_mib)
         return Claimed(op_id, chosen.host, size.vcpus, chosen.memory_mib)
 
@@ -283,8 +419,7 @@ class Vms:
             vm = L.vm_row(conn, name=name, lock=True)
             if vm.state != VmState.running.value:
                 raise Conflict(f"vm {name} is {vm.state}; only a running VM can be stopped", field="state")
-            op_id = L.new_operation(conn, "stop", name, vm.id, vm.project_id, step="stopping",
-                                    result={"force": force})
+            op_id = L.new_operation(conn, "stop", name, vm.id, vm.project_id, step="stopping", result={"force": force})
             L.set_vm(conn, vm.id, state=VmState.stopping)
         failpoints.hit("stop.admitted")
         self.plane.ops.submit(op_id, self.run_stop)
@@ -313,7 +448,7 @@ class Vms:
             L.add_to_ledger(conn, vm.project_id, Usage(vms=-1))
             L.delete_vm(conn, vm.id)
         self.plane.capacity.give_back(freed)
-        self.volumes.delete_files(doomed)       # charged until each pool confirms its file gone
+        self.volumes.delete_files(doomed)  # charged until each pool confirms its file gone
 
     def _hosts_to_ask(self, vm: Row) -> list[str]:
         """Where a domain of `vm` can be: its host, the host it last ran on, and every host of its cluster
@@ -342,24 +477,36 @@ class Vms:
             driver = self.plane.drivers.get(host)
             if driver is None:
                 continue
-            if host not in mine and host in self.plane.capacity.index and self.plane.capacity.index.host(host).state in UNREACHABLE_HOST_STATES:
-                continue            # not reachable and not where it ran: the monitor reports it when back
+            if (
+                host not in mine
+                and host in self.plane.capacity.index
+                and self.plane.capacity.index.host(host).state in UNREACHABLE_HOST_STATES
+            ):
+                continue  # not reachable and not where it ran: the monitor reports it when back
             try:
                 info = driver.domain(domain)
-                if info is not None and not info.active:     # a leftover definition: removed, then confirmed
+                if info is not None and not info.active:  # a leftover definition: removed, then confirmed
                     driver.stop(domain, timeout_s=0)
                     info = driver.domain(domain)
             except DriverError as exc:
-                raise Conflict(f"vm {vm.name} can not be deleted now: vmplane can not tell whether {host} still "
-                               f"has its domain {domain} ({exc}); nothing changed, retry when {host} answers",
-                               field="host") from None
+                raise Conflict(
+                    f"vm {vm.name} can not be deleted now: vmplane can not tell whether {host} still "
+                    f"has its domain {domain} ({exc}); nothing changed, retry when {host} answers",
+                    field="host",
+                ) from None
             if info is not None and info.active:
-                raise Conflict(f"vm {vm.name} can not be deleted: its domain {domain} is {info.state} on {host} "
-                               f"although the VM is recorded {vm.state}; stop it there (or `vmplane vm sync "
-                               f"{vm.name}`), then delete it", field="host")
+                raise Conflict(
+                    f"vm {vm.name} can not be deleted: its domain {domain} is {info.state} on {host} "
+                    f"although the VM is recorded {vm.state}; stop it there (or `vmplane vm sync "
+                    f"{vm.name}`), then delete it",
+                    field="host",
+                )
             if info is not None:
-                raise Conflict(f"vm {vm.name} can not be deleted now: {host} still has its shut-off domain "
-                               f"{domain} after removing it; nothing changed, retry", field="host")
+                raise Conflict(
+                    f"vm {vm.name} can not be deleted now: {host} still has its shut-off domain "
+                    f"{domain} after removing it; nothing changed, retry",
+                    field="host",
+                )
 
     def run_stop(self, op_id: str) -> None:
         vm = self.plane.ops.begin_step(op_id, "stopping-domain")
@@ -368,15 +515,25 @@ class Vms:
         with self.plane.db.transaction() as conn:
             force = bool((L.operation_row(conn, op_id).result or {}).get("force"))
         meta = self.plane.capacity.hosts[vm.host_name]
-        timeout = 0 if force else int(self.plane.catalog.effective("vmplane.vm.shutdown.timeout", meta.zone, meta.cluster))
+        timeout = (
+            0
+            if force
+            else int(cast(int, self.plane.catalog.effective("vmplane.vm.shutdown.timeout", meta.zone, meta.cluster)))
+        )
         failpoints.hit("stop.before-domain")
         self.plane.drivers[vm.host_name].stop(domain_name(vm.name), timeout_s=timeout)
         failpoints.hit("stop.after-domain")
         with self.plane.db.transaction() as conn:
             L.lock_project(conn, vm.project_id)
             freed = L.release_vm(conn, vm.id)
-            L.set_operation(conn, op_id, state=OperationState.succeeded, step="done", progress=100,
-                            message=f"stopped on {vm.host_name}")
+            L.set_operation(
+                conn,
+                op_id,
+                state=OperationState.succeeded,
+                step="done",
+                progress=100,
+                message=f"stopped on {vm.host_name}",
+            )
         metrics.OPERATIONS.labels("stop", "succeeded").inc()
         self.plane.capacity.give_back(freed)
 
@@ -385,25 +542,37 @@ class Vms:
         (asked before the transaction: `before_fail`), never put back unasked."""
         conn, op, vm, reason, presence = ctx.conn, ctx.op, ctx.vm, ctx.reason, ctx.before
         freed: list = []
-        settling = vm is not None and ((op.kind == "start" and vm.state == VmState.starting.value)
-                                       or (op.kind == "stop" and vm.state == VmState.stopping.value))
+        if vm is None:
+            return Failed(freed=freed)  # no VM: nothing held, nothing to settle
+        settling = (op.kind == "start" and vm.state == VmState.starting.value) or (
+            op.kind == "stop" and vm.state == VmState.stopping.value
+        )
         if ctx.host_down:
             Operations.held_unknown(conn, op, vm, reason)
         elif settling and presence == "unknown":
             # its host can not say whether the domain is there: kept charged and claimed, unknown
-            L.set_vm(conn, vm.id, note=f"{op.kind} failed and {vm.host_name} can not tell whether the domain "
-                                       f"exists: {reason}", state=VmState.unknown)
+            L.set_vm(
+                conn,
+                vm.id,
+                note=f"{op.kind} failed and {vm.host_name} can not tell whether the domain exists: {reason}",
+                state=VmState.unknown,
+            )
         elif settling and presence == "running":
-            L.set_vm(conn, vm.id, note=f"{op.kind} failed, but the domain runs on {vm.host_name}: {reason}",
-                     state=VmState.running)
-        elif vm is not None and op.kind == "start" and vm.state == VmState.starting.value:
-            L.lock_project(conn, vm.project_id)      # the host confirmed: no domain runs
+            L.set_vm(
+                conn,
+                vm.id,
+                note=f"{op.kind} failed, but the domain runs on {vm.host_name}: {reason}",
+                state=VmState.running,
+            )
+        elif op.kind == "start" and vm.state == VmState.starting.value:
+            L.lock_project(conn, vm.project_id)  # the host confirmed: no domain runs
             freed = L.release_vm(conn, vm.id, note=f"start failed: {reason}")
         elif settling and presence in ("gone", "defined"):
-            L.lock_project(conn, vm.project_id)      # a stop that failed after the domain went
-            freed = L.release_vm(conn, vm.id, note=f"stop reported an error, but the domain is not running "
-                                                   f"on {vm.host_name}: {reason}")
-        elif vm is not None and op.kind == "stop" and vm.state == VmState.stopping.value:
+            L.lock_project(conn, vm.project_id)  # a stop that failed after the domain went
+            freed = L.release_vm(
+                conn, vm.id, note=f"stop reported an error, but the domain is not running on {vm.host_name}: {reason}"
+            )
+        elif op.kind == "stop" and vm.state == VmState.stopping.value:
             # the domain still runs; the stop can be retried
             L.set_vm(conn, vm.id, note=f"stop failed: {reason}", state=VmState.running)
         return Failed(freed=freed)
@@ -423,7 +592,7 @@ class Vms:
             return None
         try:
             info = driver.domain(domain_name(vm.name))
-        except Exception as exc:        # unknown is not absent
+        except Exception as exc:  # noqa: BLE001 - unknown is not absent
             log.warning("vm %s: can not tell whether its domain is on %s: %s", vm.name, vm.host_name, exc)
             return "unknown"
         if info is None:
@@ -435,22 +604,26 @@ class Vms:
         if not command.strip():
             raise Invalid("command is empty", field="command")
         deadline = time.monotonic() + timeout_s
-        while True:                       # a VM that is starting is waited for, within the timeout
+        while True:  # a VM that is starting is waited for, within the timeout
             with self.plane.db.read() as s:
                 vm = L.vm_row(s.connection(), name=name)
             if vm.state != VmState.starting.value or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         if vm.state == VmState.unknown.value:
-            raise Conflict(f"vm {name} is unknown: its host {vm.host_name} does not answer; retry when it is back",
-                           field="state")
+            raise Conflict(
+                f"vm {name} is unknown: its host {vm.host_name} does not answer; retry when it is back", field="state"
+            )
         if vm.state not in (VmState.running.value, VmState.scaling.value):
             raise Conflict(f"vm {name} is {vm.state}; commands run in a running VM", field="state")
         driver = self.plane.drivers[vm.host_name]
         run = getattr(driver, "guest_run", None)
         if run is None:
-            raise Conflict(f"vm {name} runs on {vm.host_name}, a {driver.kind} host without a guest to run "
-                           f"commands in; use a libvirt host", field="host")
+            raise Conflict(
+                f"vm {name} runs on {vm.host_name}, a {driver.kind} host without a guest to run "
+                f"commands in; use a libvirt host",
+                field="host",
+            )
         try:
             return run(domain_name(name), command, max(deadline - time.monotonic(), 1.0))
         except DriverError as exc:

@@ -14,19 +14,19 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection, Row
 
+from vmplane.controllers.pools import view
 from vmplane.core import failpoints
-from vmplane.hosts import images
 from vmplane.core import storagerules as R
 from vmplane.core.driver import DiskSpec, DriverError
-from vmplane.hosts.drivers.volumefiles import same_volume
 from vmplane.core.errors import AlreadyExists, Conflict, Invalid, NotFound
 from vmplane.core.model import Usage, VmState
 from vmplane.core.names import DOMAIN_PREFIX, check_name
-from vmplane.controllers.pools import view
 from vmplane.core.quota import check_admission
+from vmplane.hosts import images
+from vmplane.hosts.drivers.volumefiles import same_volume
 from vmplane.store import ledger as L
 from vmplane.store import storageledger as SL
-from vmplane.store.schema import Pool, Project, Vm, Volume, utcnow
+from vmplane.store.schema import Offering, Pool, Project, Template, Vm, Volume, utcnow
 
 if TYPE_CHECKING:
     from vmplane.controllers.pools import Pools
@@ -80,7 +80,7 @@ class Volumes:
         """The disks the VM's domain opens; the template images they are overlays on are put in its
         host's image pool first (a root disk on a shared pool may start on a host that never had its
         image: the start failed with "Cannot access backing file")."""
-        with self.plane.db.engine.connect() as conn, conn.begin():      # one read: no write lock, no lease check
+        with self.plane.db.engine.connect() as conn, conn.begin():  # one read: no write lock, no lease check
             disks = SL.vm_volumes(conn, vm_id)
             host = L.vm_row(conn, vm_id=vm_id).host_name
         return self._specs(disks, host)
@@ -96,9 +96,11 @@ class Volumes:
 
     def _specs(self, disks: list[Row], host: str | None) -> tuple[DiskSpec, ...]:
         driver = self.plane.drivers.get(host) if host else None
-        for template in sorted({v.template for v in disks if v.template is not None} if driver else ()):
-            t = self.plane.catalog.template(template)
-            images.ensure_on_host(driver, t.disk_image, t.disk_format)
+        if driver is not None:
+            for template in sorted({v.template for v in disks if v.template is not None}):
+                t = self.plane.catalog.template(template)
+                assert t.disk_image is not None and t.disk_format is not None  # a disk's template has an image
+                images.ensure_on_host(driver, t.disk_image, t.disk_format)
         return tuple(disk_spec(v) for v in disks)
 
     @staticmethod
@@ -106,8 +108,9 @@ class Volumes:
         """A VM starts only with every disk confirmed there (not creating, deleting or being moved)."""
         for v in SL.vm_volumes(conn, vm_id):
             if v.state != "attached":
-                raise Conflict(f"vm {vm}'s volume {v.name} is {v.state}; it can start once the volume is attached",
-                               field="state")
+                raise Conflict(
+                    f"vm {vm}'s volume {v.name} is {v.state}; it can start once the volume is attached", field="state"
+                )
 
     def storage_hosts(self, conn: Connection, vm_id: int) -> frozenset[str] | None:
         """Hosts that open every disk of the VM (None: it has none)."""
@@ -122,8 +125,9 @@ class Volumes:
         return frozenset(hosts or ())
 
     # -- data volumes ----------------------------------------------------------------------------
-    def create(self, name: str, project: str, size_mib: int, pool: str | None = None,
-               project_id: int | None = None) -> Row:
+    def create(
+        self, name: str, project: str, size_mib: int, pool: str | None = None, project_id: int | None = None
+    ) -> Row:
         """A blank qcow2 volume; charged and given pool space in the admitting transaction, then made on a
         host and read back. A host that refuses: nothing is left (the row and charge go)."""
         check_name(name)
@@ -136,17 +140,27 @@ class Volumes:
             pool_id = SL.pool_row(conn, chosen.name).id
             self.pools.take(conn, chosen, pool_id, size_mib)
             self._ensure_new(conn, name)
-            SL.insert_volume(conn, name=name, project_id=p.id, pool_id=pool_id, size_mib=size_mib, format="qcow2",
-                             role="data", file_name=new_file_name(name, "qcow2"),
-                             note=f"{size_mib} MiB on {chosen.name}")
+            SL.insert_volume(
+                conn,
+                name=name,
+                project_id=p.id,
+                pool_id=pool_id,
+                size_mib=size_mib,
+                format="qcow2",
+                role="data",
+                file_name=new_file_name(name, "qcow2"),
+                note=f"{size_mib} MiB on {chosen.name}",
+            )
         return self._make(name)
 
     @staticmethod
     def _ensure_new(conn: Connection, name: str) -> None:
         row = conn.execute(Volume.__table__.select().where(_VO.name == name)).first()
-        if row is not None and row.state == "deleting":     # its file, or a copy of it, is not confirmed gone yet
-            raise AlreadyExists(f"volume {name!r} is still being deleted (a pool has not confirmed its file gone); "
-                                f"retry once it is", field="name")
+        if row is not None and row.state == "deleting":  # its file, or a copy of it, is not confirmed gone yet
+            raise AlreadyExists(
+                f"volume {name!r} is still being deleted (a pool has not confirmed its file gone); retry once it is",
+                field="name",
+            )
         if row is not None:
             raise AlreadyExists(f"volume {name!r} already exists", field="name")
 
@@ -160,6 +174,7 @@ class Volumes:
             backing = backing_format = None
             if v.template is not None:
                 t = self.plane.catalog.template(v.template)
+                assert t.disk_image is not None and t.disk_format is not None  # a disk's template has an image
                 backing, backing_format = images.ensure_on_host(driver, t.disk_image, t.disk_format), t.disk_format
             failpoints.hit("volume.before-create")
             # a file already there is adopted only as this row's own (a create retried after a crash)
@@ -171,13 +186,20 @@ class Volumes:
             self._undo_create(v, pool, exc)
             raise Conflict(f"volume {name} could not be created on pool {pool.name}: {exc}", field="pool") from None
         if foreign:
-            self._drop_creating(v, f"not created: pool {pool.name} (read on {driver.host}) holds {spec.volume}, a "
-                                   f"file this volume did not make; it is left alone (the audit reports it)")
-            raise Conflict(f"volume {name} could not be created on pool {pool.name}: the pool holds {spec.volume} "
-                           f"already, a file this volume did not make", field="pool")
+            self._drop_creating(
+                v,
+                f"not created: pool {pool.name} (read on {driver.host}) holds {spec.volume}, a "
+                f"file this volume did not make; it is left alone (the audit reports it)",
+            )
+            raise Conflict(
+                f"volume {name} could not be created on pool {pool.name}: the pool holds {spec.volume} "
+                f"already, a file this volume did not make",
+                field="pool",
+            )
         if info.capacity_mib < v.size_mib:
-            raise Conflict(f"volume {name}: pool {pool.name} made it {info.capacity_mib} MiB, not {v.size_mib}",
-                           field="size")
+            raise Conflict(
+                f"volume {name}: pool {pool.name} made it {info.capacity_mib} MiB, not {v.size_mib}", field="size"
+            )
         with self.plane.db.transaction() as conn:
             now = SL.volume_row(conn, name, lock=True)
             SL.set_volume(conn, now, state="attached" if now.vm_id else "available", note=f"created at {info.path}")
@@ -189,9 +211,9 @@ class Volumes:
             driver = self.pools.driver_for(pool)
             there = driver.volume(pool.name, disk_spec(v).volume) is not None
         except (DriverError, Conflict):
-            return                                  # can not tell: left `creating`, charged; resolve() asks again
+            return  # can not tell: left `creating`, charged; resolve() asks again
         with self.plane.db.transaction() as conn:
-            now, _vm = self._locked(conn, v.name)       # (a new VM's root disk: its VM first)
+            now, _vm = self._locked(conn, v.name)  # (a new VM's root disk: its VM first)
             if there:
                 SL.set_volume(conn, now, state="attached" if now.vm_id else "available", note="created (read back)")
             else:
@@ -208,33 +230,51 @@ class Volumes:
 
     def attach(self, name: str, vm: str, project_id: int | None = None) -> Row:
         with self.plane.db.transaction() as conn:
-            self._owned(SL.volume_row(conn, name), project_id)     # another project's: 404 before any lock
-            row = L.vm_row(conn, name=vm, lock=True)       # the VM first (_locked)
+            self._owned(SL.volume_row(conn, name), project_id)  # another project's: 404 before any lock
+            row = L.vm_row(conn, name=vm, lock=True)  # the VM first (_locked)
             v = SL.volume_row(conn, name, lock=True)
-            self._owned(v, project_id)                      # (deleted and made again in another project meanwhile)
+            self._owned(v, project_id)  # (deleted and made again in another project meanwhile)
             if row.project_id != v.project_id:
                 raise Conflict(f"volume {name} is in project {v.project}; vm {vm} is not", field="vm")
             if v.state != "available":
-                raise Conflict(f"volume {name} is {v.state}" + (f" (to {v.vm_name})" if v.vm_name else "")
-                               + "; only an available volume can be attached", field="volume")
+                raise Conflict(
+                    f"volume {name} is {v.state}"
+                    + (f" (to {v.vm_name})" if v.vm_name else "")
+                    + "; only an available volume can be attached",
+                    field="volume",
+                )
             if row.state not in (VmState.running.value, VmState.stopped.value):
                 raise Conflict(f"vm {vm} is {row.state}; attach a volume to a running or stopped VM", field="vm")
             reach = self.storage_hosts(conn, row.id)
             pool = SL.pool_row(conn, v.pool_name)
             if row.ha_policy == "restart" and pool.kind != "shared":
-                raise Conflict(f"vm {vm} has --ha restart: volume {name} is on {pool.name}, a {pool.kind} pool, and "
-                               f"would be lost with its host; attach a volume of a shared pool", field="volume")
+                raise Conflict(
+                    f"vm {vm} has --ha restart: volume {name} is on {pool.name}, a {pool.kind} pool, and "
+                    f"would be lost with its host; attach a volume of a shared pool",
+                    field="volume",
+                )
             mine = set(self.pools.hosts_of(pool))
             if row.host_name and row.host_name not in mine:
-                raise Conflict(f"volume {name} is on pool {pool.name}, which {row.host_name} (vm {vm}'s host) can not "
-                               f"open", field="volume")
+                raise Conflict(
+                    f"volume {name} is on pool {pool.name}, which {row.host_name} (vm {vm}'s host) can not open",
+                    field="volume",
+                )
             if reach is not None and not (reach & mine):
-                raise Conflict(f"volume {name} is on pool {pool.name}; no host opens it and vm {vm}'s disks together",
-                               field="volume")
+                raise Conflict(
+                    f"volume {name} is on pool {pool.name}; no host opens it and vm {vm}'s disks together",
+                    field="volume",
+                )
             device = R.next_device(d.device for d in SL.vm_volumes(conn, row.id))
             live = row.state == VmState.running.value
-            SL.set_volume(conn, v, state="attaching" if live else "attached", vm_id=row.id, device=device,
-                          vm_name=vm, note=f"as {device}" + (" (hot-plug)" if live else ""))
+            SL.set_volume(
+                conn,
+                v,
+                state="attaching" if live else "attached",
+                vm_id=row.id,
+                device=device,
+                vm_name=vm,
+                note=f"as {device}" + (" (hot-plug)" if live else ""),
+            )
         if not live:
             return self.row(name)
         return self._plug(name, row.host_name, vm)
@@ -256,15 +296,24 @@ class Volumes:
         try:
             present = disk_spec(v).path in self.plane.drivers[host].domain_disks(domain_name(vm)).values()
         except DriverError as exc:
-            raise Conflict(f"volume {name}: {host} did not say whether vm {vm} has it ({exc}); it stays {v.state} "
-                           f"until the host answers", field="volume") from None
+            raise Conflict(
+                f"volume {name}: {host} did not say whether vm {vm} has it ({exc}); it stays {v.state} "
+                f"until the host answers",
+                field="volume",
+            ) from None
         with self.plane.db.transaction() as conn:
             now = SL.volume_row(conn, name, lock=True)
             if present:
                 SL.set_volume(conn, now, state="attached", note=f"{vm} has it as {now.device} (read back)")
             else:
-                SL.set_volume(conn, now, state="available", vm_id=None, device=None,
-                              note=f"{vm} does not have it (read back)" + (f": {error}" if error else ""))
+                SL.set_volume(
+                    conn,
+                    now,
+                    state="available",
+                    vm_id=None,
+                    device=None,
+                    note=f"{vm} does not have it (read back)" + (f": {error}" if error else ""),
+                )
         if error is not None and not present and v.state == "attaching":
             raise Conflict(f"volume {name} could not be attached to {vm}: {error}", field="volume")
         if error is not None and present and v.state == "detaching":
@@ -281,7 +330,7 @@ class Volumes:
         self._owned(seen, project_id)
         try:
             vm = L.vm_row(conn, vm_id=seen.vm_id, lock=True) if seen.vm_id is not None else None
-        except NotFound:            # deleted while this waited for it: the volume's row says what it is now
+        except NotFound:  # deleted while this waited for it: the volume's row says what it is now
             vm = None
         v = SL.volume_row(conn, name, lock=True)
         if v.vm_id != seen.vm_id or (v.vm_id is not None and vm is None):
@@ -317,8 +366,12 @@ class Volumes:
             v = SL.volume_row(conn, name, lock=True)
             self._owned(v, project_id)
             if v.vm_id is not None or v.state != "available":
-                raise Conflict(f"volume {name} is {v.state}" + (f" (vm {v.vm_name})" if v.vm_name else "")
-                               + "; only an available (detached) volume can be deleted", field="volume")
+                raise Conflict(
+                    f"volume {name} is {v.state}"
+                    + (f" (vm {v.vm_name})" if v.vm_name else "")
+                    + "; only an available (detached) volume can be deleted",
+                    field="volume",
+                )
             SL.set_volume(conn, v, state="deleting")
         self._unmake(name)
 
@@ -336,13 +389,15 @@ class Volumes:
             driver.delete_volume(pool.name, file)
             gone = driver.volume(pool.name, file) is None
         except (DriverError, Conflict) as exc:
-            raise Conflict(f"volume {name}: pool {pool.name} did not confirm the delete ({exc}); it stays deleting "
-                           f"and is retried", field="volume") from None
+            raise Conflict(
+                f"volume {name}: pool {pool.name} did not confirm the delete ({exc}); it stays deleting and is retried",
+                field="volume",
+            ) from None
         with self.plane.db.transaction() as conn:
             now = SL.volume_row(conn, name, lock=True)
             L.lock_project(conn, now.project_id)
             copy = now.copy_pool_name if gone else None
-            if copy is not None:        # a migration's copy is left: the row stands for it until it is gone
+            if copy is not None:  # a migration's copy is left: the row stands for it until it is gone
                 SL.keep_for_copy(conn, now, note=f"deleted from {pool.name}; its copy on {copy} is deleted next")
             elif gone:
                 SL.remove_volume(conn, now, note=f"deleted from {pool.name}")
@@ -351,7 +406,7 @@ class Volumes:
         if not gone:
             raise Conflict(f"volume {name}: pool {pool.name} still lists it after the delete", field="volume")
         if copy is not None:
-            self._unmake(name)          # the copy now (its pool not answering: left deleting, retried)
+            self._unmake(name)  # the copy now (its pool not answering: left deleting, retried)
 
     def resize(self, name: str, size_mib: int, project_id: int | None = None) -> Row:
         """Grow a volume (root disks too): the increase is charged and taken on its pool first, in one
@@ -361,14 +416,20 @@ class Volumes:
         with self.plane.db.transaction() as conn:
             v, vm = self._locked(conn, name, project_id)
             if size_mib <= v.size_mib:
-                raise Invalid(f"volume {name} is {v.size_mib} MiB; it can only grow (asked {size_mib} MiB)",
-                              field="size")
+                raise Invalid(
+                    f"volume {name} is {v.size_mib} MiB; it can only grow (asked {size_mib} MiB)", field="size"
+                )
             if v.state not in ("attached", "available") or v.copy_pool_id is not None:
-                raise Conflict(f"volume {name} is {v.state}" + (" and being copied" if v.copy_pool_id else "")
-                               + "; resize it once it is attached or available", field="volume")
+                raise Conflict(
+                    f"volume {name} is {v.state}"
+                    + (" and being copied" if v.copy_pool_id else "")
+                    + "; resize it once it is attached or available",
+                    field="volume",
+                )
             if vm is not None and vm.state not in (VmState.running.value, VmState.stopped.value):
-                raise Conflict(f"vm {vm.name} is {vm.state}; resize its disks once it is running or stopped",
-                               field="vm")
+                raise Conflict(
+                    f"vm {vm.name} is {vm.state}; resize its disks once it is running or stopped", field="vm"
+                )
             grow = size_mib - v.size_mib
             p = L.lock_project(conn, v.project_id)
             check_admission(p.name, L.quota_row(p), L.ledger_row(p), Usage(storage_mib=grow))
@@ -379,7 +440,7 @@ class Volumes:
             live = vm is not None and vm.state == VmState.running.value
         error = None
         try:
-            if live:
+            if live and vm is not None:  # (live: vm is not None)
                 self.plane.drivers[vm.host_name].grow_disk(domain_name(vm.name), v.device, size_mib)
             else:
                 self.pools.driver_for(pool).resize_volume(pool.name, disk_spec(v).volume, size_mib)
@@ -396,12 +457,15 @@ class Volumes:
         try:
             info = self.pools.driver_for(pool).volume(pool.name, disk_spec(v).volume)
         except (DriverError, Conflict) as exc:
-            raise Conflict(f"volume {name}: pool {pool.name} did not say its size after the grow to {asked_mib} "
-                           f"MiB ({error or exc}); it stays resizing and is read again", field="size") from None
+            raise Conflict(
+                f"volume {name}: pool {pool.name} did not say its size after the grow to {asked_mib} "
+                f"MiB ({error or exc}); it stays resizing and is read again",
+                field="size",
+            ) from None
         if info is None:
             raise Conflict(f"volume {name}: pool {pool.name} does not list it; it stays resizing", field="size")
         with self.plane.db.transaction() as conn:
-            now, _vm = self._locked(conn, name)         # its VM, then it, then its project (as a VM's delete)
+            now, _vm = self._locked(conn, name)  # its VM, then it, then its project (as a VM's delete)
             back = asked_mib - max(info.capacity_mib, old_mib) if info.capacity_mib < asked_mib else 0
             if back:
                 L.lock_project(conn, now.project_id)
@@ -419,16 +483,18 @@ class Volumes:
             raise NotFound(f"volume {v.name!r} does not exist", field="volume")
 
     # -- root disks ------------------------------------------------------------------------------
-    def root_size(self, template: Row, offering: Row, asked_mib: int | None) -> int:
-        return R.root_disk_size(template.disk_mib, offering.root_disk_mib, offering.max_root_disk_mib, asked_mib,
-                                offering.name)
+    def root_size(self, template: Template, offering: Offering, asked_mib: int | None) -> int:
+        assert template.disk_mib is not None  # asked only of a template with a disk image (its size known)
+        return R.root_disk_size(
+            template.disk_mib, offering.root_disk_mib, offering.max_root_disk_mib, asked_mib, offering.name
+        )
 
-    def root_pool(self, conn: Connection, size_mib: int, pool: str | None, host: str | None,
-                  cluster: str | None) -> R.PoolView:
+    def root_pool(
+        self, conn: Connection, size_mib: int, pool: str | None, host: str | None, cluster: str | None
+    ) -> R.PoolView:
         return R.choose_pool(self.pools.views(conn), size_mib, name=pool, host=host, cluster=cluster)
 
-    def reach_for_new(self, conn: Connection, size_mib: int, pool: str | None,
-                      cluster: str | None) -> frozenset[str]:
+    def reach_for_new(self, conn: Connection, size_mib: int, pool: str | None, cluster: str | None) -> frozenset[str]:
         """Hosts a new VM with a root disk of this size could start on: those that open a pool with room."""
         hosts: set[str] = set()
         for p in self.pools.views(conn):
@@ -438,17 +504,36 @@ class Volumes:
             hosts.update(self.pools.hosts_of(row))
         return frozenset(hosts)
 
-    def add_root(self, conn: Connection, vm_id: int, vm: str, project_id: int, template_id: int, size_mib: int,
-                 chosen: R.PoolView) -> None:
+    def add_root(
+        self,
+        conn: Connection,
+        vm_id: int,
+        vm: str,
+        project_id: int,
+        template_id: int,
+        size_mib: int,
+        chosen: R.PoolView,
+    ) -> None:
         """In the VM's admitting transaction (its storage already on the ledger): the root disk's row and
         its pool space."""
         pool_id = SL.pool_row(conn, chosen.name).id
         self.pools.take(conn, chosen, pool_id, size_mib)
         self._ensure_new(conn, f"{vm}-root")
-        SL.insert_volume(conn, charge=False, name=f"{vm}-root", project_id=project_id, pool_id=pool_id,
-                         size_mib=size_mib, format="qcow2", role="root", template_id=template_id, vm_id=vm_id,
-                         device="vda", file_name=new_file_name(f"{vm}-root", "qcow2"),
-                         note=f"root disk of {vm}, {size_mib} MiB on {chosen.name}")
+        SL.insert_volume(
+            conn,
+            charge=False,
+            name=f"{vm}-root",
+            project_id=project_id,
+            pool_id=pool_id,
+            size_mib=size_mib,
+            format="qcow2",
+            role="root",
+            template_id=template_id,
+            vm_id=vm_id,
+            device="vda",
+            file_name=new_file_name(f"{vm}-root", "qcow2"),
+            note=f"root disk of {vm}, {size_mib} MiB on {chosen.name}",
+        )
 
     def make_root(self, vm: str, host: str | None) -> None:
         self._make(f"{vm}-root", prefer_host=host)
@@ -470,11 +555,18 @@ class Volumes:
             if v.role == "root" and not keep:
                 SL.set_volume(conn, v, state="deleting", vm_id=None, device=None, note=f"vm {v.vm_name} deleted")
                 doomed.append(v.name)
-            elif v.state in ("creating", "resizing"):     # not confirmed yet: resolve() finishes it
+            elif v.state in ("creating", "resizing"):  # not confirmed yet: resolve() finishes it
                 SL.set_volume(conn, v, vm_id=None, device=None, role="data", note=f"kept; vm {v.vm_name} deleted")
             else:
-                SL.set_volume(conn, v, state="available", vm_id=None, device=None, role="data",
-                              note=f"kept; vm {v.vm_name} deleted")
+                SL.set_volume(
+                    conn,
+                    v,
+                    state="available",
+                    vm_id=None,
+                    device=None,
+                    role="data",
+                    note=f"kept; vm {v.vm_name} deleted",
+                )
         return doomed
 
     def delete_files(self, names: list[str]) -> None:
@@ -492,8 +584,9 @@ class Volumes:
         may still be carried by the request that started them), by asking its pool / its VM's host."""
         done = []
         now = utcnow()
-        for v in [r for r in self.rows() if r.state in IN_BETWEEN
-                  and (now - r.updated_at).total_seconds() >= min_age_s]:
+        for v in [
+            r for r in self.rows() if r.state in IN_BETWEEN and (now - r.updated_at).total_seconds() >= min_age_s
+        ]:
             try:
                 if v.state == "creating":
                     self._make(v.name)
@@ -507,7 +600,7 @@ class Volumes:
                     if host:
                         self._settle_plug(v.name, host, v.vm_name, None)
                     elif not self._settle_stopped(v.name):
-                        continue                # its VM is between two steps: asked again next pass
+                        continue  # its VM is between two steps: asked again next pass
                 done.append(v.name)
             except Conflict as exc:
                 log.info("volume %s left %s: %s", v.name, v.state, exc)
@@ -517,6 +610,7 @@ class Volumes:
         """Data volumes attached (in the store) to a running VM whose domain no longer has them: an unplug
         the guest completed after the detach request gave up (it was read back attached then; libvirt's
         device-removed event comes late). Recorded available once a second read agrees."""
+
         def missing() -> set[tuple[str, str, str]]:
             with self.plane.db.transaction() as conn:
                 rows = SL.volume_rows(conn, _VO.state == "attached", _VO.role == "data")
@@ -531,8 +625,9 @@ class Volumes:
                     try:
                         have[vm.id] = set(self.plane.drivers[vm.host_name].domain_disks(domain_name(vm.name)).values())
                     except DriverError:
-                        have[vm.id] = None          # can not tell: nothing is changed
-                if have[vm.id] is not None and disk_spec(r).path not in have[vm.id]:
+                        have[vm.id] = None  # can not tell: nothing is changed
+                paths = have[vm.id]
+                if paths is not None and disk_spec(r).path not in paths:
                     found.add((r.name, vm.name, vm.host_name))
             return found
 
@@ -547,10 +642,16 @@ class Volumes:
                         continue
                     if row.state != VmState.running.value or row.host_name != host:
                         continue
-                    SL.set_volume(conn, now, state="available", vm_id=None, device=None,
-                                  note=f"the domain of {vm} on {host} no longer has it (unplugged late; read back)")
+                    SL.set_volume(
+                        conn,
+                        now,
+                        state="available",
+                        vm_id=None,
+                        device=None,
+                        note=f"the domain of {vm} on {host} no longer has it (unplugged late; read back)",
+                    )
             except Conflict:
-                continue                # it moved meanwhile: the next pass reads it again
+                continue  # it moved meanwhile: the next pass reads it again
             done.append(name)
         return done
 
@@ -562,23 +663,31 @@ class Volumes:
             now, vm = self._locked(conn, name)
             if now.state not in ("attaching", "detaching") or vm is None:
                 return True
-            if vm.state not in (VmState.stopped.value, VmState.error.value):      # neither has a domain
+            if vm.state not in (VmState.stopped.value, VmState.error.value):  # neither has a domain
                 return False
             if now.state == "attaching":
                 SL.set_volume(conn, now, state="attached", note=f"vm {vm.name} stopped meanwhile: attached cold")
             else:
-                SL.set_volume(conn, now, state="available", vm_id=None, device=None,
-                              note=f"vm {vm.name} stopped meanwhile: detached cold")
+                SL.set_volume(
+                    conn,
+                    now,
+                    state="available",
+                    vm_id=None,
+                    device=None,
+                    note=f"vm {vm.name} stopped meanwhile: detached cold",
+                )
         return True
 
     def usage_check(self, conn: Connection) -> list[str]:
         """Pools' used_mib == the volumes (and copies) on them; the audit reports any difference."""
         problems = []
         for p in conn.execute(Pool.__table__.select()).all():
-            rows = conn.execute(Volume.__table__.select().where(
-                (_VO.pool_id == p.id) | (_VO.copy_pool_id == p.id))).all()
+            rows = conn.execute(
+                Volume.__table__.select().where((_VO.pool_id == p.id) | (_VO.copy_pool_id == p.id))
+            ).all()
             total = sum(r.size_mib for r in rows if r.pool_id == p.id) + sum(
-                r.size_mib for r in rows if r.copy_pool_id == p.id)
+                r.size_mib for r in rows if r.copy_pool_id == p.id
+            )
             if total != p.used_mib:
                 problems.append(f"pool {p.name}: used {p.used_mib} MiB recorded, volumes take {total} MiB")
         for p in conn.execute(Project.__table__.select()).all():

@@ -11,7 +11,12 @@ from vmplane.core.scaling import cap_for_share
 
 def spec_of(vm: Any) -> DomainSpec:
     """The domain of a VM row (name, vcpus, max_vcpus, memory_mib, max_memory_mib, image, cpu_cap_percent)."""
-    return DomainSpec(name=domain_name(vm.name), vcpus=vm.vcpus, max_vcpus=vm.max_vcpus or vm.vcpus,
-                      memory_mib=vm.memory_mib, max_memory_mib=vm.max_memory_mib or vm.memory_mib,
-                      image=vm.image,
-                      cpu_cap=cap_for_share(vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None)
+    return DomainSpec(
+        name=domain_name(vm.name),
+        vcpus=vm.vcpus,
+        max_vcpus=vm.max_vcpus or vm.vcpus,
+        memory_mib=vm.memory_mib,
+        max_memory_mib=vm.max_memory_mib or vm.memory_mib,
+        image=vm.image,
+        cpu_cap=cap_for_share(vm.cpu_cap_percent / 100) if vm.cpu_cap_percent else None,
+    )

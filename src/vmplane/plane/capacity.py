@@ -10,8 +10,9 @@ back from the store (at start, when settings change, when an admission batch abo
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import cast
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Row
@@ -26,7 +27,7 @@ from vmplane.store.schema import Host
 
 PLACEMENT_RETRIES = 5
 
-Freed = list[tuple[str, int, int]]       # (host, vcpus, memory MiB) given back, as ledger.release_vm returns
+Freed = list[tuple[str, int, int]]  # (host, vcpus, memory MiB) given back, as ledger.release_vm returns
 
 
 @dataclass(frozen=True)
@@ -45,15 +46,24 @@ class HostMeta:
 
 
 def meta_of(h: Host) -> HostMeta:
-    return HostMeta(h.id, h.cluster.zone.name, h.cluster.name, h.cores, h.cpu_mhz, h.memory_mib,
-                    h.migration_address, h.cluster.zone_id, h.cluster_id)
+    return HostMeta(
+        h.id,
+        h.cluster.zone.name,
+        h.cluster.name,
+        h.cores,
+        h.cpu_mhz,
+        h.memory_mib,
+        h.migration_address,
+        h.cluster.zone_id,
+        h.cluster_id,
+    )
 
 
 class Capacity:
     def __init__(self, db: Database, catalog: Catalog):
         self.db = db
         self.catalog = catalog
-        self.lock = threading.RLock()       # admissions in this process, and the index
+        self.lock = threading.RLock()  # admissions in this process, and the index
         self.index = CapacityIndex()
         self.hosts: dict[str, HostMeta] = {}
         self._cluster_zones: dict[str, str] | None = None
@@ -111,8 +121,14 @@ class Capacity:
     def learn(self, row: Row) -> None:
         """A host row read (locked) in a transaction: its state and use, as the store has them. Called by
         an admission, which holds the lock already."""
-        self.index.upsert(replace(self.index.host(row.name), state=HostState(row.state),
-                                  used_vcpus=row.used_vcpus, used_memory_mib=row.used_memory_mib))
+        self.index.upsert(
+            replace(
+                self.index.host(row.name),
+                state=HostState(row.state),
+                used_vcpus=row.used_vcpus,
+                used_memory_mib=row.used_memory_mib,
+            )
+        )
 
     def put_host(self, host: Host) -> None:
         """A host added to the store."""
@@ -142,17 +158,24 @@ class Capacity:
         cluster, zone = host.cluster.name, host.cluster.zone.name
         eff = self.catalog.effective
         return HostCapacity(
-            name=host.name, cluster=cluster, state=HostState(host.state), cores=host.cores,
+            name=host.name,
+            cluster=cluster,
+            state=HostState(host.state),
+            cores=host.cores,
             memory_mib=host.memory_mib,
-            cpu_factor=float(eff("cpu.overprovisioning.factor", zone, cluster)),
-            mem_factor=float(eff("mem.overprovisioning.factor", zone, cluster)),
-            overhead_ratio=float(eff("vmplane.overhead.ratio", zone, cluster)),
+            cpu_factor=float(cast(float, eff("cpu.overprovisioning.factor", zone, cluster))),
+            mem_factor=float(cast(float, eff("mem.overprovisioning.factor", zone, cluster))),
+            overhead_ratio=float(cast(float, eff("vmplane.overhead.ratio", zone, cluster))),
             strategy=str(eff("vmplane.placement.strategy", zone, cluster)),
-            used_vcpus=host.used_vcpus, used_memory_mib=host.used_memory_mib, zone=zone)
+            used_vcpus=host.used_vcpus,
+            used_memory_mib=host.used_memory_mib,
+            zone=zone,
+        )
 
     # -- placement -----------------------------------------------------------------------------
-    def take_placement(self, conn: Connection, request: PlacementRequest,
-                       check: Callable[[Placement], None] | None = None) -> tuple[Placement, int]:
+    def take_placement(
+        self, conn: Connection, request: PlacementRequest, check: Callable[[Placement], None] | None = None
+    ) -> tuple[Placement, int]:
         """Pick a host for `request` from the index and take the capacity on its row (compare-and-add);
         if the store shows the index was behind (another process claimed), learn the store's numbers and
         pick again (so a final refusal carries the host's real numbers). `check(placement)` may refuse
@@ -167,5 +190,6 @@ class Capacity:
             if L.take_on_host(conn, host_id, request.size.vcpus, placement.memory_mib, cap_vcpus, cap_memory):
                 return placement, host_id
             self.learn(L.lock_host(conn, placement.host))
-        raise InsufficientCapacity(f"no host could be claimed after {PLACEMENT_RETRIES} tries; hosts are "
-                                   f"changing fast, retry", field="host")
+        raise InsufficientCapacity(
+            f"no host could be claimed after {PLACEMENT_RETRIES} tries; hosts are changing fast, retry", field="host"
+        )

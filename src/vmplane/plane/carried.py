@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
-_carried: dict[str, int] = {}          # op id -> threads of this process that carry it now
+_carried: dict[str, int] = {}  # op id -> threads of this process that carry it now
 _carried_lock = threading.Lock()
 
 

@@ -55,8 +55,11 @@ class PendingVms:
         with self._lock:
             pending = self._pending.get(vm)
         if pending is not None:
-            raise Conflict(f"vm {vm} is still being recovered after a restart ({pending[1]}); retry in a moment "
-                           f"(GET /api/v1/recovery shows progress)", field="vm")
+            raise Conflict(
+                f"vm {vm} is still being recovered after a restart ({pending[1]}); retry in a moment "
+                f"(GET /api/v1/recovery shows progress)",
+                field="vm",
+            )
 
     def why(self) -> dict[str, str]:
         with self._lock:
@@ -73,11 +76,11 @@ class Plane:
 
     db: Database
     catalog: Catalog
-    drivers: dict[str, Driver]          # host name -> driver; changed only by hostadmin, under capacity.lock
+    drivers: dict[str, Driver]  # host name -> driver; changed only by hostadmin, under capacity.lock
     capacity: Capacity
     membership: Membership
-    admissions: Batcher                 # group commit of admissions (shares capacity.lock)
+    admissions: Batcher  # group commit of admissions (shares capacity.lock)
     executor: Executor
-    closing: threading.Event = field(default_factory=threading.Event)     # set by close(): waits end early
+    closing: threading.Event = field(default_factory=threading.Event)  # set by close(): waits end early
     recovering: PendingVms = field(default_factory=PendingVms)
     ops: Operations = field(init=False)  # the operation runner, set once the Plane exists (it takes the Plane)

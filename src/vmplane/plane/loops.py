@@ -5,25 +5,31 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from vmplane.store.ownership import owned
 
 
-def every(interval_s: Callable[[], float], body: Callable[[], object], stop: threading.Event, name: str,
-          log: logging.Logger, when: Callable[[], bool] | None = None,
-          owner: Callable[[], int | None] | None = None) -> None:
+def every(
+    interval_s: Callable[[], float],
+    body: Callable[[], object],
+    stop: threading.Event,
+    name: str,
+    log: logging.Logger,
+    when: Callable[[], bool] | None = None,
+    owner: Callable[[], int | None] | None = None,
+) -> None:
     """Start the thread `vmplane-NAME`: wait `interval_s()` (read again each time: a setting may
     change), then run `body()`, until `stop` is set. With `when`, a pass runs only while it says so
     (this process holds the lease for the work); with `owner`, under that controller's fencing token, so
     that nothing it writes lands once the lease has lapsed."""
-    last = 1.0          # the interval, as last read
+    last = 1.0  # the interval, as last read
 
     def wait() -> bool:
         nonlocal last
         try:
             last = interval_s()
-        except Exception:       # a setting that can not be read now (the database busy): the last one
+        except Exception:  # a setting that can not be read now (the database busy): the last one
             log.exception("%s: reading its interval", name)
         return stop.wait(last)
 
@@ -34,7 +40,7 @@ def every(interval_s: Callable[[], float], body: Callable[[], object], stop: thr
                     continue
                 with owned(owner() if owner is not None else None):
                     body()
-            except Exception:       # the next pass tries again
+            except Exception:  # the next pass tries again
                 log.exception(name)
 
     threading.Thread(target=loop, name=f"vmplane-{name}", daemon=True).start()

@@ -28,18 +28,18 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from sqlalchemy import and_, insert, literal_column, or_, select, text, update
+from sqlalchemy import ColumnClause, and_, insert, literal_column, or_, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from vmplane.core import leases as rules
 from vmplane.core.migration import SETTLING
 from vmplane.core.model import IN_FLIGHT_OPERATION_VALUES as IN_FLIGHT
-from vmplane.store.ownership import db_now, now_sql
-from vmplane.store import ledger as L
 from vmplane.store import Database, pgsessions
+from vmplane.store import ledger as L
+from vmplane.store.ownership import db_now, now_sql
 from vmplane.store.schema import Controller, Lease
 
 log = logging.getLogger("vmplane.controllers")
@@ -63,10 +63,16 @@ def mark_lapsed(conn, which, limits: rules.SessionLimits | None = None) -> None:
     c = CONTROLLERS.c
     where = [c.state == "live", which]
     if conn.dialect.name != "sqlite":
-        epochs = [r.epoch for r in pgsessions.select_for_update(
-            conn, select(c.epoch).where(*where).with_for_update(),
-            limits or rules.session_limits(DEFAULT_LEASE_S),
-            lambda: conn.execute(select(c.epoch).where(*where)).scalars().all(), "marking controllers lapsed")]
+        epochs = [
+            r.epoch
+            for r in pgsessions.select_for_update(
+                conn,
+                select(c.epoch).where(*where).with_for_update(),
+                limits or rules.session_limits(DEFAULT_LEASE_S),
+                lambda: conn.execute(select(c.epoch).where(*where)).scalars().all(),
+                "marking controllers lapsed",
+            )
+        ]
         if not epochs:
             return
         where = [c.state == "live", c.epoch.in_(epochs)]
@@ -86,22 +92,23 @@ class Membership:
     `on_peers_changed` (another live process may have changed hosts or settings) and `on_orphans`
     (the coordinator found work of a lapsed process to take over)."""
 
-    def __init__(self, db: Database, name: str | None = None, lease_s: float = DEFAULT_LEASE_S,
-                 api_url: str | None = None):
+    def __init__(
+        self, db: Database, name: str | None = None, lease_s: float = DEFAULT_LEASE_S, api_url: str | None = None
+    ):
         self.db = db
         self.on_peers_changed: list[Callable[[], object]] = []
         self.on_orphans: list[Callable[[], object]] = []
         self.name = name or "local"
         self.lease_s = float(lease_s)
-        db.use_lease(self.lease_s)       # its PostgreSQL transactions' timeouts: a few leases (pgsessions)
+        db.use_lease(self.lease_s)  # its PostgreSQL transactions' timeouts: a few leases (pgsessions)
         self.api_url = api_url
         self.epoch: int | None = None
-        self.held: frozenset[str] = frozenset()      # leases this incarnation holds, as last read back
+        self.held: frozenset[str] = frozenset()  # leases this incarnation holds, as last read back
         self.live: tuple[Member, ...] = ()
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._seen: dict[int, rules.Sighting] = {}     # the others' renewals, as this process saw them
+        self._seen: dict[int, rules.Sighting] = {}  # the others' renewals, as this process saw them
 
     # -- what the others ask -------------------------------------------------------------------
     def owns_host(self, host: str) -> bool:
@@ -130,11 +137,22 @@ class Membership:
                 now = db_now(conn)
                 if reclaim:
                     mark_lapsed(conn, c.name == self.name, self.db.limits)
-                result = conn.execute(insert(CONTROLLERS).values(
-                    name=self.name, hostname=socket.gethostname(), pid=os.getpid(), api_url=self.api_url,
-                    state="live", lease_s=self.lease_s, started_at=now, renewed_at=now, expires_at=now + self.lease_s))
-                self.epoch = int(result.inserted_primary_key[0])
-            self.db.engine.vmplane_controller = self.epoch     # new operations are owned by it (ownership.owner_of)
+                result = conn.execute(
+                    insert(CONTROLLERS).values(
+                        name=self.name,
+                        hostname=socket.gethostname(),
+                        pid=os.getpid(),
+                        api_url=self.api_url,
+                        state="live",
+                        lease_s=self.lease_s,
+                        started_at=now,
+                        renewed_at=now,
+                        expires_at=now + self.lease_s,
+                    )
+                )
+                self.epoch = int(result.inserted_primary_key[0])  # type: ignore[index]  # an INSERT has its key
+            # new operations are owned by it (ownership.owner_of reads this attribute vmplane puts on the engine)
+            self.db.engine.vmplane_controller = self.epoch  # type: ignore[attr-defined]
             self.held = frozenset()
             self.start()
             log.info("controller %s registered as epoch %d (lease %g s)", self.name, self.epoch, self.lease_s)
@@ -155,7 +173,7 @@ class Membership:
             while not self._stop.wait(self.lease_s / 3):
                 try:
                     body()
-                except Exception:       # a database that does not answer: the lease may lapse; retried
+                except Exception:  # a database that does not answer: the lease may lapse; retried
                     log.exception(name)
 
         thread = threading.Thread(target=loop, name=name, daemon=True)
@@ -168,26 +186,43 @@ class Membership:
         a pool taken by requests nor an admission or balance that waits can hold it back."""
         epoch = self.epoch
         if self._stop.is_set() or epoch is None:
-            return False            # stopped: never registered again
+            return False  # stopped: never registered again
         c = CONTROLLERS.c
         with self.db.lease_transaction() as conn:
-            now = literal_column(now_sql(conn))
-            renewed = conn.execute(update(CONTROLLERS).where(c.epoch == epoch, c.state == "live")
-                                   .values(renewed_at=now, expires_at=now + self.lease_s)).rowcount == 1
+            now: ColumnClause[float] = literal_column(now_sql(conn))
+            renewed = (
+                conn.execute(
+                    update(CONTROLLERS)
+                    .where(c.epoch == epoch, c.state == "live")
+                    .values(renewed_at=now, expires_at=now + self.lease_s)
+                ).rowcount
+                == 1
+            )
         if renewed:
             return True
         with self._lock:
             if self._stop.is_set() or self.epoch != epoch:
-                return False        # stopped, or registered again meanwhile
+                return False  # stopped, or registered again meanwhile
             taker = self._taken_by(epoch)
-            if taker is not None:           # not a lapse: a process started under this name took its place
-                log.error("controller %s: another process registered under this name (epoch %s) and took the place "
-                          "of this one (epoch %s); registering as %s#%d: give each process its own --name",
-                          self.name, taker, epoch, self.name, epoch)
-                self.name = f"{self.name}#{epoch}"          # (an epoch is never given twice: a name of its own)
+            if taker is not None:  # not a lapse: a process started under this name took its place
+                log.error(
+                    "controller %s: another process registered under this name (epoch %s) and took the place "
+                    "of this one (epoch %s); registering as %s#%d: give each process its own --name",
+                    self.name,
+                    taker,
+                    epoch,
+                    self.name,
+                    epoch,
+                )
+                self.name = f"{self.name}#{epoch}"  # (an epoch is never given twice: a name of its own)
             else:
-                log.warning("controller %s: epoch %s lapsed (paused or cut off longer than %g s); its work is "
-                            "another's now: registering again", self.name, epoch, self.lease_s)
+                log.warning(
+                    "controller %s: epoch %s lapsed (paused or cut off longer than %g s); its work is "
+                    "another's now: registering again",
+                    self.name,
+                    epoch,
+                    self.lease_s,
+                )
             self.register(reclaim=False)
         return False
 
@@ -196,8 +231,11 @@ class Membership:
         this process's name (which takes a previous incarnation's place, as a restart does)."""
         c = CONTROLLERS.c
         with self.db.read() as s:
-            return s.connection().execute(select(c.epoch).where(
-                c.name == self.name, c.state == "live", c.epoch > epoch).limit(1)).scalar()
+            return (
+                s.connection()
+                .execute(select(c.epoch).where(c.name == self.name, c.state == "live", c.epoch > epoch).limit(1))
+                .scalar()
+            )
 
     def stop(self) -> None:
         """A clean end: leases released and the row `stopped`, so others take over at once."""
@@ -207,9 +245,12 @@ class Membership:
         try:
             with self._lock, self.db.transaction() as conn:
                 conn.execute(update(LEASES).where(LEASES.c.holder == self.epoch).values(holder=None))
-                conn.execute(update(CONTROLLERS).where(CONTROLLERS.c.epoch == self.epoch,
-                                                       CONTROLLERS.c.state == "live").values(state="stopped"))
-        except Exception:   # noqa: BLE001 - the lease lapses by itself
+                conn.execute(
+                    update(CONTROLLERS)
+                    .where(CONTROLLERS.c.epoch == self.epoch, CONTROLLERS.c.state == "live")
+                    .values(state="stopped")
+                )
+        except Exception:
             log.exception("controller %s: stopping", self.name)
         self.held = frozenset()
 
@@ -220,46 +261,69 @@ class Membership:
         c, ls = CONTROLLERS.c, LEASES.c
         try:
             with self._lock, self.db.transaction() as conn:
-                now = literal_column(now_sql(conn))
-                renewals = conn.execute(select(c.epoch, c.renewed_at, c.lease_s).where(c.state == "live")).all()
+                now: ColumnClause[float] = literal_column(now_sql(conn))
+                renewals = (
+                    conn.execute(select(c.epoch, c.renewed_at, c.lease_s).where(c.state == "live")).tuples().all()
+                )
                 self._seen, stale = rules.observe(self._seen, renewals, self.epoch, time.monotonic())
-                for epoch in stale:         # unless renewed since it was read
-                    mark_lapsed(conn, and_(c.epoch == epoch, c.renewed_at == self._seen[epoch].renewed_at),
-                                self.db.limits)
-                live = [Member(r.epoch, r.name) for r in conn.execute(
-                    select(c.epoch, c.name).where(c.state == "live").order_by(c.epoch))]
+                for epoch in stale:  # unless renewed since it was read
+                    mark_lapsed(
+                        conn, and_(c.epoch == epoch, c.renewed_at == self._seen[epoch].renewed_at), self.db.limits
+                    )
+                live = [
+                    Member(r.epoch, r.name)
+                    for r in conn.execute(select(c.epoch, c.name).where(c.state == "live").order_by(c.epoch))
+                ]
                 hosts = list(conn.execute(select(L.HOSTS.c.name)).scalars())
                 current = {r.name: r.holder for r in conn.execute(select(ls.name, ls.holder))}
                 live_epochs = {m.epoch for m in live}
                 assignment = rules.assign(hosts, [m.name for m in live])
                 held = {name for name, holder in current.items() if holder == self.epoch}
-                release = [n for n in rules.to_release(held, assignment, self.name)]
+                release = list(rules.to_release(held, assignment, self.name))
                 wanted = rules.to_acquire(held, assignment, self.name) + (
-                    [] if rules.COORDINATOR in held else [rules.COORDINATOR])
+                    [] if rules.COORDINATOR in held else [rules.COORDINATOR]
+                )
                 free = [n for n in wanted if n in current and current[n] not in live_epochs]
                 missing = [n for n in wanted if n not in current]
                 if release:
-                    conn.execute(update(LEASES).where(ls.name.in_(release), ls.holder == self.epoch)
-                                 .values(holder=None))
+                    conn.execute(
+                        update(LEASES).where(ls.name.in_(release), ls.holder == self.epoch).values(holder=None)
+                    )
                 if free:
-                    conn.execute(update(LEASES).where(ls.name.in_(free), or_(
-                        ls.holder.is_(None), ls.holder.not_in(select(c.epoch).where(c.state == "live"))))
-                        .values(holder=self.epoch, epoch=ls.epoch + 1, acquired_at=now))
+                    conn.execute(
+                        update(LEASES)
+                        .where(
+                            ls.name.in_(free),
+                            or_(ls.holder.is_(None), ls.holder.not_in(select(c.epoch).where(c.state == "live"))),
+                        )
+                        .values(holder=self.epoch, epoch=ls.epoch + 1, acquired_at=now)
+                    )
                 if missing:
-                    conn.execute(insert(LEASES), [{"name": n, "holder": self.epoch, "epoch": 1, "acquired_at": db_now(conn)}
-                                                  for n in missing])
-        except (IntegrityError, DBAPIError) as exc:   # another process took one at the same time: next beat
-            log.info("controller %s: leases changed under this beat (%s); again at the next one",
-                     self.name, type(exc).__name__)
+                    conn.execute(
+                        insert(LEASES),
+                        [{"name": n, "holder": self.epoch, "epoch": 1, "acquired_at": db_now(conn)} for n in missing],
+                    )
+        except (IntegrityError, DBAPIError) as exc:  # another process took one at the same time: next beat
+            log.info(
+                "controller %s: leases changed under this beat (%s); again at the next one",
+                self.name,
+                type(exc).__name__,
+            )
             return
         with self.db.read() as s:
             held_now = frozenset(s.connection().execute(select(ls.name).where(ls.holder == self.epoch)).scalars())
         gained = held_now - self.held
         self.held, self.live = held_now, tuple(live)
         if gained or release:
-            log.info("controller %s (epoch %s) holds %d lease(s): +%s -%s", self.name, self.epoch, len(held_now),
-                     sorted(gained)[:5], release[:5])
-        if len(live) > 1:       # what other processes changed: hosts, and settings (seen within a beat)
+            log.info(
+                "controller %s (epoch %s) holds %d lease(s): +%s -%s",
+                self.name,
+                self.epoch,
+                len(held_now),
+                sorted(gained)[:5],
+                release[:5],
+            )
+        if len(live) > 1:  # what other processes changed: hosts, and settings (seen within a beat)
             for hook in self.on_peers_changed:
                 hook()
         if self.coordinates() and self.orphans():
@@ -277,8 +341,9 @@ class Membership:
         with self.db.read() as s:
             conn = s.connection()
             ops = conn.execute(select(op.id).where(op.state.in_(IN_FLIGHT), self._orphan_of(op.owner)).limit(1)).first()
-            migs = conn.execute(select(m.id).where(m.state.in_(SETTLING_MIGRATIONS), self._orphan_of(m.owner))
-                                .limit(1)).first()
+            migs = conn.execute(
+                select(m.id).where(m.state.in_(SETTLING_MIGRATIONS), self._orphan_of(m.owner)).limit(1)
+            ).first()
         return int(ops is not None) + int(migs is not None)
 
     def claim_operations(self) -> list[tuple[str, str]]:
@@ -286,8 +351,9 @@ class Membership:
         process is claiming at this moment are skipped (FOR UPDATE SKIP LOCKED), never waited for."""
         op = L.OPERATIONS.c
         with self.db.transaction() as conn:
-            query = (select(op.id, op.kind).where(op.state.in_(IN_FLIGHT), self._orphan_of(op.owner))
-                     .order_by(op.created_at))
+            query = (
+                select(op.id, op.kind).where(op.state.in_(IN_FLIGHT), self._orphan_of(op.owner)).order_by(op.created_at)
+            )
             if conn.dialect.name != "sqlite":
                 query = query.with_for_update(skip_locked=True, of=L.OPERATIONS)
             rows = conn.execute(query).all()
@@ -299,8 +365,14 @@ class Membership:
         """Take a settling migration whose owner is not live (or is this process); False if a live other owns it."""
         m = L.MIGRATIONS.c
         with self.db.transaction() as conn:
-            return conn.execute(update(L.MIGRATIONS).where(m.id == migration_id, or_(
-                m.owner == self.epoch, self._orphan_of(m.owner))).values(owner=self.epoch)).rowcount == 1
+            return (
+                conn.execute(
+                    update(L.MIGRATIONS)
+                    .where(m.id == migration_id, or_(m.owner == self.epoch, self._orphan_of(m.owner)))
+                    .values(owner=self.epoch)
+                ).rowcount
+                == 1
+            )
 
     # -- what `vmplane controllers` shows --------------------------------------------------------
     def rows(self) -> list[dict]:
@@ -309,25 +381,49 @@ class Membership:
         with self.db.read() as s:
             conn = s.connection()
             now = db_now(conn)
-            rows = conn.execute(select(CONTROLLERS).where(or_(c.state == "live", c.renewed_at > now - 3600))
-                                .order_by(c.epoch)).all()
+            rows = conn.execute(
+                select(CONTROLLERS).where(or_(c.state == "live", c.renewed_at > now - 3600)).order_by(c.epoch)
+            ).all()
             held: dict[int, list[str]] = {}
             for name, holder in conn.execute(select(ls.name, ls.holder).where(ls.holder.is_not(None))):
                 held.setdefault(holder, []).append(name)
-            ops: dict[int, int] = dict(conn.execute(select(op.owner, text("count(*)")).where(
-                op.state.in_(IN_FLIGHT), op.owner.is_not(None)).group_by(op.owner)).all())
-            migs: dict[int, int] = dict(conn.execute(select(m.owner, text("count(*)")).where(
-                m.state.in_(SETTLING_MIGRATIONS), m.owner.is_not(None)).group_by(m.owner)).all())
+            ops: dict[int, int] = dict(
+                conn.execute(
+                    select(op.owner, text("count(*)"))
+                    .where(op.state.in_(IN_FLIGHT), op.owner.is_not(None))
+                    .group_by(op.owner)
+                )
+                .tuples()
+                .all()
+            )
+            migs: dict[int, int] = dict(
+                conn.execute(
+                    select(m.owner, text("count(*)"))
+                    .where(m.state.in_(SETTLING_MIGRATIONS), m.owner.is_not(None))
+                    .group_by(m.owner)
+                )
+                .tuples()
+                .all()
+            )
         out = []
         for r in rows:
             names = sorted(held.get(r.epoch, []))
-            out.append({"epoch": r.epoch, "name": r.name, "hostname": r.hostname, "pid": r.pid, "api_url": r.api_url,
-                        "state": "expired" if r.state == "live" and rules.expired(r.expires_at, now) else r.state,
-                        "lease_s": r.lease_s, "expires_in_s": round(r.expires_at - now, 1) if r.state == "live" else None,
-                        "started_at": r.started_at, "coordinator": rules.COORDINATOR in names,
-                        "hosts": [rules.host_of(n) for n in names if rules.host_of(n)],
-                        "operations": ops.get(r.epoch, 0), "migrations": migs.get(r.epoch, 0),
-                        "this": r.epoch == self.epoch})
+            out.append(
+                {
+                    "epoch": r.epoch,
+                    "name": r.name,
+                    "hostname": r.hostname,
+                    "pid": r.pid,
+                    "api_url": r.api_url,
+                    "state": "expired" if r.state == "live" and rules.expired(r.expires_at, now) else r.state,
+                    "lease_s": r.lease_s,
+                    "expires_in_s": round(r.expires_at - now, 1) if r.state == "live" else None,
+                    "started_at": r.started_at,
+                    "coordinator": rules.COORDINATOR in names,
+                    "hosts": [rules.host_of(n) for n in names if rules.host_of(n)],
+                    "operations": ops.get(r.epoch, 0),
+                    "migrations": migs.get(r.epoch, 0),
+                    "this": r.epoch == self.epoch,
+                }
+            )
         return out
-
-

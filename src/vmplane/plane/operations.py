@@ -13,9 +13,11 @@ exactly what was charged and claimed.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from concurrent.futures import Executor
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, Row
@@ -57,11 +59,11 @@ class FailureContext:
     """What a failure hook is told, inside the transaction that ends the operation failed."""
 
     conn: Connection
-    op: Row                     # locked, in flight
-    vm: Row | None              # locked
+    op: Row  # locked, in flight
+    vm: Row | None  # locked
     reason: str
-    host_down: bool             # the VM is held by the operation and its host does not answer
-    before: Any                 # what the kind's `before_fail` asked before the transaction (or None)
+    host_down: bool  # the VM is held by the operation and its host does not answer
+    before: Any  # what the kind's `before_fail` asked before the transaction (or None)
 
 
 FailureHook = Callable[[FailureContext], Failed | None]
@@ -72,9 +74,9 @@ class Kind:
     body: Body | None = None
     on_fail: FailureHook | None = None
     before_fail: Callable[[str, Row], Any] | None = None
-    take_failure: Callable[[str, BaseException], bool] | None = None
+    take_failure: Callable[[str, Exception], bool] | None = None
     resume: Callable[[str], None] | None = None
-    carried: Callable[[], set[str]] | None = None
+    carried: Callable[[], AbstractSet[str]] | None = None
 
 
 class Runtime(Protocol):
@@ -90,13 +92,20 @@ class Runtime(Protocol):
 class Operations:
     def __init__(self, plane: Runtime, settle_after: Callable[[str], object]):
         self.plane = plane
-        self._settle_after = settle_after     # settle.after_failed_operation: the VM from its host, now
+        self._settle_after = settle_after  # settle.after_failed_operation: the VM from its host, now
         self._kinds: dict[str, Kind] = {}
 
-    def register(self, kind: str, body: Body | None = None, *, on_fail: FailureHook | None = None,
-                 before_fail: Callable[[str, Row], Any] | None = None,
-                 take_failure: Callable[[str, BaseException], bool] | None = None,
-                 resume: Callable[[str], None] | None = None, carried: Callable[[], set[str]] | None = None) -> None:
+    def register(
+        self,
+        kind: str,
+        body: Body | None = None,
+        *,
+        on_fail: FailureHook | None = None,
+        before_fail: Callable[[str, Row], Any] | None = None,
+        take_failure: Callable[[str, Exception], bool] | None = None,
+        resume: Callable[[str], None] | None = None,
+        carried: Callable[[], AbstractSet[str]] | None = None,
+    ) -> None:
         self._kinds[kind] = Kind(body, on_fail, before_fail, take_failure, resume, carried)
 
     def body(self, kind: str) -> Body | None:
@@ -120,18 +129,26 @@ class Operations:
         """Run an operation's body (in an executor thread, or later) under `cause`, by default the cause of
         the request that created it: its events name that user, not whoever's thread happens to run it."""
         db, membership = self.plane.db, self.plane.membership
-        op = prepared(db.engine, _OPERATION_TO_RUN).first(id=op_id)      # one read, no transaction
+        op = prepared(db.engine, _OPERATION_TO_RUN).first(id=op_id)  # one read, no transaction
         if cause is None:
-            cause = events.remembered(op_id)          # this process created it: no need to ask the store
+            cause = events.remembered(op_id)  # this process created it: no need to ask the store
         if cause is None and op is not None:
             with db.read() as s:
-                cause = events.cause_of(s.connection(), "operation", op_id,
-                                        vm=op["target"] if op["vm_id"] is not None else None,
-                                        host=op["target"] if op["kind"] == "drain" else None)
+                cause = events.cause_of(
+                    s.connection(),
+                    "operation",
+                    op_id,
+                    vm=op["target"] if op["vm_id"] is not None else None,
+                    host=op["target"] if op["kind"] == "drain" else None,
+                )
         owner = op["owner"] if op is not None else None
         if owner is not None and owner != membership.epoch:
-            log.warning("operation %s is owned by controller %s now, not by this one (%s): not run here",
-                        op_id, owner, membership.epoch)
+            log.warning(
+                "operation %s is owned by controller %s now, not by this one (%s): not run here",
+                op_id,
+                owner,
+                membership.epoch,
+            )
             return
         # its writes land only while its owner's lease holds (ownership.py): a lapsed owner changes nothing
         with ownership.owned(owner), events.acting_as(cause or events.current_cause()):
@@ -144,7 +161,7 @@ class Operations:
             try:
                 if body(op_id) is OperationState.succeeded:
                     return
-            except Exception as exc:  # an operation must end, whatever happened
+            except Exception as exc:  # noqa: BLE001 - an operation must end, whatever happened
                 self.settle_failed(op_id, exc)
                 return
             self.settle_after(op_id)
@@ -164,9 +181,9 @@ class Operations:
         self.settle_after(op_id)
 
     def settle_after(self, op_id: str) -> None:
-        try:            # a failure path that put the VM back to running is checked against its host
+        try:  # a failure path that put the VM back to running is checked against its host
             self._settle_after(op_id)
-        except Exception:  # noqa: BLE001 - the sync settles it later
+        except Exception:
             log.exception("operation %s: settling its VM after the failure", op_id)
 
     def begin_step(self, op_id: str, step: str) -> Row | None:
@@ -183,7 +200,7 @@ class Operations:
         return L.vm_row(conn, op.vm_id)
 
     # -- failing ---------------------------------------------------------------------------------
-    def fail(self, op_id: str, exc: BaseException) -> None:
+    def fail(self, op_id: str, exc: Exception) -> None:
         """End an operation as failed, giving back what its kind's failure hook says it held. One that
         already ended (by its own run, or a run of it handed over meanwhile) is left as it ended: nothing
         is given back twice."""
@@ -205,10 +222,15 @@ class Operations:
             down = vm is not None and vm.state in HELD_BY_AN_OPERATION and self._host_down(conn, vm.host_id)
             if kind.on_fail is not None:
                 settled = kind.on_fail(FailureContext(conn, op, vm, reason, down, before))
-            elif down:
+            elif down and vm is not None:  # (down: its VM is known)
                 self.held_unknown(conn, op, vm, reason)
-            L.set_operation(conn, op_id, state=OperationState.failed, progress=100,
-                            message=f"{op.kind} failed at step {op.step}: {reason}")
+            L.set_operation(
+                conn,
+                op_id,
+                state=OperationState.failed,
+                progress=100,
+                message=f"{op.kind} failed at step {op.step}: {reason}",
+            )
         metrics.OPERATIONS.labels(op.kind, "failed").inc()
         if settled is not None:
             if settled.given is not None:
@@ -220,13 +242,20 @@ class Operations:
     def held_unknown(conn: Connection, op: Row, vm: Row, reason: str, **fields: Any) -> None:
         """Nobody can tell what the VM's host did: kept charged and claimed until the host answers
         (hostmonitor settles it then), never put back to running/stopped unasked."""
-        L.set_vm(conn, vm.id, note=f"{op.kind} failed and its host {vm.host_name} does not answer: "
-                                   f"{reason}", state=VmState.unknown, **fields)
+        L.set_vm(
+            conn,
+            vm.id,
+            note=f"{op.kind} failed and its host {vm.host_name} does not answer: {reason}",
+            state=VmState.unknown,
+            **fields,
+        )
 
     @staticmethod
     def _host_down(conn: Connection, host_id: int | None) -> bool:
-        return host_id is not None and conn.execute(select(L.HOSTS.c.state).where(
-            L.HOSTS.c.id == host_id)).scalar() in UNREACHABLE
+        return (
+            host_id is not None
+            and conn.execute(select(L.HOSTS.c.state).where(L.HOSTS.c.id == host_id)).scalar() in UNREACHABLE
+        )
 
     # -- after a restart or a take-over ----------------------------------------------------------
     def resume(self, pending: list[tuple[str, str]]) -> None:

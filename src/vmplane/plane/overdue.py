@@ -14,23 +14,21 @@ Until then `audit` names each such operation with what clears it (`problems`).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import select
 
 from vmplane.core.errors import VmplaneError
-from vmplane.plane.loops import every
 from vmplane.core.model import IN_FLIGHT_OPERATION_VALUES as IN_FLIGHT
+from vmplane.plane.carried import carried, carrying
+from vmplane.plane.loops import every
 from vmplane.store import ledger as L
 from vmplane.store.schema import utcnow
-from vmplane.plane.carried import carried, carrying
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vmplane.plane.context import Plane
@@ -39,13 +37,14 @@ log = logging.getLogger("vmplane.overdue")
 DEADLINE_KEY = "vmplane.operation.deadline"
 BACKOFF_S = (1, 2, 5, 10, 30, 60)
 
+
 def queued_ops(executor) -> frozenset[str]:
     """The operations handed to `executor` that wait for a thread (`executor.submit(ops.run, op_id, ...)`):
     carried too, only later. Read from a ThreadPoolExecutor's queue; nothing for other executors."""
     queue = getattr(getattr(executor, "_work_queue", None), "queue", None)
     if queue is None:
         return frozenset()
-    found = set()
+    found: set[str] = set()
     for item in list(queue):
         args = getattr(item, "args", None) or ()
         found.update(a for a in args[:1] if isinstance(a, str))
@@ -75,16 +74,21 @@ def backoff(attempt: int) -> float:
 def clears(op: InFlight) -> str:
     """(pure) What settles an overdue operation now, in words (with the command)."""
     if op.kind == "recover":
-        return (f"its process runs it again within seconds; or `vmplane host recover {op.target}` once no recovery "
-                f"of {op.target} is in flight")
-    return ("its process retries its failure path with backoff (asking the host); if it stays, restart that "
-            "control-plane process (`vmplane controllers` names it): its start-up recovery resumes it")
+        return (
+            f"its process runs it again within seconds; or `vmplane host recover {op.target}` once no recovery "
+            f"of {op.target} is in flight"
+        )
+    return (
+        "its process retries its failure path with backoff (asking the host); if it stays, restart that "
+        "control-plane process (`vmplane controllers` names it): its start-up recovery resumes it"
+    )
 
 
 def deadline_of(conn) -> float:
     """The global `vmplane.operation.deadline`, read from the store (audit has no catalog)."""
     from vmplane.core.settings import KEYS, typed
     from vmplane.store.schema import Setting
+
     raw = conn.execute(select(Setting.value).where(Setting.key == DEADLINE_KEY, Setting.scope == "global")).scalar()
     value = typed(DEADLINE_KEY, raw) if raw is not None else KEYS[DEADLINE_KEY].default
     return float(value) if isinstance(value, (int, float)) else float(KEYS[DEADLINE_KEY].default)
@@ -105,8 +109,10 @@ def problems(conn) -> list[str]:
     out = []
     for op in overdue(in_flight(conn), utcnow(), deadline, carried()):
         age = (utcnow() - op.updated_at).total_seconds()
-        out.append(f"operation {op.id} ({op.kind} of {op.target}, at step {op.step}): in flight, unchanged for "
-                   f"{age:.0f} s (deadline {deadline:g} s) and no thread carries it; {clears(op)}")
+        out.append(
+            f"operation {op.id} ({op.kind} of {op.target}, at step {op.step}): in flight, unchanged for "
+            f"{age:.0f} s (deadline {deadline:g} s) and no thread carries it; {clears(op)}"
+        )
     return out
 
 
@@ -120,7 +126,7 @@ class OverdueOperations:
     def __init__(self, plane: Plane):
         self.plane = plane
         self._stop = threading.Event()
-        self._tries: dict[str, tuple[int, float]] = {}     # op id -> (failed tries, monotonic time of the next)
+        self._tries: dict[str, tuple[int, float]] = {}  # op id -> (failed tries, monotonic time of the next)
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -130,14 +136,14 @@ class OverdueOperations:
         self._stop.set()
 
     def _interval(self) -> float:
-        return min(max(float(self.plane.catalog.effective(DEADLINE_KEY)) / 5, 0.5), 10.0)
+        return min(max(float(cast(float, self.plane.catalog.effective(DEADLINE_KEY))) / 5, 0.5), 10.0)
 
     def _mine(self) -> list[InFlight]:
         epoch = self.plane.membership.epoch
         with self.plane.db.read() as s:
             ops = in_flight(s.connection(), epoch, any_owner=False)
         queued = self.plane.ops.carried() | queued_ops(self.plane.executor)
-        deadline = float(self.plane.catalog.effective(DEADLINE_KEY))
+        deadline = float(cast(float, self.plane.catalog.effective(DEADLINE_KEY)))
         return overdue(ops, utcnow(), deadline, carried() | queued)
 
     def run_once(self) -> list[str]:
@@ -161,13 +167,15 @@ class OverdueOperations:
     def _settle(self, op: InFlight) -> bool:
         """Its failure path (a recovery: run again), in this thread; True once it is no longer in flight."""
         plane = self.plane
-        reason = (f"{op.kind} left in flight at step {op.step}, unchanged past its deadline, with no thread "
-                  f"carrying it (its own failure path had failed)")
+        reason = (
+            f"{op.kind} left in flight at step {op.step}, unchanged past its deadline, with no thread "
+            f"carrying it (its own failure path had failed)"
+        )
         log.warning("operation %s: %s; settling it", op.id, reason)
         try:
             if op.kind == "recover":
                 plane.executor.submit(self._rerun, op.id)
-                return True     # carried from now on by the executor's thread (or its next pass)
+                return True  # carried from now on by the executor's thread (or its next pass)
             plane.ops.run(op.id, _raiser(Overdue(reason)))
         except Exception as exc:  # noqa: BLE001 - the database still out: again after the backoff
             log.warning("operation %s: its failure path failed again (%s); retried with backoff", op.id, exc)
@@ -187,4 +195,5 @@ class OverdueOperations:
 def _raiser(exc: Exception):
     def body(op_id: str):
         raise exc
+
     return body

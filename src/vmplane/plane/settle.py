@@ -33,9 +33,9 @@ from sqlalchemy import bindparam, select
 
 from vmplane.core.driver import DriverError
 from vmplane.core.errors import NotFound
-from vmplane.store.events import acting_as, current_cause
 from vmplane.core.model import HostState, OperationState, VmState
 from vmplane.store import ledger as L
+from vmplane.store.events import acting_as, current_cause
 
 if TYPE_CHECKING:
     from vmplane.plane.context import Plane
@@ -44,13 +44,15 @@ from vmplane.core.names import domain_name
 log = logging.getLogger("vmplane.settle")
 
 # States an in-flight operation owns: it settles the VM itself, from its own read-back.
-OWNED_STATES = frozenset({VmState.starting.value, VmState.stopping.value, VmState.migrating.value,
-                          VmState.scaling.value})
+OWNED_STATES = frozenset(
+    {VmState.starting.value, VmState.stopping.value, VmState.migrating.value, VmState.scaling.value}
+)
 SETTLED_STATES = frozenset({VmState.running.value, VmState.unknown.value})
 
 
-def settle_vm(plane: Plane, vm_name: str, host: str, cause: str, why: str, op_ended: bool = False,
-              migrated: bool = False) -> str | None:
+def settle_vm(
+    plane: Plane, vm_name: str, host: str, cause: str, why: str, op_ended: bool = False, migrated: bool = False
+) -> str | None:
     """Settle `vm_name` on `host` (see the module's rule); returns the state written, or None.
     `op_ended`: called by an operation that just ended, which start-up recovery may have resumed (the
     VM counts as still being recovered until every resumed operation was submitted): not skipped then.
@@ -71,31 +73,37 @@ def settle_vm(plane: Plane, vm_name: str, host: str, cause: str, why: str, op_en
     except DriverError as exc:
         log.info("settle %s: %s does not answer (%s); left as it is", vm_name, host, exc)
         return None
-    runs = info is not None and info.active     # paused still holds the host's memory: it stays running
+    runs = info is not None and info.active  # paused still holds the host's memory: it stays running
     if runs and vm.state == VmState.running.value:
         return None
     left = not runs and (info is None or migrated or info.reason == "migrated")
     if not runs and (left or vm.state == VmState.unknown.value) and (elsewhere := _elsewhere(plane, domain, host)):
         if vm.state == VmState.running.value:
-            return _unknown(plane, vm, cause, f"{why}; its domain left {host}, but {elsewhere}: kept charged and "
-                                          f"claimed; `vmplane vm sync {vm_name}` adopts it where it runs")
+            return _unknown(
+                plane,
+                vm,
+                cause,
+                f"{why}; its domain left {host}, but {elsewhere}: kept charged and "
+                f"claimed; `vmplane vm sync {vm_name}` adopts it where it runs",
+            )
         log.info("settle %s: not on %s, but %s; left unknown for an operator (`vm sync`)", vm_name, host, elsewhere)
         return None
     if not runs and info is not None and not _drop_shut_off(driver, domain, vm_name, host):
-        return None             # it runs again (started since it was read): nothing to settle
+        return None  # it runs again (started since it was read): nothing to settle
     freed: list = []
-    with acting_as(cause), plane.db.transaction() as conn:      # the ledger records the change as an event
+    with acting_as(cause), plane.db.transaction() as conn:  # the ledger records the change as an event
         cur = L.vm_row(conn, vm.id, lock=True)
         if (cur.state, cur.host_id, cur.updated_at) != (vm.state, vm.host_id, vm.updated_at):
-            return None         # an operation or another loop got there first: it owns the outcome
+            return None  # an operation or another loop got there first: it owns the outcome
         if runs:
             new = VmState.running.value
             message = f"{why}; its domain runs on {host}"
             L.set_vm(conn, vm.id, message, state=VmState.running)
         else:
             new = VmState.stopped.value
-            message = f"{why}; its domain is {'gone' if info is None else 'shut off'} on {host}: charge and claim " \
-                      f"given back"
+            message = (
+                f"{why}; its domain is {'gone' if info is None else 'shut off'} on {host}: charge and claim given back"
+            )
             L.lock_project(conn, cur.project_id)
             freed = L.release_vm(conn, vm.id, note=message)
     plane.capacity.give_back(freed)
@@ -126,7 +134,7 @@ def _unknown(plane: Plane, vm, cause: str, message: str) -> str | None:
 
 
 _OP = L.OPERATIONS.c
-_OPERATION_END = select(_OP.state, _OP.kind, _OP.vm_id).where(_OP.id == bindparam("id"))    # (built once)
+_OPERATION_END = select(_OP.state, _OP.kind, _OP.vm_id).where(_OP.id == bindparam("id"))  # (built once)
 
 
 def after_failed_operation(plane: Plane, op_id: str) -> str | None:

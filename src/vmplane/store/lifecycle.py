@@ -3,8 +3,8 @@ the refusal names what (a few names and the count).
 
 Checks and the delete are one write transaction, so nothing can start using the object in between on
 SQLite (whose write transactions hold the database lock); on PostgreSQL the foreign keys refuse a row
-that would point at a deleted one. Hosts are deleted through Orchestrator.remove_host, which also drops
-the host's driver and its row in the capacity index.
+that would point at a deleted one. Hosts are deleted through HostAdmin.remove_host
+(controllers/hostadmin.py), which also drops the host's driver and its row in the capacity index.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import SQLColumnExpression, func, select
 from sqlalchemy.orm import Session
-from sqlalchemy.sql import ColumnElement, Select
+from sqlalchemy.sql import Select
 
 from vmplane.core.errors import Conflict, Invalid, NotFound
 
@@ -24,7 +24,10 @@ class Page:
 
 
 def order_by(
-    sort: str | None, fields: Mapping[str, ColumnElement[Any]], default: str, tiebreak: ColumnElement[Any]
+    sort: str | None,
+    fields: Mapping[str, SQLColumnExpression[Any]],
+    default: str,
+    tiebreak: SQLColumnExpression[Any],
 ) -> list[Any]:
     """ORDER BY clauses for `sort` ("name", "-name" for descending), a key of `fields`; anything else is a
     422 naming `sort` and the fields allowed. `tiebreak` keeps pages stable when values repeat."""
@@ -42,7 +45,7 @@ def order_by(
 def run_page(
     session: Session,
     stmt: Select[Any],
-    count_of: ColumnElement[Any],
+    count_of: SQLColumnExpression[Any],
     conditions: list[Any],
     order: list[Any],
     page: Page,
@@ -61,7 +64,7 @@ def like_prefix(prefix: str) -> str:
 
 
 def by_prefix(
-    session: Session, id_column: ColumnElement[Any], prefix: str, noun: str, conditions: list[Any] | None = None
+    session: Session, id_column: SQLColumnExpression[Any], prefix: str, noun: str, conditions: list[Any] | None = None
 ) -> str:
     """The one id that is `prefix` or starts with it (at least MIN_PREFIX characters); 404 when none,
     409 naming a few matches when several do. `conditions` scope the search (a member's project)."""

@@ -27,8 +27,9 @@ def install(app: FastAPI) -> None:
         if is_htmx(request) or request.url.path == "/ui/stream":
             return Response(status_code=401, headers={"HX-Redirect": "/ui/login"})
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        return RedirectResponse(f"/ui/login?next={target}" if request.url.path != "/ui" else "/ui/login",
-                                status_code=303)
+        return RedirectResponse(
+            f"/ui/login?next={target}" if request.url.path != "/ui" else "/ui/login", status_code=303
+        )
 
     # the API's error handlers answer JSON; under /ui the same words are shown as a page or a fragment
     for kind in (VmplaneError, RequestValidationError, StarletteHTTPException):
@@ -45,4 +46,5 @@ def _as_html(app: FastAPI, kind: type[Exception]) -> None:
         error = json.loads(response.body)
         name = "fragments/error.html" if is_htmx(request) else "error_page.html"
         return render(request, name, status_code=response.status_code, error=error)
+
     app.add_exception_handler(kind, handler)

@@ -12,9 +12,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.deps import require_admin
 from vmplane.api.errors import validation_body
+from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.routers import hosts as api_hosts
 from vmplane.api.routers import vms as api_vms
 from vmplane.api.schemas import MaintenanceRequest, MigrateRequest, ScaleRequest, VmStop
@@ -73,6 +73,7 @@ async def start(request: Request, name: str, who: Actor):
     def act():
         body = _body(api_vms.start_vm(name, request.app.state.orchestrator, who))
         return _done(request, f"starting {name}", body.get("operation"))
+
     return await _attempt(request, act)
 
 
@@ -84,6 +85,7 @@ async def stop(request: Request, name: str, who: Actor):
         stop_body = _model(VmStop, force=_bool(form.get("force")))
         body = _body(api_vms.stop_vm(name, request.app.state.orchestrator, who, stop_body))
         return _done(request, f"stopping {name}", body.get("operation"))
+
     return await _attempt(request, act)
 
 
@@ -92,6 +94,7 @@ async def delete(request: Request, name: str, who: Actor):
     def act():
         api_vms.delete_vm(name, request.app.state.orchestrator, who)
         return HTMLResponse(f"<p>{name} deleted</p>", headers={"HX-Redirect": "/ui/vms"})
+
     return await _attempt(request, act)
 
 
@@ -100,9 +103,11 @@ async def migrate_plan(request: Request, name: str, who: Actor):
     to = (await _form(request)).get("to", "").strip() or None
 
     def act():
-        plan = _body(api_vms.migrate_vm(name, _model(MigrateRequest, to=to, dry_run=True),
-                                        request.app.state.orchestrator, who))
+        plan = _body(
+            api_vms.migrate_vm(name, _model(MigrateRequest, to=to, dry_run=True), request.app.state.orchestrator, who)
+        )
         return render(request, "fragments/migrate_plan.html", vm=name, plan=plan, to=to or "")
+
     return await _attempt(request, act)
 
 
@@ -113,12 +118,19 @@ async def migrate(request: Request, name: str, who: Actor):
     def act():
         mig = _body(api_vms.migrate_vm(name, _model(MigrateRequest, to=to), request.app.state.orchestrator, who))
         return render(request, "fragments/migrate_started.html", vm=name, migration=mig)
+
     return await _attempt(request, act)
 
 
 def _scale_request(form: dict, dry_run: bool) -> ScaleRequest:
-    return _model(ScaleRequest, offering=form.get("offering", "").strip() or None, vcpus=_int(form.get("vcpus")),
-                  memory_mib=_int(form.get("memory_mib")), cpu_cap=_bool(form.get("cpu_cap")), dry_run=dry_run)
+    return _model(
+        ScaleRequest,
+        offering=form.get("offering", "").strip() or None,
+        vcpus=_int(form.get("vcpus")),
+        memory_mib=_int(form.get("memory_mib")),
+        cpu_cap=_bool(form.get("cpu_cap")),
+        dry_run=dry_run,
+    )
 
 
 @router.post("/vms/{name}/scale/plan")
@@ -127,8 +139,14 @@ async def scale_plan(request: Request, name: str, who: Actor):
 
     def act():
         plan = _body(api_vms.scale_vm(name, _scale_request(form, dry_run=True), request.app.state.orchestrator, who))
-        return render(request, "fragments/scale_plan.html", vm=name, plan=plan,
-                      asked={k: form.get(k, "") for k in ("offering", "vcpus", "memory_mib", "cpu_cap")})
+        return render(
+            request,
+            "fragments/scale_plan.html",
+            vm=name,
+            plan=plan,
+            asked={k: form.get(k, "") for k in ("offering", "vcpus", "memory_mib", "cpu_cap")},
+        )
+
     return await _attempt(request, act)
 
 
@@ -139,6 +157,7 @@ async def scale(request: Request, name: str, who: Actor):
     def act():
         body = _body(api_vms.scale_vm(name, _scale_request(form, dry_run=False), request.app.state.orchestrator, who))
         return _done(request, f"scaling {name}", body.get("operation"))
+
     return await _attempt(request, act)
 
 
@@ -157,6 +176,7 @@ def maintenance_controls(request: Request, name: str, who: Viewer):
 async def maintenance(request: Request, name: str, step: str, who: Actor):
     """plan (a dry run of enter), enter, exit; the controls are rendered again with the outcome. A member
     (not an admin) or an unknown host gets the error alone: nothing of any host is shown."""
+
     def act():
         require_admin(who)
         if step not in ("plan", "enter", "exit"):
@@ -170,7 +190,8 @@ async def maintenance(request: Request, name: str, step: str, who: Actor):
             plan = result if step == "plan" else None
         except VmplaneError as exc:
             error, status = exc.as_dict(), exc.status
-        if plan is None:        # entered, left or refused: the controls show the host's state now
+        if plan is None:  # entered, left or refused: the controls show the host's state now
             host = _host(request, name)
         return render(request, "fragments/maintenance.html", status_code=status, host=host, plan=plan, error=error)
+
     return await _attempt(request, act)

@@ -24,16 +24,21 @@ def _safe_next(next_url: str | None) -> str:
 
 
 def secure_cookie(request: Request) -> bool:
-    return cookie_secure(request.url.scheme, request.client.host if request.client else None, request.headers,
-                         getattr(request.app.state, "insecure_cookies", False))
+    return cookie_secure(
+        request.url.scheme,
+        request.client.host if request.client else None,
+        request.headers,
+        getattr(request.app.state, "insecure_cookies", False),
+    )
 
 
 def _form(request: Request, next_url: str | None, error: str | None, status_code: int = 200):
     """The login form; over plain http from another machine it says why a login would not hold (the
     browser keeps a Secure cookie for https only)."""
     plain = request.url.scheme != "https" and secure_cookie(request)
-    return render(request, "login.html", status_code=status_code, next=_safe_next(next_url), error=error,
-                  plain_http=plain)
+    return render(
+        request, "login.html", status_code=status_code, next=_safe_next(next_url), error=error, plain_http=plain
+    )
 
 
 @router.get("/login")
@@ -42,8 +47,11 @@ def login_form(request: Request, next: str | None = None):
 
 
 @router.post("/login")
-async def login(request: Request, token: Annotated[str, Form(max_length=200)] = "",
-                next: Annotated[str, Form(max_length=300)] = "/ui"):
+async def login(
+    request: Request,
+    token: Annotated[str, Form(max_length=200)] = "",
+    next: Annotated[str, Form(max_length=300)] = "/ui",
+):
     token = token.strip()
     try:
         if not token:
@@ -52,14 +60,21 @@ async def login(request: Request, token: Annotated[str, Form(max_length=200)] = 
     except VmplaneError as exc:
         return _form(request, next, exc.message, status_code=401)
     response = RedirectResponse(_safe_next(next), status_code=303)
-    response.set_cookie(COOKIE, sid, max_age=SESSION_MAX_AGE_S, path="/ui", httponly=True, samesite="strict",
-                        secure=secure_cookie(request))
+    response.set_cookie(
+        COOKIE,
+        sid,
+        max_age=SESSION_MAX_AGE_S,
+        path="/ui",
+        httponly=True,
+        samesite="strict",
+        secure=secure_cookie(request),
+    )
     return response
 
 
 @router.post("/logout")
 def logout(request: Request, who: Actor):
-    end_session(request.app.state.orchestrator.db, session_id(request))      # its cookie is worthless now
+    end_session(request.app.state.orchestrator.db, session_id(request))  # its cookie is worthless now
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict", secure=secure_cookie(request))
     return response

@@ -19,22 +19,25 @@ import datetime as dt
 import hashlib
 import ipaddress
 import secrets
-from typing import Mapping
+from collections.abc import Mapping
 
 from sqlalchemy import bindparam, delete, select
 
-from vmplane.store.catalog import hash_token
 from vmplane.core.errors import Unauthorized
 from vmplane.store import Database
+from vmplane.store.catalog import hash_token
 from vmplane.store.prepared import prepared
 from vmplane.store.schema import ConsoleSession, Token, utcnow
 
-SESSION_MAX_AGE_S = 12 * 3600        # a session ends this long after its login (the browser forgets it too)
+SESSION_MAX_AGE_S = 12 * 3600  # a session ends this long after its login (the browser forgets it too)
 FORWARDED = ("forwarded", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-real-ip")
 
 _S, _T = ConsoleSession.__table__, Token.__table__
-_BY_ID_HASH = select(_T.c.name, _T.c.role, _T.c.project_id, _T.c.token_hash, _S.c.expires_at) \
-    .join(_T, _T.c.id == _S.c.token_id).where(_S.c.id_hash == bindparam("digest"))
+_BY_ID_HASH = (
+    select(_T.c.name, _T.c.role, _T.c.project_id, _T.c.token_hash, _S.c.expires_at)
+    .join(_T, _T.c.id == _S.c.token_id)
+    .where(_S.c.id_hash == bindparam("digest"))
+)
 
 
 def hash_session(session_id: str) -> str:
@@ -51,8 +54,14 @@ def open_session(db: Database, token: str, now: dt.datetime | None = None) -> st
         if token_id is None:
             raise Unauthorized("the bearer token is not valid")
         s.execute(delete(ConsoleSession).where(ConsoleSession.expires_at <= now))
-        s.add(ConsoleSession(id_hash=hash_session(session_id), token_id=token_id, created_at=now,
-                             expires_at=now + dt.timedelta(seconds=SESSION_MAX_AGE_S)))
+        s.add(
+            ConsoleSession(
+                id_hash=hash_session(session_id),
+                token_id=token_id,
+                created_at=now,
+                expires_at=now + dt.timedelta(seconds=SESSION_MAX_AGE_S),
+            )
+        )
     return session_id
 
 

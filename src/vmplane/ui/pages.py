@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from vmplane.api.paging import StrictQueryRoute
-from vmplane.store import events
 from vmplane.core.errors import Forbidden, Invalid, VmplaneError
-from vmplane.store.listing import Page
 from vmplane.core.model import VmState
+from vmplane.store import events
+from vmplane.store.listing import Page
 from vmplane.ui import queries
 from vmplane.ui.render import PAGE_SIZE, error_fragment, render
 from vmplane.ui.session import Viewer
@@ -69,8 +69,13 @@ def _project_rows(request: Request, who, offset: int, cards: bool) -> dict:
     o = _orch(request)
     projects, total = queries.project_page(o.db, _scope(who), PAGE_SIZE, offset)
     overhead = queries.overhead_by_project(o.db, [p.id for p in projects])
-    return dict(projects=[dict(project=p, overhead=overhead.get(p.id, 0)) for p in projects], project_total=total,
-                project_offset=offset, cards=cards, project_target="#project-list" if cards else "#overview-projects")
+    return dict(
+        projects=[dict(project=p, overhead=overhead.get(p.id, 0)) for p in projects],
+        project_total=total,
+        project_offset=offset,
+        cards=cards,
+        project_target="#project-list" if cards else "#overview-projects",
+    )
 
 
 # -- hosts ---------------------------------------------------------------------------------------
@@ -78,15 +83,17 @@ HOST_SORTS = ("name", "cluster", "state", "used_vcpus", "used_memory_mib")
 
 
 @router.get("/hosts")
-def hosts_page(request: Request, who: Viewer, state: Text = None, cluster: Text = None, sort: Text = None,
-               offset: Offset = 0):
+def hosts_page(
+    request: Request, who: Viewer, state: Text = None, cluster: Text = None, sort: Text = None, offset: Offset = 0
+):
     _admin(who)
     return render(request, "hosts.html", section="hosts", **_host_list(request, state, cluster, sort, offset))
 
 
 @router.get("/f/hosts")
-def hosts_fragment(request: Request, who: Viewer, state: Text = None, cluster: Text = None, sort: Text = None,
-                   offset: Offset = 0):
+def hosts_fragment(
+    request: Request, who: Viewer, state: Text = None, cluster: Text = None, sort: Text = None, offset: Offset = 0
+):
     _admin(who)
     return render(request, "fragments/host_list.html", **_host_list(request, state, cluster, sort, offset))
 
@@ -110,9 +117,20 @@ def host_page(request: Request, name: str, who: Viewer):
     migrations = o.migrator.list(host=name, active_only=True, limit=PAGE_SIZE)
     overhead = queries.overhead_by_host(o.db, [name]).get(name, 0)
     evs, _ = events.page(o.db, Page(limit=20), host=name)
-    return render(request, "host.html", section="hosts", host=host, cap=o.host_capacity(name), overhead=overhead,
-                  vms=vms, vm_total=vm_total, claims=claims, claim_total=claim_total, migrations=migrations,
-                  events=evs)
+    return render(
+        request,
+        "host.html",
+        section="hosts",
+        host=host,
+        cap=o.host_capacity(name),
+        overhead=overhead,
+        vms=vms,
+        vm_total=vm_total,
+        claims=claims,
+        claim_total=claim_total,
+        migrations=migrations,
+        events=evs,
+    )
 
 
 # -- VMs -----------------------------------------------------------------------------------------
@@ -120,18 +138,34 @@ VM_SORTS = ("name", "state", "project", "host", "vcpus", "memory_mib", "created_
 
 
 @router.get("/vms")
-def vms_page(request: Request, who: Viewer, project: Text = None, host: Text = None, state: Text = None,
-             name: Text = None, sort: Text = None, offset: Offset = 0):
+def vms_page(
+    request: Request,
+    who: Viewer,
+    project: Text = None,
+    host: Text = None,
+    state: Text = None,
+    name: Text = None,
+    sort: Text = None,
+    offset: Offset = 0,
+):
     context = _vm_list(request, who, project, host, state, name, sort, offset)
     return render(request, "vms.html", section="vms", states=[s.value for s in VmState], **context)
 
 
 @router.get("/f/vms")
-def vms_fragment(request: Request, who: Viewer, project: Text = None, host: Text = None, state: Text = None,
-                 name: Text = None, sort: Text = None, offset: Offset = 0):
+def vms_fragment(
+    request: Request,
+    who: Viewer,
+    project: Text = None,
+    host: Text = None,
+    state: Text = None,
+    name: Text = None,
+    sort: Text = None,
+    offset: Offset = 0,
+):
     try:
         context = _vm_list(request, who, project, host, state, name, sort, offset)
-    except VmplaneError as exc:         # a bad sort or filter: said where the list would be
+    except VmplaneError as exc:  # a bad sort or filter: said where the list would be
         return error_fragment(request, exc)
     return render(request, "fragments/vm_list.html", **context)
 
@@ -140,10 +174,17 @@ def _vm_list(request: Request, who, project, host, state, name, sort, offset) ->
     o = _orch(request)
     params = dict(project=project, host=host, state=state, name=name, sort=sort)
     if state and state not in {s.value for s in VmState}:
-        raise Invalid(f"state: {state!r} is not a VM state; one of {', '.join(s.value for s in VmState)}",
-                      field="state")
-    vms, total = o.vm_page(Page(limit=PAGE_SIZE, offset=offset, sort=sort), project=project, state=state, host=host,
-                           name=name, project_id=_scope(who))
+        raise Invalid(
+            f"state: {state!r} is not a VM state; one of {', '.join(s.value for s in VmState)}", field="state"
+        )
+    vms, total = o.vm_page(
+        Page(limit=PAGE_SIZE, offset=offset, sort=sort),
+        project=project,
+        state=state,
+        host=host,
+        name=name,
+        project_id=_scope(who),
+    )
     return dict(vms=vms, total=total, offset=offset, params=params, sorts=VM_SORTS)
 
 
@@ -164,8 +205,9 @@ def _vm_detail(request: Request, who, name: str) -> dict:
     evs, _ = events.page(o.db, Page(limit=20), vm=name, project_id=_scope(who))
     migrations, _ = o.migrator.page(Page(limit=5), vm=name, project_id=_scope(who))
     offerings = [off for off in o.catalog.offerings() if not off.retired]
-    return dict(vm=vm, operations=queries.vm_operations(o.db, vm.id), events=evs, migrations=migrations,
-                offerings=offerings)
+    return dict(
+        vm=vm, operations=queries.vm_operations(o.db, vm.id), events=evs, migrations=migrations, offerings=offerings
+    )
 
 
 # -- projects ------------------------------------------------------------------------------------
@@ -186,8 +228,17 @@ def project_page(request: Request, name: str, who: Viewer, offset: Offset = 0):
     who.check_project(p.id, "project", name)
     vms, total = o.vm_page(Page(limit=PAGE_SIZE, offset=offset), project=name, project_id=_scope(who))
     overhead = queries.overhead_by_project(o.db, [p.id]).get(p.id, 0)
-    return render(request, "project.html", section="projects", project=p, overhead=overhead, vms=vms, total=total,
-                  offset=offset, params=dict(project=name))
+    return render(
+        request,
+        "project.html",
+        section="projects",
+        project=p,
+        overhead=overhead,
+        vms=vms,
+        total=total,
+        offset=offset,
+        params=dict(project=name),
+    )
 
 
 # -- running now, events -------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from vmplane.core.errors import VmplaneError
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
-PAGE_SIZE = 50          # rows per page of every console list
+PAGE_SIZE = 50  # rows per page of every console list
 
 
 def mib(value: int | None) -> str:

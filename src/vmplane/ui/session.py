@@ -18,8 +18,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from vmplane.api.deps import Caller
-from vmplane.store.catalog import hash_token
 from vmplane.core.errors import Forbidden
+from vmplane.store.catalog import hash_token
 from vmplane.ui.consolesessions import session_caller
 
 COOKIE = "vmplane_session"

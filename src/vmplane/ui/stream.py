@@ -14,8 +14,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from vmplane.api.paging import StrictQueryRoute
-from vmplane.ui.pages import events_context, tasks_context
 from vmplane.ui.consolesessions import session_caller
+from vmplane.ui.pages import events_context, tasks_context
 from vmplane.ui.render import templates
 from vmplane.ui.session import Viewer, session_id
 
@@ -50,7 +50,7 @@ async def stream(request: Request, who: Viewer, once: bool = False):
         while not await request.is_disconnected():
             now = await run_in_threadpool(snapshot, o, who, csrf, sid)
             if now is None:
-                return                  # the session ended: an open page learns nothing more
+                return  # the session ended: an open page learns nothing more
             tasks, pane, newest = now
             out = []
             if tasks != sent_tasks:
@@ -65,10 +65,11 @@ async def stream(request: Request, who: Viewer, once: bool = False):
                 yield "".join(out)
             elif (quiet := quiet + INTERVAL_S) >= KEEPALIVE_S:
                 quiet = 0.0
-                yield ": keepalive\n\n"         # proxies close idle streams
+                yield ": keepalive\n\n"  # proxies close idle streams
             if once:
                 return
             await asyncio.sleep(INTERVAL_S)
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )

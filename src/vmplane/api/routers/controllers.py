@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.deps import Admin, Orch
+from vmplane.api.paging import StrictQueryRoute
 
 router = APIRouter(tags=["health"], route_class=StrictQueryRoute)
 

@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 
-from vmplane.store import events
-from vmplane.core.errors import Invalid
 from vmplane.api.deps import AnyCaller, Orch
 from vmplane.api.paging import Paging, StrictQueryRoute, paged
 from vmplane.api.schemas import EventOut
+from vmplane.core.errors import Invalid
+from vmplane.store import events
 
 router = APIRouter(tags=["events"], route_class=StrictQueryRoute)
 
@@ -27,23 +27,41 @@ def parse_since(since: str | None) -> int | dt.datetime | None:
     try:
         return dt.datetime.fromisoformat(text)
     except ValueError:
-        raise Invalid(f"since: {since!r} is neither an event id nor an ISO 8601 timestamp "
-                      f"(e.g. 2025-01-31T12:00:00+00:00)", field="since") from None
+        raise Invalid(
+            f"since: {since!r} is neither an event id nor an ISO 8601 timestamp (e.g. 2025-01-31T12:00:00+00:00)",
+            field="since",
+        ) from None
 
 
 @router.get("/events", response_model=list[EventOut])
-def list_events(orch: Orch, who: AnyCaller, response: Response, page: Paging,
-                vm: Annotated[str | None, Query(max_length=63, description="events of this VM (its operations "
-                                                                           "and migrations too)")] = None,
-                host: Annotated[str | None, Query(max_length=63, description="events of this host and of what "
-                                                                             "runs on it")] = None,
-                kind: Literal["vm", "host", "migration", "operation", "volume", "pool"] | None = None,
-                since: Annotated[str | None, Query(max_length=40, description=(
-                    "an event id: only the events after it; or an ISO 8601 timestamp: only those at or after "
-                    "it"))] = None):
+def list_events(
+    orch: Orch,
+    who: AnyCaller,
+    response: Response,
+    page: Paging,
+    vm: Annotated[
+        str | None, Query(max_length=63, description="events of this VM (its operations and migrations too)")
+    ] = None,
+    host: Annotated[str | None, Query(max_length=63, description="events of this host and of what runs on it")] = None,
+    kind: Literal["vm", "host", "migration", "operation", "volume", "pool"] | None = None,
+    since: Annotated[
+        str | None,
+        Query(
+            max_length=40,
+            description=("an event id: only the events after it; or an ISO 8601 timestamp: only those at or after it"),
+        ),
+    ] = None,
+):
     """State changes of VMs, hosts, migrations and operations with their cause, newest first (`sort`: id,
     at, kind, subject; `-` for descending). A member sees its own project's events only (no host events).
     To follow the log, ask again with `since=<the newest id seen>&sort=id`. The total is in X-Total-Count."""
-    rows, total = events.page(orch.db, page, vm=vm, host=host, kind=kind, since=parse_since(since),
-                              project_id=None if who.is_admin else who.project_id)
+    rows, total = events.page(
+        orch.db,
+        page,
+        vm=vm,
+        host=host,
+        kind=kind,
+        since=parse_since(since),
+        project_id=None if who.is_admin else who.project_id,
+    )
     return paged(response, [EventOut(**row) for row in rows], total)

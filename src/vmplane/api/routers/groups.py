@@ -7,10 +7,10 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import Field, StrictBool
 
-from vmplane.api.paging import StrictQueryRoute
-from vmplane.store import groupstore
 from vmplane.api.deps import AnyCaller, Orch
+from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.schemas import Name, Request, Response, UtcDatetime
+from vmplane.store import groupstore
 
 router = APIRouter(tags=["placement groups"], route_class=StrictQueryRoute)
 
@@ -19,8 +19,10 @@ class GroupCreate(Request):
     name: Name
     project: Name
     policy: Literal["affinity", "anti-affinity"]
-    hard: StrictBool = Field(True, description="hard: a placement that breaks the policy is refused; "
-                                               "soft (false): one that keeps it is preferred")
+    hard: StrictBool = Field(
+        True,
+        description="hard: a placement that breaks the policy is refused; soft (false): one that keeps it is preferred",
+    )
 
 
 class GroupPlaced(Response):

@@ -3,19 +3,27 @@
 from fastapi import APIRouter, Response
 
 from vmplane.api.deps import Admin, Caller, Orch
-from vmplane.core.errors import Conflict
-from vmplane.api.schemas import FenceAgents, FenceRequest, HostCreate, HostFailure, HostOut, MaintenanceRequest
-from vmplane.core.model import HostState
 from vmplane.api.paging import Paging, StrictQueryRoute, paged
+from vmplane.api.schemas import FenceAgents, FenceRequest, HostCreate, HostFailure, HostOut, MaintenanceRequest
 from vmplane.api.views import host_out
+from vmplane.core.errors import Conflict
+from vmplane.core.model import HostState
 
 router = APIRouter(tags=["hosts"], route_class=StrictQueryRoute)
 
 
 @router.post("/hosts", status_code=201, response_model=HostOut)
 def add_host(body: HostCreate, orch: Orch, _: Admin):
-    h = orch.add_host(body.name, body.cluster, body.driver, cores=body.cores, cpu_mhz=body.cpu_mhz,
-                      memory_mib=body.memory_mib, uri=body.uri, migration_address=body.migration_address)
+    h = orch.add_host(
+        body.name,
+        body.cluster,
+        body.driver,
+        cores=body.cores,
+        cpu_mhz=body.cpu_mhz,
+        memory_mib=body.memory_mib,
+        uri=body.uri,
+        migration_address=body.migration_address,
+    )
     return host_out(orch, h)
 
 
@@ -29,8 +37,15 @@ def maintenance(name: str, body: MaintenanceRequest, orch: Orch, _: Admin) -> di
 
 
 @router.get("/hosts", response_model=list[HostOut])
-def list_hosts(orch: Orch, _: Admin, response: Response, page: Paging, cluster: str | None = None,
-               zone: str | None = None, state: HostState | None = None):
+def list_hosts(
+    orch: Orch,
+    _: Admin,
+    response: Response,
+    page: Paging,
+    cluster: str | None = None,
+    zone: str | None = None,
+    state: HostState | None = None,
+):
     """Hosts, filtered and sorted (`sort`: name, cluster, zone, state, cores, memory_mib, used_vcpus,
     used_memory_mib). The total is in the X-Total-Count header."""
     hosts, total = orch.host_page(page, cluster=cluster, zone=zone, state=state and state.value)
@@ -81,8 +96,9 @@ def recover_host(name: str, orch: Orch, who: Admin) -> dict:
     try:
         return orch.ha.nemesis(name, None)
     except Conflict as exc:
-        raise Conflict(f"host {name}: nothing is left to recover (no HA VM of it is unknown; {exc.message})",
-                       field="host") from None
+        raise Conflict(
+            f"host {name}: nothing is left to recover (no HA VM of it is unknown; {exc.message})", field="host"
+        ) from None
 
 
 def _who(who: Caller) -> str:

@@ -2,13 +2,13 @@
 
 from fastapi import APIRouter
 
+from vmplane.api.deps import Admin, AnyCaller, Orch
 from vmplane.api.paging import StrictQueryRoute
-from vmplane.store import lifecycle
+from vmplane.api.schemas import OfferingCreate, OfferingOut, TemplateCreate, TemplateOut
 from vmplane.core.model import Offering, OfferingKind
+from vmplane.store import lifecycle
 from vmplane.store.schema import Offering as OfferingRow
 from vmplane.store.schema import Template as TemplateRow
-from vmplane.api.deps import Admin, AnyCaller, Orch
-from vmplane.api.schemas import OfferingCreate, OfferingOut, TemplateCreate, TemplateOut
 
 router = APIRouter(tags=["offerings and templates"], route_class=StrictQueryRoute)
 
@@ -43,8 +43,9 @@ def delete_offering(name: str, orch: Orch, _: Admin) -> None:
 
 @router.post("/templates", status_code=201, response_model=TemplateOut)
 def create_template(body: TemplateCreate, orch: Orch, _: Admin):
-    return TemplateOut.model_validate(orch.catalog.create_template(body.name, body.image, body.dynamic_scaling,
-                                                                   disk=body.disk))
+    return TemplateOut.model_validate(
+        orch.catalog.create_template(body.name, body.image, body.dynamic_scaling, disk=body.disk)
+    )
 
 
 @router.get("/templates", response_model=list[TemplateOut])

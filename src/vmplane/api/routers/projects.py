@@ -2,21 +2,29 @@
 
 from fastapi import APIRouter
 
-from vmplane.api.paging import StrictQueryRoute
-from vmplane.store import lifecycle
-from vmplane.core.quota import describe_usage
 from vmplane.api.deps import Admin, AnyCaller, Orch
+from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.schemas import ProjectCreate, ProjectOut, QuotaUpdate, UsageOut
 from vmplane.api.views import project_out
+from vmplane.core.quota import describe_usage
+from vmplane.store import lifecycle
 
 router = APIRouter(tags=["projects"], route_class=StrictQueryRoute)
 
 
 @router.post("/projects", status_code=201, response_model=ProjectOut)
 def create_project(body: ProjectCreate, orch: Orch, _: Admin):
-    return project_out(orch.catalog.create_project(
-        body.name, body.vcpus, body.memory_mib, body.vms, body.count_overhead, body.max_concurrent_migrations,
-        body.storage_mib))
+    return project_out(
+        orch.catalog.create_project(
+            body.name,
+            body.vcpus,
+            body.memory_mib,
+            body.vms,
+            body.count_overhead,
+            body.max_concurrent_migrations,
+            body.storage_mib,
+        )
+    )
 
 
 @router.get("/projects", response_model=list[ProjectOut])
@@ -39,13 +47,28 @@ def delete_project(name: str, orch: Orch, _: Admin) -> None:
 
 @router.patch("/projects/{name}/quota", response_model=ProjectOut)
 def set_quota(name: str, body: QuotaUpdate, orch: Orch, _: Admin):
-    return project_out(orch.catalog.set_quota(name, body.vcpus, body.memory_mib, body.vms, body.count_overhead,
-                                              body.max_concurrent_migrations, body.storage_mib))
+    return project_out(
+        orch.catalog.set_quota(
+            name,
+            body.vcpus,
+            body.memory_mib,
+            body.vms,
+            body.count_overhead,
+            body.max_concurrent_migrations,
+            body.storage_mib,
+        )
+    )
 
 
 @router.get("/projects/{name}/usage", response_model=UsageOut)
 def project_usage(name: str, orch: Orch, who: AnyCaller):
     who.check_project(orch.catalog.project(name).id, "project", name)
     u = orch.project_usage(name)
-    return UsageOut(project=name, count_overhead=u["count_overhead"], consistent=u["ledger"] == u["recomputed"],
-                    **describe_usage(u["ledger"], u["quota"]))
+    return UsageOut.model_validate(
+        {
+            "project": name,
+            "count_overhead": u["count_overhead"],
+            "consistent": u["ledger"] == u["recomputed"],
+            **describe_usage(u["ledger"], u["quota"]),
+        }
+    )

@@ -4,10 +4,10 @@ from typing import Literal
 
 from fastapi import APIRouter
 
-from vmplane.api.paging import StrictQueryRoute
-from vmplane.orchestrator import Orchestrator
 from vmplane.api.deps import Admin, Orch
+from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.schemas import SettingOut, SettingSet
+from vmplane.orchestrator import Orchestrator
 
 router = APIRouter(tags=["settings"], route_class=StrictQueryRoute)
 Scope = Literal["global", "zone", "cluster"]
@@ -23,13 +23,14 @@ def over_capacity(orch: Orchestrator, key: str, scope: str, scope_name: str | No
     zone_of = {c.name: c.zone.name for c in orch.catalog.clusters()}
     warnings = []
     for h in orch.index.hosts():
-        if scope == "zone" and zone_of.get(h.cluster) != scope_name or scope == "cluster" and h.cluster != scope_name:
+        if (scope == "zone" and zone_of.get(h.cluster) != scope_name) or (
+            scope == "cluster" and h.cluster != scope_name
+        ):
             continue
         if key.startswith("cpu") and h.used_vcpus > h.vcpus_capacity:
             warnings.append(f"{h.name}: {h.used_vcpus} vCPUs allocated, capacity now {h.vcpus_capacity} vCPUs")
         if key.startswith("mem") and h.used_memory_mib > h.memory_capacity_mib:
-            warnings.append(f"{h.name}: {h.used_memory_mib} MiB allocated, capacity now "
-                            f"{h.memory_capacity_mib} MiB")
+            warnings.append(f"{h.name}: {h.used_memory_mib} MiB allocated, capacity now {h.memory_capacity_mib} MiB")
     return sorted(warnings)
 
 

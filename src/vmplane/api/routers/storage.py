@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.deps import Admin, AnyCaller, Orch
+from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.schemas import PoolCreate, PoolOut, VolumeAttach, VolumeCreate, VolumeOut, VolumeResize
 from vmplane.api.views import pool_out, volume_out
 

@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.deps import Admin, AnyCaller, Orch
+from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.schemas import TokenCreate, TokenInfo, TokenOut
 
 router = APIRouter(tags=["tokens"], route_class=StrictQueryRoute)

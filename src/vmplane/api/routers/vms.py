@@ -1,16 +1,12 @@
 """VMs: create, start, stop, delete, read. Long work returns 202 with an operation."""
 
+from typing import Any, cast
+
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
-from vmplane.controllers import adopt
-from vmplane.core.guestexec import command_line
-from vmplane.core.errors import Forbidden, Invalid
-from vmplane.core.migration import MigrationState
-from vmplane.core.migration import POSTCOPY_FLOOR_KEY, tuning_refusal as migration_tuning_refusal
-from vmplane.core.model import VmState
-from vmplane.controllers.vms import Admitted
 from vmplane.api.deps import AnyCaller, Caller, Orch
+from vmplane.api.paging import Paging, StrictQueryRoute, paged, paged_json
 from vmplane.api.schemas import (
     ExecRequest,
     ExecResult,
@@ -25,8 +21,14 @@ from vmplane.api.schemas import (
     VmSyncOut,
     VmUpdate,
 )
-from vmplane.api.paging import Paging, StrictQueryRoute, paged, paged_json
 from vmplane.api.views import migration_out, operation_out, vm_body, vm_out
+from vmplane.controllers import adopt
+from vmplane.controllers.vms import Admitted
+from vmplane.core.errors import Forbidden, Invalid
+from vmplane.core.guestexec import command_line
+from vmplane.core.migration import POSTCOPY_FLOOR_KEY, MigrationState
+from vmplane.core.migration import tuning_refusal as migration_tuning_refusal
+from vmplane.core.model import VmState
 
 router = APIRouter(tags=["vms"], route_class=StrictQueryRoute)
 
@@ -53,20 +55,37 @@ def _act_on(orch, who: Caller, name: str):
 
 @router.get("/vms/{name}", response_model=VmOut)
 def show_vm(name: str, orch: Orch, who: AnyCaller):
-    # first: the router tries its routes in order and this is the hottest read. The body built by one Core select and answered as is (no ORM load, no response_model validation)
+    # first: the router tries its routes in order and this is the hottest read. The body built by one
+    # Core select and answered as is (no ORM load, no response_model validation)
     return JSONResponse(vm_body(orch.db, name, project_id=None if who.is_admin else who.project_id))
 
 
-@router.post("/vms", status_code=201, response_model=VmAccepted,
-             responses={202: {"model": VmAccepted, "description": "created and starting"}})
+@router.post(
+    "/vms",
+    status_code=201,
+    response_model=VmAccepted,
+    responses={202: {"model": VmAccepted, "description": "created and starting"}},
+)
 def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
     if not who.is_admin:
         who.check_project(orch.catalog.project(body.project).id, "project", body.project)
-    admitted = orch.create_vm(body.name, body.project, body.offering, body.template, vcpus=body.vcpus,
-                              memory_mib=body.memory_mib, dynamically_scalable=body.dynamic_scaling,
-                              start=body.start, zone=body.zone, cluster=body.cluster,
-                              root_disk_mib=body.root_disk_mib, pool=body.pool, ha_policy=body.ha_policy,
-                              ha_priority=body.ha_priority, group=body.group)
+    admitted = orch.create_vm(
+        body.name,
+        body.project,
+        body.offering,
+        body.template,
+        vcpus=body.vcpus,
+        memory_mib=body.memory_mib,
+        dynamically_scalable=body.dynamic_scaling,
+        start=body.start,
+        zone=body.zone,
+        cluster=body.cluster,
+        root_disk_mib=body.root_disk_mib,
+        pool=body.pool,
+        ha_policy=body.ha_policy,
+        ha_priority=body.ha_priority,
+        group=body.group,
+    )
     return _accepted(orch, admitted, created=True)
 
 
@@ -79,14 +98,28 @@ def update_vm(name: str, body: VmUpdate, orch: Orch, who: AnyCaller):
 
 
 @router.get("/vms", response_model=list[VmOut])
-def list_vms(orch: Orch, who: AnyCaller, page: Paging, project: str | None = None,
-             state: VmState | None = None, host: str | None = None, zone: str | None = None,
-             name: str | None = None):
+def list_vms(
+    orch: Orch,
+    who: AnyCaller,
+    page: Paging,
+    project: str | None = None,
+    state: VmState | None = None,
+    host: str | None = None,
+    zone: str | None = None,
+    name: str | None = None,
+):
     """VMs, filtered (`name` is a prefix) and sorted (`sort`: name, state, vcpus, memory_mib, created_at,
     project, host; `-` for descending) in the database. A filter naming nothing that exists gives `[]`.
     The total is in the X-Total-Count header."""
-    vms, total = orch.vm_page(page, project=project, state=state and state.value, host=host, zone=zone, name=name,
-                              project_id=None if who.is_admin else who.project_id)
+    vms, total = orch.vm_page(
+        page,
+        project=project,
+        state=state and state.value,
+        host=host,
+        zone=zone,
+        name=name,
+        project_id=None if who.is_admin else who.project_id,
+    )
     return paged_json([vm_out(v).model_dump(mode="json") for v in vms], total)
 
 
@@ -118,8 +151,12 @@ def delete_vm(name: str, orch: Orch, who: AnyCaller, keep_disk: bool = False):
     orch.delete_vm(name, keep_disk=keep_disk)
 
 
-@router.post("/vms/{name}/migrate", status_code=202, response_model=MigrationOut | MigrationPlan,
-             responses={200: {"model": MigrationPlan, "description": "dry run: the plan"}})
+@router.post(
+    "/vms/{name}/migrate",
+    status_code=202,
+    response_model=MigrationOut | MigrationPlan,
+    responses={200: {"model": MigrationPlan, "description": "dry run: the plan"}},
+)
 def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     """Live-migrate a running VM. Quota-neutral: the project's usage does not change. The target is
     claimed now; the copy starts when the migration limits allow (it waits in a queue, never refused).
@@ -129,13 +166,21 @@ def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     aborted."""
     _act_on(orch, who, name)
     if body.to is not None and not who.is_admin:
-        raise Forbidden("choosing the target host needs an admin token; leave out `to` and placement picks one",
-                        field="to")
-    overrides = {k: v for k, v in (("bandwidth_mib_s", body.bandwidth_mib_s), ("postcopy", body.postcopy),
-                                   ("max_downtime_ms", body.max_downtime_ms),
-                                   ("postcopy_bandwidth_mib_s", body.postcopy_bandwidth_mib_s)) if v is not None}
-    floor = int(orch.catalog.effective(POSTCOPY_FLOOR_KEY, None, None))
-    refused = migration_tuning_refusal(overrides, who.is_admin, floor)     # tuning is an operator's (review N11)
+        raise Forbidden(
+            "choosing the target host needs an admin token; leave out `to` and placement picks one", field="to"
+        )
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("bandwidth_mib_s", body.bandwidth_mib_s),
+            ("postcopy", body.postcopy),
+            ("max_downtime_ms", body.max_downtime_ms),
+            ("postcopy_bandwidth_mib_s", body.postcopy_bandwidth_mib_s),
+        )
+        if v is not None
+    }
+    floor = int(cast(int, orch.catalog.effective(POSTCOPY_FLOOR_KEY, None, None)))
+    refused = migration_tuning_refusal(overrides, who.is_admin, floor)  # tuning is an operator's (review N11)
     if refused:
         kind, field, message = refused
         raise (Forbidden if kind == "forbidden" else Invalid)(message, field=field)
@@ -154,13 +199,27 @@ def cancel_migration(name: str, orch: Orch, who: AnyCaller):
 
 
 @router.get("/migrations", response_model=list[MigrationOut])
-def list_migrations(orch: Orch, who: AnyCaller, response: Response, page: Paging, vm: str | None = None,
-                    host: str | None = None, state: MigrationState | None = None, active: bool = False):
+def list_migrations(
+    orch: Orch,
+    who: AnyCaller,
+    response: Response,
+    page: Paging,
+    vm: str | None = None,
+    host: str | None = None,
+    state: MigrationState | None = None,
+    active: bool = False,
+):
     """Migrations, newest first; `host` matches the source or the target; `active`: queued, copying,
-    checking or postcopy-failed. `sort`: created_at, started_at, finished_at, vm, source, target, state, progress. The total
-    is in the X-Total-Count header."""
-    rows, total = orch.migrator.page(page, vm=vm, host=host, state=state and state.value, active_only=active,
-                                     project_id=None if who.is_admin else who.project_id)
+    checking or postcopy-failed. `sort`: created_at, started_at, finished_at, vm, source, target, state,
+    progress. The total is in the X-Total-Count header."""
+    rows, total = orch.migrator.page(
+        page,
+        vm=vm,
+        host=host,
+        state=state and state.value,
+        active_only=active,
+        project_id=None if who.is_admin else who.project_id,
+    )
     return paged(response, [migration_out(r) for r in rows], total)
 
 
@@ -170,8 +229,12 @@ def show_migration(migration_id: str, orch: Orch, who: AnyCaller):
     return migration_out(orch.migrator.find(migration_id, None if who.is_admin else who.project_id))
 
 
-@router.post("/vms/{name}/scale", status_code=202, response_model=VmAccepted,
-             responses={200: {"description": "dry run: the plan"}})
+@router.post(
+    "/vms/{name}/scale",
+    status_code=202,
+    response_model=VmAccepted,
+    responses={200: {"description": "dry run: the plan"}},
+)
 def scale_vm(name: str, body: ScaleRequest, orch: Orch, who: AnyCaller):
     """Live-scale a running VM: another offering (fixed ones too) or custom values within the offering's
     ranges, and/or the CPU cap on or off. Every refusal names its cause. When its host lacks room and
@@ -181,12 +244,18 @@ def scale_vm(name: str, body: ScaleRequest, orch: Orch, who: AnyCaller):
     _act_on(orch, who, name)
     if body.offering is None and body.vcpus is None and body.memory_mib is None and body.cpu_cap is None:
         raise Invalid("give an offering, vcpus / memory_mib, or cpu_cap", field="offering")
-    result = orch.scaler.scale(name, offering=body.offering, vcpus=body.vcpus, memory_mib=body.memory_mib,
-                               cpu_cap=body.cpu_cap, dry_run=body.dry_run)
+    result = orch.scaler.scale(
+        name,
+        offering=body.offering,
+        vcpus=body.vcpus,
+        memory_mib=body.memory_mib,
+        cpu_cap=body.cpu_cap,
+        dry_run=body.dry_run,
+    )
     if body.dry_run:
         return JSONResponse(result, status_code=200)
     accepted = _accepted(orch, Admitted(name, result["operation_id"]))
-    if result.get("path") == "offline resize":       # a stopped VM: done at once (charged when it starts)
+    if result.get("path") == "offline resize":  # a stopped VM: done at once (charged when it starts)
         accepted.status_code = 200
     return accepted
 

@@ -2,13 +2,13 @@
 
 from fastapi import APIRouter
 
-from vmplane.api.paging import StrictQueryRoute
-from vmplane.store import lifecycle
-from vmplane.plane import reserves
-from vmplane.core.errors import NotFound
 from vmplane.api.deps import Admin, Orch
-from vmplane.api.routers.groups import ClusterDetail
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.api.routers.groups import ClusterDetail, ClusterFailover
 from vmplane.api.schemas import ClusterCreate, ClusterOut, ZoneCreate, ZoneOut
+from vmplane.core.errors import NotFound
+from vmplane.plane import reserves
+from vmplane.store import lifecycle
 
 router = APIRouter(tags=["zones and clusters"], route_class=StrictQueryRoute)
 
@@ -47,7 +47,8 @@ def show_cluster(name: str, orch: Orch, _: Admin):
     if c is None:
         raise NotFound(f"cluster {name!r} does not exist", field="cluster")
     hosts = sorted(h.name for h in orch.hosts() if h.cluster.name == name)
-    return ClusterDetail(name=c.name, zone=c.zone.name, hosts=hosts, failover=reserves.cluster_report(orch.plane, name))
+    failover = ClusterFailover.model_validate(reserves.cluster_report(orch.plane, name))
+    return ClusterDetail(name=c.name, zone=c.zone.name, hosts=hosts, failover=failover)
 
 
 @router.delete("/clusters/{name}", status_code=204)
