@@ -1,7 +1,7 @@
 """A host's heartbeat onto shared storage: `python -m vmplane.heartbeat --file PATH --interval 1`.
 
 What a host runs so that the control plane can tell "the host is dead" from "I can not reach it"
-(DESIGN "High availability"): a file on storage every host and the control plane see, rewritten
+(docs/design/ha.md): a file on storage every host and the control plane see, rewritten
 every interval with a counter and the time, as VMware's datastore heartbeat and CloudStack's NFS
 heartbeat do. The control plane reads its age (liveness.heartbeat_signal). Each write goes to a
 temporary file renamed over the old one, so a reader never sees half a heartbeat. A failed write

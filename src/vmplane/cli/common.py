@@ -200,7 +200,7 @@ OP_COLUMNS = [
     "state",
     Col("%", "progress"),
 ]
-MIGRATION_COLUMNS = ["id", "vm", "source", "target", "state", Col("%", "progress")]
+MIGRATION_COLUMNS: list[str | Col] = ["id", "vm", "source", "target", "state", Col("%", "progress")]
 
 
 def migration_note(m: dict) -> str | None:

@@ -218,7 +218,13 @@ def host_recover(name: str, client: Client):
     return client.post(f"/hosts/{name}/recover")
 
 
-DRAIN_COLUMNS = ["vm", "target", "migration", "state", Col("note", lambda r: r.get("reason") or r.get("note"))]
+DRAIN_COLUMNS: list[str | Col] = [
+    "vm",
+    "target",
+    "migration",
+    "state",
+    Col("note", lambda r: r.get("reason") or r.get("note")),
+]
 
 
 @api_command(maintenance_app, "enter")
@@ -253,9 +259,9 @@ def maintenance_enter(
             console.print(f"[yellow]stays on {name}[/yellow] {item['vm']}: {item['reason']}", soft_wrap=True)
         moving = "would migrate" if dry_run else "migrated" if wait else "migrating"
         state = "would enter maintenance" if dry_run else f"is now in {plan['state']}"
-        done = f"{len(rows)} VM(s) {moving}" if rows else "no running VMs to migrate"
+        summary = f"{len(rows)} VM(s) {moving}" if rows else "no running VMs to migrate"
         stay = f", {len(plan['unplaceable'])} stay on it" if plan["unplaceable"] else ""
-        console.print(f"{name} {state}; {done}{stay}", soft_wrap=True)
+        console.print(f"{name} {state}; {summary}{stay}", soft_wrap=True)
     failed = [m for m in rows if m.get("state") in ("failed", "cancelled", "postcopy-failed")]
     if failed or plan["unplaceable"]:
         raise typer.Exit(1)

@@ -258,7 +258,7 @@ def vm_migrate(
                 f"{result['id']}`, cancel it with `vmplane vm migrate {name} --cancel`"
             )
         render(result, out)
-        if result.get("state") == "moved-unhealthy":  # it moved; its guest did not answer there (README)
+        if result.get("state") == "moved-unhealthy":  # moved; its guest did not answer there (docs/design/migration.md)
             raise typer.Exit(EXIT_MOVED_UNHEALTHY)
         if result.get("state") in ("failed", "cancelled", "postcopy-failed"):
             raise typer.Exit(1)

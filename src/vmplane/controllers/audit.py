@@ -50,7 +50,7 @@ def audit(db: Database, recomputed_usage, index: CapacityIndex | None = None) ->
                 ix = index.host(h.name)
                 if (ix.used_vcpus, ix.used_memory_mib) != (h.used_vcpus, h.used_memory_mib):
                     problems.append(f"host {h.name}: index {ix.used_vcpus}/{ix.used_memory_mib} != store")
-        claims = {vm_id: n for vm_id, n in s.execute(select(Claim.vm_id, func.count()).group_by(Claim.vm_id)).all()}
+        claims = dict(s.execute(select(Claim.vm_id, func.count()).group_by(Claim.vm_id)).tuples().all())
         for vm_id, name, state, host_id, cv, cm in s.execute(
             select(Vm.id, Vm.name, Vm.state, Vm.host_id, Vm.charged_vcpus, Vm.charged_memory_mib)
         ):

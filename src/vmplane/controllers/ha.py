@@ -1,4 +1,4 @@
-"""High availability: which down host has failed (README "High availability").
+"""High availability: which down host has failed (docs/design/ha.md).
 
 The host monitor marks a host `down` the first time its hypervisor does not answer (hostmonitor.py).
 That alone restarts nothing: a blip must not. Every second this controller looks at the down hosts; one
@@ -40,6 +40,8 @@ from vmplane.store.schema import utcnow
 if TYPE_CHECKING:
     from vmplane.controllers.migrationsettle import MigrationSettle
     from vmplane.controllers.volumes import Volumes
+    from vmplane.hosts.drivers.sim import SimDriver
+    from vmplane.hosts.drivers.simfabric import SimFabric
     from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.ha")
@@ -221,11 +223,13 @@ class HaController:
         with self.plane.db.read() as s:
             row = s.connection().execute(select(L.HOSTS.c.driver, L.HOSTS.c.uri).where(L.HOSTS.c.name == name)).first()
         try:
-            if row.driver == "sim":
+            # a host removed meanwhile (row None) fails here, and is "can not be read" below, as always
+            driver, uri = row.driver, row.uri  # type: ignore[union-attr]  # the AttributeError is the answer
+            if driver == "sim":
                 from vmplane.hosts.fencing.sim import sim_signal
 
-                return sim_signal(self.plane.drivers[name].fabric, name)
-            return (local_signal(row.uri) if row.uri else None) or Signal(None, "no second signal for a remote host")
+                return sim_signal(self._fabric(name), name)
+            return (local_signal(uri) if uri else None) or Signal(None, "no second signal for a remote host")
         except Exception as exc:  # noqa: BLE001 - a second signal that fails is "unknown"
             return Signal(None, f"can not be read ({exc})")
 
@@ -341,7 +345,7 @@ class HaController:
         if row is None:
             raise NotFound(f"host {name!r} does not exist", field="host")
         if row.driver == "sim":
-            fabric = self.plane.drivers[name].fabric
+            fabric = self._fabric(name)
             fabric.fail_host(name, mode) if mode else fabric.recover_host(name)
         else:
             from vmplane.hosts import localhosts
@@ -359,12 +363,16 @@ class HaController:
         log.warning("nemesis: host %s %s", name, f"fails ({mode})" if mode else "recovers")
         return {"host": name, "failed": mode}
 
+    def _fabric(self, host: str) -> SimFabric:
+        """The simulated fabric of a sim host (its driver is a SimDriver)."""
+        return cast("SimDriver", self.plane.drivers[host]).fabric
+
     def agent(self, config: dict, row):
         """The fence agent of one config entry of host `row`."""
         if config.get("agent") == "sim":
             from vmplane.hosts.fencing.sim import SimAgent
 
-            return SimAgent(self.plane.drivers[row.name].fabric)
+            return SimAgent(self._fabric(row.name))
         from vmplane.hosts.fencing import agent_for
 
         return agent_for(config, row.uri, row.name)

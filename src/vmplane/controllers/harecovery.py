@@ -1,5 +1,5 @@
 """The recovery of a failed host, as an operation (kind `recover`, its target the host): fence it, then
-run its HA VMs again elsewhere (README "High availability").
+run its HA VMs again elsewhere (docs/design/ha.md).
 
 Steps, persisted so that a control plane killed anywhere resumes them (`resume`):
   fencing     the host is powered off through its fence agents, tried in order, until one confirms it
@@ -135,7 +135,7 @@ class HostRecovery:
         )
 
     def run(self, op_id: str) -> None:
-        """The operation's body (Orchestrator._run): from its persisted step to its end. A transient
+        """The operation's body (Operations.run): from its persisted step to its end. A transient
         database error (a failover, a busy SQLite) does not end it: the body runs again from its persisted
         step after a backoff (it is written to be resumed anywhere), until the process closes."""
         errors = 0
@@ -237,7 +237,7 @@ class HostRecovery:
         configs = row.fence_agents or []
         if not configs:
             return None, ["no fence agent is configured (vmplane host fence-agents)"]
-        errors = []
+        errors: list[str] = []
         for config in configs:
             try:
                 agent = self.agent(config, row)
@@ -600,9 +600,10 @@ class HostRecovery:
                 self._running.discard(op_id)
 
     def fail_restart(self, op_id: str, exc: Exception) -> bool:
-        """Orchestrator._fail of an HA restart (its body raised, or it was left in flight): its host is asked
-        and the VM settled as `_restart_failed` does (running there, unknown, or back to the fenced host for
-        its recovery to try again), never left `starting`. False for an operation of another kind."""
+        """Operations.fail of an HA restart (its `take_failure` hook: its body raised, or it was left in
+        flight): its host is asked and the VM settled as `_restart_failed` does (running there, unknown, or
+        back to the fenced host for its recovery to try again), never left `starting`. False for an
+        operation of another kind."""
         return self._settle_restart(op_id, exc) is not None
 
     def _settle_restart(self, op_id: str, exc: Exception) -> bool | None:
@@ -699,6 +700,7 @@ class HostRecovery:
                             L.CLAIMS.c.vm_id == vm.id, L.CLAIMS.c.kind == ClaimKind.running.value
                         )
                     ).first()
+                    assert claim is not None  # a VM starting holds its running claim
                     freed = L.move_running_claim(conn, vm.id, dead_id, None, claim.vcpus, claim.memory_mib, taken=False)
                     L.set_vm(
                         conn,

@@ -8,7 +8,7 @@ where they are, never stopped. A restart in the middle admits migrations for the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
@@ -44,7 +44,7 @@ class Maintenance:
         with self.plane.db.transaction() as conn:
             op_id = L.new_operation(conn, "drain", host, None, None, step="maintenance")
         try:
-            with carrying(op_id):  # run in the request's thread, not by Orchestrator._run
+            with carrying(op_id):  # run in the request's thread, not by Operations.run
                 return self._drain(host, op_id)
         except Exception as exc:  # the drain operation must end, whatever happened
             self.plane.ops.fail(op_id, exc)
@@ -57,7 +57,7 @@ class Maintenance:
 
     def _drain(self, host: str, op_id: str | None) -> dict:
         dry_run = op_id is None
-        if not dry_run:
+        if op_id is not None:
             self.host_admin.set_host_state(host, HostState.maintenance)
             with self.plane.db.transaction() as conn:
                 L.set_operation(conn, op_id, state=OperationState.running, step="admitting migrations", progress=20)
@@ -75,7 +75,7 @@ class Maintenance:
         planned, unplaceable = [], []
         # a dry run plans on its own copy of the index: the shared one stays exact for real admissions
         # meanwhile (a plan added there, even for a moment, could refuse them for usage nobody claimed)
-        index = None
+        index: CapacityIndex | None = None
         if dry_run:
             with self.plane.capacity.lock:
                 index = CapacityIndex(self.plane.capacity.index.hosts())
@@ -85,7 +85,7 @@ class Maintenance:
                     planned.append({"vm": name, "note": "already migrating"})
                 continue
             try:
-                if dry_run:
+                if index is not None:  # a dry run
                     with self.plane.db.read() as s:
                         vm = L.vm_row(s.connection(), name=name)
                     placement = self.migrator.plan(vm, None, index=index)
@@ -99,14 +99,14 @@ class Maintenance:
                 unplaceable.append({"vm": name, "reason": exc.message})
             except Exception as exc:  # noqa: BLE001 - InsufficientCapacity and the like: reported, not stopped
                 unplaceable.append({"vm": name, "reason": getattr(exc, "message", str(exc))})
-        result = {
+        result: dict[str, Any] = {
             "host": host,
             "state": "maintenance" if not dry_run else self.plane.capacity.host(host).state.value,
             "dry_run": dry_run,
             "migrations": planned,
             "unplaceable": unplaceable,
         }
-        if not dry_run:
+        if op_id is not None:
             with self.plane.db.transaction() as conn:
                 L.set_operation(
                     conn,

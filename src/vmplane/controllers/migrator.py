@@ -2,9 +2,9 @@
 
 Given the Plane (store, drivers, capacity) and its peers by the orchestrator. A migration never
 touches the quota ledger: the VM is charged once, before, during and after (docs/design/migration.md,
-"Migration-neutral ledger"). Only host claims move: the target is claimed at admission (with overhead, under overcommit), the source
-claim is released after the guest answers on the target. Every state change is persisted before it
-is acted on, following migration.TRANSITIONS.
+"Migration-neutral ledger"). Only host claims move: the target is claimed at admission (with overhead,
+under overcommit), the source claim is released after the guest answers on the target. Every state
+change is persisted before it is acted on, following migration.TRANSITIONS.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Start-up reconcile: every VM the record has `running` against what the hosts of its zone run.
 
 Run once by start-up recovery (recovery.Recovery, before migrations are settled), with the cause
-`recovery`. The record changes only by what hosts answered (DESIGN section 10):
+`recovery`. The record changes only by what hosts answered (docs/design/crash-safety.md and
+docs/design/truth.md):
 - its domain runs on its own host (running or paused: its QEMU holds memory): nothing changes;
 - its own host, or any other host of its zone, can not be asked: nothing changes (unknown is not absent;
   the loops that listen to the hosts settle it later);

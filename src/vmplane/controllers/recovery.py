@@ -1,11 +1,11 @@
 """Start-up recovery, in the background: the API answers while it runs.
 
-After a restart the control plane finishes what was in flight (DESIGN section 10, README "Crash
-safety"): running VMs are compared with their hosts (`reconcile.reconcile`), copying migrations are
-settled by asking both hosts (`Migrator.recover`, which may wait for a copy libvirtd still carries),
-interrupted operations are resumed, queued migrations started. That can take minutes, so it runs in
-a thread; until it is done, the VMs it concerns are listed (`status()`: /healthz shows the counts,
-`GET /api/v1/recovery` the VMs) and operations on them are refused with 409 saying why.
+After a restart the control plane finishes what was in flight (docs/design/crash-safety.md): running VMs
+are compared with their hosts (`reconcile.reconcile`), copying migrations are settled by asking both
+hosts (`Migrator.recover`, which may wait for a copy libvirtd still carries), interrupted operations are
+resumed, queued migrations started. That can take minutes, so it runs in a thread; until it is done, the
+VMs it concerns are listed (`status()`: /healthz shows the counts, `GET /api/v1/recovery` the VMs) and
+operations on them are refused with 409 saying why.
 """
 
 from __future__ import annotations

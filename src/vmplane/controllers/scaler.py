@@ -1,9 +1,9 @@
 """Live scaling of running VMs (docs/design/scaling.md): admission, auto-migration, the driver steps, rollback.
 
-Given the Plane (store, drivers, capacity) and its peers by the orchestrator. An increase is admitted in one transaction (quota for the increase,
-then the host's capacity by compare-and-add); when the host has no room and
-`auto.migrate.vm.on.live.scale.insufficient.capacity` is on, the VM is first live-migrated to a host
-that fits the new size. A decrease is given back only after the guest released it. A failed step
+Given the Plane (store, drivers, capacity) and its peers by the orchestrator. An increase is admitted in
+one transaction (quota for the increase, then the host's capacity by compare-and-add); when the host has
+no room and `auto.migrate.vm.on.live.scale.insufficient.capacity` is on, the VM is first live-migrated
+to a host that fits the new size. A decrease is given back only after the guest released it. A failed step
 rolls back what it charged and claimed.
 """
 

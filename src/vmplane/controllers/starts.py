@@ -18,10 +18,11 @@ Each start keeps its own cause (its events name the request that made it) and is
 process held when its batch began (an epoch read once: a process that lapsed and registered again does
 not carry on its old batch under its new lease; a start another process owns now is left to it). A start
 whose host call failed ends alone, as it always did (Operations.fail, with its failure hook
-Vms.fail_start_stop, asks the host whether the domain is there). A transaction that fails for the batch runs again for each start alone, so one start's bad
-row never fails the others. A start already being run here is not run twice at once: one queued again
-meanwhile (a takeover handing back this process's own start) waits until the first run ended. Recovery
-hands interrupted starts here too, with the cause `recovery`.
+Vms.fail_start_stop, asks the host whether the domain is there). A transaction that fails for the batch
+runs again for each start alone, so one start's bad row never fails the others. A start already being
+run here is not run twice at once: one queued again meanwhile (a takeover handing back this process's own
+start) waits until the first run ended. Recovery hands interrupted starts here too, with the cause
+`recovery`.
 """
 
 from __future__ import annotations

@@ -29,12 +29,11 @@ def storage_problems(plane: Plane, volume_ctl: Volumes, pool_ctl: Pools) -> list
         pools = SL.pool_rows(conn)
         volumes = SL.volume_rows(conn)
         problems += volume_ctl.usage_check(conn)
-        running = {
-            vm: host
-            for vm, host in conn.execute(
-                select(Vm.name, Host.name).join(Host, Host.id == Vm.host_id).where(Vm.state == "running")
-            ).all()
-        }
+        running = dict(
+            conn.execute(select(Vm.name, Host.name).join(Host, Host.id == Vm.host_id).where(Vm.state == "running"))
+            .tuples()
+            .all()
+        )
     for pool in pools:
         problems += _pool_problems(plane, pool_ctl, pool, volumes)
     for vm, host in running.items():

@@ -1,4 +1,4 @@
-"""Live migration rules (DESIGN section 4): the state machine, the concurrency limits, the policy (pure).
+"""Live migration rules (docs/design/migration.md): the state machine, the concurrency limits, the policy (pure).
 
 A migration is a persisted object (as in KubeVirt): the orchestrator looks up (state, event) here,
 persists the new state, then performs the actions. The ledger is never among the actions: a
@@ -268,7 +268,8 @@ def startable(
 
 
 def policy(accel: str) -> MigrationParams:
-    """Migration parameters by accelerator, from measurements on these machines (DESIGN section 8).
+    """Migration parameters by accelerator, from measurements on these machines (docs/design/migration.md,
+    "Policy per accelerator").
 
     TCG: pre-copy of a guest that writes memory corrupted it in some runs; post-copy switched on during
     the first pass was healthy 13/13 (switched later: 2/8). So: a capped pre-copy bandwidth so that the

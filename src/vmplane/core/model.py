@@ -1,4 +1,4 @@
-"""Plain data of DESIGN section 2, shared by the pure rules and the shell. No I/O here."""
+"""Plain data of the concepts (README.md, "Concepts"), shared by the pure rules and the shell. No I/O here."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class VmState(str, enum.Enum):
     unknown = "unknown"
 
 
-# States in which a VM holds quota and host capacity (DESIGN section 3). A stopping VM keeps its
+# States in which a VM holds quota and host capacity (docs/design/quotas.md). A stopping VM keeps its
 # charge until its domain is gone: freeing it earlier would let a new VM in while the old one
 # still runs.
 CHARGED_STATES = frozenset(

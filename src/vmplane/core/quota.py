@@ -9,7 +9,7 @@ from vmplane.core.errors import Conflict, QuotaExceeded
 from vmplane.core.model import CHARGED_STATES, Quota, Size, Usage, VmState
 from vmplane.core.units import format_mib
 
-# KubeVirt GetMemoryOverhead-like model (DESIGN section 3); all MiB.
+# KubeVirt GetMemoryOverhead-like model (docs/design/quotas.md); all MiB.
 OVERHEAD_FIXED_MIB = 220
 OVERHEAD_PER_VCPU_MIB = 8
 OVERHEAD_IOTHREAD_MIB = 8

@@ -1,4 +1,4 @@
-"""Live-scaling rules (DESIGN section 5): when a VM is prepared, its ceiling, and the CPU cap (pure)."""
+"""Live-scaling rules (docs/design/scaling.md): when a VM is prepared, its ceiling, and the CPU cap (pure)."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ class ScalePlan:
 
 
 def plan_scale(vm: ScaleFacts, target: Size, cap_share: float | None, cap_changes: bool) -> ScalePlan:
-    """Check a live scale (DESIGN section 5) and say what it does; every refusal names its cause.
+    """Check a live scale (docs/design/scaling.md) and say what it does; every refusal names its cause.
     Quota and host capacity are checked by the caller with the plan's deltas."""
     from vmplane.core.errors import Conflict, Invalid
 

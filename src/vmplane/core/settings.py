@@ -40,7 +40,7 @@ class SettingKey:
 
     @property
     def range(self) -> str:
-        """The accepted values, as the README and error messages show them."""
+        """The accepted values, as docs/operations/settings.md and error messages show them."""
         if self.kind == "bool":
             return "true or false"
         if self.kind == "choice":
@@ -328,7 +328,7 @@ KEYS: dict[str, SettingKey] = {
             "vmplane.operation.history",
             10000,
             "global",
-            "Finished operations kept for `operations list`.",
+            "Finished operations kept for `operation list`.",
             0,
             10_000_000,
         ),

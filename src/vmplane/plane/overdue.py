@@ -1,7 +1,7 @@
 """Operations left in flight that no thread carries: what this process's threads carry, and the loop
 that settles this process's own operations left past their deadline (review 2026-12-02, N5).
 
-An operation's thread ends it, or its failure path does (Orchestrator._settle_failed). When that failure
+An operation's thread ends it, or its failure path does (Operations.settle_failed). When that failure
 path meets the same error (a database outage: its first read fails too), the thread ends and the
 operation stays `running` under its live owner: no takeover claims it (its owner is live), and its VM stays
 `stopping`/`starting`/`scaling`, blocking every other operation on it. So each process registers the

@@ -1,9 +1,11 @@
 """The web console at /ui: server-rendered pages (Jinja2) made live with htmx and server-sent events,
-served by the API process with the API's authentication and rules (see README, "Web console")."""
+served by the API process with the API's authentication and rules (docs/operations/console.md)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
+from typing import cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,13 +39,14 @@ def install(app: FastAPI) -> None:
 
 
 def _as_html(app: FastAPI, kind: type[Exception]) -> None:
-    api_handler = app.exception_handlers[kind]
+    # (the API's handlers are coroutines: api/errors.py)
+    api_handler = cast("Callable[[Request, Exception], Awaitable[Response]]", app.exception_handlers[kind])
 
     async def handler(request: Request, exc: Exception):
         response = await api_handler(request, exc)
         if not request.url.path.startswith("/ui") or request.url.path.startswith("/ui/static"):
             return response
-        error = json.loads(response.body)
+        error = json.loads(bytes(response.body))
         name = "fragments/error.html" if is_htmx(request) else "error_page.html"
         return render(request, name, status_code=response.status_code, error=error)
 

@@ -6,6 +6,7 @@ and only its confirm button changes anything. Every POST carries the session's C
 from __future__ import annotations
 
 import json
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -25,7 +26,10 @@ from vmplane.ui.session import Actor, Viewer
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 
 
-def _model(cls: type[BaseModel], **fields) -> BaseModel:
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _model(cls: type[_Body], **fields: object) -> _Body:
     """A request body built from form fields, refused in the API's words when invalid."""
     try:
         return cls(**{k: v for k, v in fields.items() if v is not None})
@@ -47,7 +51,7 @@ def _bool(value: str | None) -> bool | None:
 
 
 def _body(response) -> dict:
-    return json.loads(response.body) if isinstance(response, Response) else response
+    return json.loads(bytes(response.body)) if isinstance(response, Response) else response
 
 
 async def _form(request: Request) -> dict:

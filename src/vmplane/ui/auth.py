@@ -74,7 +74,9 @@ async def login(
 
 @router.post("/logout")
 def logout(request: Request, who: Actor):
-    end_session(request.app.state.orchestrator.db, session_id(request))  # its cookie is worthless now
+    sid = session_id(request)
+    if sid is not None:  # (always: Actor found the session)
+        end_session(request.app.state.orchestrator.db, sid)  # its cookie is worthless now
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict", secure=secure_cookie(request))
     return response

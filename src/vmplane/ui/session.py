@@ -16,6 +16,7 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.datastructures import UploadFile
 
 from vmplane.api.deps import Caller
 from vmplane.core.errors import Forbidden
@@ -64,7 +65,7 @@ def ui_caller(request: Request) -> Caller:
 
 async def checked_caller(request: Request, who: Annotated[Caller, Depends(ui_caller)]) -> Caller:
     """A caller whose request changes something: its CSRF token must match (form field or header)."""
-    sent = request.headers.get(CSRF_HEADER)
+    sent: str | UploadFile | None = request.headers.get(CSRF_HEADER)
     if sent is None and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
         sent = (await request.form()).get(CSRF_FIELD)
     if not sent or not hmac.compare_digest(str(sent), request.state.csrf):

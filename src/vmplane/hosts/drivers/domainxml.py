@@ -1,4 +1,5 @@
-"""The libvirt domain XML of a VM, as a pure function of its spec (DESIGN sections 5 and 8).
+"""The libvirt domain XML of a VM, as a pure function of its spec (docs/design/scaling.md and
+docs/operations/real-hosts.md).
 
 Prepared for live scaling (the ceiling is above the current size) means `<vcpu current='N'>MAX`,
 `<maxMemory slots=...>MAX` and a NUMA cell (libvirt needs one for memory hot-plug); otherwise current

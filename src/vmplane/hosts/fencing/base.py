@@ -1,5 +1,5 @@
 """The fence-agent interface: how vmplane makes sure a failed host runs nothing before its VMs are
-started elsewhere (DESIGN "High availability").
+started elsewhere (docs/design/ha.md).
 
 An agent powers a host off and says whether it is off, through a path that does not depend on the
 host's own libvirtd (a BMC over IPMI or Redfish, or, for local hosts, the processes themselves).
