@@ -77,8 +77,7 @@ class Maintenance:
         # meanwhile (a plan added there, even for a moment, could refuse them for usage nobody claimed)
         index: CapacityIndex | None = None
         if dry_run:
-            with self.plane.capacity.lock:
-                index = CapacityIndex(self.plane.capacity.index.hosts())
+            index = self.plane.capacity.snapshot()
         for name, state, _memory in vms:
             if state != VmState.running.value:
                 if state == VmState.migrating.value:

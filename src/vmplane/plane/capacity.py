@@ -69,18 +69,9 @@ class Capacity:
         self._cluster_zones: dict[str, str] | None = None
 
     # -- reads ---------------------------------------------------------------------------------
-    def setting(self, host: str, key: str) -> object:
-        """A setting's value as it applies to `host` (its cluster's, else its zone's, else global)."""
-        meta = self.hosts[host]
-        return self.catalog.effective(key, meta.zone, meta.cluster)
-
     def host(self, name: str) -> HostCapacity:
         with self.lock:
             return self.index.host(name)
-
-    def state_of(self, name: str) -> HostState | None:
-        """The host's state as mirrored; None for a host the index does not hold."""
-        return self.index.host(name).state if name in self.index else None
 
     def migration_address(self, host: str) -> str | None:
         return self.hosts[host].migration_address
