@@ -83,6 +83,18 @@ class DiskSpec:
 
 
 @dataclass(frozen=True)
+class NicSpec:
+    """A NIC as a domain's interface: its MAC, the host bridge of its network (the same name on every host)
+    and its tap's name (core/networks.py names both); `mtu` below the bridge's when its network is carried
+    over VXLAN."""
+
+    mac: str
+    bridge: str
+    tap: str
+    mtu: int | None = None
+
+
+@dataclass(frozen=True)
 class DomainSpec:
     """Everything a host needs to run a VM. `max_*` is the live-scaling ceiling (== current when
     the VM is not prepared). `image` names the kernel + initrd of a direct kernel boot; "" boots
@@ -96,6 +108,7 @@ class DomainSpec:
     image: str
     cpu_cap: CpuCap | None = None
     disks: tuple[DiskSpec, ...] = ()
+    nics: tuple[NicSpec, ...] = ()
 
     @property
     def prepared(self) -> bool:

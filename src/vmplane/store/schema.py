@@ -246,6 +246,72 @@ class Volume(Base):
     vm: Mapped[Vm | None] = relationship(lazy="joined")
 
 
+class Network(Base):
+    """A guest network: a project's isolated network (`isolated`, project_id set) or an admin's network bridged
+    to the hosts' uplink (`provider`, project_id None; `shared`: every project's VMs may use it). Its zone's
+    hosts carry it as one Linux bridge each, joined by a VXLAN device (core/networks.py names them)."""
+
+    __tablename__ = "networks"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))  # isolated / provider
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True, index=True)
+    zone_id: Mapped[int] = mapped_column(ForeignKey("zones.id"), index=True)
+    cidr: Mapped[str] = mapped_column(String(43))
+    gateway: Mapped[str] = mapped_column(String(39))
+    shared: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    project: Mapped[Project | None] = relationship(lazy="joined")
+    zone: Mapped[Zone] = relationship(lazy="joined")
+
+
+class Nic(Base):
+    """A VM's network card: its MAC (derived from its id, core/networks.mac_of) and address, allocated in its
+    own transaction and never changed while it exists; `state` the step it is in (attached, attaching,
+    detaching), as a volume's."""
+
+    __tablename__ = "nics"
+    __table_args__ = (UniqueConstraint("network_id", "ip"), UniqueConstraint("vm_id", "slot"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id"), index=True)
+    network_id: Mapped[int] = mapped_column(ForeignKey("networks.id"), index=True)
+    slot: Mapped[int] = mapped_column(Integer)  # its order on the VM: the first NIC is slot 0
+    mac: Mapped[str | None] = mapped_column(String(17), unique=True, nullable=True)  # set in the insert's transaction
+    ip: Mapped[str] = mapped_column(String(39))
+    state: Mapped[str] = mapped_column(String(16), default="attached")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class SecGroup(Base):
+    """A project's security group; its NICs' traffic is what its rules allow (`default`: inbound from its own
+    members, all outbound)."""
+
+    __tablename__ = "secgroups"
+    __table_args__ = (UniqueConstraint("project_id", "name"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class SecGroupRule(Base):
+    __tablename__ = "secgroup_rules"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    secgroup_id: Mapped[int] = mapped_column(ForeignKey("secgroups.id", ondelete="CASCADE"), index=True)
+    direction: Mapped[str] = mapped_column(String(3))  # in / out
+    proto: Mapped[str] = mapped_column(String(8))  # tcp / udp / icmp / any
+    port_min: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    port_max: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    cidr: Mapped[str | None] = mapped_column(String(43), nullable=True)
+    remote_group_id: Mapped[int | None] = mapped_column(ForeignKey("secgroups.id"), nullable=True)
+
+
+class NicSecGroup(Base):
+    __tablename__ = "nic_secgroups"
+    nic_id: Mapped[int] = mapped_column(ForeignKey("nics.id", ondelete="CASCADE"), primary_key=True)
+    secgroup_id: Mapped[int] = mapped_column(ForeignKey("secgroups.id"), primary_key=True, index=True)
+
+
 class Claim(Base):
     __tablename__ = "claims"
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from xml.sax.saxutils import escape, quoteattr
 
-from vmplane.core.driver import DiskSpec, DomainSpec
+from vmplane.core.driver import DiskSpec, DomainSpec, NicSpec
 
 MEMORY_SLOTS = 16
 EMULATOR = "/usr/bin/qemu-system-x86_64"
@@ -50,6 +50,27 @@ def disk_xml(disk: DiskSpec, indent: str = "") -> str:
     if disk.readonly:
         lines.append("  <readonly/>")
     lines.append("</disk>")
+    return "\n".join(indent + line for line in lines)
+
+
+def interface_xml(nic: NicSpec, indent: str = "") -> str:
+    """One virtio NIC on its network's host bridge as libvirt's <interface> element (also what a hot-plug
+    and an unplug send)."""
+    if not re.fullmatch(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", nic.mac):
+        raise ValueError(f"a MAC is six lowercase hex pairs, not {nic.mac!r}")
+    for what, name in (("bridge", nic.bridge), ("tap", nic.tap)):
+        if not re.fullmatch(r"[a-z0-9]{1,15}", name):
+            raise ValueError(f"a {what} name is 1-15 lowercase letters and digits, not {name!r}")
+    lines = [
+        "<interface type='bridge'>",
+        f"  <mac address={quoteattr(nic.mac)}/>",
+        f"  <source bridge={quoteattr(nic.bridge)}/>",
+        f"  <target dev={quoteattr(nic.tap)}/>",
+        "  <model type='virtio'/>",
+    ]
+    if nic.mtu is not None:
+        lines.append(f"  <mtu size='{int(nic.mtu)}'/>")
+    lines.append("</interface>")
     return "\n".join(indent + line for line in lines)
 
 
@@ -120,6 +141,10 @@ def domain_xml(
         f"    <emulator>{EMULATOR}</emulator>",
     ]
     lines += [disk_xml(d, "    ") for d in spec.disks]
+    macs = [n.mac for n in spec.nics]
+    if len(set(macs)) != len(macs):
+        raise ValueError(f"two NICs of {spec.name} have the same MAC: {', '.join(macs)}")
+    lines += [interface_xml(n, "    ") for n in spec.nics]
     lines.append("    <controller type='usb' model='none'/>")
     lines.append("    <controller type='pci' index='0' model='pcie-root'/>")
     lines += ["    <controller type='pci' model='pcie-root-port'/>"] * HOTPLUG_PORTS
