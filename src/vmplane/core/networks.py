@@ -1,5 +1,5 @@
 """Guest networks as pure rules: CIDRs and gateways, addresses and MACs, the names a host gives a network, and
-security-group rules (docs/design/networks.md once the host side lands; issue 29).
+security-group rules (docs/design/networks.md).
 
 An address and a MAC belong to a NIC record, allocated once in the NIC's own transaction and never changed
 while it exists (stop, start, migration, HA restart). The MAC is derived from the NIC's row id, so two NICs
