@@ -35,7 +35,11 @@ def test_a_process_killed_mid_migration_of_a_real_guest_leaves_it_once_where_the
         with live.client() as c:
             source = c.get("/vms/k1").json()["host"]
         with other.client(timeout=30) as c1:
-            mig = c1.post("/vms/k1/migrate", json={}).json()
+            # a copy slow enough that its progress is reported before it ends, whatever the machine's load
+            # (an idle guest's memory otherwise crosses between two polls: no mid-copy, no kill)
+            answer = c1.post("/vms/k1/migrate", json={"bandwidth_mib_s": 4})
+            assert answer.status_code < 300, answer.text
+            mig = answer.json()
         other.proc.wait(300)  # it killed itself while the memory was being copied
         assert other.proc.returncode == -9
         died = time.monotonic()

@@ -2,9 +2,11 @@
 
 `linux-image-cloud-amd64` (the kernel and its virtio modules) and `busybox-static` are fetched with
 `apt-get download` (no install), unpacked with `dpkg -x`, and turned into `vmlinuz` + `initrd.gz`.
-The initramfs carries the virtio modules (PCI, balloon, memory, block) and whatever the kernel needs
-for ext4 (built in on the cloud kernel), each with the modules it depends on, loaded in that order.
-Its init mounts /dev/vda, when it holds a file system, at /data: the guest's persistent disk.
+The initramfs carries the virtio modules (PCI, balloon, memory, block, net) and whatever the kernel
+needs for ext4 (built in on the cloud kernel), each with the modules it depends on, loaded in that order.
+Its init mounts /dev/vda, when it holds a file system, at /data: the guest's persistent disk, and brings
+each NIC up with a DHCP client in the background (busybox's udhcpc; `vmplane-guest: eth0 ADDR/LEN` on
+the console once it holds a lease).
 
 `root.qcow2` (same folder, same recipe) is the test template's disk image: an ext4 file system made
 with `mkfs.ext4 -d` (no loop mount) holding /etc/vmplane-template, converted with `qemu-img`. A VM's
@@ -27,7 +29,7 @@ from vmplane.hosts.guest.initramfs import write_initramfs
 
 IMAGE_NAME = "tiny-linux"
 # What the guest needs (their dependencies are found in the kernel's modules and added before them)
-MODULES = ["virtio_pci", "virtio_balloon", "virtio_mem", "virtio_blk", "ext4"]
+MODULES = ["virtio_pci", "virtio_balloon", "virtio_mem", "virtio_blk", "ext4", "virtio_net"]
 ROOT_DISK_MIB = 256
 # Needed for memory unplug (DIMM detach, virtio-mem shrink): hot-added memory must be movable.
 KERNEL_CMDLINE = "console=ttyS0 panic=-1 quiet loglevel=1 memhp_default_state=online_movable no_timer_check"
