@@ -195,18 +195,25 @@ def pytest_collection_modifyitems(config, items):
 
 
 _running: list[LiveServer] = []  # every `vmplane up` a test started and did not stop yet
+# those the running test stopped (in its `finally`, before its report): their files are still on disk
+_stopped: list[LiveServer] = []
+
+
+def pytest_runtest_setup(item):
+    _stopped.clear()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failing test that has a `vmplane up` running (its own, or its module's) keeps its evidence (store,
-    event log, server log, the hosts' logs and domains: tests/evidence.py) and names the folder in its
-    failure message."""
+    """A failing test that has a `vmplane up` running (its own, or its module's), or that it stopped in its
+    `finally`, keeps its evidence (store, event log, server log, the hosts' logs and domains:
+    tests/evidence.py) and names the folder in its failure message."""
     report = yield
-    if report.failed and call.when in ("setup", "call") and _running:
+    servers = _running + [s for s in _stopped if s not in _running]
+    if report.failed and call.when in ("setup", "call") and servers:
         dest = evidence.folder(item.nodeid)
-        for index, server in enumerate(list(_running)):
-            sub = dest if len(_running) == 1 else dest / f"server{index}"
+        for index, server in enumerate(servers):
+            sub = dest if len(servers) == 1 else dest / f"server{index}"
             sub.mkdir(exist_ok=True)
             try:
                 evidence.keep_live(server, sub)
@@ -378,6 +385,7 @@ class LiveServer:
     def stop(self, sig: str = "term") -> None:
         if sig == "term" and self in _running:
             _running.remove(self)
+            _stopped.append(self)
         if self.proc is None or self.proc.poll() is not None:
             if self.driver == "libvirt" and sig == "term":
                 self.cli("down")  # `up` died without its cleanup (a crash test): stop its hosts
