@@ -34,6 +34,7 @@ dpkg -s libvirt-dev >/dev/null 2>&1 || packages+=(libvirt-dev)
 command -v pkg-config >/dev/null || packages+=(pkg-config)
 command -v ip >/dev/null || packages+=(iproute2)
 command -v nsenter >/dev/null || packages+=(util-linux)
+[ -x /usr/sbin/nft ] || packages+=(nftables)          # the guests' filters on a host (core/netfilter.py)
 if [ "$want_test" = 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   packages+=(postgresql)
 fi

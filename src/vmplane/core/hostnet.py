@@ -3,8 +3,11 @@ holds to that, as pure functions (issue 29; core/networks.py names the devices).
 
 Every network of a zone is on every host of the zone (as Proxmox's VNets are on every node): a live
 migration or an HA restart finds its network ready on any target. On each host a network is one Linux
-bridge, joined to the same network on the zone's other hosts by a VXLAN device (its VNI, no learning, one
-all-zeros FDB entry per peer: head-end replication over the hosts' underlay addresses). What a host holds is
+bridge, joined to the same network on the zone's other hosts by a VXLAN device (its VNI, one all-zeros FDB
+entry per peer: head-end replication over the hosts' underlay addresses, for broadcasts and unknown
+destinations). The device learns where each guest MAC is: without learning every unicast went to every
+peer (a third host received 100 of 100 pings between two others; with learning 0), and after a live
+migration QEMU's announcements move the entry by themselves. What a host holds is
 read back (`ip -j -d link show`, `bridge -j fdb show`) and only the difference is applied; devices named
 like vmplane's that no network needs are removed (no orphan after a crash).
 """
@@ -100,7 +103,7 @@ def converge(target: HostPlan, links: Iterable[Link], fdb: Mapping[str, Iterable
         if vxlan is None:
             out.append(
                 ["ip", "link", "add", n.vxlan, "type", "vxlan", "id", str(n.vni), "local", target.local,
-                 "dstport", str(VXLAN_PORT), "nolearning"]
+                 "dstport", str(VXLAN_PORT)]
             )  # fmt: skip
         if vxlan is None or vxlan.mtu != n.mtu:
             out.append(["ip", "link", "set", n.vxlan, "mtu", str(n.mtu)])
