@@ -20,17 +20,28 @@ MEMBERS = {"g1": ["10.0.0.3", "10.0.0.2"], "g3": ["10.0.9.9"]}
 
 def test_each_nic_sends_only_from_its_mac_and_address_and_gets_what_its_groups_allow():
     text = ruleset([DB, WEB], RULES, MEMBERS)
-    assert text.splitlines()[:3] == ["table bridge vmplane", "delete table bridge vmplane", "table bridge vmplane {"]
-    spoof = text[text.index("chain spoof_vmpt1") :]
+    assert text.splitlines()[:5] == [
+        "table bridge vmplane {}",
+        "delete table bridge vmplane",
+        "table inet vmplane {}",
+        "delete table inet vmplane",
+        "table bridge vmplane {",
+    ]
+    spoof = text[text.index("chain from_vmpt1") :]
     spoof = spoof[: spoof.index("\n  }")]
-    assert "ether saddr != 02:76:70:00:00:01 drop" in spoof and "ip saddr != 10.0.0.2 drop" in spoof
-    assert "arp saddr ip != 10.0.0.2 drop" in spoof and spoof.rstrip().endswith("drop")
-    assert 'iifname "vmpn1" ip saddr 10.0.0.2 jump from_vmpt1' in text  # the bridge and the address: one NIC
-    assert 'oifname "vmpn1" ip daddr 10.0.0.3 jump to_vmpt2' in text
-    assert "ip daddr 0.0.0.0/0 return" in text[text.index("chain from_vmpt1") :]
+    assert "ether saddr != 02:76:70:00:00:01 drop" in spoof and "ip saddr 10.0.0.2 accept" in spoof
+    assert "arp saddr ether 02:76:70:00:00:01 arp saddr ip 10.0.0.2 accept" in spoof
+    assert spoof.rstrip().endswith("drop")
+    assert '"vmpt1" : jump from_vmpt1' in text and 'iifname "vmpt*" drop' in text  # an unknown tap sends nothing
+    assert 'oifname "vmpx*" udp dport { 67, 68 } drop' in text  # each host's DHCP answers its own guests only
+    # the bridge and the address make one NIC, its network's connections a conntrack zone of their own
+    assert '"vmpn1" . 10.0.0.2 : jump from_vmpt1' in text and '"vmpn1" . 10.0.0.3 : jump to_vmpt2' in text
+    assert 'ct zone set iifname map { "vmpn1" : 1 }' in text
+    inet = text[text.index("table inet vmplane {\n") :]
+    assert "ip daddr 0.0.0.0/0 return" in inet[inet.index("chain from_vmpt1") :]
     assert "set m_g1 { type ipv4_addr; elements = { 10.0.0.2, 10.0.0.3 }; }" in text  # sorted
     assert "set m_g3 { type ipv4_addr; elements = { 10.0.9.9 }; }" in text  # named by a rule of g2
-    db_in = text[text.index("chain to_vmpt2") :]
+    db_in = inet[inet.index("chain to_vmpt2") :]
     assert "ip saddr @m_g3 meta l4proto tcp th dport 5432 accept" in db_in
     assert "ip saddr 192.0.2.0/24 meta l4proto udp th dport 53-54 accept" in db_in
     assert ruleset([WEB, DB], RULES, MEMBERS) == text  # deterministic
@@ -62,7 +73,7 @@ def test_the_kernel_accepts_the_tables_and_replaces_them_whole(tmp_path):
     done = subprocess.run(["unshare", "--net", "sh", "-c", shell], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     first, listed = (tmp_path / "a").read_text(), done.stdout
-    assert "chain spoof_vmpt2" in first and "ip saddr @m_g3 tcp dport 5432 accept" in first  # as nft shows it
+    assert "chain from_vmpt2" in first and "ip saddr @m_g3 tcp dport 5432 accept" in first  # as nft shows it
     assert "chain from_vmpt1" in listed and "ct state established,related accept" in listed
     assert "ether saddr != 02:76:70:00:00:01 drop" in listed
     assert "vmpt2" not in listed  # the NIC that left is gone from both tables
