@@ -27,9 +27,11 @@ def test_a_bad_cidr_is_refused_naming_the_field_and_why(text, why):
     assert err.value.field == "cidr"
 
 
-def test_the_smallest_network_is_a_29_and_its_gateway_defaults_to_the_first_host():
+def test_the_smallest_network_is_a_29_its_gateway_the_first_host_and_its_dhcp_server_the_last():
     net = N.parse_cidr("192.0.2.8/29")
     assert N.gateway_for(net) == ipaddress.IPv4Address("192.0.2.9")
+    assert N.dhcp_server(net, N.gateway_for(net)) == ipaddress.IPv4Address("192.0.2.14")
+    assert N.dhcp_server(net, ipaddress.IPv4Address("192.0.2.14")) == ipaddress.IPv4Address("192.0.2.13")
     assert N.usable(net) == (ipaddress.IPv4Address("192.0.2.9"), ipaddress.IPv4Address("192.0.2.14"))
 
 
@@ -57,6 +59,7 @@ def test_an_address_is_refused_outside_the_cidr_on_the_network_broadcast_or_gate
         ("10.10.0.255", Invalid, "broadcast"),
         ("10.10.0.1", Invalid, "gateway"),
         ("10.10.0.5", Conflict, "taken"),
+        ("10.10.0.254", Invalid, "DHCP server"),
     ]:
         with pytest.raises(kind, match=words) as err:
             N.check_address(net, gw, taken, ipaddress.IPv4Address(text), "n1")
@@ -71,7 +74,7 @@ def test_next_address_is_the_lowest_free_host_address_and_exhaustion_is_a_409(pr
     hosts = [ipaddress.IPv4Address(v) for v in range(int(first), int(last) + 1)]
     gw = data.draw(st.sampled_from(hosts))
     taken = set(data.draw(st.lists(st.sampled_from(hosts), max_size=len(hosts))))
-    free = sorted(set(hosts) - taken - {gw})
+    free = sorted(set(hosts) - taken - {gw, N.dhcp_server(net, gw)})
     if free:
         got = N.next_address(net, gw, taken, "n")
         assert got == free[0] and got in net and got not in (net.network_address, net.broadcast_address)
@@ -88,7 +91,8 @@ def test_allocating_every_address_one_by_one_gives_each_once():
             taken.append(N.next_address(net, gw, taken, "n"))
         except Conflict:
             break
-    assert len(taken) == len(set(taken)) == 64 - 3  # network, broadcast and gateway are never handed out
+    # the network, broadcast, gateway and DHCP server addresses are never handed out
+    assert len(taken) == len(set(taken)) == 64 - 4 and N.dhcp_server(net, gw) not in taken
 
 
 @given(st.integers(min_value=1, max_value=N.MAC_LIMIT - 1), st.integers(min_value=1, max_value=N.MAC_LIMIT - 1))

@@ -88,7 +88,7 @@ def _vms(o, count, project="a"):
     return [v.id for v in o.vms()]
 
 
-@pytest.mark.parametrize(("cidr", "vms", "fits"), [("10.30.0.0/24", 200, 200), ("10.31.0.0/29", 8, 5)])
+@pytest.mark.parametrize(("cidr", "vms", "fits"), [("10.30.0.0/24", 200, 200), ("10.31.0.0/29", 8, 4)])
 def test_concurrent_nics_on_one_network_get_each_address_and_mac_once(cluster, cidr, vms, fits):
     _network(cluster, "n", "a", cidr)
     vm_ids = _vms(cluster, vms)

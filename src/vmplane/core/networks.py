@@ -73,6 +73,14 @@ def gateway_for(net: Net, gateway: str | None = None) -> IPv4:
     return address
 
 
+def dhcp_server(net: Net, gateway: IPv4) -> IPv4:
+    """The address every host's DHCP server of the network answers from (the same on each host: the hosts
+    never hear one another's, docs/design/networks.md): the last host address, or the one before it when the
+    gateway took it. Never given to a NIC."""
+    last = usable(net)[1]
+    return last if last != gateway else last - 1
+
+
 def overlapping(net: Net, others: Iterable[tuple[str, Net]]) -> str | None:
     """The name of the first network of `others` that shares an address with `net` (a project's own networks
     never overlap: a VM on two of them could not tell where to send); None when none does."""
@@ -93,6 +101,8 @@ def check_address(net: Net, gateway: IPv4, taken: Iterable[IPv4], address: IPv4,
         raise Invalid(f"ip {address} is the broadcast address of {network_name} ({net})", field="ip")
     if address == gateway:
         raise Invalid(f"ip {address} is the gateway of {network_name}", field="ip")
+    if address == dhcp_server(net, gateway):
+        raise Invalid(f"ip {address} is kept for the DHCP server of {network_name}", field="ip")
     if address in set(taken):
         raise Conflict(f"ip {address} is taken on network {network_name}", field="ip")
     assert first <= address <= last
@@ -100,8 +110,9 @@ def check_address(net: Net, gateway: IPv4, taken: Iterable[IPv4], address: IPv4,
 
 
 def next_address(net: Net, gateway: IPv4, taken: Iterable[IPv4], network_name: str) -> IPv4:
-    """The lowest free host address of the network (the gateway is never free); 409 when none is left."""
-    used = set(taken) | {gateway}
+    """The lowest free host address of the network (the gateway and the DHCP server's are never free); 409
+    when none is left."""
+    used = set(taken) | {gateway, dhcp_server(net, gateway)}
     first, last = usable(net)
     for value in range(int(first), int(last) + 1):
         candidate = IPv4(value)
@@ -109,7 +120,7 @@ def next_address(net: Net, gateway: IPv4, taken: Iterable[IPv4], network_name: s
             return candidate
     raise Conflict(
         f"network {network_name} ({net}) has no free address: its {int(last) - int(first) + 1} host "
-        f"addresses are all in use",
+        f"addresses are all in use (the gateway's and the DHCP server's among them)",
         field="network",
     )
 
