@@ -6,6 +6,8 @@ Pure rules, used by the libvirt driver (drivers/libvirt.py, `guest_run`) and the
   command line, run by `sh -c` in the guest (`vm exec NAME -- 'LINE'`, one argument, sends one);
 - the command travels in base64 over the console (`exec_lines`), so that any byte, a quote or a newline
   arrives as sent and a long command spans several console lines (a tty line holds at most 4095);
+- a line the guest prints by itself while a command runs (`vmplane-guest: eth0 ADDR`, a NIC's lease) is
+  dropped from the command's output;
 - the runner (the driver's) prints a timeout marker when it killed the command at its time limit;
   `exec_result` turns that into a DriverError that says so, with the output so far.
 """
@@ -18,6 +20,7 @@ import shlex
 from vmplane.core.driver import DriverError
 
 VAR = "_vmpc"  # the console shell's variable that holds a long command's base64 while it arrives
+GUEST_NOTICE = "vmplane-guest: "  # a line the test guest prints on its console by itself (a NIC's lease)
 
 
 def argv_line(argv: list[str]) -> str:
@@ -55,8 +58,10 @@ def exec_lines(command: str, tag: str, limit_s: int, runner: str, chunk: int) ->
 
 def exec_result(output: bytes, code: int, tag: str, command: str, host: str) -> tuple[str, int]:
     """(output, exit code) of a command's answer between its markers; DriverError when the runner
-    killed it at its time limit."""
+    killed it at its time limit. Lines the guest printed by itself meanwhile (GUEST_NOTICE) are not the
+    command's."""
     text = output.decode(errors="replace").replace("\r", "")
+    text = "".join(line for line in text.splitlines(keepends=True) if not line.startswith(GUEST_NOTICE))
     marker = f"\n__VMP_T{tag}__\n"
     if marker in text:
         so_far = text.split(marker)[0]

@@ -24,14 +24,14 @@ net_up() {        # $1: a NIC; starts its DHCP client unless one runs (/run/net/
   : > /run/net/$1.up
   ip link set "$1" up
   # when udhcpc ends (the NIC was unplugged), its lease's traces go, and a NIC of that name starts afresh
-  ( udhcpc -f -i "$1" -s /run/net/dhcp.sh -p /run/net/$1.pid -t 5 -T 2 -A 3 </dev/null >/dev/null 2>&1
+  ( udhcpc -f -i "$1" -s /run/net/dhcp.sh -p /run/net/$1.pid -O mtu -t 5 -T 2 -A 3 </dev/null >/dev/null 2>&1
     interface=$1 /run/net/dhcp.sh deconfig; rm -f /run/net/$1.up /run/net/$1.pid ) &
 }
 write_dhcp_script() {
   mkdir -p /run/net
   cat > /run/net/dhcp.sh.tmp <<'EOF'
 #!/bin/sh
-# udhcpc's script: $1 is the event; the lease is in $interface, $ip, $mask, $router, $dns, $domain.
+# udhcpc's script: $1 is the event; the lease is in $interface, $ip, $mask, $router, $dns, $domain, $mtu.
 # Only the lease's own address and default route (metric 100+N for ethN: a route set by hand, metric 0,
 # wins) come and go; /etc/resolv.conf is written only from leases that name servers: all NICs' together.
 n=$interface; held=/run/net/$n.ip; metric=$((100 + ${n#eth}))
@@ -48,6 +48,7 @@ case "$1" in
   bound|renew)
     new=$ip/${mask:-32}; old=$(cat $held 2>/dev/null)
     [ "$old" != "$new" ] && forget
+    [ -n "$mtu" ] && ip link set dev $n mtu $mtu
     ip addr replace $new dev $n ${broadcast:+broadcast $broadcast}
     for r in $router; do ip route replace default via $r dev $n metric $metric; break; done
     if [ -n "$dns" ]; then
