@@ -65,6 +65,9 @@ def test_two_projects_may_use_one_cidr_but_a_project_never_overlaps_itself(clust
         with pytest.raises(Invalid) as err:
             _network(cluster, "bad", "a", cidr, gateway=gateway)
         assert err.value.field == field
+    with pytest.raises(NotFound) as err, cluster.db.transaction() as conn:  # not "already exists"
+        NW.create_network(conn, "elsewhere", "isolated", 999, "10.70.0.0/24", project_id=_ids(cluster, "a")[0])
+    assert err.value.field == "zone"
     with cluster.db.read() as s:
         assert [r.name for r in NW.network_rows(s.connection())] == ["a-net", "b-net"]  # nothing half-made
 

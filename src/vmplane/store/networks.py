@@ -59,12 +59,14 @@ def create_network(
         raise Invalid("only a provider network is shared between projects", field="shared")
     net = rules.parse_cidr(cidr)
     gw = rules.gateway_for(net, gateway)
-    c = NETWORKS.c
+    c, z = NETWORKS.c, Zone.__table__.c
     if project_id is not None:
         L.lock_project(conn, project_id)
         same = c.project_id == project_id
-    else:
-        conn.execute(select(Zone.__table__.c.id).where(Zone.__table__.c.id == zone_id).with_for_update()).first()
+    zone = select(z.id).where(z.id == zone_id)
+    if conn.execute(zone if project_id is not None else zone.with_for_update()).first() is None:
+        raise NotFound(f"zone #{zone_id} does not exist", field="zone")
+    if project_id is None:
         same = (c.kind == "provider") & (c.zone_id == zone_id)
     others = [(r.name, rules.parse_cidr(r.cidr)) for r in conn.execute(select(c.name, c.cidr).where(same))]
     clash = rules.overlapping(net, others)
