@@ -60,14 +60,12 @@ def create_network(
     net = rules.parse_cidr(cidr)
     gw = rules.gateway_for(net, gateway)
     c, z = NETWORKS.c, Zone.__table__.c
-    if project_id is not None:
+    if project_id is not None:  # a project's networks are compared under its row's lock, a zone's under its own
         L.lock_project(conn, project_id)
-        same = c.project_id == project_id
     zone = select(z.id).where(z.id == zone_id)
     if conn.execute(zone if project_id is not None else zone.with_for_update()).first() is None:
         raise NotFound(f"zone #{zone_id} does not exist", field="zone")
-    if project_id is None:
-        same = (c.kind == "provider") & (c.zone_id == zone_id)
+    same = (c.project_id == project_id) if project_id is not None else (c.kind == "provider") & (c.zone_id == zone_id)
     others = [(r.name, rules.parse_cidr(r.cidr)) for r in conn.execute(select(c.name, c.cidr).where(same))]
     clash = rules.overlapping(net, others)
     if clash is not None:
