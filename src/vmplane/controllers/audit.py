@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
@@ -165,11 +166,7 @@ class Audit:
 
     def audit_storage(self) -> list[str]:
         """Storage findings, reported when a second pass finds them again (as for the hosts)."""
-        first = storage_problems(self.plane, self.volumes, self.pools)
-        if not first:
-            return first
-        again = set(storage_problems(self.plane, self.volumes, self.pools))
-        return [problem for problem in first if problem in again]
+        return _found_twice(lambda: storage_problems(self.plane, self.volumes, self.pools))
 
     def audit_hosts(self) -> list[str]:
         """The store against what every host runs. The hosts are scanned, then the store is read, with no
@@ -187,8 +184,14 @@ class Audit:
                 vms = drift_view(s.connection(), domain_name)
             return placement_problems(vms, seen, DOMAIN_PREFIX)
 
-        first = scan()
-        if not first:
-            return first
-        again = set(scan())
-        return [problem for problem in first if problem in again]
+        return _found_twice(scan)
+
+
+def _found_twice(scan: Callable[[], list[str]]) -> list[str]:
+    """The findings of `scan` that a second, fresh scan finds again (one that went in between was a step
+    caught half-way, not a problem); the second scan runs only when the first found something."""
+    first = scan()
+    if not first:
+        return first
+    again = set(scan())
+    return [problem for problem in first if problem in again]
