@@ -634,10 +634,10 @@ def _opens(volume, vm) -> bool:
     return not pool.startswith("local-") or (vm.host is not None and pool == f"local-{vm.host.name}")
 
 
-def _toward_attach(o, rng, n):
-    """A volume attached to a VM of its project whose host opens it; else a volume made on the shared pool
-    for a project that has a VM."""
-    vms = [v for v in o.vms() if v.state in ("running", "stopped")]
+def _toward_attach(o, rng, n, running_only: bool = False):
+    """A volume attached to a VM of its project (a running one with `running_only`) whose host opens it; else
+    a volume made on the shared pool for a project that has such a VM."""
+    vms = [v for v in o.vms() if v.state in (("running",) if running_only else ("running", "stopped"))]
     if not vms:
         return _toward_start(o, rng, n)
     pairs = [
@@ -651,13 +651,13 @@ def _toward_attach(o, rng, n):
 
 
 def _toward_detach(o, rng, n):
-    """A data volume detached (of a running VM first: unplugged live; a few tried in turn); else one attached."""
+    """A data volume of a running VM detached (unplugged live: a detach of a stopped VM's volume never asks
+    the guest; a few tried in turn); else one attached to a running VM (else to any VM)."""
     running = set(_vms(o, "running"))
-    attached = sorted(_volumes(o, "attached", role="data"), key=lambda v: (v.vm_name not in running, v.name))
-    if not attached:
-        return _toward_attach(o, rng, n)
-    if not _first_accepted([lambda v=v: o.volumes.detach(v.name) for v in attached[:TRIES]]):
-        _toward_attach(o, rng, n)
+    live = sorted(v.name for v in _volumes(o, "attached", role="data") if v.vm_name in running)
+    if _first_accepted([lambda v=v: o.volumes.detach(v) for v in live[:TRIES]]):
+        return
+    _toward_attach(o, rng, n, running_only=bool(running))
 
 
 def _toward_delete_volume(o, rng, n):
