@@ -35,6 +35,7 @@ command -v pkg-config >/dev/null || packages+=(pkg-config)
 command -v ip >/dev/null || packages+=(iproute2)
 command -v nsenter >/dev/null || packages+=(util-linux)
 [ -x /usr/sbin/nft ] || packages+=(nftables)          # the guests' filters on a host (core/netfilter.py)
+[ -x /usr/sbin/dnsmasq ] || packages+=(dnsmasq-base)  # DHCP for guest networks, one per host per network (hosts/hostnet.py)
 if [ "$want_test" = 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   packages+=(postgresql)
 fi

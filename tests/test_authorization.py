@@ -84,6 +84,19 @@ MEMBER_SCOPED = {
     ("GET", "/groups"),
     ("GET", "/groups/{name}"),
     ("DELETE", "/groups/{name}"),
+    # networks: a member's own project's (a provider network's create and delete are an admin's: 403)
+    ("POST", "/networks"),
+    ("GET", "/networks"),
+    ("GET", "/networks/{name}"),
+    ("DELETE", "/networks/{name}"),
+    ("POST", "/secgroups"),
+    ("GET", "/secgroups"),
+    ("GET", "/secgroups/{project}/{name}"),
+    ("DELETE", "/secgroups/{project}/{name}"),
+    ("POST", "/secgroups/{project}/{name}/rules"),
+    ("DELETE", "/secgroups/{project}/{name}/rules/{rule_id}"),
+    ("POST", "/vms/{name}/secgroups"),
+    ("DELETE", "/vms/{name}/secgroups/{group}"),
 }
 
 

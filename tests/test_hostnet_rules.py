@@ -27,10 +27,23 @@ def test_a_host_carries_every_network_of_its_zone_joined_to_every_other_host():
 def test_converging_an_empty_host_builds_everything_and_a_converged_one_needs_nothing():
     p = H.plan("h1", "z1", UNDERLAY, NETS[:1])
     first = H.converge(p, [], {})
-    assert first[0] == ["ip", "link", "add", "vmpn2", "type", "bridge"]
+    assert first[0] == ["ip", "link", "add", "vmpn2", "address", "02:76:71:00:00:02", "type", "bridge"]
     assert ["bridge", "fdb", "append", H.ALL_ZEROS, "dev", "vmpx2", "dst", "10.99.0.3"] in first
-    held = [H.Link("vmpn2", "bridge"), H.Link("vmpx2", "vxlan", "vmpn2", 10002, 1450), H.Link("eth0", "veth")]
+    bridge = H.Link("vmpn2", "bridge", mac="02:76:71:00:00:02")
+    held = [bridge, H.Link("vmpx2", "vxlan", "vmpn2", 10002, 1450), H.Link("eth0", "veth")]
     assert H.converge(p, held, {"vmpx2": ["10.99.0.2", "10.99.0.3"]}) == []
+
+
+def test_the_bridge_holds_the_dhcp_servers_address_the_same_on_every_host_and_nothing_else():
+    nets = [H.NetworkView(2, "z1", "10.10.0.0/24")]
+    plans = [H.plan(h, "z1", UNDERLAY, nets) for h in ("h1", "h2")]
+    assert {p.networks[0].address for p in plans} == {"10.10.0.254/24"}  # the last host address
+    assert {p.networks[0].mac for p in plans} == {"02:76:71:00:00:02"}
+    stale = H.Link("vmpn2", "bridge", mac="02:aa:00:00:00:01", addresses=("10.10.0.9/24",))
+    cmds = H.converge(plans[0], [stale], {})
+    assert ["ip", "link", "set", "dev", "vmpn2", "address", "02:76:71:00:00:02"] in cmds
+    assert ["ip", "addr", "del", "10.10.0.9/24", "dev", "vmpn2"] in cmds
+    assert ["ip", "addr", "replace", "10.10.0.254/24", "dev", "vmpn2"] in cmds
 
 
 def test_stale_devices_peers_and_a_wrong_vni_are_repaired():
@@ -48,7 +61,7 @@ RUNNER = textwrap.dedent(
     from vmplane.core import hostnet as H
 
     def held():
-        links = H.parse_links(json.loads(subprocess.run(["ip", "-j", "-d", "link", "show"], check=True,
+        links = H.parse_links(json.loads(subprocess.run(["ip", "-j", "-d", "addr", "show"], check=True,
                               capture_output=True, text=True).stdout))
         fdb = H.parse_fdb(json.loads(subprocess.run(["bridge", "-j", "fdb", "show"], check=True,
                           capture_output=True, text=True).stdout or "[]"))

@@ -24,6 +24,7 @@ from vmplane.controllers.hostsync import HostSync
 from vmplane.controllers.maintenance import Maintenance
 from vmplane.controllers.migrationsettle import MigrationSettle
 from vmplane.controllers.migrator import Migrator
+from vmplane.controllers.networking import Networking
 from vmplane.controllers.pools import Pools
 from vmplane.controllers.reconcile import reconcile as reconcile_running
 from vmplane.controllers.recovery import Recovery
@@ -90,14 +91,17 @@ class Orchestrator:
         self.pools = Pools(plane)
         self.volumes = Volumes(plane, self.pools)
         self.disk_moves = DiskMoves(plane, self.pools)
-        self.starts = Starts(plane, self.volumes)  # start operations, run in batches
+        self.networking = Networking(plane)  # each host holds its guests' networks and filters
+        self.starts = Starts(plane, self.volumes, self.networking)  # start operations, run in batches
         self.vms_ctl = Vms(plane, self.volumes, self.starts)
-        self.migrator = Migrator(plane, self.disk_moves)
+        self.migrator = Migrator(plane, self.disk_moves, self.networking)
         self.maintenance = Maintenance(plane, self.migrator, self.host_admin)  # host drains, by live migration
         self.scaler = Scaler(plane, self.migrator, self.disk_moves)
         self.migration_settle = MigrationSettle(plane, self.migrator)  # migrations no copy thread carries
         self.storage_settle = StorageSettle(plane, self.volumes, self.disk_moves)  # volumes between two steps
-        self.ha = HaController(plane, self.volumes, self.migration_settle)  # failed hosts: fencing, HA restarts
+        self.ha = HaController(
+            plane, self.volumes, self.migration_settle, self.networking
+        )  # failed hosts: fencing, HA restarts
         # the loops that listen to the hosts, started by start_monitor()
         self.monitor, self.sync, self.host_events = HostMonitor(plane), HostSync(plane), HostEvents(plane)
         self.recovery = Recovery(
@@ -166,6 +170,7 @@ class Orchestrator:
             self.storage_settle,
             self.ha,
             self.overdue,
+            self.networking,
         )
 
     def close(self) -> None:

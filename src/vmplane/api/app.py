@@ -17,6 +17,7 @@ from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.routers import controllers as controller_routes
 from vmplane.api.routers import events as event_routes
 from vmplane.api.routers import groups, hosts, offerings, operations, projects, settings, storage, tokens, vms, zones
+from vmplane.api.routers import networks as network_routes
 from vmplane.api.schemas import ErrorBody
 from vmplane.api.timing import RequestTiming
 from vmplane.core.errors import VmplaneError
@@ -143,6 +144,7 @@ def create_api(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
         settings,
         storage,
         groups,
+        network_routes,
         operations,
         tokens,
         event_routes,

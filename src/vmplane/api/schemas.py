@@ -274,11 +274,25 @@ class VmCreate(Request):
     )
     ha_priority: HaPriority = 0
     group: Name | None = Field(None, description="its placement group (of its project)")
+    networks: list[Annotated[str, Field(max_length=128)]] = Field(
+        [], description='its NICs, in order: each "NET" or "NET:IP" (an address of the network asked for)'
+    )
+    secgroups: list[Name] = Field(
+        [], description="the security groups of its NICs (of its project); none: the project's default"
+    )
 
 
 class VmUpdate(Request):
     ha_policy: HaPolicy | None = None
     ha_priority: HaPriority | None = None
+
+
+class VmNic(Response):
+    network: str
+    mac: str | None
+    ip: str
+    secgroups: list[str]
+    state: str = Field(description="attached, or the step it is in (attaching, detaching)")
 
 
 class VmOut(Response):
@@ -302,6 +316,7 @@ class VmOut(Response):
     ha_policy: str = Field("off", description="restart: run it again elsewhere when its host fails")
     ha_priority: int = Field(0, description="HA restarts go highest first")
     created_at: UtcDatetime
+    nics: list[VmNic] | None = Field(None, description="its network cards, first first (vm show only; null in lists)")
 
 
 class OperationOut(Response):

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import String, bindparam, cast, func, literal_column, select
 
 from vmplane.api import schemas
 from vmplane.core.errors import NotFound
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
 from vmplane.store.prepared import prepared
-from vmplane.store.schema import Cluster, Host, Offering, Operation, Project, Template, Vm, Zone
+from vmplane.store.schema import (
+    Cluster,
+    Host,
+    Network,
+    Nic,
+    NicSecGroup,
+    Offering,
+    Operation,
+    Project,
+    SecGroup,
+    Template,
+    Vm,
+    Zone,
+)
 
 
 def host_out(orch: Orchestrator, h: Host) -> schemas.HostOut:
@@ -99,6 +112,7 @@ def _zone_of(vm: Vm) -> str | None:
 def vm_out(vm: Vm) -> schemas.VmOut:
     return schemas.VmOut(
         name=vm.name,
+        nics=None,
         project=vm.project.name,
         offering=vm.offering.name,
         template=vm.template.name,
@@ -156,10 +170,67 @@ def _vm_view():
             v.ha_priority,
             v.created_at,
             v.project_id,
+            _vm_nics_text(v.id).label("nics"),
         )
         .select_from(joined)
         .where(v.name == bindparam("name"))
     )
+
+
+def _vm_nics_text(vm_id):
+    """The VM's NICs as one string in the VM's own row (GET /vms/{name} stays one query): a NIC is "slot
+    network mac ip state g1,g2", NICs apart by ";" (no name, MAC, address or state holds " ", "," or ";")."""
+    n, net, m, g = Nic.__table__.c, Network.__table__.c, NicSecGroup.__table__.c, SecGroup.__table__.c
+    groups = (
+        select(func.aggregate_strings(g.name, _text(",")))
+        .select_from(NicSecGroup.__table__.join(SecGroup.__table__, g.id == m.secgroup_id))
+        .where(m.nic_id == n.id)
+        .scalar_subquery()
+    )
+    nic = (
+        cast(n.slot, String)
+        + _text(" ")
+        + net.name
+        + _text(" ")
+        + func.coalesce(n.mac, _text("-"))
+        + _text(" ")
+        + n.ip
+        + _text(" ")
+        + n.state
+        + _text(" ")
+        + func.coalesce(groups, _text(""))
+    )
+    return (
+        select(func.aggregate_strings(nic, _text(";")))
+        .select_from(Nic.__table__.join(Network.__table__, net.id == n.network_id))
+        .where(n.vm_id == vm_id)
+        .scalar_subquery()
+    )
+
+
+def _text(value: str):
+    """A constant written into the SQL (the prepared read binds only the statement's own parameters)."""
+    return literal_column(f"'{value}'", String)
+
+
+def _nics_of_text(text: str | None) -> list[dict]:
+    """_vm_nics_text's string as VmNic bodies, first NIC first."""
+    nics = []
+    for item in text.split(";") if text else []:
+        slot, network, mac, ip, state, groups = item.split(" ", 5)
+        nics.append(
+            (
+                int(slot),
+                {
+                    "network": network,
+                    "mac": None if mac == "-" else mac,
+                    "ip": ip,
+                    "secgroups": sorted(groups.split(",")) if groups else [],
+                    "state": state,
+                },
+            )
+        )
+    return [body for _, body in sorted(nics, key=lambda x: x[0])]
 
 
 _VM_VIEW = _vm_view()
@@ -175,6 +246,7 @@ def vm_body(db: Database, name: str, project_id: int | None = None) -> dict:
         raise NotFound(f"vm {name!r} does not exist", field="vm")
     body = {field: row[field] for field in _VM_FIELDS}
     body["created_at"] = schemas.utc_iso(body["created_at"])
+    body["nics"] = _nics_of_text(body["nics"])
     return body
 
 

@@ -31,6 +31,7 @@ from vmplane.cli.common import (
     size_help,
     still_running,
 )
+from vmplane.cli.networks import nic_line
 from vmplane.cli.output import note, render
 from vmplane.core.guestexec import cli_command
 
@@ -89,6 +90,12 @@ def vm_create(
     ),
     ha_priority: int | None = typer.Option(None, help="HA restarts go highest first (0..1000)"),
     group: str | None = typer.Option(None, help="its placement group (affinity or anti-affinity)"),
+    network: list[str] | None = typer.Option(
+        None, help="a NIC on this network, NET or NET:IP; repeat it for more (the first is the first NIC)"
+    ),
+    secgroup: list[str] | None = typer.Option(
+        None, help="its NICs' security group, repeatable (default: the project's default)"
+    ),
     *,
     client: Client,
 ):
@@ -110,6 +117,8 @@ def vm_create(
         "ha_policy": ha,
         "ha_priority": ha_priority,
         "group": group,
+        "networks": network or None,
+        "secgroups": secgroup or None,
     }
     accepted = client.post("/vms", {k: v for k, v in body.items() if v is not None})
     return _shown(_follow(client, accepted, wait), wait, output)
@@ -161,9 +170,12 @@ def vm_list(
 
 
 @api_command(groups["vm"], "show")
-def vm_show(name: str, client: Client):
-    """Show one VM: size, state, host, zone, ceiling prepared at start."""
-    return client.get(f"/vms/{name}")
+def vm_show(name: str, output: str, client: Client):
+    """Show one VM: size, state, host, zone, ceiling prepared at start, its NICs."""
+    vm = client.get(f"/vms/{name}")
+    if output == "table" and vm.get("nics") is not None:  # one NIC a line: network, address, MAC, groups
+        vm["nics"] = [nic_line(n) for n in vm["nics"]] or None
+    return vm
 
 
 @api_command(groups["vm"], "start")

@@ -39,6 +39,7 @@ from vmplane.store.schema import utcnow
 
 if TYPE_CHECKING:
     from vmplane.controllers.migrationsettle import MigrationSettle
+    from vmplane.controllers.networking import Networking
     from vmplane.controllers.volumes import Volumes
     from vmplane.hosts.drivers.sim import SimDriver
     from vmplane.hosts.drivers.simfabric import SimFabric
@@ -50,9 +51,9 @@ IN_FLIGHT = [OperationState.pending.value, OperationState.running.value]
 
 
 class HaController:
-    def __init__(self, plane: Plane, volumes: Volumes, migration_settle: MigrationSettle):
+    def __init__(self, plane: Plane, volumes: Volumes, migration_settle: MigrationSettle, networking: Networking):
         self.plane = plane
-        self.recovery = HostRecovery(plane, self.agent, volumes, migration_settle)
+        self.recovery = HostRecovery(plane, self.agent, volumes, migration_settle, networking)
         self._stop = threading.Event()
 
     def start(self) -> None:

@@ -47,10 +47,12 @@ from vmplane.plane import metrics
 from vmplane.plane.carried import carrying
 from vmplane.plane.reserves import placement_rules
 from vmplane.store import ledger as L
+from vmplane.store import netview
 from vmplane.store.schema import utcnow
 
 if TYPE_CHECKING:
     from vmplane.controllers.migrationsettle import MigrationSettle
+    from vmplane.controllers.networking import Networking
     from vmplane.controllers.volumes import Volumes
     from vmplane.hosts.fencing.base import FenceAgent
     from vmplane.plane.context import Plane
@@ -113,8 +115,10 @@ class HostRecovery:
         agent: Callable[[dict, Any], FenceAgent],
         volumes: Volumes,
         migration_settle: MigrationSettle,
+        networking: Networking,
     ):
         self.plane = plane
+        self.networking = networking
         self.agent = agent  # a host's fence agent (HaController.agent)
         self.volumes, self.migration_settle = volumes, migration_settle
         self._running: set[str] = set()  # restart operations being run in this process
@@ -629,7 +633,11 @@ class HostRecovery:
             if vm.state != VmState.starting.value:
                 raise VmplaneError(f"vm {vm.name} is {vm.state}, not starting")
             driver = plane.drivers[vm.host_name]
-            spec = replace(spec_of(vm), disks=self.volumes.disks_of(vm.id))
+            with plane.db.read() as s:
+                nics = netview.nic_specs(s.connection(), vm.id)
+            spec = replace(spec_of(vm), disks=self.volumes.disks_of(vm.id), nics=nics)
+            if nics:
+                self.networking.ensure(vm.host_name)
             failpoints.hit("ha.before-domain")
             current = driver.domain(spec.name)
             if current is None or not current.active:

@@ -39,6 +39,7 @@ from vmplane.store.listing import Page, by_prefix, order_by, run_page
 from vmplane.store.schema import utcnow
 
 if TYPE_CHECKING:
+    from vmplane.controllers.networking import Networking
     from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.migrator")
@@ -69,9 +70,10 @@ class _PoweredOff:
 
 
 class Migrator:
-    def __init__(self, plane: Plane, disk_moves: DiskMoves):
+    def __init__(self, plane: Plane, disk_moves: DiskMoves, networking: Networking):
         self.plane = plane
         self.disk_moves = disk_moves
+        self.networking = networking
         self._pump_lock = threading.Lock()
         self._state_lock = threading.Lock()  # guards the sets below (this process's view of its copies)
         self._cancelled: set[str] = set()  # cancels asked (a copy honours them at any step)
@@ -389,6 +391,13 @@ class Migrator:
         domain = domain_name(row["vm_name"])
         params = self._params(row, source)
         if self._ended_for_a_lost_host(migration_id, row):  # nothing prepared on a host that failed
+            return
+        try:  # the target holds the VM's networks and its NICs' filter before the copy (the row names it)
+            self.networking.ensure_for(row["target"], row["vm_id"])
+        except DriverError as exc:
+            self._finish(
+                migration_id, "copy-failed", reason=f"the networks could not be set up on {row['target']}: {exc}"
+            )
             return
         try:
             params = self.disk_moves.prepare(row["vm_id"], row["target"], params)

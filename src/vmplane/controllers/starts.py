@@ -39,14 +39,16 @@ from sqlalchemy.engine import Connection, Row
 
 from vmplane.core import failpoints
 from vmplane.core.domain import spec_of
+from vmplane.core.driver import NicSpec
 from vmplane.core.errors import Interrupted, NotFound
 from vmplane.core.model import OperationState, VmState
 from vmplane.plane import metrics
-from vmplane.store import events, ownership
+from vmplane.store import events, netview, ownership
 from vmplane.store import ledger as L
 from vmplane.store import storageledger as SL
 
 if TYPE_CHECKING:
+    from vmplane.controllers.networking import Networking
     from vmplane.controllers.volumes import Volumes
     from vmplane.plane.context import Plane
 
@@ -65,13 +67,15 @@ class _Start:
     epoch: int | None  # the lease its batch runs under
     vm: Row
     disks: list[Row]
+    nics: tuple[NicSpec, ...] = ()
     error: Exception | None = None
 
 
 class Starts:
-    def __init__(self, plane: Plane, volumes: Volumes):
+    def __init__(self, plane: Plane, volumes: Volumes, networking: Networking):
         self.plane = plane
         self.volumes = volumes
+        self.networking = networking
         self._queue: deque[tuple[str, str | None]] = deque()
         self._active: set[str] = set()  # op ids being run here (taken from the queue, not ended)
         self._lock = threading.Lock()
@@ -297,7 +301,7 @@ class Starts:
         with events.acting_as(cause):
             L.set_operation(conn, op_id, before=op, state=OperationState.running, step="starting-domain", progress=30)
         vm = L.vm_row(conn, op.vm_id)
-        return _Start(op_id, cause, epoch, vm, SL.vm_volumes(conn, vm.id))
+        return _Start(op_id, cause, epoch, vm, SL.vm_volumes(conn, vm.id), netview.nic_specs(conn, vm.id))
 
     def _start_domain(self, s: _Start) -> None:
         """Ask the VM's host to run its domain (a paused or running one is not started twice). Its disks'
@@ -309,8 +313,10 @@ class Starts:
             s.error = exc
 
     def _start_on_host(self, s: _Start) -> None:
-        spec = replace(spec_of(s.vm), disks=self.volumes.for_start(s.vm, s.disks))
+        spec = replace(spec_of(s.vm), disks=self.volumes.for_start(s.vm, s.disks), nics=s.nics)
         driver = self.plane.drivers[s.vm.host_name]
+        if s.nics:
+            self.networking.ensure(s.vm.host_name)  # its bridges and its NICs' filter, before the domain
         failpoints.hit("start.before-domain")
         current = driver.domain(spec.name)
         if current is None or not current.active:

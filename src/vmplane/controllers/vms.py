@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -43,6 +43,7 @@ from vmplane.plane.operations import Failed, FailureContext, Operations
 from vmplane.plane.reserves import placement_rules
 from vmplane.store import admission
 from vmplane.store import ledger as L
+from vmplane.store import networks as SN
 from vmplane.store import storageledger as SL
 from vmplane.store.catalog import Outdated
 from vmplane.store.groupstore import resolve_group
@@ -108,6 +109,8 @@ class Vms:
         ha_priority: int = 0,
         group: str | None = None,
         *,
+        networks: Sequence[tuple[str, str | None]] = (),
+        secgroups: Sequence[str] = (),
         _tries: int = OUTDATED_TRIES,
     ) -> Admitted:
         """Create a VM (charging one `vms`, and its root disk's storage when its template has a disk
@@ -126,7 +129,8 @@ class Vms:
 
         def admit(conn: Connection) -> tuple[int, str | None, Claimed | None]:
             self.plane.catalog.check_new_vm(conn, o, t)
-            scope, zone_id, cluster_id = admission.scope_of(conn, zone, cluster)
+            at = zone if zone or cluster or not networks else SN.zone_of_network(conn, networks[0][0])
+            scope, zone_id, cluster_id = admission.scope_of(conn, at, cluster)
             p = L.lock_project(conn, name=project)
             base = Usage(vms=1, storage_mib=disk_mib or 0)
             reach = self.volumes.reach_for_new(conn, disk_mib, pool, scope.cluster) if disk_mib else None
@@ -168,6 +172,8 @@ class Vms:
                 vm_id = L.insert_vm(conn, host_name=host, **fields)
             except IntegrityError:
                 raise AlreadyExists(f"vm {name!r} already exists", field="name") from None
+            if networks:
+                SN.add_vm_nics(conn, vm_id, p.id, zone_id, networks, secgroups)
             if disk_mib:
                 meta = self.plane.capacity.hosts.get(host) if host else None
                 chosen = self.volumes.root_pool(conn, disk_mib, pool, host, meta.cluster if meta else scope.cluster)
@@ -207,6 +213,8 @@ class Vms:
                 ha_policy,
                 ha_priority,
                 group,
+                networks=networks,
+                secgroups=secgroups,
                 _tries=_tries - 1,
             )
         if disk_mib:

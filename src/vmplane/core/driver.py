@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmplane.core.hostnet import Applied, HostNetworks
+
 
 class DriverError(Exception):
     """A host refused or failed a request; `host` says which."""
@@ -385,6 +387,12 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
         """Run a shell command inside the guest and return its output."""
+
+    # -- guest networks (issue 29) -------------------------------------------------------------------
+    def apply_networks(self, want: HostNetworks) -> Applied:
+        """Bring the host's guest networks (bridges, VXLAN, filter, DHCP) to `want` and read them back: a
+        DriverError when the host does not hold them afterwards."""
+        raise DriverError(self.host, "this host cannot carry guest networks (its driver has no host commands)")
 
     def close(self) -> None:  # noqa: B027 (optional: a driver without connections has nothing to release)
         """Release connections; the host itself keeps running."""

@@ -15,9 +15,11 @@ like vmplane's that no network needs are removed (no orphan after a crash).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vmplane.core import networks as N
+from vmplane.core.netfilter import Port
+from vmplane.core.networks import Rule
 
 VXLAN_OVERHEAD = 50  # outer Ethernet + IPv4 + UDP + VXLAN headers
 VXLAN_PORT = 4789
@@ -26,10 +28,12 @@ ALL_ZEROS = "00:00:00:00:00:00"
 
 @dataclass(frozen=True)
 class NetworkView:
-    """A network as the store has it (id, zone)."""
+    """A network as the store has it (id, zone; its CIDR and gateway give its DHCP server's address)."""
 
     id: int
     zone: str
+    cidr: str | None = None
+    gateway: str | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,19 @@ class NetworkOnHost:
     vni: int
     peers: tuple[str, ...]  # the other hosts' underlay addresses
     mtu: int  # the VXLAN device's and its guests' (the underlay's less the overhead)
+    address: str | None = None  # the bridge's: the network's DHCP server, ADDRESS/PREFIX, the same on every host
+    mac: str | None = None  # the bridge's, the same on every host: a migrated guest's ARP entry stays right
+
+
+@dataclass(frozen=True)
+class Dhcp:
+    """A network's DHCP server on one host: reservations only (MAC -> address), bound to its bridge, at the
+    same address on every host; `router`: the gateway it tells (a provider network's), or none."""
+
+    bridge: str
+    cidr: str
+    router: str | None
+    reservations: tuple[tuple[str, str], ...]  # (MAC, address), sorted
 
 
 @dataclass(frozen=True)
@@ -58,6 +75,8 @@ class Link:
     vni: int | None = None
     mtu: int | None = None
     up: bool = True
+    addresses: tuple[str, ...] = ()  # IPv4 ADDRESS/PREFIX
+    mac: str | None = None
 
 
 def plan(
@@ -72,8 +91,21 @@ def plan(
     return HostPlan(
         host,
         underlay[host],
-        tuple(NetworkOnHost(N.bridge_of(n.id), N.vxlan_of(n.id), N.vni_of(n.id), peers, mtu) for n in mine),
+        tuple(
+            NetworkOnHost(
+                N.bridge_of(n.id), N.vxlan_of(n.id), N.vni_of(n.id), peers, mtu, _server(n), N.bridge_mac_of(n.id)
+            )
+            for n in mine
+        ),
     )
+
+
+def _server(n: NetworkView) -> str | None:
+    if n.cidr is None:
+        return None
+    net = N.parse_cidr(n.cidr)
+    gateway = N.gateway_for(net, n.gateway)
+    return f"{N.dhcp_server(net, gateway)}/{net.prefixlen}"
 
 
 def _ours(name: str) -> bool:
@@ -96,7 +128,14 @@ def converge(target: HostPlan, links: Iterable[Link], fdb: Mapping[str, Iterable
             out.append(["ip", "link", "del", n.bridge])
             bridge = None
         if bridge is None:
-            out.append(["ip", "link", "add", n.bridge, "type", "bridge"])
+            out.append(["ip", "link", "add", n.bridge, *(["address", n.mac] if n.mac else []), "type", "bridge"])
+        elif n.mac and bridge.mac != n.mac:
+            out.append(["ip", "link", "set", "dev", n.bridge, "address", n.mac])
+        held_addresses = bridge.addresses if bridge is not None else ()
+        for address in sorted(a for a in held_addresses if a != n.address):
+            out.append(["ip", "addr", "del", address, "dev", n.bridge])
+        if n.address and n.address not in held_addresses:
+            out.append(["ip", "addr", "replace", n.address, "dev", n.bridge])
         if vxlan is not None and (vxlan.kind != "vxlan" or vxlan.vni != n.vni):
             out.append(["ip", "link", "del", n.vxlan])
             vxlan = None
@@ -121,7 +160,8 @@ def converge(target: HostPlan, links: Iterable[Link], fdb: Mapping[str, Iterable
 
 
 def parse_links(report: Iterable[Mapping[str, object]]) -> list[Link]:
-    """`ip -j -d link show` as Links (only vmplane's devices matter; the others are kept for their names)."""
+    """`ip -j -d addr show` (or `link show`) as Links (only vmplane's devices matter; the others are kept for
+    their names)."""
     out = []
     for item in report:
         name = str(item.get("ifname", ""))
@@ -132,6 +172,13 @@ def parse_links(report: Iterable[Mapping[str, object]]) -> list[Link]:
         master = item.get("master")
         flags = item.get("flags")
         mtu = item.get("mtu")
+        mac = item.get("address")
+        addr_info = item.get("addr_info")
+        addresses = tuple(
+            f"{a.get('local')}/{a.get('prefixlen')}"
+            for a in (addr_info if isinstance(addr_info, list) else [])
+            if isinstance(a, Mapping) and a.get("family") == "inet"
+        )
         out.append(
             Link(
                 name,
@@ -140,6 +187,8 @@ def parse_links(report: Iterable[Mapping[str, object]]) -> list[Link]:
                 int(vni) if isinstance(vni, int) else None,
                 int(mtu) if isinstance(mtu, int) else None,
                 isinstance(flags, list) and "UP" in flags,
+                addresses,
+                str(mac) if isinstance(mac, str) else None,
             )
         )
     return out
@@ -152,3 +201,23 @@ def parse_fdb(report: Iterable[Mapping[str, object]]) -> dict[str, list[str]]:
         if item.get("mac") == ALL_ZEROS and item.get("dst") is not None:
             out.setdefault(str(item.get("ifname")), []).append(str(item["dst"]))
     return out
+
+
+@dataclass(frozen=True)
+class HostNetworks:
+    """Everything a host must hold for its guests' networks: its plan (bridges, VXLAN), the filter's view
+    (its ports, the rules and members by group key) and its DHCP servers."""
+
+    plan: HostPlan
+    ports: tuple[Port, ...] = ()
+    rules: Mapping[str, tuple[Rule, ...]] = field(default_factory=dict)
+    members: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    dhcp: tuple[Dhcp, ...] = ()
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What applying a host's networks took."""
+
+    commands: int  # link and FDB commands run to reach the plan (0: the host held it already)
+    filtered: int  # NICs in the filter loaded

@@ -20,6 +20,7 @@ Net = ipaddress.IPv4Network
 
 MIN_ADDRESSES = 8  # a network smaller than a /29 has too few addresses for a gateway and guests
 MAC_PREFIX = (0x02, 0x76, 0x70)  # locally administered, unicast; "vp"
+BRIDGE_MAC_PREFIX = (0x02, 0x76, 0x71)  # a network's bridge (not a NIC's prefix)
 MAC_LIMIT = 1 << 24  # NIC row ids that map to a MAC under MAC_PREFIX
 VNI_BASE = 10_000  # a network's VXLAN id is VNI_BASE + its row id (1..2**24 - 1)
 VNI_LIMIT = (1 << 24) - 1
@@ -133,6 +134,14 @@ def mac_of(nic_id: int) -> str:
             field="network",
         )
     octets = [*MAC_PREFIX, (nic_id >> 16) & 0xFF, (nic_id >> 8) & 0xFF, nic_id & 0xFF]
+    return ":".join(f"{b:02x}" for b in octets)
+
+
+def bridge_mac_of(network_id: int) -> str:
+    """The MAC of a network's bridge on every host: BRIDGE_MAC_PREFIX then the id's 24 bits (the hosts'
+    frames never cross between hosts, so one MAC everywhere is safe, and a migrated guest's ARP entry for
+    its DHCP server stays right)."""
+    octets = [*BRIDGE_MAC_PREFIX, (network_id >> 16) & 0xFF, (network_id >> 8) & 0xFF, network_id & 0xFF]
     return ":".join(f"{b:02x}" for b in octets)
 
 

@@ -780,7 +780,7 @@ def _destroy_domains(host: LocalHost) -> None:
     try:
         import libvirt
 
-        from vmplane.hosts.drivers.libvirt import discard_domain
+        from vmplane.hosts.drivers.libvirtdomains import discard_domain
     except ImportError:
         return
     try:
@@ -990,6 +990,24 @@ def _terminate(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def net_dir(host: LocalHost) -> Path:
+    """Where the host's DHCP servers keep their files (hosts/hostnet.py)."""
+    return host.dir / "net"
+
+
+def _stop_dhcp(host: LocalHost) -> None:
+    """The host's DHCP servers (a dnsmasq keeps a deleted namespace alive): by their pid files, each checked
+    against its command line."""
+    for pid_file in sorted(net_dir(host).glob("vmpn*.pid")):
+        try:
+            pid = int(pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if f"--interface={pid_file.stem}".encode() in cmdline and not _zombie(pid):
+            _terminate(pid)
+
+
 def stop(host: LocalHost, remove_files: bool = False) -> None:
     """Destroy the host's domains, stop its daemons (libvirtd, virtlockd: by pid), remove its network
     namespace."""
@@ -1009,6 +1027,7 @@ def stop(host: LocalHost, remove_files: bool = False) -> None:
     lockd = host.lockd_pid()  # after QEMU: the leases go with the processes holding them
     if lockd is not None:
         _terminate(lockd)
+    _stop_dhcp(host)
     if host.netns and _netns_exists(host.netns):
         _ip("netns", "del", host.netns, check=False)
     _remove_run_dir(host)  # its daemons are gone: nothing there is needed again

@@ -29,6 +29,8 @@ from vmplane.store.schema import (
     Cluster,
     Host,
     Migration,
+    Nic,
+    NicSecGroup,
     Offering,
     Operation,
     Project,
@@ -508,6 +510,9 @@ def insert_vm(conn: Connection, note: str = "", host_name: str | None = None, **
 def delete_vm(conn: Connection, vm_id: int, note: str = "") -> None:
     """Delete a VM's row (its claims and charge already given back) and record it `deleted`."""
     before = conn.execute(_VM_FOR_EVENT, {"id": vm_id}).first()
+    nics = select(Nic.__table__.c.id).where(Nic.__table__.c.vm_id == vm_id).scalar_subquery()
+    conn.execute(NicSecGroup.__table__.delete().where(NicSecGroup.__table__.c.nic_id.in_(nics)))
+    conn.execute(Nic.__table__.delete().where(Nic.__table__.c.vm_id == vm_id))  # its addresses are free again
     conn.execute(VMS.delete().where(_V.id == vm_id))
     if before is not None:
         events.record(

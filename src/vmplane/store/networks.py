@@ -10,6 +10,7 @@ before it compares; a zone's provider networks likewise under the zone's row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from vmplane.core import networks as rules
 from vmplane.core.errors import AlreadyExists, Conflict, Invalid, NotFound
 from vmplane.core.names import check_name
 from vmplane.store import ledger as L
+from vmplane.store import secgroups as sg
 from vmplane.store.schema import Network, Nic, Vm, Zone
 
 NETWORKS = Network.__table__
@@ -162,3 +164,40 @@ def nics_of(conn: Connection, vm_id: int) -> list[NicRecord]:
         .order_by(c.slot)
     )
     return [NicRecord(r.id, r.vm_id, r.name, r.slot, r.mac, r.ip) for r in rows]
+
+
+def add_vm_nics(
+    conn: Connection,
+    vm_id: int,
+    project_id: int,
+    zone_id: int | None,
+    networks: Sequence[tuple[str, str | None]],
+    secgroups: Sequence[str] = (),
+) -> list[NicRecord]:
+    """The NICs of a new VM, in order (the first is the first network), each in the project's `secgroups`
+    (none named: `default`). A network of another project is reported as not existing; one of another zone,
+    a 4xx naming `networks`. Inside the VM's own transaction: nothing is made when one is refused."""
+    made = []
+    groups = [sg.group_row(conn, project_id, g).id for g in secgroups] or [sg.ensure_default(conn, project_id)]
+    for name, ip in networks:
+        row = network_row(conn, name)
+        if row.kind == "isolated" and row.project_id != project_id:
+            raise NotFound(f"network {name} not found", field="networks")
+        if zone_id is not None and row.zone_id != zone_id:
+            zones = Zone.__table__.c
+            found = conn.execute(select(zones.id, zones.name).where(zones.id.in_([row.zone_id, zone_id])))
+            names: dict[int, str] = {int(r.id): str(r.name) for r in found}
+            raise Invalid(
+                f"network {name} is in zone {names.get(row.zone_id)}, the VM in zone {names.get(zone_id)}",
+                field="networks",
+            )
+        nic = add_nic(conn, vm_id, name, ip)
+        for gid in groups:
+            sg.join(conn, nic.id, gid)
+        made.append(nic)
+    return made
+
+
+def zone_of_network(conn: Connection, name: str) -> str:
+    row = network_row(conn, name)
+    return str(conn.execute(select(Zone.__table__.c.name).where(Zone.__table__.c.id == row.zone_id)).scalar_one())

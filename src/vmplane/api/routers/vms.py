@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 
 from vmplane.api.deps import AnyCaller, Caller, Orch
 from vmplane.api.paging import Paging, StrictQueryRoute, paged, paged_json
+from vmplane.api.routers.networks import nic_requests
 from vmplane.api.schemas import (
     ExecRequest,
     ExecResult,
@@ -24,11 +25,12 @@ from vmplane.api.schemas import (
 from vmplane.api.views import migration_out, operation_out, vm_body, vm_out
 from vmplane.controllers import adopt
 from vmplane.controllers.vms import Admitted
-from vmplane.core.errors import Forbidden, Invalid
+from vmplane.core.errors import Forbidden, Invalid, NotFound
 from vmplane.core.guestexec import command_line
 from vmplane.core.migration import POSTCOPY_FLOOR_KEY, MigrationState
 from vmplane.core.migration import tuning_refusal as migration_tuning_refusal
 from vmplane.core.model import VmState
+from vmplane.store import networks as SN
 
 router = APIRouter(tags=["vms"], route_class=StrictQueryRoute)
 
@@ -69,6 +71,15 @@ def show_vm(name: str, orch: Orch, who: AnyCaller):
 def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
     if not who.is_admin:
         who.check_project(orch.catalog.project(body.project).id, "project", body.project)
+    nics = nic_requests(body.networks)
+    if nics and not who.is_admin:  # an admin's provider network that is not shared is not a member's to use
+        with orch.db.read() as s:
+            for net, _ip in nics:
+                row = SN.network_row(s.connection(), net)
+                if row.kind == "provider" and not row.shared:
+                    raise NotFound(f"network {net!r} does not exist", field="networks")
+    # (passed only when asked for: a create without NICs is the same call as before networks)
+    wired = {"networks": nics, "secgroups": body.secgroups} if nics or body.secgroups else {}
     admitted = orch.create_vm(
         body.name,
         body.project,
@@ -85,6 +96,7 @@ def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
         ha_policy=body.ha_policy,
         ha_priority=body.ha_priority,
         group=body.group,
+        **wired,
     )
     return _accepted(orch, admitted, created=True)
 

@@ -42,7 +42,10 @@ from vmplane.core.driver import (
     confirm_unplug,
 )
 from vmplane.core.guestexec import exec_lines, exec_result
+from vmplane.core.hostnet import Applied, HostNetworks
+from vmplane.hosts import hostnet
 from vmplane.hosts.drivers.domainxml import domain_xml
+from vmplane.hosts.drivers.libvirtdomains import discard_domain, is_absent
 from vmplane.hosts.drivers.libvirtstorage import StorageMixin
 from vmplane.hosts.guest import build as guest
 
@@ -73,11 +76,6 @@ _REASONS = {
     libvirt.VIR_DOMAIN_CRASHED: _names("VIR_DOMAIN_CRASHED_"),
     libvirt.VIR_DOMAIN_SHUTDOWN: {0: "unknown", 1: "user"},
 }
-
-
-def is_absent(exc: libvirt.libvirtError) -> bool:
-    """The one rule: only VIR_ERR_NO_DOMAIN says a domain is gone; any other error is "don't know"."""
-    return exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
 
 
 _MARK = re.compile(rb"__VMP_B(\w+)__\r?\n(.*?)__VMP_E\1_(\d+)__", re.S)
@@ -946,6 +944,11 @@ class LibvirtDriver(StorageMixin, Driver):
             raise DriverError(self.host, f"job of {name}: {exc.get_error_message()}") from None
         return kind in (libvirt.VIR_DOMAIN_JOB_BOUNDED, libvirt.VIR_DOMAIN_JOB_UNBOUNDED)
 
+    # -- guest networks: host commands (libvirt has no call for VXLAN devices or nftables) -----------------
+    def apply_networks(self, want: HostNetworks) -> Applied:
+        run, state_dir = hostnet.host_runner(self.host, self.uri)
+        return hostnet.apply_all(self.host, run, state_dir, want)
+
     def p2p_uri(self) -> str:
         """The URI the source daemon uses to reach this one: `+unix` is required between daemons on one
         machine (a plain socket URI is taken for "the same host"). A remote URI is passed as added, so a
@@ -1286,24 +1289,6 @@ def dimms_to_release(sizes_mib: list[int], release_mib: int) -> list[int] | None
             if after <= release_mib and (after not in best or len(best[after]) > len(picked) + 1):
                 best[after] = picked + (i,)
     return list(best[release_mib]) if release_mib in best else None
-
-
-def discard_domain(dom: libvirt.virDomain) -> None:
-    """Destroy (if running) and undefine a domain, whatever state it is in. Only VIR_ERR_NO_DOMAIN
-    means it is gone; any other error is raised (a QEMU stuck in D state is not gone)."""
-    try:
-        if dom.isActive():
-            dom.destroy()
-    except libvirt.libvirtError as exc:
-        if is_absent(exc):
-            return
-        if dom.isActive():  # it stopped by itself meanwhile: fine; else the error stands
-            raise
-    try:
-        dom.undefineFlags(0)
-    except libvirt.libvirtError as exc:
-        if not is_absent(exc):
-            raise
 
 
 def count_cpu_list(text: str) -> int:

@@ -49,6 +49,7 @@ from vmplane.core.driver import (
     ProgressCallback,
     Resized,
 )
+from vmplane.core.hostnet import Applied, HostNetworks
 from vmplane.hosts.drivers.simevents import (
     CRASHED,
     RESUMED,
@@ -225,6 +226,14 @@ class SimDriver(SimStorageDriver, Driver):
     def _partial(self, what: str) -> None:
         if self._chance("partial"):
             raise DriverError(self.host, f"{what}: an error after the change was made (it stays made)")
+
+    # -- guest networks ---------------------------------------------------------------------------
+    def apply_networks(self, want: HostNetworks) -> Applied:
+        """Hold `want` (bridges, filter ports): the call may fail before (transient) or after (partial)."""
+        self._call(f"apply {len(want.plan.networks)} network(s)")
+        self.fabric.set_networks(self.host, want)
+        self._partial("read the host's networks back")
+        return Applied(len(want.plan.networks), len(want.ports))
 
     def set_vcpus(self, name: str, vcpus: int) -> Resized:
         self._call(f"set vCPUs of {name}")

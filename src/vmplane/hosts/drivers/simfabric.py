@@ -32,6 +32,7 @@ daemon is dead, and no event comes from a host the control plane does not reach.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -40,10 +41,11 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from vmplane.core.driver import CpuCap, DomainInfo, DomainSpec
+from vmplane.core.driver import CpuCap, DomainInfo, DomainSpec, NicSpec
 from vmplane.hosts.drivers.simevents import RESUMED
 from vmplane.hosts.drivers.simfaults import SimFaults
 from vmplane.hosts.drivers.simhosts import HostFabric
+from vmplane.hosts.drivers.simnet import NetFabric
 from vmplane.hosts.drivers.simstorage import SimStorageError, StorageFabric
 
 _SCHEMA = """
@@ -71,7 +73,7 @@ def _sqlite_file(url: str) -> Path | None:
     return Path(parsed.database)
 
 
-class SimFabric(HostFabric, StorageFabric):
+class SimFabric(HostFabric, StorageFabric, NetFabric):
     """The domains (and storage) of all sim hosts of one store. Thread-safe; several processes may
     share a file."""
 
@@ -106,13 +108,18 @@ class SimFabric(HostFabric, StorageFabric):
                 "CREATE TABLE IF NOT EXISTS incoming (host TEXT NOT NULL, name TEXT NOT NULL, "
                 "source TEXT NOT NULL, gone_at REAL, PRIMARY KEY (host, name))"
             )
-            for column in ("state TEXT NOT NULL DEFAULT 'running'", "reason TEXT NOT NULL DEFAULT 'booted'"):
+            for column in (
+                "state TEXT NOT NULL DEFAULT 'running'",
+                "reason TEXT NOT NULL DEFAULT 'booted'",
+                "nics TEXT NOT NULL DEFAULT '[]'",  # the domain's interfaces: [[mac, bridge, tap, mtu]]
+            ):
                 try:  # a fabric file from before states
                     self._db.execute(f"ALTER TABLE domains ADD COLUMN {column}")
                 except sqlite3.OperationalError:
                     pass
             self._init_storage()
             self._init_hosts()
+            self._init_networks()
 
     @classmethod
     def for_store(cls, url: str) -> SimFabric:
@@ -255,9 +262,18 @@ class SimFabric(HostFabric, StorageFabric):
             if row is None:
                 return None
             disks = self._disks(self._db, host, name)
+            (nics,) = self._db.execute("SELECT nics FROM domains WHERE host = ? AND name = ?", (host, name)).fetchone()
         name, vcpus, max_vcpus, memory, max_memory, image, period, quota, _state, _reason = row
         return DomainSpec(
-            name, vcpus, max_vcpus, memory, max_memory, image, CpuCap(period, quota) if period else None, disks
+            name,
+            vcpus,
+            max_vcpus,
+            memory,
+            max_memory,
+            image,
+            CpuCap(period, quota) if period else None,
+            disks,
+            tuple(NicSpec(*n) for n in json.loads(nics)),
         )
 
     def hosts_of(self, name: str) -> list[str]:
@@ -279,6 +295,9 @@ class SimFabric(HostFabric, StorageFabric):
         with self._tx() as db:
             if not self._runs(db, host):
                 raise SimStorageError(f"host {host} is down")
+            missing = sorted({n.bridge for n in spec.nics} - self.bridges(host))
+            if missing:
+                raise SimStorageError(f"cannot get interface MTU on {missing[0]!r}: No such device")
             if db.execute("SELECT 1 FROM domains WHERE host = ? AND name = ?", (host, spec.name)).fetchone():
                 if db.execute(
                     f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}", (host, spec.name)
@@ -305,6 +324,8 @@ class SimFabric(HostFabric, StorageFabric):
                     "booted",
                 ),
             )
+            nics = json.dumps([[n.mac, n.bridge, n.tap, n.mtu] for n in spec.nics])
+            db.execute("UPDATE domains SET nics = ? WHERE host = ? AND name = ?", (nics, host, spec.name))
         return True
 
     def remove(self, host: str, name: str, shut_off_only: bool = False) -> bool:
@@ -368,6 +389,11 @@ class SimFabric(HostFabric, StorageFabric):
                 )
             except sqlite3.IntegrityError:
                 return False
+            self._db.execute(
+                "UPDATE domains SET nics = (SELECT nics FROM domains WHERE host = ? AND name = ?) "
+                "WHERE host = ? AND name = ?",
+                (source, name, target, name),
+            )
             self._db.execute(
                 "INSERT OR REPLACE INTO incoming (host, name, source, gone_at) VALUES (?, ?, ?, NULL)",
                 (target, name, source),
@@ -492,6 +518,11 @@ class SimFabric(HostFabric, StorageFabric):
                 )
             except sqlite3.IntegrityError:
                 return False
+            self._db.execute(
+                "UPDATE domains SET nics = (SELECT nics FROM domains WHERE host = ? AND name = ?) "
+                "WHERE host = ? AND name = ?",
+                (source, name, target, name),
+            )
             self._db.execute(
                 "UPDATE domains SET state = 'paused', reason = ? WHERE host = ? AND name = ?", (reason, source, name)
             )
