@@ -97,6 +97,8 @@ MEMBER_SCOPED = {
     ("DELETE", "/secgroups/{project}/{name}/rules/{rule_id}"),
     ("POST", "/vms/{name}/secgroups"),
     ("DELETE", "/vms/{name}/secgroups/{group}"),
+    ("POST", "/vms/{name}/nics"),
+    ("DELETE", "/vms/{name}/nics/{mac}"),
 }
 
 

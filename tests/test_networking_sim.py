@@ -3,10 +3,12 @@ that holds its networks, keeps its MAC and address across stop/start and migrati
 the store's view (a security-group change, a deleted VM) without being asked."""
 
 import pytest
+from sqlalchemy import select
 
 from vmplane.core.driver import DriverError
-from vmplane.core.errors import Invalid, NotFound
+from vmplane.core.errors import Conflict, Invalid, NotFound
 from vmplane.core.networks import parse_rule
+from vmplane.hosts.drivers.simfaults import SimFaults
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.store import Database
 from vmplane.store import ledger as L
@@ -118,3 +120,95 @@ def test_a_domain_whose_bridge_the_host_does_not_hold_is_refused_as_libvirt_refu
     spec = DomainSpec("vmplane-x", 1, 1, 256, 256, "tiny-linux", nics=(NicSpec("02:76:70:00:00:09", "vmpn9", "vmpt9"),))
     with pytest.raises(DriverError, match="vmpn9"):
         o.drivers["far1"].start(spec)
+
+
+def _domain_macs(o, vm):
+    host = o.vm(vm).host.name
+    return set(o.drivers[host].domain_nics(o.domain_name(vm)))
+
+
+def _states(o, vm):
+    with o.db.read() as s:
+        rows = s.connection().execute(select(NW.NICS.c.mac, NW.NICS.c.state).where(NW.NICS.c.vm_id == o.vm(vm).id))
+        return dict(rows.all())
+
+
+def test_a_nic_is_hot_plugged_into_a_running_vm_and_unplugged_once_the_guest_let_it_go(o):
+    o.create_vm("web", "a", "small", "tiny", start=True, networks=[("a-net", None)])
+    added = o.nics.add("web", "a-net", "10.10.0.50")
+    assert (added.ip, added.slot) == ("10.10.0.50", 1)
+    assert _domain_macs(o, "web") == {"02:76:70:00:00:01", added.mac}
+    assert _states(o, "web")[added.mac] == "attached"
+    host = o.vm("web").host.name
+    assert ("vmpt2", added.mac, "10.10.0.50") in _fabric(o, host).ports(host)
+    o.nics.remove("web", added.mac)
+    assert _domain_macs(o, "web") == {"02:76:70:00:00:01"} and added.mac not in _states(o, "web")
+
+
+def test_a_stopped_vms_new_nic_is_defined_at_its_next_start(o):
+    o.create_vm("web", "a", "small", "tiny", zone="z1")
+    nic = o.nics.add("web", "a-net")
+    o.start_vm("web")
+    assert _domain_macs(o, "web") == {nic.mac}
+
+
+def test_a_guest_that_never_lets_the_nic_go_keeps_it_detaching_until_asked_again(o):
+    o.create_vm("web", "a", "small", "tiny", start=True, networks=[("a-net", None), ("a-net", None)])
+    mac = "02:76:70:00:00:02"
+    fabric = _fabric(o)
+    fabric.faults = SimFaults(seed=3, detach_never=1.0)
+    with pytest.raises(Conflict, match="still in vm web") as refused:
+        o.nics.remove("web", mac)
+    assert refused.value.field == "mac"
+    assert _states(o, "web")[mac] == "detaching" and mac in _domain_macs(o, "web")
+    fabric.faults = None  # the guest complies when asked again
+    fabric._nic_unplugs.clear()
+    o.nics.remove("web", mac)
+    assert mac not in _states(o, "web") and mac not in _domain_macs(o, "web")
+
+
+def test_a_nic_the_host_could_not_plug_is_not_left_in_the_record(o):
+    """The host fails every call: the plug is not known to have happened, so the NIC keeps its step
+    (attaching) until the host answers; then the settle pass reads the domain and removes the NIC."""
+    o.create_vm("web", "a", "small", "tiny", start=True, networks=[("a-net", None)])
+    host = o.vm("web").host.name
+    with o.db.transaction() as conn:  # a network the host does not hold yet
+        zone_id = next(z.id for z in o.catalog.zones() if z.name == "z1")
+        project_id = L.lock_project(conn, name="a").id
+        NW.create_network(conn, "a-two", "isolated", zone_id, "10.11.0.0/24", project_id=project_id)
+    fabric = _fabric(o, host)
+    fabric.faults = SimFaults(seed=4, transient=1.0)
+    with pytest.raises(Conflict, match="did not say whether vm web has NIC") as refused:
+        o.nics.add("web", "a-two")
+    assert refused.value.field == "mac"
+    assert _states(o, "web") == {"02:76:70:00:00:01": "attached", "02:76:70:00:00:02": "attaching"}
+    assert o.nics.settle() == []  # the host still does not answer: nothing changes
+    fabric.faults = None
+    assert o.nics.settle() == ["vm web: NIC 02:76:70:00:00:02 is not in the domain: removed from the record"]
+    assert _states(o, "web") == {"02:76:70:00:00:01": "attached"}
+
+
+def test_the_audit_reports_a_nic_plugged_or_removed_behind_vmplanes_back(o):
+    o.create_vm("web", "a", "small", "tiny", start=True, networks=[("a-net", None)])
+    assert o.auditor.audit_nics() == []
+    host = o.vm("web").host.name
+    fabric, domain = _fabric(o, host), o.domain_name("web")
+    fabric.plug_nic(host, domain, ["02:aa:00:00:00:01", "vmpn1", "tapx", 1450])  # by hand on the host
+    fabric.request_nic_unplug(host, domain, "02:76:70:00:00:01", 0)
+    assert o.auditor.audit_nics() == [
+        f"vm web: NIC 02:76:70:00:00:01 is in the record but not in its domain on {host}",
+        f"vm web: its domain on {host} has NIC 02:aa:00:00:00:01, which the record does not have",
+    ]
+    assert any("02:aa:00:00:00:01" in p for p in o.audit())
+
+
+def test_metrics_count_networks_nics_and_each_networks_addresses(o):
+    from vmplane.api.metricscollect import StateCollector
+
+    o.create_vm("web", "a", "small", "tiny", start=True, networks=[("a-net", None), ("a-net", None)])
+    text = StateCollector(o.plane).text()
+    assert 'vmplane_networks{kind="isolated"} 3' in text
+    assert 'vmplane_nics{state="attached"} 2' in text
+    assert 'vmplane_network_addresses_used{network="a-net"} 2' in text
+    assert 'vmplane_network_addresses_total{network="a-net"} 252' in text  # 254 less gateway and DHCP server
+    assert 'vmplane_network_addresses_used{network="b-net"} 0' in text

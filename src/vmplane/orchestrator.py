@@ -25,6 +25,7 @@ from vmplane.controllers.maintenance import Maintenance
 from vmplane.controllers.migrationsettle import MigrationSettle
 from vmplane.controllers.migrator import Migrator
 from vmplane.controllers.networking import Networking
+from vmplane.controllers.nics import Nics
 from vmplane.controllers.pools import Pools
 from vmplane.controllers.reconcile import reconcile as reconcile_running
 from vmplane.controllers.recovery import Recovery
@@ -92,6 +93,7 @@ class Orchestrator:
         self.volumes = Volumes(plane, self.pools)
         self.disk_moves = DiskMoves(plane, self.pools)
         self.networking = Networking(plane)  # each host holds its guests' networks and filters
+        self.nics = Nics(plane, self.networking)  # NICs hot-plugged into running VMs
         self.starts = Starts(plane, self.volumes, self.networking)  # start operations, run in batches
         self.vms_ctl = Vms(plane, self.volumes, self.starts)
         self.migrator = Migrator(plane, self.disk_moves, self.networking)
@@ -171,6 +173,7 @@ class Orchestrator:
             self.ha,
             self.overdue,
             self.networking,
+            self.nics,
         )
 
     def close(self) -> None:

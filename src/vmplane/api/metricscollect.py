@@ -25,6 +25,8 @@ Series (the store's MiB are exposed as bytes):
 - vmplane_migrations_in_flight{state}, vmplane_migration_oldest_in_flight_seconds{state}: queued, copying,
   checking, postcopy-failed; the age counts from the migration's admission.
 - vmplane_pool_capacity_bytes{pool}, vmplane_pool_used_bytes{pool}: storage pools (used: vmplane's volumes).
+- vmplane_networks{kind}: guest networks; vmplane_nics{state}: NICs (attached, attaching, detaching);
+  vmplane_network_addresses_used{network}, vmplane_network_addresses_total{network}.
 - vmplane_state_scrape_ok: 0 when the store could not be read (the counters are still served);
   vmplane_state_scrape_duration_seconds.
 """
@@ -39,10 +41,11 @@ from typing import TYPE_CHECKING, NamedTuple
 from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import func, select
 
+from vmplane.core import networks
 from vmplane.core.migration import ACTIVE as ACTIVE_MIGRATION_STATES
 from vmplane.core.model import CHARGED_STATES, IN_FLIGHT_OPERATION_STATES, ClaimKind, HostState, VmState
 from vmplane.store import ledger as L
-from vmplane.store.schema import Cluster, Pool, Zone, utcnow
+from vmplane.store.schema import Cluster, Network, Nic, Pool, Zone, utcnow
 
 if TYPE_CHECKING:
     from vmplane.plane.context import Plane
@@ -107,6 +110,14 @@ MIGRATIONS_IN_FLIGHT = (
     select(_M.state, func.count(), func.min(_M.created_at)).where(_M.state.in_(_ACTIVE)).group_by(_M.state)
 )
 POOLS = select(_PO.name, _PO.capacity_mib, _PO.used_mib)
+_N, _NIC = Network.__table__.c, Nic.__table__.c
+NETWORKS = (
+    select(_N.name, _N.kind, _N.cidr, func.count(_NIC.id).label("used"))
+    .outerjoin(Nic.__table__, _NIC.network_id == _N.id)
+    .group_by(_N.id, _N.name, _N.kind, _N.cidr)
+    .order_by(_N.name)
+)
+NICS_BY_STATE = select(_NIC.state, func.count()).group_by(_NIC.state)
 
 
 class Family(NamedTuple):
@@ -133,6 +144,11 @@ def _family(name: str, doc: str, labels: tuple[str, ...], samples: list[tuple]) 
     """A family from (label values..., value) rows."""
     columns = tuple(map(list, zip(*samples))) if samples else tuple([] for _ in range(len(labels) + 1))
     return Family(name, doc, labels, columns[:-1], columns[-1])
+
+
+def _addresses(cidr: str) -> int:
+    first, last = networks.usable(networks.parse_cidr(cidr))
+    return int(last) - int(first) + 1 - 2
 
 
 def _age(now, since) -> float:
@@ -209,6 +225,8 @@ class StateCollector:
             operations = conn.execute(OPERATIONS_IN_FLIGHT).all()
             migrations = conn.execute(MIGRATIONS_IN_FLIGHT).all()
             pools = conn.execute(POOLS).all()
+            networks = conn.execute(NETWORKS).all()
+            nics = dict(conn.execute(NICS_BY_STATE).tuples().all())
         now = utcnow()
         states = [st.value for st in VmState] + sorted(set(vms) - {st.value for st in VmState})  # unknown ones too
         out = [Family("vmplane_vms", "VMs by state", ("state",), (states,), [vms.get(st, 0) for st in states])]
@@ -273,7 +291,23 @@ class StateCollector:
                 [used * MIB for _, _, used in pools],
             )
         )
-        return out
+        return out + self._networks(networks, nics)
+
+    @staticmethod
+    def _networks(networks, nics: dict) -> list[Family]:
+        kinds = ["isolated", "provider"]
+        names = [n.name for n in networks]
+        nic_states = sorted({"attached", "attaching", "detaching"} | set(nics))
+        return [
+            Family("vmplane_networks", "Guest networks, by kind", ("kind",), (kinds,),
+                   [sum(1 for n in networks if n.kind == k) for k in kinds]),
+            Family("vmplane_nics", "NICs, by state", ("state",), (nic_states,), [nics.get(st, 0) for st in nic_states]),
+            Family("vmplane_network_addresses_used", "Addresses a network's NICs hold", ("network",), (names,),
+                   [n.used for n in networks]),
+            Family("vmplane_network_addresses_total", "Addresses a network can give its NICs (its host addresses "
+                   "less the gateway's and the DHCP server's)", ("network",), (names,),
+                   [_addresses(n.cidr) for n in networks]),
+        ]  # fmt: skip
 
     @staticmethod
     def _projects(projects, footprint: dict) -> list[Family]:

@@ -21,6 +21,8 @@ app.add_typer(network_app, name="network")
 app.add_typer(secgroup_app, name="secgroup")
 secgroup_app.add_typer(rule_app, name="rule")
 groups["vm"].add_typer(vm_secgroup_app, name="secgroup")
+vm_nic_app = typer.Typer(help="A VM's network cards, added and removed while it runs.", no_args_is_help=True)
+groups["vm"].add_typer(vm_nic_app, name="nic")
 
 NETWORK_COLUMNS = [
     "name",
@@ -165,3 +167,24 @@ def vm_secgroup_add(vm: str, group: str, client: Client):
 def vm_secgroup_remove(vm: str, group: str, client: Client):
     """Every NIC of the VM leaves the group."""
     return client.call("DELETE", f"/vms/{vm}/secgroups/{group}"), NIC_COLUMNS, f"NICs of {vm}"
+
+
+# -- a VM's NICs ------------------------------------------------------------------------------------------
+@api_command(vm_nic_app, "add")
+def vm_nic_add(
+    vm: str,
+    network: str = typer.Option(..., help="the network of the new NIC"),
+    ip: str | None = typer.Option(None, help="its address (default: the lowest free one)"),
+    secgroup: list[str] = typer.Option([], help="its security groups, repeatable (default: the project's default)"),
+    *,
+    client: Client,
+):
+    """Add a NIC: hot-plugged into a running VM (answered once the VM has it), recorded for a stopped one."""
+    return client.post(f"/vms/{vm}/nics", _given({"network": network, "ip": ip, "secgroups": secgroup}))
+
+
+@api_command(vm_nic_app, "remove")
+def vm_nic_remove(vm: str, mac: str, client: Client):
+    """Remove a NIC by its MAC (`vm show` lists them): answered once the guest let it go."""
+    client.call("DELETE", f"/vms/{vm}/nics/{mac}")
+    note(f"NIC {mac} removed from vm {vm}")

@@ -14,6 +14,7 @@ from vmplane.core.model import CHARGED_STATES, VmState
 from vmplane.core.names import DOMAIN_PREFIX, domain_name
 from vmplane.core.placement import CapacityIndex
 from vmplane.store import Database
+from vmplane.store import networks as SN
 from vmplane.store.catalog import ledger_of, quota_of
 from vmplane.store.reads import drift_view
 from vmplane.store.schema import Claim, Host, Project, Vm
@@ -162,7 +163,34 @@ class Audit:
         plane = self.plane
         with plane.capacity.lock:
             problems = audit(plane.db, plane.catalog.recomputed_usage, plane.capacity.index)
-        return problems + self.audit_hosts() + self.audit_storage()
+        return problems + self.audit_hosts() + self.audit_storage() + self.audit_nics()
+
+    def audit_nics(self) -> list[str]:
+        """Each running VM's NICs in the record against its domain's, read back (a NIC plugged or removed
+        behind vmplane's back), reported when a second pass finds it again. A NIC between two steps
+        (attaching, detaching) is the settle pass's, not a finding."""
+
+        def scan() -> list[str]:
+            with self.plane.db.read() as s:
+                recorded = SN.running_nics(s.connection())
+            found = []
+            for (vm, host), nics in sorted(recorded.items()):
+                driver = self.plane.drivers.get(host)
+                if driver is None:
+                    continue
+                try:
+                    held = set(driver.domain_nics(domain_name(vm)))
+                except DriverError:
+                    continue  # the host does not answer: the host audit says so
+                settled = {mac for mac, state in nics.items() if state == "attached"}
+                between = set(nics) - settled
+                found += [f"vm {vm}: NIC {mac} is in the record but not in its domain on {host}"
+                          for mac in sorted(settled - held)]  # fmt: skip
+                found += [f"vm {vm}: its domain on {host} has NIC {mac}, which the record does not have"
+                          for mac in sorted(held - settled - between)]  # fmt: skip
+            return found
+
+        return _found_twice(scan)
 
     def audit_storage(self) -> list[str]:
         """Storage findings, reported when a second pass finds them again (as for the hosts)."""

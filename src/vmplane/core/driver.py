@@ -389,6 +389,19 @@ class Driver(abc.ABC):
         """Run a shell command inside the guest and return its output."""
 
     # -- guest networks (issue 29) -------------------------------------------------------------------
+    def attach_nic(self, name: str, nic: NicSpec) -> None:
+        """Hot-plug a NIC into a running domain; returns once the domain lists it (read back)."""
+        raise DriverError(self.host, "this host cannot hot-plug NICs")
+
+    def detach_nic(self, name: str, mac: str) -> None:
+        """Unplug a NIC from a running domain; returns only once the hypervisor confirmed the device left
+        (libvirt's DEVICE_REMOVED, or the domain no longer lists it); else DriverError."""
+        raise DriverError(self.host, "this host cannot unplug NICs")
+
+    def domain_nics(self, name: str) -> dict[str, str]:
+        """The NICs a domain has now, read back: {MAC: bridge}."""
+        raise DriverError(self.host, "this host cannot list NICs")
+
     def apply_networks(self, want: HostNetworks) -> Applied:
         """Bring the host's guest networks (bridges, VXLAN, filter, DHCP) to `want` and read them back: a
         DriverError when the host does not hold them afterwards."""

@@ -5,6 +5,8 @@ from prometheus_client import Counter, Histogram
 
 ADMISSIONS = Counter("vmplane_admissions_total", "Admission decisions (create-and-start, start)", ["result"])
 MIGRATIONS = Counter("vmplane_migrations_total", "Live migrations that ended, by result", ["result"])
+for _result in ("succeeded", "failed", "moved-unhealthy", "cancelled"):  # served at 0 before the first one ends
+    MIGRATIONS.labels(_result)
 OPERATIONS = Counter("vmplane_operations_total", "Operations that ended", ["kind", "state"])
 ADMISSION_SECONDS = Histogram(
     "vmplane_admission_seconds",

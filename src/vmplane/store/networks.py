@@ -201,3 +201,38 @@ def add_vm_nics(
 def zone_of_network(conn: Connection, name: str) -> str:
     row = network_row(conn, name)
     return str(conn.execute(select(Zone.__table__.c.name).where(Zone.__table__.c.id == row.zone_id)).scalar_one())
+
+
+def delete_nic(conn: Connection, nic_id: int) -> None:
+    """A NIC and its group memberships: its MAC and address are free again."""
+    conn.execute(sg.MEMBERS.delete().where(sg.MEMBERS.c.nic_id == nic_id))
+    conn.execute(NICS.delete().where(NICS.c.id == nic_id))
+
+
+def nics_between_steps(conn: Connection) -> list[tuple[int, str, str, str, str | None]]:
+    """(NIC id, MAC, state, VM, host) of every NIC left attaching or detaching."""
+    c, v, h = NICS.c, Vm.__table__.c, L.HOSTS.c
+    return [
+        (r.id, r.mac, r.state, r.name, r.host)
+        for r in conn.execute(
+            select(c.id, c.mac, c.state, v.name, h.name.label("host"))
+            .join(Vm.__table__, v.id == c.vm_id)
+            .outerjoin(L.HOSTS, h.id == v.host_id)
+            .where(c.state.in_(["attaching", "detaching"]))
+        )
+    ]
+
+
+def running_nics(conn: Connection) -> dict[tuple[str, str], dict[str, str]]:
+    """{(VM, host): {MAC: state}} of every running VM that has NICs."""
+    c, v, h = NICS.c, Vm.__table__.c, L.HOSTS.c
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    rows = conn.execute(
+        select(v.name, h.name.label("host"), c.mac, c.state)
+        .join(Vm.__table__, v.id == c.vm_id)
+        .join(L.HOSTS, h.id == v.host_id)
+        .where(v.state == "running", c.mac.is_not(None))
+    )
+    for r in rows:
+        out.setdefault((r.name, r.host), {})[r.mac] = r.state
+    return out

@@ -486,3 +486,40 @@ def leave_secgroup(name: str, group: str, orch: Orch, who: AnyCaller):
         view = _nic_groups(conn, nics[0].vm_id)
     _changed(orch)
     return view
+
+
+# -- a VM's NICs, hot-plugged -------------------------------------------------------------------------------
+class NicAdd(Request):
+    network: Name
+    ip: Annotated[str, Field(max_length=39)] | None = Field(None, description="the address (else the lowest free)")
+    secgroups: list[Name] = Field([], description="its security groups (none: the project's default)")
+
+
+class NicOut(Response):
+    network: str
+    mac: str
+    ip: str
+    slot: int
+
+
+@router.post("/vms/{name}/nics", status_code=201, response_model=NicOut)
+def add_nic(name: str, body: NicAdd, orch: Orch, who: AnyCaller):
+    """A NIC on `network`, hot-plugged into the running VM (read back before it is answered), or recorded
+    for a stopped VM's next start. Its MAC and address are allocated once and never change."""
+    with orch.db.read() as s:
+        _vm_ids(s.connection(), who, name)
+        if not who.is_admin:
+            row = NW.network_row(s.connection(), body.network)
+            if row.kind == "provider" and not row.shared:
+                raise NotFound(f"network {body.network!r} does not exist", field="network")
+    nic = orch.nics.add(name, body.network, body.ip, body.secgroups)
+    return NicOut(network=nic.network, mac=nic.mac, ip=nic.ip, slot=nic.slot)
+
+
+@router.delete("/vms/{name}/nics/{mac}", status_code=204)
+def remove_nic(name: str, mac: Annotated[str, Path(max_length=17)], orch: Orch, who: AnyCaller):
+    """Unplug the NIC from the running VM; answered once the guest let it go (libvirt's device-removed
+    event, or the domain no longer lists it). A guest that keeps it: 409, the NIC stays `detaching`."""
+    with orch.db.read() as s:
+        _vm_ids(s.connection(), who, name)
+    orch.nics.remove(name, mac)

@@ -46,6 +46,7 @@ from vmplane.core.hostnet import Applied, HostNetworks
 from vmplane.hosts import hostnet
 from vmplane.hosts.drivers.domainxml import domain_xml
 from vmplane.hosts.drivers.libvirtdomains import discard_domain, is_absent
+from vmplane.hosts.drivers.libvirtnics import NicMixin
 from vmplane.hosts.drivers.libvirtstorage import StorageMixin
 from vmplane.hosts.guest import build as guest
 
@@ -157,7 +158,7 @@ def resolve_image(image: str) -> guest.GuestImage:
     raise DriverError("-", f"image {image!r} is neither {guest.IMAGE_NAME} nor a folder with vmlinuz and initrd.gz")
 
 
-class LibvirtDriver(StorageMixin, Driver):
+class LibvirtDriver(StorageMixin, NicMixin, Driver):
     kind = "libvirt"
 
     def __init__(self, host: str, uri: str, accel: str | None = None):

@@ -46,6 +46,7 @@ from vmplane.core.driver import (
     HostInfo,
     MigrationParams,
     MigrationStats,
+    NicSpec,
     ProgressCallback,
     Resized,
 )
@@ -234,6 +235,45 @@ class SimDriver(SimStorageDriver, Driver):
         self.fabric.set_networks(self.host, want)
         self._partial("read the host's networks back")
         return Applied(len(want.plan.networks), len(want.ports))
+
+    def domain_nics(self, name: str) -> dict[str, str]:
+        self._call(f"read the NICs of {name}")
+        return {mac: bridge for mac, bridge, *_rest in self.fabric.nics(self.host, name)}
+
+    def attach_nic(self, name: str, nic: NicSpec) -> None:
+        self._call(f"attach NIC {nic.mac} to {name}")
+        self._spec(name)  # running here, or a DriverError
+        have = {mac: bridge for mac, bridge, *_rest in self.fabric.nics(self.host, name)}
+        if have.get(nic.mac) != nic.bridge:
+            try:
+                self.fabric.plug_nic(self.host, name, [nic.mac, nic.bridge, nic.tap, nic.mtu])
+            except ValueError as exc:
+                raise DriverError(self.host, f"attach NIC {nic.mac} to {name}: {exc}") from None
+        self._partial(f"attach NIC {nic.mac}")
+
+    def detach_nic(self, name: str, mac: str) -> None:
+        """An unplug the guest completes at once, late or never (fault mode: detach_late/detach_never, as a
+        disk's), confirmed by reading the domain back."""
+        self._call(f"detach NIC {mac} from {name}")
+
+        def request() -> str | None:
+            if self.fabric.nic_unplug_pending(self.host, name, mac):
+                return "an unplug of this NIC is still in progress"
+            if self._chance("detach_never"):
+                self.fabric.request_nic_unplug(self.host, name, mac, None)
+            elif self._chance("detach_late"):
+                f = self._faults
+                assert f is not None  # (a fault only happens in fault mode)
+                self.fabric.request_nic_unplug(self.host, name, mac, f.delay(f.unplug_delay_s))
+            else:
+                self.fabric.request_nic_unplug(self.host, name, mac, 0)
+            return None
+
+        def gone() -> bool:
+            return all(n[0] != mac for n in self.fabric.nics(self.host, name))
+
+        base.confirm_unplug(self.host, f"NIC {mac} of {name}", request, gone, self.UNPLUG_TRIES, self.UNPLUG_WAIT_S)
+        self._partial(f"read {name} after the detach of NIC {mac}")
 
     def set_vcpus(self, name: str, vcpus: int) -> Resized:
         self._call(f"set vCPUs of {name}")
