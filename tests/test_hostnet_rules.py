@@ -99,3 +99,19 @@ def test_the_commands_converge_a_real_host_and_remove_what_no_network_needs():
     assert got["first"] > 0 and got["again"] == 0 and got["shrunk"] > 0 and got["after"] == 0
     assert got["links"] == ["vmpn1", "vmpx1"]  # network 2's devices are gone
     assert got["fdb"] == {"vmpx1": ["10.99.0.2"]} and got["master"] == {"vmpx1": "vmpn1"}
+
+
+def test_a_provider_network_is_bridged_to_its_uplink_port_with_no_vxlan_device():
+    nets = [H.NetworkView(4, "z1", "10.20.0.0/24", None, provider=True)]
+    p = H.plan("h1", "z1", UNDERLAY, nets)
+    (n,) = p.networks
+    assert (n.uplink, n.mtu) == ("vmpu4", 1500)  # one L2 already: no VXLAN, no overhead
+    cmds = H.converge(p, [H.Link("vmpu4", "veth"), H.Link("vmpx4", "vxlan", "vmpn4", 10004, 1450)], {})
+    assert ["ip", "link", "del", "vmpx4"] in cmds  # a VXLAN link as well would loop broadcasts
+    assert ["ip", "link", "set", "vmpu4", "master", "vmpn4"] in cmds
+    assert not any("vxlan" in c for c in cmds)
+    held = [
+        H.Link("vmpn4", "bridge", mac="02:76:71:00:00:04", addresses=("10.20.0.254/24",)),
+        H.Link("vmpu4", "veth", "vmpn4"),
+    ]
+    assert H.converge(p, held, {}) == []

@@ -34,6 +34,7 @@ class NetworkView:
     zone: str
     cidr: str | None = None
     gateway: str | None = None
+    provider: bool = False  # bridged to the hosts' uplink (its port `vmpu<id>`), not joined by VXLAN
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class NetworkOnHost:
     peers: tuple[str, ...]  # the other hosts' underlay addresses
     mtu: int  # the VXLAN device's and its guests' (the underlay's less the overhead)
     address: str | None = None  # the bridge's: the network's DHCP server, ADDRESS/PREFIX, the same on every host
+    uplink: str | None = None  # a provider network's port to the uplink (then no VXLAN device: one L2 already)
     mac: str | None = None  # the bridge's, the same on every host: a migrated guest's ARP entry stays right
 
 
@@ -93,7 +95,14 @@ def plan(
         underlay[host],
         tuple(
             NetworkOnHost(
-                N.bridge_of(n.id), N.vxlan_of(n.id), N.vni_of(n.id), peers, mtu, _server(n), N.bridge_mac_of(n.id)
+                N.bridge_of(n.id),
+                N.vxlan_of(n.id),
+                N.vni_of(n.id),
+                peers,
+                underlay_mtu if n.provider else mtu,
+                address=_server(n),
+                mac=N.bridge_mac_of(n.id),
+                uplink=N.uplink_of(n.id) if n.provider else None,
             )
             for n in mine
         ),
@@ -109,16 +118,17 @@ def _server(n: NetworkView) -> str | None:
 
 
 def _ours(name: str) -> bool:
-    return name.startswith(("vmpn", "vmpx"))
+    return name.startswith(("vmpn", "vmpx", "vmpu"))
 
 
 def converge(target: HostPlan, links: Iterable[Link], fdb: Mapping[str, Iterable[str]]) -> list[list[str]]:
     """The commands that turn what the host holds (`links`; `fdb`: each VXLAN device's all-zeros
     destinations) into `target`, in order: stale devices removed first, then bridges, VXLAN devices, their
-    ports and FDB entries. Nothing when the host already holds the plan."""
+    ports and FDB entries (a provider network: its uplink port, which must exist). Nothing when the host
+    already holds the plan."""
     have = {link.name: link for link in links}
     out: list[list[str]] = []
-    wanted = {n.bridge for n in target.networks} | {n.vxlan for n in target.networks}
+    wanted = {n.bridge for n in target.networks} | {n.uplink or n.vxlan for n in target.networks}
     for name in sorted(have):
         if _ours(name) and name not in wanted:
             out.append(["ip", "link", "del", name])
@@ -136,6 +146,14 @@ def converge(target: HostPlan, links: Iterable[Link], fdb: Mapping[str, Iterable
             out.append(["ip", "addr", "del", address, "dev", n.bridge])
         if n.address and n.address not in held_addresses:
             out.append(["ip", "addr", "replace", n.address, "dev", n.bridge])
+        if n.uplink is not None:  # a provider network: its port to the uplink, made beforehand, is enslaved
+            port = have.get(n.uplink)
+            if port is None or port.master != n.bridge:
+                out.append(["ip", "link", "set", n.uplink, "master", n.bridge])
+            for name, link in ((n.bridge, bridge), (n.uplink, port)):
+                if link is None or not link.up:
+                    out.append(["ip", "link", "set", name, "up"])
+            continue
         if vxlan is not None and (vxlan.kind != "vxlan" or vxlan.vni != n.vni):
             out.append(["ip", "link", "del", n.vxlan])
             vxlan = None

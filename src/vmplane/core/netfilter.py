@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from vmplane.core.networks import Rule
 
 TABLE = "vmplane"
+BETWEEN_HOSTS = ("vmpx*", "vmpu*")  # the ports a network's bridge reaches other hosts by: VXLAN, provider uplink
 _NAME = re.compile(r"[a-z0-9_]{1,31}")
 _MAC = re.compile(r"([0-9a-f]{2}:){5}[0-9a-f]{2}")
 _IPV4 = re.compile(r"\d{1,3}(\.\d{1,3}){3}(/\d{1,2})?")
@@ -97,12 +98,18 @@ def ruleset(
         out.append(f"    iifname vmap {{ {taps} }}")
     out += ['    iifname "vmpt*" drop', "  }"]
     out += ["  chain forward {", "    type filter hook forward priority -300; policy accept;"]
-    out += ['    oifname "vmpx*" udp dport { 67, 68 } drop', '    iifname "vmpx*" udp dport { 67, 68 } drop', "  }"]
-    out += ["  chain input {", "    type filter hook input priority -300; policy accept;", '    iifname "vmpx*" drop']
+    for between in BETWEEN_HOSTS:
+        out += [
+            f'    oifname "{between}" udp dport {{ 67, 68 }} drop',
+            f'    iifname "{between}" udp dport {{ 67, 68 }} drop',
+        ]
+    out += ["  }", "  chain input {", "    type filter hook input priority -300; policy accept;"]
+    out += [f'    iifname "{between}" drop' for between in BETWEEN_HOSTS]
     out += ['    iifname "vmpt*" udp dport 67 accept', '    iifname "vmpt*" ether type arp accept']
     out += ['    iifname "vmpt*" drop', "  }"]
     out += ["  chain output {", "    type filter hook output priority -300; policy accept;"]
-    out += ['    oifname "vmpx*" drop', "  }", "}", f"table inet {TABLE} {{"]
+    out += [f'    oifname "{between}" drop' for between in BETWEEN_HOSTS]
+    out += ["  }", "}", f"table inet {TABLE} {{"]
     for key in sorted(keys):
         addresses = sorted(_checked(_IPV4, a, "address") for a in members.get(key, ()))
         elements = f" elements = {{ {', '.join(addresses)} }};" if addresses else ""

@@ -157,6 +157,12 @@ def bridge_of(network_id: int) -> str:
     return _ifname("vmpn", network_id)
 
 
+def uplink_of(network_id: int) -> str:
+    """A provider network's port to the hosts' uplink on each host, enslaved to its bridge (a local host's is
+    a veth into the hosts' switch; a remote host's, a device of this name the operator makes)."""
+    return _ifname("vmpu", network_id)
+
+
 def vxlan_of(network_id: int) -> str:
     return _ifname("vmpx", network_id)
 

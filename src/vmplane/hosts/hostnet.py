@@ -20,7 +20,7 @@ from vmplane.core import hostnet as H
 from vmplane.core.driver import DriverError
 from vmplane.core.netfilter import Port, ruleset
 from vmplane.core.networks import Rule
-from vmplane.hosts import localhosts
+from vmplane.hosts import localhosts, localprovider
 
 Runner = Callable[[list[str], str | None], str]  # (argv, stdin) -> stdout; DriverError when it fails
 TIMEOUT_S = 30.0
@@ -29,9 +29,11 @@ TIMEOUT_S = 30.0
 REMOTE_STATE = "/run/vmplane/net"  # a remote host's DHCP files (a local host's: its folder's net/)
 
 
-def host_runner(host: str, uri: str) -> tuple[Runner, str]:
-    """How to run commands on the host behind `uri`, and where its DHCP files go: a local host in its own
-    network namespace, a remote one over ssh (qemu+ssh://). Any other host is a DriverError saying why."""
+def host_runner(host: str, uri: str) -> tuple[Runner, str, Callable[[H.HostNetworks], None]]:
+    """How to run commands on the host behind `uri`, where its DHCP files go, and what must be made outside
+    the host before its plan (a local host's provider uplinks and this machine's gateway ports): a local
+    host in its own network namespace, a remote one over ssh (qemu+ssh://; its provider uplink devices are
+    the operator's). Any other host is a DriverError saying why."""
     local = localhosts.from_uri(uri)
     if local is not None:
         if local.netns is None:
@@ -40,8 +42,12 @@ def host_runner(host: str, uri: str) -> tuple[Runner, str]:
                 "this local host shares the machine's network namespace: guest networks need hosts with a "
                 "namespace of their own (vmplane up makes them when it runs as root)",
             )
-        return netns_runner(host, local.netns), str(localhosts.net_dir(local))
-    return ssh_runner(host, uri), REMOTE_STATE
+
+        def prepare(want: H.HostNetworks) -> None:
+            localprovider.ensure(local, localprovider.gateways(want))
+
+        return netns_runner(host, local.netns), str(localhosts.net_dir(local)), prepare
+    return ssh_runner(host, uri), REMOTE_STATE, lambda want: None
 
 
 def netns_runner(host: str, netns: str) -> Runner:

@@ -71,8 +71,8 @@ def host_networks(
     n, nic, v, m = Network.__table__.c, Nic.__table__.c, Vm.__table__.c, Migration.__table__.c
     hosts = {zh.name: underlay(zh) for zh in zone_hosts(conn, zone_id)}
     nets = conn.execute(select(n.id, n.cidr, n.gateway, n.kind).where(n.zone_id == zone_id).order_by(n.id)).all()
-    plan = H.plan(host, str(zone_id), hosts, [H.NetworkView(i, str(zone_id), cidr, gw) for i, cidr, gw, _k in nets],
-                  underlay_mtu)  # fmt: skip
+    views = [H.NetworkView(i, str(zone_id), cidr, gw, kind == "provider") for i, cidr, gw, kind in nets]
+    plan = H.plan(host, str(zone_id), hosts, views, underlay_mtu)
     host_id = conn.execute(select(Host.__table__.c.id).where(Host.__table__.c.name == host)).scalar_one()
     incoming = select(m.vm_id).where(m.target_host_id == host_id, m.state.in_(_ACTIVE))
     nics = conn.execute(
@@ -120,10 +120,17 @@ def host_networks(
     )
 
 
-def nic_specs(conn: Connection, vm_id: int, mtu: int = 1500 - H.VXLAN_OVERHEAD) -> tuple[NicSpec, ...]:
-    """The interfaces of a VM's domain, in slot order (its first NIC first)."""
-    nic = Nic.__table__.c
+def nic_specs(conn: Connection, vm_id: int, underlay_mtu: int = 1500) -> tuple[NicSpec, ...]:
+    """The interfaces of a VM's domain, in slot order (its first NIC first); a NIC carried over VXLAN gets an
+    MTU below the underlay's (a provider network's is the uplink's own)."""
+    nic, n = Nic.__table__.c, Network.__table__.c
     rows = conn.execute(
-        select(nic.id, nic.network_id, nic.mac).where(nic.vm_id == vm_id, nic.mac.is_not(None)).order_by(nic.slot)
+        select(nic.id, nic.network_id, nic.mac, n.kind)
+        .join(Network.__table__, n.id == nic.network_id)
+        .where(nic.vm_id == vm_id, nic.mac.is_not(None))
+        .order_by(nic.slot)
     ).all()
-    return tuple(NicSpec(mac, N.bridge_of(network_id), N.tap_of(nic_id), mtu) for nic_id, network_id, mac in rows)
+    return tuple(
+        NicSpec(mac, N.bridge_of(net), N.tap_of(nic_id), underlay_mtu - (0 if kind == "provider" else H.VXLAN_OVERHEAD))
+        for nic_id, net, mac, kind in rows
+    )

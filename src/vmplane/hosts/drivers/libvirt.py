@@ -947,7 +947,13 @@ class LibvirtDriver(StorageMixin, NicMixin, Driver):
 
     # -- guest networks: host commands (libvirt has no call for VXLAN devices or nftables) -----------------
     def apply_networks(self, want: HostNetworks) -> Applied:
-        run, state_dir = hostnet.host_runner(self.host, self.uri)
+        run, state_dir, prepare = hostnet.host_runner(self.host, self.uri)
+        try:
+            prepare(want)
+        except subprocess.CalledProcessError as exc:
+            raise DriverError(self.host, f"the provider networks' ports: {exc.cmd}: {exc.stderr}") from None
+        except OSError as exc:
+            raise DriverError(self.host, f"the provider networks' ports: {exc}") from None
         return hostnet.apply_all(self.host, run, state_dir, want)
 
     def p2p_uri(self) -> str:
