@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from vmplane import tlscerts
-from vmplane.hosts import localhosts
+from vmplane.core import hostnet as H
+from vmplane.core.netfilter import Port
+from vmplane.core.networks import Rule
+from vmplane.hosts import hostnet, localhosts
 
 from .conftest import LiveServer
 from .realguest import guest, qemu_pids, run_json
@@ -177,6 +180,38 @@ def test_a_host_added_by_ssh_uri_takes_the_guest_peer_to_peer_over_ssh(cluster):
     run_json(live, "vm", "stop", "tv", "--force")
     assert run_json(live, "vm", "show", "tv")["state"] == "stopped" and qemu_pids("vmplane-tv") == []
     assert run_json(live, "audit")["ok"]
+
+
+def test_a_remote_hosts_networks_are_applied_over_its_ssh_key_and_read_back(cluster):
+    """The host step of guest networks on a host reached only by ssh (hosts/hostnet.ssh_runner, with the key
+    and ssh command of its qemu+ssh URI): bridge, VXLAN, filter and DHCP server made, read back over ssh and
+    seen in its namespace; an empty plan removes them all (no orphan)."""
+    if not os.access(localhosts.SSHD, os.X_OK):
+        print(f"ssh network test skipped: no sshd at {localhosts.SSHD}")
+        pytest.skip(f"no sshd at {localhosts.SSHD} (openssh-server, or VMPLANE_SSHD)")
+    host = localhosts.start(cluster.base, "ssh3", 2, netns=True, ssh=True)  # (adopted when it runs already)
+    run = hostnet.ssh_runner("ssh3", host.ssh_uri)
+    state = f"/run/vmplane-test-{os.getpid()}/net"
+    net = H.NetworkView(0xFFF1, "z", "10.77.0.0/24")
+    plan = H.plan("ssh3", "z", {"ssh3": host.address, "peer": "10.88.0.99"}, [net])
+    port = Port("vmpt2fff1", "vmpnfff1", "02:76:70:02:ff:f1", "10.77.0.5", ("g1",))
+    dhcp = H.Dhcp("vmpnfff1", "10.77.0.0/24", None, (("02:76:70:02:ff:f1", "10.77.0.5"),))
+    want = H.HostNetworks(plan, (port,), {"g1": (Rule("in", "any", group="g1"),)}, {"g1": ("10.77.0.5",)}, (dhcp,))
+    try:
+        applied = hostnet.apply_all("ssh3", run, state, want)
+        assert applied.commands > 0 and applied.filtered == 1
+        assert hostnet.apply("ssh3", run, plan, want.ports, want.rules, want.members).commands == 0  # read back
+        local = hostnet.netns_runner("ssh3", host.netns)
+        names = {link.name for link in hostnet.held(local)[0]}
+        assert {"vmpnfff1", "vmpxfff1"} <= names
+        assert "vmpt2fff1" in local(["nft", "list", "table", "bridge", "vmplane"], None)
+        pid = int(run(["cat", f"{state}/vmpnfff1.pid"], None))  # (in the sshd's own mount namespace)
+        assert b"--interface=vmpnfff1" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    finally:
+        hostnet.apply_all("ssh3", run, state, H.HostNetworks(H.plan("ssh3", "z", {"ssh3": host.address}, [])))
+    assert not {"vmpnfff1", "vmpxfff1"} & {link.name for link in hostnet.held(local)[0]}
+    assert not Path(f"/proc/{pid}").exists() or b"dnsmasq" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    run(["rm", "-rf", f"/run/vmplane-test-{os.getpid()}"], None)
 
 
 def test_a_host_whose_certificate_comes_from_another_ca_is_refused(cluster):

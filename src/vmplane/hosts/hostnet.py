@@ -150,7 +150,7 @@ def dhcp_script(state_dir: str, nets: Iterable[H.Dhcp]) -> str:
         out += [
             f"b={n.bridge}",
             f"printf '{hosts}' > \"$d/$b.hosts.new\"",
-            'i=$(cat "/sys/class/net/$b/ifindex")',
+            'i=$(ip -o link show dev "$b" | cut -d: -f1)',  # (not /sys: a remote shell's may be another netns')
             'p=$(cat "$d/$b.pid" 2>/dev/null || true)',
             'if alive "$b" "$p" && [ "$(cat "$d/$b.ifindex" 2>/dev/null || true)" = "$i" ]; then',
             '  if cmp -s "$d/$b.hosts.new" "$d/$b.hosts"; then rm -f "$d/$b.hosts.new"',

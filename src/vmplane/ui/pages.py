@@ -13,7 +13,7 @@ from vmplane.core.errors import Forbidden, Invalid, VmplaneError
 from vmplane.core.model import VmState
 from vmplane.store import events
 from vmplane.store.listing import Page
-from vmplane.ui import queries
+from vmplane.ui import netqueries, queries
 from vmplane.ui.render import PAGE_SIZE, error_fragment, render
 from vmplane.ui.session import Viewer
 
@@ -117,6 +117,7 @@ def host_page(request: Request, name: str, who: Viewer):
     migrations = o.migrator.list(host=name, active_only=True, limit=PAGE_SIZE)
     overhead = queries.overhead_by_host(o.db, [name]).get(name, 0)
     evs, _ = events.page(o.db, Page(limit=20), host=name)
+    networks, network_total = netqueries.host_networks(o.db, host.cluster.zone_id, host.id, PAGE_SIZE)
     return render(
         request,
         "host.html",
@@ -130,6 +131,9 @@ def host_page(request: Request, name: str, who: Viewer):
         claim_total=claim_total,
         migrations=migrations,
         events=evs,
+        networks=networks,
+        network_total=network_total,
+        net_failure=o.networking.failures.get(name),
     )
 
 
@@ -206,7 +210,12 @@ def _vm_detail(request: Request, who, name: str) -> dict:
     migrations, _ = o.migrator.page(Page(limit=5), vm=name, project_id=_scope(who))
     offerings = [off for off in o.catalog.offerings() if not off.retired]
     return dict(
-        vm=vm, operations=queries.vm_operations(o.db, vm.id), events=evs, migrations=migrations, offerings=offerings
+        vm=vm,
+        operations=queries.vm_operations(o.db, vm.id),
+        events=evs,
+        migrations=migrations,
+        offerings=offerings,
+        nics=netqueries.vm_nics(o.db, vm.id),
     )
 
 
@@ -228,6 +237,8 @@ def project_page(request: Request, name: str, who: Viewer, offset: Offset = 0):
     who.check_project(p.id, "project", name)
     vms, total = o.vm_page(Page(limit=PAGE_SIZE, offset=offset), project=name, project_id=_scope(who))
     overhead = queries.overhead_by_project(o.db, [p.id]).get(p.id, 0)
+    networks, network_total = netqueries.network_page(o.db, p.id, PAGE_SIZE)
+    groups, group_total = netqueries.project_groups(o.db, p.id, PAGE_SIZE)
     return render(
         request,
         "project.html",
@@ -238,6 +249,10 @@ def project_page(request: Request, name: str, who: Viewer, offset: Offset = 0):
         total=total,
         offset=offset,
         params=dict(project=name),
+        networks=networks,
+        network_total=network_total,
+        groups=groups,
+        group_total=group_total,
     )
 
 
