@@ -8,7 +8,10 @@ and bring it back, change quotas and whether overhead counts; with storage (the 
 root disks on small local and shared pools, and volumes created, attached (hot-plugged into running VMs),
 detached, grown and deleted against small storage quotas; with HA (the default), VMs with `--ha restart`
 and hosts failing (power, daemon, network; `vmplane.ha.grace` 0, so each is declared, fenced and its HA
-VMs restarted at once: the ha.* crash points) and repaired later. The round ends with a kill:
+VMs restarted at once: the ha.* crash points) and repaired later; with networks (the harness's cluster), an
+isolated network per project (all on one CIDR), a share of the VMs created with a NIC on it, and NICs
+hot-plugged into and unplugged from running VMs (the nic.* and network.* crash points). The round ends with
+a kill:
 - at a named crash point (vmplane.failpoints), armed for its N-th pass; the workload steps toward it
   (`toward`: the step that passes it, or the one that makes the cluster allow it) most of the time, or
 - at a random moment, by the harness, after 0-150 ms.
@@ -27,6 +30,10 @@ is given time to finish what was in flight, and is checked:
   volumes on it, and the storage audit (every volume in its pool at its size, attached where the store
   says, no unknown vmplane file in a pool) has no finding (a volume on the local pool of a host still
   out of service waits for it);
+- no NIC is left between two steps once the NIC settle pass ran (a NIC of a VM on a host out of service waits
+  for it), the NIC audit (each running VM's NICs == its domain's) has no finding, after a full pass of the
+  networking controller every sim host's filter ports == the store's view of that host, and no two NICs share
+  a MAC or an address on one network;
 - with HA: the checking control plane first looks at its hosts (as its monitor and HA loops would), so a
   recovery the kill interrupted is resumed and one not yet declared is; then no VM is left charged on a
   fenced host (each HA VM runs exactly once elsewhere, or is in error), every HA restart in the event log
@@ -62,15 +69,21 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from vmplane.controllers import nics
+from vmplane.controllers.networking import underlay
 from vmplane.core import failpoints
+from vmplane.core.driver import DriverError
 from vmplane.core.errors import VmplaneError
 from vmplane.core.model import Offering, OfferingKind
 from vmplane.hosts.drivers import simfabric
 from vmplane.hosts.drivers.sim import SimDriver
 from vmplane.hosts.drivers.simstorage import SHARED
 from vmplane.orchestrator import InlineExecutor, Orchestrator
-from vmplane.store import Database
+from vmplane.store import Database, netview
+from vmplane.store import ledger as L
+from vmplane.store import networks as SN
 from vmplane.store.events import EVENTS
+from vmplane.store.schema import Vm
 
 from . import evidence, stores
 
@@ -89,6 +102,7 @@ VOLUME_POINTS = (
     "volume.before-detach",
     "volume.before-delete",
 )
+NET_CIDR = "10.10.0.0/24"  # every project's network: two projects may use one CIDR
 COPY_RATE_MIB_S = 12 * GIB  # a 1 GiB VM copies in ~80 ms: long enough to be killed mid-copy
 SETTLE_S = 30.0
 
@@ -98,10 +112,10 @@ def crash_points(ha: bool = True) -> tuple[str, ...]:
     return points if ha else tuple(p for p in points if not p.startswith("ha."))
 
 
-def seed_cluster(url: str, storage: bool = True, ha_grace: float | None = None) -> None:
+def seed_cluster(url: str, storage: bool = True, ha_grace: float | None = None, networks: bool = False) -> None:
     """Zone, cluster, four small sim hosts, offerings that scale live, three tight projects; with
     `storage`: a small local pool per host, a small shared pool, a template with a disk image and
-    storage quotas."""
+    storage quotas; with `networks`: an isolated network per project (`net_of`), all on NET_CIDR."""
     if storage:
         fabric = simfabric.SimFabric.for_store(url)
         for i in range(1, HOSTS + 1):
@@ -131,8 +145,18 @@ def seed_cluster(url: str, storage: bool = True, ha_grace: float | None = None) 
         for i in range(1, HOSTS + 1):
             o.pools.create(f"local-h{i}", "local", host=f"h{i}")
         o.pools.create("shared", "shared", cluster="c1")
+    if networks:
+        zone_id = next(z.id for z in c.zones() if z.name == "z1")
+        for name in PROJECTS:
+            with o.db.transaction() as conn:
+                project_id = L.lock_project(conn, name=name).id
+                SN.create_network(conn, net_of(name), "isolated", zone_id, NET_CIDR, project_id=project_id)
     o.close()
     db.dispose()
+
+
+def net_of(project: str) -> str:
+    return f"net-{project}"
 
 
 # -- the workload ------------------------------------------------------------------------------
@@ -283,6 +307,63 @@ ACTIONS = (
 )
 
 
+# -- guest networks (issue 29) ------------------------------------------------------------------
+MAX_NICS = 4  # a VM's NICs: the workload adds no more (adds and removes balance only on average)
+
+
+def _nics(o, *vm_states: str) -> list[tuple[str, str]]:
+    """(VM, MAC) of every attached NIC of a VM in `vm_states`, in the NICs' order."""
+    n, v = SN.NICS.c, Vm.__table__.c
+    with o.db.read() as s:
+        rows = s.execute(
+            select(v.name, n.mac)
+            .join(Vm.__table__, v.id == n.vm_id)
+            .where(v.state.in_(vm_states), n.state == "attached", n.mac.is_not(None))
+            .order_by(n.id)
+        ).all()
+    return [(vm, mac) for vm, mac in rows]
+
+
+def _create_with_nic(o, rng, n, start: bool | None = None, project: str | None = None):
+    """A small VM with a NIC on its project's network (started mostly)."""
+    project = project or rng.choice(list(PROJECTS))
+    o.create_vm(
+        f"vm-{n}-{rng.randrange(10**6)}",
+        project,
+        rng.choice(OFFERINGS[:3])[0],
+        "t",
+        start=rng.random() < 0.85 if start is None else start,
+        networks=[(net_of(project), None)],
+    )
+
+
+def _nic_targets(o, *states: str) -> list:
+    """The VMs in `states` that may get one NIC more."""
+    count = collections.Counter(vm for vm, _ in _nics(o, *states))
+    return [v for v in o.vms() if v.state in states and count[v.name] < MAX_NICS]
+
+
+def _nic_add(o, rng, n):
+    """A NIC on its project's network added to a VM (a running one mostly: hot-plugged)."""
+    vms = _nic_targets(o, "running", "stopped")
+    running = [v for v in vms if v.state == "running"]
+    if pick := (running if running and rng.random() < 0.8 else vms):
+        vm = rng.choice(pick)
+        o.nics.add(vm.name, net_of(vm.project.name))
+
+
+def _nic_remove(o, rng, n):
+    """A NIC removed from its VM (a running one mostly: unplugged live)."""
+    live = _nics(o, "running")
+    if pick := (live if live and rng.random() < 0.8 else _nics(o, "running", "stopped")):
+        o.nics.remove(*rng.choice(pick))
+
+
+# a share of the VMs made with a NIC, NICs added and removed (crashkit's own: the truth harness's cluster
+# has no network)
+NET_ACTIONS = ((_create_with_nic, 2), (_nic_add, 1), (_nic_remove, 1))
+
+
 # -- high availability (issue 12) -------------------------------------------------------------
 HA_POINTS = ("ha.before-fenced", "ha.fenced", "ha.claimed", "ha.before-domain")
 HA_MODES = ("power", "daemon", "network")
@@ -298,19 +379,22 @@ def fabric_of(o: Orchestrator):
     return next(d.fabric for d in o.drivers.values() if isinstance(d, SimDriver))
 
 
-def _create_ha(o, rng, n):
+def _create_ha(o, rng, n, nic: bool = False):
     """A VM restarted elsewhere when its host fails (no disk mostly: nothing but fencing keeps it from
-    running twice; else its root disk on the shared pool), with a priority."""
+    running twice; else its root disk on the shared pool), with a priority; with `nic`, a NIC on its
+    project's network (its restart brings the new host to hold it first)."""
     disk = _has_storage(o) and rng.random() < 0.3
+    name, project = f"ha-{n}-{rng.randrange(10**6)}", rng.choice(list(PROJECTS))  # (the draws in their old order)
     o.create_vm(
-        f"ha-{n}-{rng.randrange(10**6)}",
-        rng.choice(list(PROJECTS)),
+        name,
+        project,
         rng.choice(OFFERINGS[:3])[0],
         "disk" if disk else "t",
         start=True,
         pool="shared" if disk else None,
         ha_policy="restart",
         ha_priority=rng.randint(0, 5),
+        networks=[(net_of(project), None)] if nic else (),
     )
 
 
@@ -343,6 +427,13 @@ def repair(o: Orchestrator, host: str) -> None:
 
 
 HA_ACTIONS = ((_create_ha, 3), (_fail_host, 1))
+
+
+def _create_ha_with_nic(o, rng, n):
+    _create_ha(o, rng, n, nic=True)
+
+
+HA_NET_ACTIONS = ((_create_ha_with_nic, 1),)  # (crashkit's own: the truth harness's cluster has no network)
 
 
 def running_twice(path) -> list[str]:
@@ -689,6 +780,32 @@ def _toward_ha(o, rng, n):
     settle(o, 10.0)  # the recovery runs in the pool: its crash points are passed meanwhile
 
 
+def _toward_nic_add(o, rng, n):
+    """A NIC hot-plugged into a running VM (a few tried in turn); else a VM started."""
+    if not (running := _nic_targets(o, "running")):
+        return _toward_start(o, rng, n)
+    tries = [lambda v=v: o.nics.add(v.name, net_of(v.project.name)) for v in _shuffled(rng, running)[:TRIES]]
+    if not _first_accepted(tries):
+        _make_room(o, rng)
+
+
+def _toward_nic_remove(o, rng, n):
+    """A NIC of a running VM unplugged (a few tried in turn); else one hot-plugged into a running VM."""
+    if not _first_accepted([lambda x=x: o.nics.remove(*x) for x in _shuffled(rng, _nics(o, "running"))[:TRIES]]):
+        _toward_nic_add(o, rng, n)
+
+
+def _toward_network_apply(o, rng, n):
+    """A host brought to a view of the store it does not hold yet: a stopped VM with a NIC started (its host
+    is made to hold its network and filter first), else a VM with a NIC created and started; else a NIC
+    hot-plugged into a running VM."""
+    stopped = sorted({vm for vm, _ in _nics(o, "stopped")})
+    starts = [lambda x=x: o.start_vm(x) for x in _shuffled(rng, stopped)[:TRIES]]
+    creates = [lambda p=p: _create_with_nic(o, rng, n, start=True, project=p) for p in _shuffled(rng, PROJECTS)]
+    if not _first_accepted(starts + creates):
+        _toward_nic_add(o, rng, n)
+
+
 TOWARD = {
     "start": _toward_start,
     "stop": _toward_stop,
@@ -703,6 +820,9 @@ TOWARD = {
     "volume.before-detach": _toward_detach,
     "volume.before-delete": _toward_delete_volume,
     "ha": _toward_ha,
+    "nic.before-attach": _toward_nic_add,
+    "nic.before-detach": _toward_nic_remove,
+    "network.before-apply": _toward_network_apply,
 }
 
 
@@ -716,7 +836,7 @@ def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "", h
     time; `ha`: HA VMs are created and hosts fail (HA_ACTIONS). Each step draws from a stream of its own
     (derived from `rng`, one draw a step): which action a step takes, and its arguments' choices, do not
     depend on what the steps before it drew, only on the cluster they find."""
-    actions, weights = zip(*(ACTIONS + (HA_ACTIONS if ha else ())))
+    actions, weights = zip(*(ACTIONS + NET_ACTIONS + (HA_ACTIONS + HA_NET_ACTIONS if ha else ())))
     forced = toward(focus) if focus else None
     for n in range(steps):
         step = random.Random(rng.getrandbits(64))
@@ -794,7 +914,9 @@ def check(o: Orchestrator) -> list[str]:
         f"vm {v.name} left {v.state}" for v in o.vms() if v.state in ("starting", "stopping", "migrating", "scaling")
     ]
     problems += unknown_left(o)
-    return problems + storage_problems(o, waiting_for=out_of_service(o)) + o.audit()
+    waiting = out_of_service(o)
+    problems += storage_problems(o, waiting_for=waiting) + network_problems(o, waiting_for=waiting)
+    return problems + o.audit()  # (its NIC audit after the NIC settle pass: a NIC between steps is not its)
 
 
 def answering_hosts(o: Orchestrator) -> list[str]:
@@ -869,6 +991,60 @@ def storage_problems(o: Orchestrator, waiting_for: list[str] = ()) -> list[str]:
             problems.append(
                 f"project {project}: {u['ledger'].storage_mib} MiB of storage > quota {u['quota'].storage_mib} MiB"
             )
+    return problems
+
+
+def _nic_story(o: Orchestrator, vm: str, mac: str) -> str:
+    """What a finding about a NIC needs to be understood: its VM now, and whether its domain lists it."""
+    v = next((x for x in o.vms() if x.name == vm), None)
+    if v is None or v.host is None:
+        return f"vm {vm} {v.state if v else 'gone'}, on no host"
+    try:
+        held = "lists it" if mac in o.drivers[v.host.name].domain_nics(o.domain_name(vm)) else "does not list it"
+    except (DriverError, KeyError) as exc:  # (a story, not a check: what the host said is enough)
+        held = f"could not be read ({exc})"
+    return f"vm {vm} {v.state} on {v.host.name}, whose domain {held}"
+
+
+def network_problems(o: Orchestrator, waiting_for: list[str] = ()) -> list[str]:
+    """The NIC settle pass run as its loop would, then: no NIC left attaching or detaching (one of a VM on a
+    host that does not answer, `waiting_for`, waits for it); after a full pass of the networking controller
+    (its loop's every 30th), each sim host's filter ports (tap, MAC, address) == the store's view of it; no
+    two NICs share a MAC, nor an address on one network (the unique constraints' job: checked anyway)."""
+    young, nics.BUSY_S = nics.BUSY_S, 0.0  # (the killed process's calls are over: no step is another's now)
+    try:
+        o.nics.settle()
+    finally:
+        nics.BUSY_S = young
+    waiting = set(waiting_for)
+    with o.db.read() as s:
+        left = SN.nics_between_steps(s.connection())
+    problems = [
+        f"NIC {mac} left {state} after the NIC settle pass ({_nic_story(o, vm, mac)})"
+        for _, mac, state, vm, host, _vm_state, _created in left
+        if host not in waiting
+    ]
+    failed = o.networking.reconcile(full=True)
+    problems += [f"host {h}: the networking controller's full pass failed: {why}" for h, why in failed.items()]
+    for host, driver in sorted(o.drivers.items()):
+        if not isinstance(driver, SimDriver) or host in waiting or host in failed:
+            continue
+        with o.db.read() as s:
+            want = netview.host_networks(s.connection(), host, underlay)
+        recorded = {(p.tap, p.mac, p.ip) for p in want.ports} if want else set()
+        held = set(driver.fabric.ports(host))
+        if recorded != held:
+            problems.append(
+                f"host {host}: its filter's ports differ from the store's after a full networking pass: "
+                f"not on the host {sorted(recorded - held)}, only on the host {sorted(held - recorded)}"
+            )
+    n = SN.NICS.c
+    with o.db.read() as s:
+        rows = s.execute(select(n.network_id, n.mac, n.ip)).all()
+    macs = collections.Counter(r.mac for r in rows if r.mac is not None)
+    addresses = collections.Counter((r.network_id, r.ip) for r in rows)
+    problems += [f"{count} NICs share MAC {mac}" for mac, count in macs.items() if count > 1]
+    problems += [f"{c} NICs share {ip} on network #{net}" for (net, ip), c in addresses.items() if c > 1]
     return problems
 
 
@@ -970,7 +1146,7 @@ def run(
 
 def _run(home, seed, rounds, steps, timed, unchecked_share, log, stop_at_problem, ha) -> Report:
     url = stores.store_url(home)
-    seed_cluster(url, ha_grace=0 if ha else None)
+    seed_cluster(url, ha_grace=0 if ha else None, networks=True)
     simfabric.forget_shared()
     logging.getLogger("vmplane").setLevel(logging.CRITICAL)  # recoveries log what they undo; rounds say it
     report = Report(seed=seed, url=url, home=home, schedule=schedule(seed, 0, ha, timed))

@@ -3,8 +3,9 @@ that holds its networks, keeps its MAC and address across stop/start and migrati
 the store's view (a security-group change, a deleted VM) without being asked."""
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
+from vmplane.controllers import nics
 from vmplane.core.driver import DriverError
 from vmplane.core.errors import Conflict, Invalid, NotFound
 from vmplane.core.networks import parse_rule
@@ -167,7 +168,7 @@ def test_a_guest_that_never_lets_the_nic_go_keeps_it_detaching_until_asked_again
     assert mac not in _states(o, "web") and mac not in _domain_macs(o, "web")
 
 
-def test_a_nic_the_host_could_not_plug_is_not_left_in_the_record(o):
+def test_a_nic_the_host_could_not_plug_is_not_left_in_the_record(o, monkeypatch):
     """The host fails every call: the plug is not known to have happened, so the NIC keeps its step
     (attaching) until the host answers; then the settle pass reads the domain and removes the NIC."""
     o.create_vm("web", "a", "small", "tiny", start=True, networks=[("a-net", None)])
@@ -182,6 +183,8 @@ def test_a_nic_the_host_could_not_plug_is_not_left_in_the_record(o):
         o.nics.add("web", "a-two")
     assert refused.value.field == "mac"
     assert _states(o, "web") == {"02:76:70:00:00:01": "attached", "02:76:70:00:00:02": "attaching"}
+    assert o.nics.settle() == []  # a step this young may be another process's call: left to it
+    monkeypatch.setattr(nics, "BUSY_S", 0.0)
     assert o.nics.settle() == []  # the host still does not answer: nothing changes
     fabric.faults = None
     assert o.nics.settle() == ["vm web: NIC 02:76:70:00:00:02 is not in the domain: removed from the record"]
@@ -212,3 +215,22 @@ def test_metrics_count_networks_nics_and_each_networks_addresses(o):
     assert 'vmplane_network_addresses_used{network="a-net"} 2' in text
     assert 'vmplane_network_addresses_total{network="a-net"} 252' in text  # 254 less gateway and DHCP server
     assert 'vmplane_network_addresses_used{network="b-net"} 0' in text
+
+
+def test_a_removal_killed_before_the_domain_was_asked_is_settled_attached_and_a_stopped_vms_by_its_record(
+    o, monkeypatch
+):
+    """The crash harness's finding: a NIC left detaching with the domain never asked stayed so for ever."""
+    monkeypatch.setattr(nics, "BUSY_S", 0.0)
+    o.create_vm("web", "a", "small", "tiny", start=True, networks=[("a-net", None), ("a-net", None)])
+    with o.db.transaction() as conn:  # as a kill between the two steps leaves them
+        conn.execute(update(NW.NICS).where(NW.NICS.c.mac == "02:76:70:00:00:02").values(state="detaching"))
+    assert o.nics.settle() == ["vm web: NIC 02:76:70:00:00:02 is in the domain: attached"]
+    o.stop_vm("web")
+    with o.db.transaction() as conn:
+        conn.execute(update(NW.NICS).where(NW.NICS.c.mac == "02:76:70:00:00:02").values(state="detaching"))
+        conn.execute(update(NW.NICS).where(NW.NICS.c.mac == "02:76:70:00:00:01").values(state="attaching"))
+    assert sorted(o.nics.settle()) == [
+        "vm web: NIC 02:76:70:00:00:01 is in the domain: attached",
+        "vm web: NIC 02:76:70:00:00:02 is not in the domain: removed from the record",
+    ]

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 from sqlalchemy import select
 
+from vmplane.core import failpoints
 from vmplane.core import hostnet as H
 from vmplane.core.driver import DriverError
 from vmplane.core.model import UNREACHABLE_HOST_STATES
@@ -115,6 +116,7 @@ class Networking:
             driver = self.plane.drivers.get(host)
             if driver is None:
                 return False
+            failpoints.hit("network.before-apply")
             try:
                 driver.apply_networks(want)
             except DriverError as exc:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import update
 
+from vmplane.core import failpoints
 from vmplane.core.driver import DriverError, NicSpec
 from vmplane.core.errors import Conflict, NotFound
 from vmplane.core.model import VmState
@@ -27,7 +28,7 @@ from vmplane.plane.loops import every
 from vmplane.store import ledger as L
 from vmplane.store import netview
 from vmplane.store import networks as SN
-from vmplane.store.schema import Nic
+from vmplane.store.schema import Nic, utcnow
 
 if TYPE_CHECKING:
     from vmplane.controllers.networking import Networking
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vmplane.nics")
 NICS = Nic.__table__
 SETTLE_S = 5.0  # between two settle passes
+BUSY_S = 120.0  # a NIC's step younger than this may still be another process's call: left to it
 _LIVE = (VmState.running.value, VmState.stopped.value)
 
 
@@ -44,6 +46,7 @@ class Nics:
         self.plane = plane
         self.networking = networking
         self._stop = threading.Event()
+        self._busy: set[int] = set()  # NICs a call of this process is adding or removing now
 
     def add(self, vm: str, network: str, ip: str | None = None, secgroups: Sequence[str] = ()) -> SN.NicRecord:
         with self.plane.db.transaction() as conn:
@@ -57,10 +60,18 @@ class Nics:
         self.networking.changed()
         if not live:
             return nic
-        host, error = row.host_name, None
+        self._busy.add(nic.id)
+        try:
+            return self._plug(vm, row.host_name, network, nic)
+        finally:
+            self._busy.discard(nic.id)
+
+    def _plug(self, vm: str, host: str, network: str, nic: SN.NicRecord) -> SN.NicRecord:
+        error = None
         spec = self._spec(nic)
         try:
             self.networking.ensure(host)
+            failpoints.hit("nic.before-attach")
             self.plane.drivers[host].attach_nic(domain_name(vm), spec)
         except DriverError as exc:
             error = exc
@@ -92,12 +103,20 @@ class Nics:
         if not live:
             self.networking.changed()
             return
-        error = None
+        self._busy.add(nic.id)
         try:
-            self.plane.drivers[row.host_name].detach_nic(domain_name(vm), mac)
+            self._unplug(vm, row.host_name, nic)
+        finally:
+            self._busy.discard(nic.id)
+
+    def _unplug(self, vm: str, host: str, nic: SN.NicRecord) -> None:
+        error, mac = None, nic.mac
+        failpoints.hit("nic.before-detach")
+        try:
+            self.plane.drivers[host].detach_nic(domain_name(vm), mac)
         except DriverError as exc:
             error = exc
-        present = self._present(row.host_name, vm, nic)
+        present = self._present(host, vm, nic)
         if not present:
             with self.plane.db.transaction() as conn:
                 SN.delete_nic(conn, nic.id)
@@ -128,25 +147,35 @@ class Nics:
         self._stop.set()
 
     def settle(self) -> list[str]:
-        """NICs left `attaching` or `detaching` (a host that did not answer, a process that stopped between
-        two steps), on hosts this process owns: the domain read back decides. Returns what changed, in words."""
+        """NICs left `attaching` or `detaching` (a host that did not answer, a process killed between two
+        steps): the domain read back decides, as for a volume. In the domain: attached (a removal not
+        confirmed is asked again by the user); not in it: gone from the record. A stopped VM's: its next start
+        defines what the record has, so an attaching NIC is attached and a detaching one gone. A NIC a call of
+        this process is working on, or one added less than BUSY_S ago (another process's call), is left to
+        it. Only hosts this process owns. Returns what changed, in words."""
         with self.plane.db.read() as s:
             rows = SN.nics_between_steps(s.connection())
         done = []
-        for nic_id, mac, state, vm, host in rows:
-            if host is None or host not in self.plane.drivers or not self.plane.membership.owns_host(host):
+        now = utcnow()
+        for nic_id, mac, state, vm, host, vm_state, created in rows:
+            if nic_id in self._busy or (now - created).total_seconds() < BUSY_S:
                 continue
-            try:
-                present = mac in self.plane.drivers[host].domain_nics(domain_name(vm))
-            except DriverError:
-                continue  # don't know: asked again next pass
+            if host is None and vm_state == VmState.stopped.value:
+                present = state == "attaching"
+            elif host is None or host not in self.plane.drivers or not self.plane.membership.owns_host(host):
+                continue
+            else:
+                try:
+                    present = mac in self.plane.drivers[host].domain_nics(domain_name(vm))
+                except DriverError:
+                    continue  # don't know: asked again next pass
             with self.plane.db.transaction() as conn:
-                if present and state == "attaching":
+                if present:
                     conn.execute(
                         update(NICS).where(NICS.c.id == nic_id, NICS.c.state == state).values(state="attached")
                     )
                     done.append(f"vm {vm}: NIC {mac} is in the domain: attached")
-                elif not present:
+                else:
                     SN.delete_nic(conn, nic_id)
                     done.append(f"vm {vm}: NIC {mac} is not in the domain: removed from the record")
         if done:

@@ -39,6 +39,9 @@ POINTS = (
     "volume.before-attach",  # the store says attaching; the domain has not been asked
     "volume.before-detach",  # the store says detaching; the domain has not been asked
     "volume.before-delete",  # the store says deleting; the file is still on the pool
+    "nic.before-attach",  # the store says attaching (the NIC allocated); the domain has not been asked
+    "nic.before-detach",  # the store says detaching; the domain has not been asked
+    "network.before-apply",  # a host is about to be brought to the store's view; it holds what it held before
     "ha.before-fenced",  # a fence agent confirmed the host off; the store still says fencing
     "ha.fenced",  # the host is recorded fenced; none of its VMs restarted yet
     "ha.claimed",  # an HA VM's claim moved to its new host (starting); no domain there yet

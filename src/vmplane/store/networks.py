@@ -209,13 +209,13 @@ def delete_nic(conn: Connection, nic_id: int) -> None:
     conn.execute(NICS.delete().where(NICS.c.id == nic_id))
 
 
-def nics_between_steps(conn: Connection) -> list[tuple[int, str, str, str, str | None]]:
-    """(NIC id, MAC, state, VM, host) of every NIC left attaching or detaching."""
+def nics_between_steps(conn: Connection) -> list[tuple[int, str, str, str, str | None, str, Any]]:
+    """(NIC id, MAC, state, VM, host, VM state, NIC created at) of every NIC left attaching or detaching."""
     c, v, h = NICS.c, Vm.__table__.c, L.HOSTS.c
     return [
-        (r.id, r.mac, r.state, r.name, r.host)
+        (r.id, r.mac, r.state, r.name, r.host, r.vm_state, r.created_at)
         for r in conn.execute(
-            select(c.id, c.mac, c.state, v.name, h.name.label("host"))
+            select(c.id, c.mac, c.state, v.name, h.name.label("host"), v.state.label("vm_state"), c.created_at)
             .join(Vm.__table__, v.id == c.vm_id)
             .outerjoin(L.HOSTS, h.id == v.host_id)
             .where(c.state.in_(["attaching", "detaching"]))
