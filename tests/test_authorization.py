@@ -98,6 +98,9 @@ MEMBER_SCOPED = {
     ("POST", "/vms/{name}/secgroups"),
     ("DELETE", "/vms/{name}/secgroups/{group}"),
     ("POST", "/vms/{name}/nics"),
+    ("POST", "/projects/{name}/keys"),
+    ("GET", "/projects/{name}/keys"),
+    ("DELETE", "/projects/{name}/keys/{key}"),
     ("DELETE", "/vms/{name}/nics/{mac}"),
 }
 

@@ -30,6 +30,7 @@ from vmplane.controllers.pools import Pools
 from vmplane.controllers.reconcile import reconcile as reconcile_running
 from vmplane.controllers.recovery import Recovery
 from vmplane.controllers.scaler import Scaler
+from vmplane.controllers.seeds import Seeds
 from vmplane.controllers.starts import Starts
 from vmplane.controllers.storagesettle import StorageSettle
 from vmplane.controllers.vms import Admitted, Vms
@@ -94,16 +95,16 @@ class Orchestrator:
         self.disk_moves = DiskMoves(plane, self.pools)
         self.networking = Networking(plane)  # each host holds its guests' networks and filters
         self.nics = Nics(plane, self.networking)  # NICs hot-plugged into running VMs
-        self.starts = Starts(plane, self.volumes, self.networking)  # start operations, run in batches
+        self.seeds = Seeds(plane)  # cloud-init seeds, made on a VM's host before it runs there
+        self.starts = Starts(plane, self.volumes, self.networking, self.seeds)  # start operations, run in batches
         self.vms_ctl = Vms(plane, self.volumes, self.starts)
-        self.migrator = Migrator(plane, self.disk_moves, self.networking)
+        self.migrator = Migrator(plane, self.disk_moves, self.networking, self.seeds)
         self.maintenance = Maintenance(plane, self.migrator, self.host_admin)  # host drains, by live migration
         self.scaler = Scaler(plane, self.migrator, self.disk_moves)
         self.migration_settle = MigrationSettle(plane, self.migrator)  # migrations no copy thread carries
         self.storage_settle = StorageSettle(plane, self.volumes, self.disk_moves)  # volumes between two steps
-        self.ha = HaController(
-            plane, self.volumes, self.migration_settle, self.networking
-        )  # failed hosts: fencing, HA restarts
+        # failed hosts: fencing, HA restarts
+        self.ha = HaController(plane, self.volumes, self.migration_settle, self.networking, self.seeds)
         # the loops that listen to the hosts, started by start_monitor()
         self.monitor, self.sync, self.host_events = HostMonitor(plane), HostSync(plane), HostEvents(plane)
         self.recovery = Recovery(

@@ -16,7 +16,19 @@ from vmplane.api.metricscollect import StateCollector
 from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.routers import controllers as controller_routes
 from vmplane.api.routers import events as event_routes
-from vmplane.api.routers import groups, hosts, offerings, operations, projects, settings, storage, tokens, vms, zones
+from vmplane.api.routers import (
+    groups,
+    hosts,
+    offerings,
+    operations,
+    projectkeys,
+    projects,
+    settings,
+    storage,
+    tokens,
+    vms,
+    zones,
+)
 from vmplane.api.routers import networks as network_routes
 from vmplane.api.schemas import ErrorBody
 from vmplane.api.timing import RequestTiming
@@ -145,6 +157,7 @@ def create_api(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
         storage,
         groups,
         network_routes,
+        projectkeys,
         operations,
         tokens,
         event_routes,

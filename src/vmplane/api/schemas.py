@@ -280,6 +280,16 @@ class VmCreate(Request):
     secgroups: list[Name] = Field(
         [], description="the security groups of its NICs (of its project); none: the project's default"
     )
+    hostname: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="the guest's hostname, told by its cloud-init seed (default: the VM's name when it has one)"
+    )
+    ssh_keys: list[Annotated[str, Field(max_length=16384)]] = Field(
+        [], description="OpenSSH public keys (one per item) for the guest's root, told by its cloud-init seed"
+    )
+    user_data: Annotated[str, Field(max_length=70000)] | None = Field(
+        None, description="cloud-init user data: a #cloud-config YAML mapping or a #! script, at most 64 KiB"
+    )
+    project_keys: StrictBool = Field(True, description="add the project's SSH keys (project key add) to the seed")
 
 
 class VmUpdate(Request):

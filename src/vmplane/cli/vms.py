@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -96,6 +97,14 @@ def vm_create(
     secgroup: list[str] | None = typer.Option(
         None, help="its NICs' security group, repeatable (default: the project's default)"
     ),
+    ssh_key: list[Path] | None = typer.Option(
+        None, help="a file with an OpenSSH public key for the guest's root (cloud-init), repeatable", exists=True
+    ),
+    user_data: Path | None = typer.Option(
+        None, help="a file of cloud-init user data: #cloud-config YAML or a #! script (at most 64 KiB)", exists=True
+    ),
+    hostname: str | None = typer.Option(None, help="the guest's hostname (cloud-init)"),
+    no_project_keys: bool = typer.Option(False, help="leave the project's SSH keys (project key add) out"),
     *,
     client: Client,
 ):
@@ -119,6 +128,10 @@ def vm_create(
         "group": group,
         "networks": network or None,
         "secgroups": secgroup or None,
+        "ssh_keys": [p.read_text().strip() for p in ssh_key] if ssh_key else None,
+        "user_data": user_data.read_text() if user_data else None,
+        "hostname": hostname,
+        "project_keys": False if no_project_keys else None,
     }
     accepted = client.post("/vms", {k: v for k, v in body.items() if v is not None})
     return _shown(_follow(client, accepted, wait), wait, output)

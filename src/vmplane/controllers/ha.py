@@ -40,6 +40,7 @@ from vmplane.store.schema import utcnow
 if TYPE_CHECKING:
     from vmplane.controllers.migrationsettle import MigrationSettle
     from vmplane.controllers.networking import Networking
+    from vmplane.controllers.seeds import Seeds
     from vmplane.controllers.volumes import Volumes
     from vmplane.hosts.drivers.sim import SimDriver
     from vmplane.hosts.drivers.simfabric import SimFabric
@@ -51,9 +52,11 @@ IN_FLIGHT = [OperationState.pending.value, OperationState.running.value]
 
 
 class HaController:
-    def __init__(self, plane: Plane, volumes: Volumes, migration_settle: MigrationSettle, networking: Networking):
+    def __init__(
+        self, plane: Plane, volumes: Volumes, migration_settle: MigrationSettle, networking: Networking, seeds: Seeds
+    ):
         self.plane = plane
-        self.recovery = HostRecovery(plane, self.agent, volumes, migration_settle, networking)
+        self.recovery = HostRecovery(plane, self.agent, volumes, migration_settle, networking, seeds)
         self._stop = threading.Event()
 
     def start(self) -> None:

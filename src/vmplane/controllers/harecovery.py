@@ -53,6 +53,7 @@ from vmplane.store.schema import utcnow
 if TYPE_CHECKING:
     from vmplane.controllers.migrationsettle import MigrationSettle
     from vmplane.controllers.networking import Networking
+    from vmplane.controllers.seeds import Seeds
     from vmplane.controllers.volumes import Volumes
     from vmplane.hosts.fencing.base import FenceAgent
     from vmplane.plane.context import Plane
@@ -116,9 +117,11 @@ class HostRecovery:
         volumes: Volumes,
         migration_settle: MigrationSettle,
         networking: Networking,
+        seeds: Seeds,
     ):
         self.plane = plane
         self.networking = networking
+        self.seeds = seeds
         self.agent = agent  # a host's fence agent (HaController.agent)
         self.volumes, self.migration_settle = volumes, migration_settle
         self._running: set[str] = set()  # restart operations being run in this process
@@ -635,7 +638,9 @@ class HostRecovery:
             driver = plane.drivers[vm.host_name]
             with plane.db.read() as s:
                 nics = netview.nic_specs(s.connection(), vm.id)
-            spec = replace(spec_of(vm), disks=self.volumes.disks_of(vm.id), nics=nics)
+            seed = self.seeds.disk_for(vm.id, vm.host_name)
+            disks = tuple(self.volumes.disks_of(vm.id)) + ((seed,) if seed else ())
+            spec = replace(spec_of(vm), disks=disks, nics=nics)
             if nics:
                 self.networking.ensure(vm.host_name)
             failpoints.hit("ha.before-domain")

@@ -40,6 +40,7 @@ from vmplane.store.schema import utcnow
 
 if TYPE_CHECKING:
     from vmplane.controllers.networking import Networking
+    from vmplane.controllers.seeds import Seeds
     from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.migrator")
@@ -70,10 +71,11 @@ class _PoweredOff:
 
 
 class Migrator:
-    def __init__(self, plane: Plane, disk_moves: DiskMoves, networking: Networking):
+    def __init__(self, plane: Plane, disk_moves: DiskMoves, networking: Networking, seeds: Seeds):
         self.plane = plane
         self.disk_moves = disk_moves
         self.networking = networking
+        self.seeds = seeds
         self._pump_lock = threading.Lock()
         self._state_lock = threading.Lock()  # guards the sets below (this process's view of its copies)
         self._cancelled: set[str] = set()  # cancels asked (a copy honours them at any step)
@@ -394,10 +396,10 @@ class Migrator:
             return
         try:  # the target holds the VM's networks and its NICs' filter before the copy (the row names it)
             self.networking.ensure_for(row["target"], row["vm_id"])
+            self.seeds.disk_for(row["vm_id"], row["target"])  # its seed at the same path there (made, not copied)
         except DriverError as exc:
-            self._finish(
-                migration_id, "copy-failed", reason=f"the networks could not be set up on {row['target']}: {exc}"
-            )
+            why = f"the networks or the seed could not be set up on {row['target']}: {exc}"
+            self._finish(migration_id, "copy-failed", reason=why)
             return
         try:
             params = self.disk_moves.prepare(row["vm_id"], row["target"], params)

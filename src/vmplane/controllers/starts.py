@@ -49,6 +49,7 @@ from vmplane.store import storageledger as SL
 
 if TYPE_CHECKING:
     from vmplane.controllers.networking import Networking
+    from vmplane.controllers.seeds import Seeds
     from vmplane.controllers.volumes import Volumes
     from vmplane.plane.context import Plane
 
@@ -72,10 +73,11 @@ class _Start:
 
 
 class Starts:
-    def __init__(self, plane: Plane, volumes: Volumes, networking: Networking):
+    def __init__(self, plane: Plane, volumes: Volumes, networking: Networking, seeds: Seeds):
         self.plane = plane
         self.volumes = volumes
         self.networking = networking
+        self.seeds = seeds
         self._queue: deque[tuple[str, str | None]] = deque()
         self._active: set[str] = set()  # op ids being run here (taken from the queue, not ended)
         self._lock = threading.Lock()
@@ -313,7 +315,9 @@ class Starts:
             s.error = exc
 
     def _start_on_host(self, s: _Start) -> None:
-        spec = replace(spec_of(s.vm), disks=self.volumes.for_start(s.vm, s.disks), nics=s.nics)
+        seed = self.seeds.disk_for(s.vm.id, s.vm.host_name)  # (its cloud-init seed, made on the host first)
+        disks = self.volumes.for_start(s.vm, s.disks) + ((seed,) if seed else ())
+        spec = replace(spec_of(s.vm), disks=disks, nics=s.nics)
         driver = self.plane.drivers[s.vm.host_name]
         if s.nics:
             self.networking.ensure(s.vm.host_name)  # its bridges and its NICs' filter, before the domain

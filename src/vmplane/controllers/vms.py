@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
 from vmplane.controllers.ha import check_ha
+from vmplane.core import cloudinit as CI
 from vmplane.core import failpoints
 from vmplane.core.driver import DriverError
 from vmplane.core.errors import AlreadyExists, Conflict, Invalid, VmplaneError
@@ -44,6 +45,7 @@ from vmplane.plane.reserves import placement_rules
 from vmplane.store import admission
 from vmplane.store import ledger as L
 from vmplane.store import networks as SN
+from vmplane.store import seeds as SS
 from vmplane.store import storageledger as SL
 from vmplane.store.catalog import Outdated
 from vmplane.store.groupstore import resolve_group
@@ -111,6 +113,10 @@ class Vms:
         *,
         networks: Sequence[tuple[str, str | None]] = (),
         secgroups: Sequence[str] = (),
+        hostname: str | None = None,
+        ssh_keys: Sequence[str] = (),
+        user_data: bytes | None = None,
+        project_keys: bool = True,
         _tries: int = OUTDATED_TRIES,
     ) -> Admitted:
         """Create a VM (charging one `vms`, and its root disk's storage when its template has a disk
@@ -120,6 +126,9 @@ class Vms:
         `ha_policy` (restart or off; None: the offering's) says what happens when its host fails; `group`
         is its placement group (of its project)."""
         check_name(name)
+        keys = [CI.check_ssh_key(k) for k in ssh_keys]  # the seed's rules (core/cloudinit), before anything
+        host_name_asked = CI.check_hostname(hostname) if hostname is not None else None
+        user_data = CI.check_user_data(user_data) if user_data is not None else None
         o, t = self.plane.catalog.for_new_vm(offering, template)
         ha_chosen = check_ha(ha_policy or o.ha_policy, ha_priority)
         size = size_for(self.plane.catalog.data_of(o), vcpus, memory_mib)
@@ -148,6 +157,9 @@ class Vms:
                 else None
             )
             placement, delta = self._admit(conn, p, size, base, start, scope, reach, rules)
+            seed_keys = keys + (
+                [k.key for k in SS.project_keys(conn, p.id) if k.key not in keys] if project_keys else []
+            )
             L.add_to_ledger(conn, p.id, delta)
             facts = StartFacts(
                 o.dynamic_scaling, t.dynamically_scalable, dynamically_scalable, o.cpu_cap, o.cpu_speed_mhz
@@ -165,6 +177,9 @@ class Vms:
                 ha_policy=ha_chosen,
                 ha_priority=ha_priority,
                 group_id=group_id,
+                hostname=host_name_asked,
+                ssh_keys=seed_keys or None,
+                user_data=user_data,
                 **self._started_fields(size, placement, delta, facts),
             )
             host = placement[0].host if placement else None
@@ -215,6 +230,10 @@ class Vms:
                 group,
                 networks=networks,
                 secgroups=secgroups,
+                hostname=hostname,
+                ssh_keys=ssh_keys,
+                user_data=user_data,
+                project_keys=project_keys,
                 _tries=_tries - 1,
             )
         if disk_mib:

@@ -82,6 +82,7 @@ class DiskSpec:
     target: str
     format: str = "qcow2"
     readonly: bool = False
+    device: str = "disk"  # or "cdrom": a read-only CD-ROM on virtio-scsi (a cloud-init seed, target sdX)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Table,
     Text,
@@ -184,6 +185,10 @@ class Vm(Base):
     overhead_mib: Mapped[int] = mapped_column(Integer, default=0)
     charged_vcpus: Mapped[int] = mapped_column(Integer, default=0)
     charged_memory_mib: Mapped[int] = mapped_column(Integer, default=0)
+    # cloud-init (issue 30): what its seed says (core/cloudinit.py); None: no seed unless keys are given
+    hostname: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    ssh_keys: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    user_data: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
     project: Mapped[Project] = relationship(lazy="joined")
@@ -193,6 +198,19 @@ class Vm(Base):
     group: Mapped[Group | None] = relationship(lazy="joined")
     zone: Mapped[Zone | None] = relationship(lazy="joined")
     cluster: Mapped[Cluster | None] = relationship(lazy="joined")
+
+
+class ProjectKey(Base):
+    """An SSH public key of a project, put in the seed of every VM the project creates (unless its create
+    says otherwise)."""
+
+    __tablename__ = "project_keys"
+    __table_args__ = (UniqueConstraint("project_id", "name"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    key: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
 class Pool(Base):

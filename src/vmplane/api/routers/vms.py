@@ -79,7 +79,14 @@ def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
                 if row.kind == "provider" and not row.shared:
                     raise NotFound(f"network {net!r} does not exist", field="networks")
     # (passed only when asked for: a create without NICs is the same call as before networks)
-    wired = {"networks": nics, "secgroups": body.secgroups} if nics or body.secgroups else {}
+    wired: dict[str, Any] = {"networks": nics, "secgroups": body.secgroups} if nics or body.secgroups else {}
+    if body.hostname is not None or body.ssh_keys or body.user_data is not None or not body.project_keys:
+        wired |= {
+            "hostname": body.hostname,
+            "ssh_keys": body.ssh_keys,
+            "user_data": body.user_data.encode() if body.user_data is not None else None,
+            "project_keys": body.project_keys,
+        }
     admitted = orch.create_vm(
         body.name,
         body.project,

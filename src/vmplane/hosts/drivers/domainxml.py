@@ -39,6 +39,18 @@ def disk_xml(disk: DiskSpec, indent: str = "") -> str:
     """One virtio disk as libvirt's <disk> element (also what attach and detach send)."""
     if disk.format not in DISK_FORMATS:
         raise ValueError(f"disk format must be one of {', '.join(DISK_FORMATS)}, not {disk.format!r}")
+    if disk.device == "cdrom":  # on virtio-scsi (domain_xml adds the controller)
+        if not re.fullmatch(r"sd[a-z]", disk.target):
+            raise ValueError(f"a CD-ROM's target is sd + a letter (sda, ...), not {disk.target!r}")
+        lines = [
+            "<disk type='file' device='cdrom'>",
+            f"  <driver name='qemu' type={quoteattr(disk.format)}/>",
+            f"  <source file={quoteattr(disk.path)}/>",
+            f"  <target dev={quoteattr(disk.target)} bus='scsi'/>",
+            "  <readonly/>",
+            "</disk>",
+        ]
+        return "\n".join(indent + line for line in lines)
     if not re.fullmatch(r"vd[a-z]{1,2}", disk.target):
         raise ValueError(f"a virtio disk target is vd + letters (vda, vdb, ...), not {disk.target!r}")
     lines = [
@@ -141,6 +153,8 @@ def domain_xml(
         f"    <emulator>{EMULATOR}</emulator>",
     ]
     lines += [disk_xml(d, "    ") for d in spec.disks]
+    if any(d.device == "cdrom" for d in spec.disks):  # (the Debian cloud kernel has no AHCI: no SATA CD-ROM)
+        lines.append("    <controller type='scsi' index='0' model='virtio-scsi'/>")
     macs = [n.mac for n in spec.nics]
     if len(set(macs)) != len(macs):
         raise ValueError(f"two NICs of {spec.name} have the same MAC: {', '.join(macs)}")

@@ -431,7 +431,7 @@ class StorageMixin:
             info = self.volume(pool, name)
             if info is None:
                 raise DriverError(self.host, f"volume {name} is gone after the upload")
-            if info.format != format:
+            if info.format != format and not (format == "raw" and info.format == "iso"):  # (an ISO is raw bytes)
                 raise DriverError(self.host, f"{source} is a {info.format or 'unknown'} image, not {format}")
             return info
         except BaseException:
@@ -449,7 +449,8 @@ class StorageMixin:
 
     def domain_disks(self, name: str) -> dict[str, str]:
         dom = self._dom(name)
-        return {t: src for t, (src, _a, _e) in disks_of(self._xml(dom)).items()}
+        # the volumes' disks (virtio, vdX); a CD-ROM (sdX: a cloud-init seed) is no volume
+        return {t: src for t, (src, _a, _e) in disks_of(self._xml(dom)).items() if not t.startswith("sd")}
 
     def attach_disk(self, name: str, disk: DiskSpec) -> None:
         dom = self._dom(name)

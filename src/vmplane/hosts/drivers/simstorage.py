@@ -505,7 +505,10 @@ class StorageFabric:
             "domain = ? ORDER BY position",
             (host, name),
         ).fetchall()
-        return tuple(DiskSpec(p, v, path, t, f, bool(r)) for p, v, path, t, f, r in rows)
+        return tuple(
+            DiskSpec(p, v, path, t, f, bool(r), "cdrom" if t.startswith("sd") else "disk")
+            for p, v, path, t, f, r in rows
+        )
 
     def _check_disk(self, db, host: str, name: str, disk: DiskSpec) -> None:
         storage, path = storage_of(host, disk.path), _clean(disk.path)
@@ -945,7 +948,7 @@ class SimStorageDriver:
         spec = self.fabric.spec(self.host, name, active=False)
         if spec is None:
             raise DriverError(self.host, f"domain {name} is not defined here")
-        return {d.target: d.path for d in spec.disks}
+        return {d.target: d.path for d in spec.disks if d.device == "disk"}  # (a CD-ROM, the seed, is no volume)
 
     def grow_disk(self, name: str, target: str, capacity_mib: int) -> None:
         self._call(f"grow disk {target} of {name}")

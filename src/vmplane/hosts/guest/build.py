@@ -6,7 +6,9 @@ The initramfs carries the virtio modules (PCI, balloon, memory, block, net) and 
 needs for ext4 (built in on the cloud kernel), each with the modules it depends on, loaded in that order.
 Its init mounts /dev/vda, when it holds a file system, at /data: the guest's persistent disk, and brings
 each NIC up with a DHCP client in the background (busybox's udhcpc; `vmplane-guest: eth0 ADDR/LEN` on
-the console once it holds a lease).
+the console once it holds a lease). It reads a cloud-init NoCloud seed (label cidata, an ISO 9660 CD-ROM
+on virtio-scsi) in the background: hostname, SSH keys for root, user data (a `#!` script or a
+`#cloud-config` subset); init.sh says which part of it.
 
 `root.qcow2` (same folder, same recipe) is the test template's disk image: an ext4 file system made
 with `mkfs.ext4 -d` (no loop mount) holding /etc/vmplane-template, converted with `qemu-img`. A VM's
@@ -29,7 +31,10 @@ from vmplane.hosts.guest.initramfs import write_initramfs
 
 IMAGE_NAME = "tiny-linux"
 # What the guest needs (their dependencies are found in the kernel's modules and added before them)
+# virtio_scsi, sr_mod and isofs: the NoCloud seed, an ISO 9660 CD-ROM. The cloud kernel has no AHCI
+# (CONFIG_SATA_AHCI is not set), so a CD-ROM on q35's SATA bus is never seen: it sits on virtio-scsi.
 MODULES = ["virtio_pci", "virtio_balloon", "virtio_mem", "virtio_blk", "ext4", "virtio_net"]
+MODULES += ["virtio_scsi", "sr_mod", "isofs"]
 ROOT_DISK_MIB = 256
 # Needed for memory unplug (DIMM detach, virtio-mem shrink): hot-added memory must be movable.
 KERNEL_CMDLINE = "console=ttyS0 panic=-1 quiet loglevel=1 memhp_default_state=online_movable no_timer_check"
