@@ -96,3 +96,25 @@ def test_bad_seed_input_is_refused_naming_the_field_and_nothing_is_made(o, kw, f
         o.create_vm("web", "a", "small", "tiny", start=True, **kw)
     assert refused.value.field == field
     assert o.vms() == []
+
+
+def test_an_ha_restart_elsewhere_makes_the_seed_again_on_its_new_host(db, keys):
+    from .test_ha_sim import close_ha_plane, fail, ha_plane, recovery, wait_for
+
+    o = ha_plane(db)
+    try:
+        for other in ("h2", "h3"):
+            o.set_host_state(other, "disabled")
+        o.create_vm("keep", "p", "one", "t", start=True, ha_policy="restart", ssh_keys=[keys[0]])
+        wait_for(lambda: o.vm("keep").state == "running", 60, "keep to run")
+        for other in ("h2", "h3"):
+            o.set_host_state(other, "enabled")
+        _host, (seed,) = _seed_disk(o, "keep")
+        fail(o, "h1", "power")
+        o.ha.check()
+        wait_for(lambda: recovery(o, "h1").state == "succeeded", 60, "the recovery")
+        host, (again,) = _seed_disk(o, "keep")
+        assert host in ("h2", "h3") and again.path == seed.path
+        assert o.drivers[host].volume("vmplane-images", seed.volume) is not None
+    finally:
+        close_ha_plane(o)
