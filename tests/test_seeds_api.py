@@ -38,6 +38,8 @@ def test_a_vm_is_created_with_its_seed_and_a_projects_keys_join_it(cluster, orch
     assert [k["name"] for k in api.get(f"{API}/projects/a/keys").json()] == ["ops"]
     r = api.post(f"{API}/vms", json=_vm("web", hostname="web-1", user_data="#cloud-config\nruncmd: [touch /x]\n"))
     assert r.status_code == 201, r.text
+    shown = api.get(f"{API}/vms/web").json()
+    assert (shown["hostname"], shown["ssh_keys"]) == ("web-1", 1)
     vm = orch.vm("web")
     assert (vm.hostname, vm.ssh_keys, vm.user_data) == (
         "web-1",

@@ -327,6 +327,8 @@ class VmOut(Response):
     ha_priority: int = Field(0, description="HA restarts go highest first")
     created_at: UtcDatetime
     nics: list[VmNic] | None = Field(None, description="its network cards, first first (vm show only; null in lists)")
+    hostname: str | None = Field(None, description="the hostname its cloud-init seed tells (none: no hostname asked)")
+    ssh_keys: int = Field(0, description="SSH keys in its cloud-init seed (its own and its project's at create)")
 
 
 class OperationOut(Response):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from sqlalchemy import String, bindparam, cast, func, literal_column, select
 
 from vmplane.api import schemas
@@ -130,6 +132,8 @@ def vm_out(vm: Vm) -> schemas.VmOut:
         ha_policy=vm.ha_policy,
         ha_priority=vm.ha_priority,
         created_at=vm.created_at,
+        hostname=vm.hostname,
+        ssh_keys=len(vm.ssh_keys or ()),
     )
 
 
@@ -171,6 +175,8 @@ def _vm_view():
             v.created_at,
             v.project_id,
             _vm_nics_text(v.id).label("nics"),
+            v.hostname,
+            v.ssh_keys,
         )
         .select_from(joined)
         .where(v.name == bindparam("name"))
@@ -247,6 +253,8 @@ def vm_body(db: Database, name: str, project_id: int | None = None) -> dict:
     body = {field: row[field] for field in _VM_FIELDS}
     body["created_at"] = schemas.utc_iso(body["created_at"])
     body["nics"] = _nics_of_text(body["nics"])
+    keys = body["ssh_keys"]
+    body["ssh_keys"] = len(json.loads(keys) if isinstance(keys, str) else keys or ())
     return body
 
 
