@@ -19,6 +19,7 @@ from vmplane.api.routers import events as event_routes
 from vmplane.api.routers import (
     groups,
     hosts,
+    images,
     offerings,
     operations,
     projectkeys,
@@ -153,6 +154,7 @@ def create_api(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
         hosts,
         projects,
         offerings,
+        images,
         settings,
         storage,
         groups,

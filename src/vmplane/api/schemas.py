@@ -204,18 +204,24 @@ class OfferingOut(Response):
 
 class TemplateCreate(Request):
     name: Name
-    image: Annotated[
-        str,
-        Field(
-            min_length=1,
-            max_length=1024,
-            description="a kernel image (tiny-linux, or a folder with vmlinuz and initrd.gz), or a "
-            "disk image file (qcow2 or raw) on the control plane: imported, it boots "
-            "as it is",
-        ),
-    ]
+    image: (
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=1024,
+                description="a kernel image (tiny-linux, or a folder with vmlinuz and initrd.gz), or a "
+                "disk image file (qcow2 or raw) on the control plane: imported, it boots "
+                "as it is",
+            ),
+        ]
+        | None
+    ) = None
     disk: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
         None, description="root disk image of a kernel template: tiny-linux (the test guest's) or an image file"
+    )
+    from_image: Name | None = Field(
+        None, description="an uploaded image (POST /images/{name}) that boots as it is; instead of image and disk"
     )
     dynamic_scaling: StrictBool = False
 

@@ -209,19 +209,28 @@ def offering_delete(name: str, client: Client):
 @api_command(groups["template"], "create")
 def template_create(
     name: str,
-    image: str = typer.Option(
-        ...,
+    image: str | None = typer.Option(
+        None,
         help="a disk image file (qcow2 or raw: imported, "
         "boots as it is), or a kernel: tiny-linux or a folder with "
         "vmlinuz and initrd.gz",
     ),
     disk: str | None = typer.Option(None, help="with a kernel: the root disk image (tiny-linux, or an image file)"),
+    from_image: str | None = typer.Option(
+        None, help="an image uploaded with `vmplane image upload` (boots as it is); instead of --image"
+    ),
     dynamic_scaling: bool = typer.Option(False, help="its guests can be scaled live"),
     *,
     client: Client,
 ):
     """Register a guest image as a template; an image file is checked (qemu-img) and imported."""
-    body = {"name": name, "image": image, "disk": disk, "dynamic_scaling": dynamic_scaling}
+    body = {
+        "name": name,
+        "image": image,
+        "disk": disk,
+        "from_image": from_image,
+        "dynamic_scaling": dynamic_scaling,
+    }
     return client.post("/templates", {k: v for k, v in body.items() if v is not None})
 
 

@@ -36,6 +36,7 @@ from vmplane.core.names import NAME_RE, check_name
 from vmplane.core.offerings import validate_offering
 from vmplane.core.quota import check_quota_change, recompute_usage, running_charge, storage_usage
 from vmplane.store import Database
+from vmplane.store import images as image_rows
 from vmplane.store.prepared import once_per_transaction, prepared
 from vmplane.store.schema import (
     Base,
@@ -431,11 +432,23 @@ class Catalog:
         return found
 
     def create_template(
-        self, name: str, image: str, dynamic_scaling: bool = False, disk: str | None = None
+        self,
+        name: str,
+        image: str | None,
+        dynamic_scaling: bool = False,
+        disk: str | None = None,
+        from_image: str | None = None,
     ) -> Template:
         """A template boots a kernel image (`image`: tiny-linux or a folder with vmlinuz + initrd.gz), with
         a root disk when `disk` names one (tiny-linux: the test guest's; or an image file, imported), or
-        boots a disk image file as it is (`image` an image file: imported, no kernel)."""
+        boots a disk image file as it is (`image` an image file: imported, no kernel; or `from_image`, an
+        uploaded image)."""
+        if from_image is not None:
+            if image is not None or disk is not None:
+                raise Invalid("give from_image (an uploaded image) or image and disk, not both", field="from_image")
+            return self._template_from_image(name, from_image, dynamic_scaling)
+        if image is None:
+            raise Invalid("a template needs an image, or from_image (an uploaded image)", field="image")
         for field, value in (("image", image), ("disk", disk)):
             if value is not None and not valid_image(value):
                 raise Invalid(
@@ -473,6 +486,28 @@ class Catalog:
                 disk_format=facts.format if facts else None,
                 disk_mib=facts.virtual_mib if facts else None,
                 checksum=facts.checksum if facts else None,
+            )
+            s.add(row)
+        return row
+
+    def _template_from_image(self, name: str, image: str, dynamic_scaling: bool) -> Template:
+        """A template whose VMs boot the uploaded image (their root disks: overlays on its file). Its row is
+        locked meanwhile, so that the image is not deleted under the new template."""
+        check_name(name)
+        with self.db.write() as s:
+            ensure_new(s, Template, name)
+            try:
+                found = image_rows.image(s.connection(), image, for_update=True)
+            except NotFound:
+                raise Invalid(f"image {image!r} was not uploaded (vmplane image list)", field="from_image") from None
+            row = Template(
+                name=name,
+                image="",
+                dynamically_scalable=dynamic_scaling,
+                disk_image=found.file,
+                disk_format=found.format,
+                disk_mib=found.virtual_mib,
+                checksum=found.sha256,
             )
             s.add(row)
         return row

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -126,6 +127,21 @@ class Template(Base):
     disk_format: Mapped[str | None] = mapped_column(String(16), nullable=True)
     disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)  # its virtual size
     checksum: Mapped[str | None] = mapped_column(String(64), nullable=True)  # sha256 of the imported file
+
+
+class Image(Base):
+    """A disk image uploaded through the API (issue 30), kept once in the image store; a template made
+    `from_image` points its disk_image at `file` (so an image is in use while such a template exists)."""
+
+    __tablename__ = "images"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    file: Mapped[str] = mapped_column(String(1024))
+    format: Mapped[str] = mapped_column(String(16))
+    virtual_mib: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
 class Setting(Base):

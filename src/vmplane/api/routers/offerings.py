@@ -44,7 +44,9 @@ def delete_offering(name: str, orch: Orch, _: Admin) -> None:
 @router.post("/templates", status_code=201, response_model=TemplateOut)
 def create_template(body: TemplateCreate, orch: Orch, _: Admin):
     return TemplateOut.model_validate(
-        orch.catalog.create_template(body.name, body.image, body.dynamic_scaling, disk=body.disk)
+        orch.catalog.create_template(
+            body.name, body.image, body.dynamic_scaling, disk=body.disk, from_image=body.from_image
+        )
     )
 
 
