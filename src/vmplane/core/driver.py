@@ -10,7 +10,7 @@ import abc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from vmplane.core.hostnet import Applied, HostNetworks
 
@@ -205,6 +205,15 @@ class GuestView:
 
     vcpus_online: int
     memtotal_kib: int
+
+
+class GuestInterface(NamedTuple):
+    """One network interface as the guest agent reports it: its name in the guest (lo, eth0...), its MAC
+    ("" when the guest says none) and its addresses, each `ADDR/PREFIX` (IPv4 and IPv6)."""
+
+    name: str
+    mac: str
+    addresses: list[str]
 
 
 @dataclass(frozen=True)
@@ -407,6 +416,31 @@ class Driver(abc.ABC):
         """Bring the host's guest networks (bridges, VXLAN, filter, DHCP) to `want` and read them back: a
         DriverError when the host does not hold them afterwards."""
         raise DriverError(self.host, "this host cannot carry guest networks (its driver has no host commands)")
+
+    # -- the QEMU guest agent (issue 30): a guest without one makes these fail, never wait past their timeout --
+    def _no_agent(self) -> DriverError:
+        return DriverError(self.host, "no guest agent on this host's driver")
+
+    def agent_ping(self, name: str, timeout_s: float = 2.0) -> bool:
+        """Whether the guest agent of `name` answers (`guest-ping`) within `timeout_s`: False, not an error,
+        when it does not or the domain has no agent."""
+        raise self._no_agent()
+
+    def agent_interfaces(self, name: str, timeout_s: float = 5.0) -> list[GuestInterface]:
+        """The guest's network interfaces and their addresses, as its agent reports them
+        (`guest-network-get-interfaces`); DriverError when the agent does not answer."""
+        raise self._no_agent()
+
+    def agent_exec(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
+        """Run a shell command line in the guest through its agent (`guest-exec`): (output, with standard
+        error merged in, exit code). A command still running at `timeout_s` is left running in the guest,
+        and DriverError says so."""
+        raise self._no_agent()
+
+    def agent_shutdown(self, name: str) -> None:
+        """Ask the guest agent to power the guest off (`guest-shutdown`, mode powerdown); DriverError when
+        the agent did not take the request. The domain's own end says when it is off."""
+        raise self._no_agent()
 
     def close(self) -> None:  # noqa: B027 (optional: a driver without connections has nothing to release)
         """Release connections; the host itself keeps running."""

@@ -12,6 +12,10 @@ stale cached pages; the pools are on ext4, which supports O_DIRECT; tmpfs does n
 (Linux AIO, which needs O_DIRECT) and `discard='unmap'` (a guest's fstrim frees space in the pool).
 A spec with `image == ""` boots from its first disk (`<boot dev='hd'/>`, no kernel); else the kernel
 and initrd are booted directly and the disks are only data disks.
+
+Every domain has the QEMU guest agent's channel (a virtio-serial port named org.qemu.guest_agent.0; libvirt
+picks the host's socket path and knows whether an agent listens on it): a guest that runs `qemu-ga` answers
+the driver's agent calls (libvirtagent.py), one that does not is simply without an agent.
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ MEMORY_SLOTS = 16
 EMULATOR = "/usr/bin/qemu-system-x86_64"
 CPU_MODEL = "qemu64"  # `-cpu host` crashes under these machines' KVM backend; a named model is portable
 DISK_CACHE = "none"  # see the module docstring
-HOTPLUG_PORTS = 4  # free pcie-root-ports: on q35 every hot-plugged disk needs one
+# pcie-root-ports: on q35 every hot-plugged disk or NIC needs a free one; libvirt also puts the domain's own
+# PCI devices on them (disks, NICs, balloon, SCSI and virtio-serial controllers): one more since the
+# guest agent's virtio-serial controller came, so hot-plugs have as many free ports as before
+HOTPLUG_PORTS = 5
+AGENT_CHANNEL = "org.qemu.guest_agent.0"  # the port's name, which qemu-ga opens in the guest
 DISK_FORMATS = ("qcow2", "raw")
 CONSOLE_LOG_DIR = "/var/log/libvirt/qemu"  # each local host's own log folder (mounted in its namespace)
 
@@ -168,6 +176,7 @@ def domain_xml(
     lines += [
         f"    <serial type='pty'>{serial}</serial>",
         "    <console type='pty'><target type='serial' port='0'/></console>",
+        f"    <channel type='unix'><target type='virtio' name='{AGENT_CHANNEL}'/></channel>",
         "    <memballoon model='virtio'><stats period='5'/></memballoon>",
         "  </devices>",
         "</domain>",

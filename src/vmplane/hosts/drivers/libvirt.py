@@ -45,6 +45,7 @@ from vmplane.core.guestexec import exec_lines, exec_result
 from vmplane.core.hostnet import Applied, HostNetworks
 from vmplane.hosts import hostnet
 from vmplane.hosts.drivers.domainxml import domain_xml
+from vmplane.hosts.drivers.libvirtagent import AgentMixin
 from vmplane.hosts.drivers.libvirtdomains import discard_domain, is_absent
 from vmplane.hosts.drivers.libvirtnics import NicMixin
 from vmplane.hosts.drivers.libvirtstorage import StorageMixin
@@ -158,7 +159,7 @@ def resolve_image(image: str) -> guest.GuestImage:
     raise DriverError("-", f"image {image!r} is neither {guest.IMAGE_NAME} nor a folder with vmlinuz and initrd.gz")
 
 
-class LibvirtDriver(StorageMixin, NicMixin, Driver):
+class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, Driver):
     kind = "libvirt"
 
     def __init__(self, host: str, uri: str, accel: str | None = None):

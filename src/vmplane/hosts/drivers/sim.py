@@ -42,6 +42,7 @@ from vmplane.core.driver import (
     DomainSpec,
     Driver,
     DriverError,
+    GuestInterface,
     GuestView,
     HostInfo,
     MigrationParams,
@@ -60,6 +61,7 @@ from vmplane.hosts.drivers.simevents import (
     STOPPED_CRASHED,
     STOPPED_DESTROYED,
     STOPPED_MIGRATED,
+    STOPPED_SHUTDOWN,
     SUSPENDED,
     SUSPENDED_IOERROR,
     SUSPENDED_POSTCOPY_FAILED,
@@ -233,6 +235,9 @@ class SimDriver(SimStorageDriver, Driver):
         """Hold `want` (bridges, filter ports): the call may fail before (transient) or after (partial)."""
         self._call(f"apply {len(want.plan.networks)} network(s)")
         self.fabric.set_networks(self.host, want)
+        self.fabric.set_bridge_prefixes(  # what the sim guests' agents report with their leases
+            self.host, {n.bridge: int(n.address.split("/")[1]) for n in want.plan.networks if n.address}
+        )
         self._partial("read the host's networks back")
         return Applied(len(want.plan.networks), len(want.ports))
 
@@ -518,3 +523,32 @@ class SimDriver(SimStorageDriver, Driver):
 
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
         raise DriverError(self.host, "sim hosts have no guest to run commands in; use a libvirt host")
+
+    # -- the guest agent (simagent.py: every running guest has one, unless fabric.silence_agent) ----------
+    def _agent_answers(self, name: str, what: str) -> None:
+        self._call(f"{what} (guest agent of {name})")
+        self._spec(name)  # running here, or a DriverError
+        if not self.fabric.agent_answers(self.host, name):
+            raise DriverError(self.host, f"guest agent of {name}: {what}: QEMU guest agent is not connected")
+
+    def agent_ping(self, name: str, timeout_s: float = 2.0) -> bool:
+        self._call(f"guest-ping (guest agent of {name})")
+        if self.fabric.domain(self.host, name) is None:  # as libvirt's: a domain the host lacks is an error
+            raise DriverError(self.host, f"domain {name} does not exist here")
+        return self.fabric.agent_answers(self.host, name)
+
+    def agent_interfaces(self, name: str, timeout_s: float = 5.0) -> list[GuestInterface]:
+        self._agent_answers(name, "guest-network-get-interfaces")
+        return self.fabric.agent_interfaces(self.host, name)
+
+    def agent_exec(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
+        self._agent_answers(name, "guest-exec")
+        raise DriverError(self.host, "sim guests run no commands, not even through their agent; use a libvirt host")
+
+    def agent_shutdown(self, name: str) -> None:
+        """The guest powers off at once: its domain is left shut off (reason shutdown), as a defined domain's
+        on_poweroff=destroy leaves it on a real host."""
+        self._agent_answers(name, "guest-shutdown")
+        if self.fabric.set_state(self.host, name, "shutoff", "shutdown"):
+            self._emit(name, SHUTDOWN, SHUTDOWN_GUEST)
+            self._emit(name, STOPPED, STOPPED_SHUTDOWN)

@@ -42,6 +42,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from vmplane.core.driver import CpuCap, DomainInfo, DomainSpec, NicSpec
+from vmplane.hosts.drivers.simagent import AgentFabric
 from vmplane.hosts.drivers.simevents import RESUMED
 from vmplane.hosts.drivers.simfaults import SimFaults
 from vmplane.hosts.drivers.simhosts import HostFabric
@@ -73,7 +74,7 @@ def _sqlite_file(url: str) -> Path | None:
     return Path(parsed.database)
 
 
-class SimFabric(HostFabric, StorageFabric, NetFabric):
+class SimFabric(HostFabric, StorageFabric, NetFabric, AgentFabric):
     """The domains (and storage) of all sim hosts of one store. Thread-safe; several processes may
     share a file."""
 
@@ -120,6 +121,7 @@ class SimFabric(HostFabric, StorageFabric, NetFabric):
             self._init_storage()
             self._init_hosts()
             self._init_networks()
+            self._init_agents()
 
     @classmethod
     def for_store(cls, url: str) -> SimFabric:

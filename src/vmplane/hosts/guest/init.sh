@@ -248,6 +248,40 @@ seed_apply() {    # $1: the seed's device
     sleep 0.5
   done
   seed_apply "$dev" ) </dev/null >/dev/null 2>&1 &
+# The QEMU guest agent (qemu-ga and its libraries, from Debian's packages: build.py) on the virtio-serial port
+# org.qemu.guest_agent.0, when the domain has a virtio-serial device (vmplane's domains do) and the port shows
+# (ports come from the host after the driver is up: looked for up to ~30 s). No udev here: the
+# /dev/virtio-ports/NAME link udev makes is made from sysfs. The agent is started again if it ends. Its
+# guest-shutdown runs `/sbin/shutdown -P|-H|-r +0 MESSAGE`, which busybox lacks: the script below syncs the
+# disks and powers off (halts, reboots) at once.
+rm -f /sbin/shutdown      # (were it ever a busybox applet's link, writing through it would overwrite busybox)
+cat > /sbin/shutdown <<'EOF'
+#!/bin/sh
+sync
+case "$1" in -r) reboot -f ;; -H) halt -f ;; *) poweroff -f ;; esac
+EOF
+chmod 755 /sbin/shutdown
+agent_port() {   # the /dev node of the agent's port, once it exists
+  for p in /sys/class/virtio-ports/vport*; do
+    [ "$(cat $p/name 2>/dev/null)" = org.qemu.guest_agent.0 ] && [ -c /dev/${p##*/} ] && echo /dev/${p##*/} && return 0
+  done
+  return 1
+}
+if [ -x /usr/sbin/qemu-ga ] && ls /sys/bus/virtio/drivers/virtio_console/virtio* >/dev/null 2>&1; then
+  ( tries=0
+    until port=$(agent_port); do
+      [ $tries -lt 150 ] || exit 0
+      tries=$((tries + 1))
+      sleep 0.2
+    done
+    mkdir -p /dev/virtio-ports /run/qga /var
+    ln -sf $port /dev/virtio-ports/org.qemu.guest_agent.0
+    [ -e /var/run ] || ln -s /run /var/run
+    while :; do
+      qemu-ga -m virtio-serial -p /dev/virtio-ports/org.qemu.guest_agent.0 -t /run/qga </dev/null >/dev/null 2>>/run/qga/log
+      sleep 1
+    done ) </dev/null >/dev/null 2>&1 &
+fi
 # Online hot-added vCPUs (what udev does on a distribution), unless the control plane asked to keep a
 # vCPU offline (soft scale-down): it lists such vCPUs in /run/vmplane-offline. Bring up hot-plugged NICs.
 ( while :; do

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+from collections.abc import Sequence
 from pathlib import Path
 
 DIRS = [
@@ -33,10 +34,17 @@ def _entry(name: str, mode: int, data: bytes = b"", ino: int = 1, rdev: tuple[in
     return header + data + b"\0" * (-len(data) % 4)
 
 
-def write_initramfs(out: Path, busybox: Path, init_script: Path, modules: list[Path]) -> None:
+def write_initramfs(
+    out: Path, busybox: Path, init_script: Path, modules: list[Path], extra: Sequence[tuple[str, int, bytes]] = ()
+) -> None:
+    """`extra`: more files as (path, mode, data); their folders are added (the kernel's unpacker makes none)."""
     parts = []
     ino = 1
-    for d in DIRS:
+    dirs = list(DIRS)
+    for name, _mode, _data in extra:
+        parents = Path(name).parents
+        dirs += [str(d) for d in reversed(parents) if str(d) != "." and str(d) not in dirs]
+    for d in dirs:
         parts.append(_entry(d, 0o040755, ino=ino))
         ino += 1
     parts.append(_entry("dev/console", 0o020600, ino=ino, rdev=(5, 1)))
@@ -48,6 +56,7 @@ def write_initramfs(out: Path, busybox: Path, init_script: Path, modules: list[P
     files += [(f"lib/modules/{m.name}", 0o100644, m.read_bytes()) for m in modules]
     # the order init loads them in: dependencies first
     files.append(("lib/modules/load-order", 0o100644, "".join(f"{m.stem}\n" for m in modules).encode()))
+    files += extra
     for name, mode, data in files:
         ino += 1
         parts.append(_entry(name, mode, data, ino=ino))
