@@ -442,3 +442,28 @@ def db_url(request, tmp_path):
         return f"sqlite:///{tmp_path / 'vmplane.db'}"
     request.getfixturevalue("postgres")
     return stores.postgres_url()
+
+
+def in_process_cli(api, monkeypatch):
+    """`run(*args) -> (exit code, output)`: the CLI against the in-process API `api` (a TestClient), with the
+    caller's token or the admin's, in a 200-column terminal."""
+    from typer.testing import CliRunner
+
+    import vmplane.cli.common as common
+    from vmplane.cli import app
+    from vmplane.cli.client import Client
+
+    def in_process(base: str, token: str | None, timeout: float = 30.0) -> Client:
+        client = Client(base, token, timeout)
+        client.http = TestClient(
+            api.app, base_url="http://testserver/api/v1", headers={"Authorization": f"Bearer {token or ADMIN_TOKEN}"}
+        )
+        return client
+
+    monkeypatch.setattr(common, "Client", in_process)
+
+    def run(*args: str):
+        result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+        return result.exit_code, result.output
+
+    return run

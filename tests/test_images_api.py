@@ -10,12 +10,8 @@ import subprocess
 
 import pycdlib
 import pytest
-from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
-from vmplane.cli.client import Client
-
-from .conftest import ADMIN_TOKEN, add_basics, add_sim_hosts
+from .conftest import add_basics, add_sim_hosts, in_process_cli
 
 API = "/api/v1"
 pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
@@ -156,23 +152,7 @@ def test_a_template_from_an_image_runs_vms_and_keeps_the_image_until_it_goes(api
 @pytest.fixture
 def cli(api, store, monkeypatch):
     """The CLI against the in-process API (as tests/test_networks_api.py points it)."""
-    import vmplane.cli.common as common
-
-    def in_process(base: str, token: str | None, timeout: float = 30.0) -> Client:
-        client = Client(base, token, timeout)
-        client.http = TestClient(
-            api.app, base_url="http://testserver/api/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        )
-        return client
-
-    monkeypatch.setattr(common, "Client", in_process)
-    from vmplane.cli import app
-
-    def run(*args: str):
-        result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
-        return result.exit_code, result.output
-
-    return run
+    return in_process_cli(api, monkeypatch)
 
 
 def test_image_commands_upload_list_show_and_delete(cli, store, tmp_path):

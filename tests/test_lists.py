@@ -8,12 +8,10 @@ import datetime as dt
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
-from typer.testing import CliRunner
 
-from vmplane.cli.client import Client
 from vmplane.store import ledger as L
 
-from .conftest import ADMIN_TOKEN, add_basics, add_sim_hosts
+from .conftest import ADMIN_TOKEN, add_basics, add_sim_hosts, in_process_cli
 
 V1 = "/api/v1"
 ERROR_KEYS = {"error", "message", "field"}
@@ -277,23 +275,7 @@ def test_every_error_response_of_the_openapi_schema_has_the_three_keys(api):
 @pytest.fixture
 def cli(api, monkeypatch):
     """The CLI against the in-process API."""
-    import vmplane.cli.common as common
-
-    def in_process(base: str, token: str | None, timeout: float = 30.0) -> Client:
-        client = Client(base, token, timeout)
-        client.http = TestClient(
-            api.app, base_url="http://testserver/api/v1", headers={"Authorization": f"Bearer {token or ADMIN_TOKEN}"}
-        )
-        return client
-
-    monkeypatch.setattr(common, "Client", in_process)
-    from vmplane.cli import app
-
-    def run(*args: str):
-        result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
-        return result.exit_code, result.output
-
-    return run
+    return in_process_cli(api, monkeypatch)
 
 
 def test_cli_list_filters_and_the_showing_caption(cli, fleet):

@@ -5,14 +5,11 @@ follow tells the networking controller."""
 import json
 
 import pytest
-from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
-from vmplane.cli.client import Client
 from vmplane.store import networks as NW
 from vmplane.store import secgroups as SG
 
-from .conftest import ADMIN_TOKEN, add_basics, add_sim_hosts
+from .conftest import add_basics, add_sim_hosts, in_process_cli
 
 API = "/api/v1"
 
@@ -300,25 +297,7 @@ def test_a_bad_rule_is_refused_naming_its_field_and_adds_nothing(net, rule, fiel
 @pytest.fixture
 def cli(net, monkeypatch):
     """The CLI against the in-process API (as tests/test_lists.py points it)."""
-    import vmplane.cli.common as common
-
-    api = net[0]
-
-    def in_process(base: str, token: str | None, timeout: float = 30.0) -> Client:
-        client = Client(base, token, timeout)
-        client.http = TestClient(
-            api.app, base_url="http://testserver/api/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        )
-        return client
-
-    monkeypatch.setattr(common, "Client", in_process)
-    from vmplane.cli import app
-
-    def run(*args: str):
-        result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
-        return result.exit_code, result.output
-
-    return run
+    return in_process_cli(net[0], monkeypatch)
 
 
 def test_network_and_secgroup_commands(cli, orch):
