@@ -747,13 +747,18 @@ class Report:
 
 
 def make_faults(
-    seed: int, migration_faults: bool, scale: float = 1.0, overrides: dict | None = None, scheduled: bool = True
+    seed: int,
+    migration_faults: bool,
+    scale: float = 1.0,
+    overrides: dict | None = None,
+    scheduled: bool | tuple[str, ...] = True,
 ) -> ScheduledFaults:
     """SimFaults.nasty (x `scale`, with `overrides`), whose kinds of SCHEDULED with a rate are each forced once,
-    in an order drawn from the seed (`scheduled`; else by their rates only)."""
+    in an order drawn from the seed (`scheduled`: all of them, or only the kinds it names; False: none, the
+    rates only). A kind not forced still happens at its rate."""
     off = dict.fromkeys(MIGRATION_FAULTS, 0.0) if not migration_faults else {}
     faults = ScheduledFaults.nasty(seed, scale, **(off | (overrides or {})))
-    order = [k for k in SCHEDULED if getattr(faults, k) > 0]
+    order = [k for k in SCHEDULED if getattr(faults, k) > 0 and (scheduled is True or (scheduled and k in scheduled))]
     random.Random(f"{seed}/order").shuffle(order)
     faults.schedule = tuple(order) if scheduled else ()
     return faults
@@ -775,7 +780,7 @@ def run(
     weights: dict | None = None,
     extra_rounds: int = 0,
     steer: tuple[str, ...] = (),
-    scheduled: bool = True,
+    scheduled: bool | tuple[str, ...] = True,
 ) -> Report:
     """`rounds` rounds (workload under faults, quiet, check) on one cluster; `mutant` names a rule to
     break (MUTANTS). Every kind of fault with a rate is forced once (ScheduledFaults, in an order drawn from
@@ -787,8 +792,10 @@ def run(
     `weights`: other weights for some of the workload's actions (MORE_DETACHES); `extra_rounds`: rounds added,
     at most, while a kind of the schedule is not met yet (threads decide when a step finds its chance); `steer`:
     fault kinds whose steps the workload takes all along, not only until they are met;
-    `scheduled`: False, no kind forced (the rates only: MUTANT_UNSCHEDULED). The seed (DEFAULT_SEED when
-    None) fixes every choice of the harness; the module docstring says what it does not fix."""
+    `scheduled`: False, no kind forced (the rates only: MUTANT_UNSCHEDULED); a tuple: only those kinds forced
+    (a kind the test does not need, that this cluster meets rarely, would hold a slot of the schedule). The
+    seed (DEFAULT_SEED when None) fixes every choice of the harness; the module docstring says what it does
+    not fix."""
     seed = DEFAULT_SEED if seed is None else seed
     with stores.sim_hosts_env(home):  # (PostgreSQL: sim hosts in a file, as beside a SQLite store)
         return _run(
