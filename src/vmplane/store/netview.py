@@ -82,9 +82,13 @@ def host_networks(
         .where(n.zone_id == zone_id, nic.mac.is_not(None))
         .order_by(nic.id)
     ).all()
+    ms = NicSecGroup.__table__.c
+    zone_nics = select(nic.id).join(Network.__table__, n.id == nic.network_id).where(n.zone_id == zone_id)
     groups: dict[int, list[str]] = {}
-    for nic_id, gid in conn.execute(select(NicSecGroup.__table__.c.nic_id, NicSecGroup.__table__.c.secgroup_id)):
+    group_ids: set[int] = set()
+    for nic_id, gid in conn.execute(select(ms.nic_id, ms.secgroup_id).where(ms.nic_id.in_(zone_nics))):
         groups.setdefault(nic_id, []).append(group_key(gid))
+        group_ids.add(gid)
     members: dict[str, list[str]] = {}
     for row in nics:
         for key in groups.get(row.id, []):
@@ -96,8 +100,10 @@ def host_networks(
     )
     r = SecGroupRule.__table__.c
     rules: dict[str, list[Rule]] = {}
-    for row in conn.execute(
-        select(r.secgroup_id, r.direction, r.proto, r.port_min, r.port_max, r.cidr, r.remote_group_id)
+    for row in conn.execute(  # the rules of the zone's NICs' groups only (the filter reads no other)
+        select(r.secgroup_id, r.direction, r.proto, r.port_min, r.port_max, r.cidr, r.remote_group_id).where(
+            r.secgroup_id.in_(group_ids)
+        )
     ):
         remote = group_key(row.remote_group_id) if row.remote_group_id is not None else None
         rule = Rule(row.direction, row.proto, row.port_min, row.port_max, row.cidr, remote)
