@@ -6,6 +6,7 @@ import pytest
 
 from vmplane.core.driver import DriverError
 from vmplane.hosts.drivers import libvirt as lv
+from vmplane.hosts.drivers.libvirtagent import AgentUnavailable
 
 
 class Guest:
@@ -26,6 +27,12 @@ def driver(guest: Guest, monkeypatch) -> lv.LibvirtDriver:
     d.host = "h1"
     monkeypatch.setattr(d, "guest_exec", guest.exec, raising=False)
     monkeypatch.setattr(lv.time, "sleep", lambda _s: None)
+
+    def no_agent(*_a, **_k):  # a guest without an agent: its vCPUs are read on its console
+        raise AgentUnavailable("h1", "not connected")
+
+    monkeypatch.setattr(d, "agent_online_vcpus", no_agent, raising=False)
+    monkeypatch.setattr(d, "console_run", lambda n, c, t=30.0: (d.guest_exec(n, c, t), 0), raising=False)
     return d
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from vmplane.controllers.audit import Audit
 from vmplane.controllers.diskmoves import DiskMoves
+from vmplane.controllers.guestagents import GuestAgents
 from vmplane.controllers.ha import HaController
 from vmplane.controllers.hostadmin import HostAdmin
 from vmplane.controllers.hostevents import HostEvents
@@ -113,6 +114,7 @@ class Orchestrator:
             self.storage_settle,  # start-up recovery
             lambda: reconcile_running(plane),
         )
+        self.guest_agents = GuestAgents(plane)  # what running guests' agents say: connected, addresses
         self.overdue = OverdueOperations(plane)  # its own operations left in flight past their deadline
         self.auditor = Audit(plane, self.volumes, self.pools)
         self.reads = Reads(db, catalog)
@@ -175,6 +177,7 @@ class Orchestrator:
             self.overdue,
             self.networking,
             self.nics,
+            self.guest_agents,
         )
 
     def close(self) -> None:

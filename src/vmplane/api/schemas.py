@@ -335,6 +335,16 @@ class VmOut(Response):
     nics: list[VmNic] | None = Field(None, description="its network cards, first first (vm show only; null in lists)")
     hostname: str | None = Field(None, description="the hostname its cloud-init seed tells (none: no hostname asked)")
     ssh_keys: int = Field(0, description="SSH keys in its cloud-init seed (its own and its project's at create)")
+    agent: str | None = Field(
+        None,
+        description="its QEMU guest agent: connected, or none (no agent answers: the guest boots, has none, or "
+        "it hangs); null when the VM is not running or was not asked yet",
+    )
+    guest_addresses: list[str] | None = Field(
+        None,
+        description="the addresses its guest holds (`eth0 10.0.0.5/24`), as its agent reports them; beside the "
+        "NICs' recorded ones (a difference is drift: `vmplane audit`); null without an agent",
+    )
 
 
 class OperationOut(Response):

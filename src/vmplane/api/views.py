@@ -7,9 +7,11 @@ import json
 from sqlalchemy import String, bindparam, cast, func, literal_column, select
 
 from vmplane.api import schemas
+from vmplane.core import guestagent as agent_rules
 from vmplane.core.errors import NotFound
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
+from vmplane.store import guestagents as guest_agents
 from vmplane.store.prepared import prepared
 from vmplane.store.schema import (
     Cluster,
@@ -111,8 +113,21 @@ def _zone_of(vm: Vm) -> str | None:
     return vm.host.cluster.zone.name if vm.host else None
 
 
-def vm_out(vm: Vm) -> schemas.VmOut:
+def agent_fields(vm_state: str, agent: str | None, interfaces: str | None) -> dict:
+    """VmOut's `agent` and `guest_addresses` from what the guest agent controller stored (its state and
+    interfaces' JSON): nothing for a VM that does not run."""
+    if vm_state not in guest_agents.RUNNING or agent is None:
+        return {"agent": None, "guest_addresses": None}
+    shown = agent_rules.shown(agent_rules.from_json(interfaces or "[]")) if agent == "connected" else None
+    return {"agent": agent, "guest_addresses": shown}
+
+
+def vm_out(vm: Vm, agent: guest_agents.AgentView | None = None) -> schemas.VmOut:
+    """`agent`: what its guest agent last said (store/guestagents.views), when the caller read it."""
     return schemas.VmOut(
+        **agent_fields(
+            vm.state, agent.state if agent else None, agent_rules.to_json(agent.interfaces) if agent else None
+        ),
         name=vm.name,
         nics=None,
         project=vm.project.name,
@@ -143,6 +158,7 @@ def _vm_view():
     v, p, o, t = Vm.__table__.c, Project.__table__, Offering.__table__, Template.__table__
     h, z, c = Host.__table__.alias("h"), Zone.__table__.alias("z"), Cluster.__table__.alias("c")
     hc, hz = Cluster.__table__.alias("hc"), Zone.__table__.alias("hz")  # the host's, for _zone_of
+    ga = guest_agents.AGENTS
     joined = (
         Vm.__table__.join(p, p.c.id == v.project_id)
         .join(o, o.c.id == v.offering_id)
@@ -152,6 +168,7 @@ def _vm_view():
         .outerjoin(c, c.c.id == v.cluster_id)
         .outerjoin(hc, hc.c.id == h.c.cluster_id)
         .outerjoin(hz, hz.c.id == hc.c.zone_id)
+        .outerjoin(ga, ga.c.vm_id == v.id)
     )
     return (
         select(
@@ -177,6 +194,8 @@ def _vm_view():
             _vm_nics_text(v.id).label("nics"),
             v.hostname,
             v.ssh_keys,
+            ga.c.state.label("agent"),
+            ga.c.interfaces.label("guest_addresses"),
         )
         .select_from(joined)
         .where(v.name == bindparam("name"))
@@ -255,6 +274,7 @@ def vm_body(db: Database, name: str, project_id: int | None = None) -> dict:
     body["nics"] = _nics_of_text(body["nics"])
     keys = body["ssh_keys"]
     body["ssh_keys"] = len(json.loads(keys) if isinstance(keys, str) else keys or ())
+    body.update(agent_fields(body["state"], body["agent"], body["guest_addresses"]))
     return body
 
 

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, select
 
 from vmplane.controllers.storageaudit import storage_problems
+from vmplane.core import guestagent as agent_rules
 from vmplane.core.drift import MOVING_STATES, StoredVm, is_active, is_paused, size_drift
 from vmplane.core.driver import DomainInfo, DriverError
 from vmplane.core.model import CHARGED_STATES, VmState
 from vmplane.core.names import DOMAIN_PREFIX, domain_name
 from vmplane.core.placement import CapacityIndex
 from vmplane.store import Database
+from vmplane.store import guestagents as guest_agents
 from vmplane.store import networks as SN
 from vmplane.store.catalog import ledger_of, quota_of
 from vmplane.store.reads import drift_view
@@ -163,7 +165,32 @@ class Audit:
         plane = self.plane
         with plane.capacity.lock:
             problems = audit(plane.db, plane.catalog.recomputed_usage, plane.capacity.index)
-        return problems + self.audit_hosts() + self.audit_storage() + self.audit_nics()
+        return problems + self.audit_hosts() + self.audit_storage() + self.audit_nics() + self.audit_guest_addresses()
+
+    def audit_guest_addresses(self) -> list[str]:
+        """Each running VM's NICs in the record against the addresses its guest holds, as its agent reports
+        them now (core/guestagent.drift): a guest that set an address by hand, or lacks its own. Only VMs
+        whose agent answered last time are asked; one that does not answer now is no finding."""
+
+        def scan() -> list[str]:
+            with self.plane.db.read() as s:
+                conn = s.connection()
+                hosts = {h for (_vm, h) in SN.running_nics(conn)}
+                running = [(h, vm) for h in sorted(hosts) for vm in guest_agents.running_on(conn, h) if vm.nics]
+                views = guest_agents.views(conn, [vm.vm_id for _h, vm in running])
+            found = []
+            for host, vm in running:
+                view, driver = views.get(vm.vm_id), self.plane.drivers.get(host)
+                if driver is None or view is None or view.state != "connected":
+                    continue
+                try:
+                    reported = driver.agent_interfaces(domain_name(vm.name), timeout_s=2.0)
+                except DriverError:
+                    continue
+                found += [f"vm {vm.name}: {words}" for words in agent_rules.drift(vm.nics, reported)]
+            return found
+
+        return _found_twice(scan)
 
     def audit_nics(self) -> list[str]:
         """Each running VM's NICs in the record against its domain's, read back (a NIC plugged or removed

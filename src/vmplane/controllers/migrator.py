@@ -26,6 +26,7 @@ from vmplane.core import migration as rules
 from vmplane.core.driver import DriverError, MigrationParams
 from vmplane.core.errors import Conflict, Invalid, NotFound
 from vmplane.core.failover import Load
+from vmplane.core.guestexec import NO_SHELL
 from vmplane.core.migration import Action, MigrationState, Outcome
 from vmplane.core.model import UNREACHABLE_HOST_STATES, ClaimKind, HostState, PlacementRequest, Size, VmState
 from vmplane.core.names import domain_name
@@ -49,7 +50,6 @@ SETTLE_WAIT_S = 30.0  # after a copy error: for libvirtd's own job to end (then 
 CONTROLLER_WAIT_S = 2.0  # the settle controller and cancel, per pass
 HUNG_GRACE_S = 120.0  # a copy thread this far past its deadline is taken for hung
 RESUME_FIRST_S, RESUME_EVERY_S = 5.0, 60.0  # post-copy resume: retried after 5 s, doubling up to every 60 s
-HEALTH_COMMAND = "cut -d' ' -f1 /proc/uptime; dmesg | grep -c -E 'Oops|BUG:|general protection|Kernel panic' || true"
 GUEST_PROBE_S = 5.0  # before the copy: whether the guest answers on the source at all (still booting?)
 # after the copy, a guest that answered on the source must answer on the target within the first; one that had
 # not answered yet (still booting) is given the second, the boot timeout (cluster settings, these defaults)
@@ -586,20 +586,22 @@ class Migrator:
 
     @staticmethod
     def _ask_guest(driver, domain: str, timeout_s: float) -> tuple[bool | None, str]:
-        """The guest's health as its console answers within `timeout_s`: (True/False, in words), or (None,
-        why) for a host without a guest to ask. A sim host answers as its fabric's guest does."""
-        run: Any = getattr(driver, "guest_run", None)  # optional capabilities of a driver (duck-typed)
-        health: Any = getattr(driver, "guest_health", None)
-        if run is None and health is None:
+        """The guest's health within `timeout_s` (the driver's `guest_health`: through its guest agent, or,
+        without one, its domain runs and its vCPUs advance; never a shell on the serial console): (True/
+        False, in words), or (None, why) for a host without a guest to ask."""
+        health: Any = getattr(driver, "guest_health", None)  # optional capability of a driver (duck-typed)
+        if health is None:
             return None, "not checked: this host has no guest to ask"
         t0 = time.monotonic()
         try:
-            out = run(domain, HEALTH_COMMAND, timeout_s)[0] if run is not None else health(domain, timeout_s)
+            out = health(domain, timeout_s)
         except Exception as exc:  # noqa: BLE001 - any error is an answer: not healthy (the domain did move)
-            return False, f"no answer on the console within {timeout_s:g} s ({exc})"
+            return False, f"no answer within {timeout_s:g} s ({exc})"
         lines = [line for line in out.split() if line]
         if len(lines) < 2 or lines[-1] != "0":
             return False, f"kernel errors in dmesg ({lines[-1] if lines else '?'} lines)"
+        if lines[0] == NO_SHELL:
+            return True, "answered without a guest agent: the domain runs and its vCPUs advance"
         return True, f"answered after {time.monotonic() - t0:.1f} s, uptime {lines[0]} s, no kernel errors"
 
     # -- settling by asking both hosts ---------------------------------------------------------

@@ -548,7 +548,7 @@ class Vms:
             else int(cast(int, self.plane.catalog.effective("vmplane.vm.shutdown.timeout", meta.zone, meta.cluster)))
         )
         failpoints.hit("stop.before-domain")
-        self.plane.drivers[vm.host_name].stop(domain_name(vm.name), timeout_s=timeout)
+        how = self.plane.drivers[vm.host_name].stop(domain_name(vm.name), timeout_s=timeout)
         failpoints.hit("stop.after-domain")
         with self.plane.db.transaction() as conn:
             L.lock_project(conn, vm.project_id)
@@ -559,7 +559,7 @@ class Vms:
                 state=OperationState.succeeded,
                 step="done",
                 progress=100,
-                message=f"stopped on {vm.host_name}",
+                message=f"stopped on {vm.host_name}" + (f": {how}" if how else ""),
             )
         metrics.OPERATIONS.labels("stop", "succeeded").inc()
         self.plane.capacity.give_back(freed)

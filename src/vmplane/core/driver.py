@@ -266,8 +266,9 @@ class Driver(abc.ABC):
         """Define and start a domain; returns once the hypervisor runs it."""
 
     @abc.abstractmethod
-    def stop(self, name: str, timeout_s: float = 30.0) -> None:
-        """Stop a domain (graceful first, then forced) and remove its definition."""
+    def stop(self, name: str, timeout_s: float = 30.0) -> str | None:
+        """Stop a domain (graceful first, then forced) and remove its definition; how it went, in words,
+        when the host can say (asked through the guest agent or ACPI, forced after the timeout)."""
 
     def undefine_if_shut_off(self, name: str) -> bool:
         """Remove the definition of a domain only if it is shut off now; never stops a domain (what a
@@ -435,6 +436,19 @@ class Driver(abc.ABC):
         """Run a shell command line in the guest through its agent (`guest-exec`): (output, with standard
         error merged in, exit code). A command still running at `timeout_s` is left running in the guest,
         and DriverError says so."""
+        raise self._no_agent()
+
+    def fs_freeze(self, name: str, thaw_after_s: float = 10.0) -> int:
+        """Freeze the guest's file systems through its agent (how many); thawed by `fs_thaw`, or at the
+        latest `thaw_after_s` later whatever happens to the caller. DriverError without an agent."""
+        raise self._no_agent()
+
+    def fs_thaw(self, name: str) -> int:
+        """Thaw the guest's file systems (how many)."""
+        raise self._no_agent()
+
+    def fs_frozen(self, name: str) -> bool:
+        """Whether the guest's file systems are frozen, as its agent says."""
         raise self._no_agent()
 
     def agent_shutdown(self, name: str) -> None:

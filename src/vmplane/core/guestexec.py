@@ -19,6 +19,10 @@ import shlex
 
 from vmplane.core.driver import DriverError
 
+# A migration's (and an HA restart's) guest check, run through the guest agent: the guest's uptime and how
+# many kernel errors its log holds; a guest without an agent is checked from outside (NO_SHELL).
+HEALTH_COMMAND = "cut -d' ' -f1 /proc/uptime; dmesg | grep -c -E 'Oops|BUG:|general protection|Kernel panic' || true"
+NO_SHELL = "-"  # the uptime field of a check made without the guest: its domain runs and its vCPUs advance
 VAR = "_vmpc"  # the console shell's variable that holds a long command's base64 while it arrives
 GUEST_NOTICE = "vmplane-guest: "  # a line the test guest prints on its console by itself (a NIC's lease)
 
@@ -67,7 +71,6 @@ def exec_result(output: bytes, code: int, tag: str, command: str, host: str) -> 
         so_far = text.split(marker)[0]
         raise DriverError(
             host,
-            f"{command!r} did not end in time: it was stopped in the guest (the console is "
-            f"free again); its output so far: {so_far[-300:]!r}",
+            f"{command!r} did not end in time: it was stopped in the guest; its output so far: {so_far[-300:]!r}",
         )
     return text, code

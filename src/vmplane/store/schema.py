@@ -316,6 +316,19 @@ class Nic(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class GuestAgent(Base):
+    """What a running VM's guest agent last said (issue 30): whether it answers (`connected`, or `none`: no
+    agent, a hung one, a guest still booting) and the guest's interfaces with their addresses (JSON: a list
+    of {name, mac, addresses}), as the agent controller read them. Written only when one of them changed."""
+
+    __tablename__ = "guest_agents"
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id"), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    interfaces: Mapped[str] = mapped_column(Text, default="[]")
+    host: Mapped[str] = mapped_column(String(255))  # the host it was read on (a moved VM is read again)
+    changed_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
 class SecGroup(Base):
     """A project's security group; its NICs' traffic is what its rules allow (`default`: inbound from its own
     members, all outbound)."""

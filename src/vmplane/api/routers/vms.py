@@ -30,6 +30,7 @@ from vmplane.core.guestexec import command_line
 from vmplane.core.migration import POSTCOPY_FLOOR_KEY, MigrationState
 from vmplane.core.migration import tuning_refusal as migration_tuning_refusal
 from vmplane.core.model import VmState
+from vmplane.store import guestagents as guest_agents
 from vmplane.store import networks as SN
 
 router = APIRouter(tags=["vms"], route_class=StrictQueryRoute)
@@ -139,7 +140,9 @@ def list_vms(
         name=name,
         project_id=None if who.is_admin else who.project_id,
     )
-    return paged_json([vm_out(v).model_dump(mode="json") for v in vms], total)
+    with orch.db.read() as s:
+        agents = guest_agents.views(s.connection(), [v.id for v in vms])
+    return paged_json([vm_out(v, agents.get(v.id)).model_dump(mode="json") for v in vms], total)
 
 
 @router.post("/vms/{name}/start", status_code=202, response_model=VmAccepted)

@@ -45,7 +45,7 @@ from vmplane.core.guestexec import exec_lines, exec_result
 from vmplane.core.hostnet import Applied, HostNetworks
 from vmplane.hosts import hostnet
 from vmplane.hosts.drivers.domainxml import domain_xml
-from vmplane.hosts.drivers.libvirtagent import AgentMixin
+from vmplane.hosts.drivers.libvirtagent import AgentMixin, AgentUnavailable
 from vmplane.hosts.drivers.libvirtdomains import discard_domain, is_absent
 from vmplane.hosts.drivers.libvirtnics import NicMixin
 from vmplane.hosts.drivers.libvirtstorage import StorageMixin
@@ -345,20 +345,37 @@ class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, Driver):
                 raise DriverError(self.host, f"{exc}; and the domain may still exist: {left}") from None
             raise
 
-    def stop(self, name: str, timeout_s: float = 0.0) -> None:
-        """Ask the guest to power off (ACPI) for up to `timeout_s`, then destroy; undefine either way."""
+    def stop(self, name: str, timeout_s: float = 0.0) -> str | None:
+        """Ask the guest to power off for up to `timeout_s` (through its guest agent when it answers, which
+        works for a guest that ignores ACPI; else ACPI), then destroy; undefine either way. How it went."""
         dom = self._lookup(name)
         if dom is None:
-            return  # the host says it has no such domain: stopping is idempotent
+            return None  # the host says it has no such domain: stopping is idempotent
+        how = "forced off"
         if self._is_active(dom) and timeout_s > 0:
-            try:
-                dom.shutdown()
-            except libvirt.libvirtError:
-                pass  # destroyed below if it does not power off
+            asked = self._ask_power_off(dom)
             deadline = time.monotonic() + timeout_s
             while self._is_active(dom) and time.monotonic() < deadline:
                 time.sleep(0.2)
+            if self._is_active(dom):
+                how = f"forced off: the guest did not power off within {timeout_s:g} s (asked through {asked})"
+            else:
+                how = f"the guest powered off (asked through {asked})"
         self._discard(dom, "stop")  # returns only once the host confirms the domain gone
+        return how
+
+    def _ask_power_off(self, dom) -> str:
+        """Ask the guest to power off: its guest agent (`guest-shutdown`) first, else ACPI; which one took it."""
+        for flag, way in (
+            (libvirt.VIR_DOMAIN_SHUTDOWN_GUEST_AGENT, "its guest agent"),
+            (libvirt.VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN, "ACPI"),
+        ):
+            try:
+                dom.shutdownFlags(flag)
+                return way
+            except libvirt.libvirtError:
+                continue
+        return "nothing: neither its guest agent nor ACPI took the request"
 
     def undefine_if_shut_off(self, name: str) -> bool:
         """Undefine a domain that is shut off now; never destroys. A start that slips in between the check
@@ -545,8 +562,14 @@ class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, Driver):
         quota, period = params.get("global_quota", -1), params.get("global_period", 0)
         return quota // period if 0 < quota < NO_CAP and period else None
 
-    def _online_vcpus(self, name: str) -> int:
-        return count_cpu_list(self.guest_exec(name, "cat /sys/devices/system/cpu/online", 30).strip().splitlines()[-1])
+    def _online_vcpus(self, name: str, want: int | None = None) -> int:
+        """vCPUs online in the guest; with `want`, a hot-plugged one the guest keeps offline is onlined
+        through the agent (`guest-set-vcpus`): no console round trip, no wait for the guest's own onliner."""
+        try:
+            return self.agent_online_vcpus(name, want)
+        except AgentUnavailable:
+            out = self.console_run(name, "cat /sys/devices/system/cpu/online", 30)[0]
+            return count_cpu_list(out.strip().splitlines()[-1])
 
     @staticmethod
     def _offline_list(cpus: list[str]) -> str:
@@ -585,7 +608,7 @@ class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, Driver):
         look that finds `vcpus` online with nothing left to offline, a round trip after the last offline."""
         deadline = time.monotonic() + (self.VCPU_WAIT_S if timeout_s is None else timeout_s)
         while True:
-            online, offlined = self._offline(name, list(keep_off)) if keep_off else (self._online_vcpus(name), 0)
+            online, offlined = self._offline(name, list(keep_off)) if keep_off else (self._online_vcpus(name, vcpus), 0)
             if online == vcpus and not offlined:
                 return
             if time.monotonic() > deadline:
@@ -993,28 +1016,65 @@ class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, Driver):
     INTERRUPT_AFTER_S = 3.0  # a shell that does not answer the probe this long is sent Ctrl-C
 
     def guest_run(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
+        """Run a shell command line in the guest; (output, exit code). Through the guest agent when it takes
+        the command (`agent_exec`), else through the serial console (`console_run`): a guest still booting
+        (its agent not up yet), a guest without an agent. A command still running at `timeout_s` is
+        stopped in the guest (DriverError says so)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            return self.agent_exec(name, command, timeout_s)
+        except AgentUnavailable as exc:
+            log.debug("%s: %s; through the serial console instead", self.host, exc)
+        return self.console_run(name, command, max(1.0, deadline - time.monotonic()))
+
+    CONSOLE_BUSY_S = 5.0  # how long a console held by someone else is tried again before giving up
+
+    def console_run(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
         """Run a shell command line in the guest through its serial console; (output, exit code).
 
-        The guest may still be booting: a probe is sent again every half second until the shell
-        answers, each time with its own markers, so late answers can not be mistaken for this one. A
-        command still running at `timeout_s` is killed in the guest (DriverError says so)."""
+        The console is opened without libvirt's FORCE flag: a person who holds it (`virsh console`) is
+        never kicked off; the command waits a little for it (CONSOLE_BUSY_S: another vmplane process's
+        exchange ends soon), then fails saying who holds what. The guest may still be booting: a probe
+        is sent again every half second until the shell answers, each time with its own markers, so late
+        answers can not be mistaken for this one."""
         lock = self._console_locks.setdefault(name, threading.Lock())
+        deadline = time.monotonic() + timeout_s
         with lock:
             self._dom(name)  # on the main connection: a missing domain or host is said as usual
             conn = self._console_conn()
             try:
                 dom = self._call(f"looking up domain {name}", conn.lookupByName, name)
-                stream = self._call("open a console stream", conn.newStream, libvirt.VIR_STREAM_NONBLOCK)
-                try:
-                    self._call("open console", dom.openConsole, None, stream, libvirt.VIR_DOMAIN_CONSOLE_FORCE)
-                    return self._console_exchange(stream, command, timeout_s)
-                finally:
+                while True:
+                    stream = self._call("open a console stream", conn.newStream, libvirt.VIR_STREAM_NONBLOCK)
                     try:
-                        stream.abort()
-                    except libvirt.libvirtError:
-                        pass
+                        if self._open_console(dom, stream, name, min(deadline, time.monotonic() + self.CONSOLE_BUSY_S)):
+                            return self._console_exchange(stream, command, max(1.0, deadline - time.monotonic()))
+                    finally:
+                        try:
+                            stream.abort()
+                        except libvirt.libvirtError:
+                            pass
+                    time.sleep(0.2)
             finally:
                 self._let_go(conn)
+
+    def _open_console(self, dom, stream, name: str, give_up_at: float) -> bool:
+        """Open the serial console on `stream` (no FORCE); False while someone else holds it, until
+        `give_up_at`, then DriverError."""
+        try:
+            dom.openConsole(None, stream, 0)
+            return True
+        except libvirt.libvirtError as exc:
+            if "active console session" not in (exc.get_error_message() or "").lower():
+                raise DriverError(self.host, f"open console: {exc.get_error_message()}") from None
+            if time.monotonic() < give_up_at:
+                return False
+            raise DriverError(
+                self.host,
+                f"the serial console of {name} is held by someone else (a `virsh console`?) and its guest "
+                "agent does not answer: vmplane does not take the console from a person; try again when "
+                "they let go",
+            ) from None
 
     def _console_conn(self) -> libvirt.virConnect:
         """A connection of its own for one console exchange. When the guest goes while its console stream is

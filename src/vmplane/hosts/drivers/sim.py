@@ -181,13 +181,14 @@ class SimDriver(SimStorageDriver, Driver):
         if self._chance("partial"):
             raise DriverError(self.host, f"start {spec.name}: the reply was lost (the domain started)")
 
-    def stop(self, name: str, timeout_s: float = 30.0) -> None:
+    def stop(self, name: str, timeout_s: float = 30.0) -> str | None:
         self._call(f"stop {name}")
         if self.fabric.remove(self.host, name):
             self._emit(name, STOPPED, STOPPED_DESTROYED)
             self._emit(name, UNDEFINED, 0)
             if self._chance("partial"):
                 raise DriverError(self.host, f"stop {name}: the reply was lost (the domain was destroyed)")
+        return None  # (the sim does not say how: its guests power off at once)
 
     def undefine_if_shut_off(self, name: str) -> bool:
         self._call(f"undefine {name} if shut off")
