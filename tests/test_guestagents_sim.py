@@ -88,3 +88,16 @@ def test_an_address_the_guest_set_by_hand_is_drift_in_the_audit(o, monkeypatch):
     assert "eth0 10.10.0.99/24" in _check(o, "web")["guest_addresses"]
     mac = vm_body(o.db, "web")["nics"][0]["mac"]
     assert f"vm web: NIC {mac}: the guest's eth0 also holds 10.10.0.99, not recorded" in o.audit()
+
+
+def test_a_pass_asks_the_most_overdue_first_and_no_more_than_its_budget(o, monkeypatch):
+    from vmplane.controllers import guestagents
+
+    monkeypatch.setattr(guestagents, "ASKS_PER_PASS", 1)
+    for name in ("a1", "a2"):
+        o.create_vm(name, "a", "small", "tiny", start=True)
+    o.guest_agents.reconcile()
+    shown = [vm_body(o.db, n)["agent"] for n in ("a1", "a2")]
+    assert sorted(shown, key=str) == [None, "connected"]  # one asked this pass (a budget of one)
+    o.guest_agents.reconcile()
+    assert [vm_body(o.db, n)["agent"] for n in ("a1", "a2")] == ["connected", "connected"]

@@ -175,8 +175,7 @@ class Audit:
         def scan() -> list[str]:
             with self.plane.db.read() as s:
                 conn = s.connection()
-                hosts = {h for (_vm, h) in SN.running_nics(conn)}
-                running = [(h, vm) for h in sorted(hosts) for vm in guest_agents.running_on(conn, h) if vm.nics]
+                running = [(h, vm) for h, vms in sorted(guest_agents.running(conn).items()) for vm in vms if vm.nics]
                 views = guest_agents.views(conn, [vm.vm_id for _h, vm in running])
             found = []
             for host, vm in running:

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.guestagents")
-PASS_S = 0.5  # between passes: a VM is asked only when it is due (rules.next_check_s)
+PASS_S = 1.0  # between passes: a VM is asked only when it is due (rules.next_check_s)
 ASK_S = 2.0  # an agent's answer is waited for this long (a hung one costs its host a pass this long)
 FORGET_EVERY = 120  # passes between two clean-ups of stopped VMs' rows
+ASKS_PER_PASS = 200  # agents asked in one pass at most (the most overdue first)
 
 
 class GuestAgents:
@@ -43,17 +44,21 @@ class GuestAgents:
         self._stop.set()
 
     def reconcile(self) -> None:
-        """One pass: every running VM that is due on every host this process owns and that answers."""
-        seen: set[int] = set()
-        for host in sorted(self.drivers):
-            if host not in self.capacity.index or not self.membership.owns_host(host):
-                continue
-            if self.capacity.index.host(host).state in UNREACHABLE_HOST_STATES:
-                continue
-            try:
-                seen |= self.check_host(host)
-            except Exception:
-                log.exception("guest agents on %s", host)
+        """One pass: the running VMs that are due on the hosts this process owns and that answer, at most
+        ASKS_PER_PASS of them (the most overdue first): a large cluster is asked less often, never with
+        more work per pass. Two reads of the store per pass, whatever the cluster's size."""
+        hosts = {
+            h
+            for h in self.drivers
+            if h in self.capacity.index
+            and self.membership.owns_host(h)
+            and self.capacity.index.host(h).state not in UNREACHABLE_HOST_STATES
+        }
+        with self.db.read() as s:
+            by_host = {h: vms for h, vms in store.running(s.connection()).items() if h in hosts}
+            known = store.views(s.connection())
+        self._ask_due(by_host, known, force=False)
+        seen = {vm.vm_id for vms in by_host.values() for vm in vms}
         for gone in set(self._due) - seen:  # stopped, deleted, or moved to a host of another process
             self._due.pop(gone, None)
             self._misses.pop(gone, None)
@@ -62,18 +67,29 @@ class GuestAgents:
             with self.db.write() as s:
                 store.forget_stopped(s.connection())
 
-    def check_host(self, host: str, force: bool = False) -> set[int]:
-        """Ask the due VMs of `host` (all of them with `force`); the ids of the VMs running there."""
+    def check_host(self, host: str, force: bool = False) -> None:
+        """Ask the due VMs of `host` now (all of them with `force`)."""
         with self.db.read() as s:
             vms = store.running_on(s.connection(), host)
             known = store.views(s.connection(), [vm.vm_id for vm in vms])
+        self._ask_due({host: vms}, known, force)
+
+    def _ask_due(
+        self, by_host: dict[str, list[store.RunningVm]], known: dict[int, store.AgentView], force: bool
+    ) -> None:
         now = time.monotonic()
-        for vm in vms:
-            view = known.get(vm.vm_id)
-            moved = view is None or view.host != host
-            if force or moved or self._due.get(vm.vm_id, 0.0) <= now:
+        due = []
+        for host, vms in by_host.items():
+            for vm in vms:
+                view = known.get(vm.vm_id)
+                at = 0.0 if force or view is None or view.host != host else self._due.get(vm.vm_id, 0.0)
+                if at <= now:
+                    due.append((at, vm.vm_id, host, vm, view))
+        for _at, _id, host, vm, view in sorted(due, key=lambda d: d[:2])[: None if force else ASKS_PER_PASS]:
+            try:
                 self.check(host, vm, view)
-        return {vm.vm_id for vm in vms}
+            except Exception:  # one VM's trouble (its row gone meanwhile) never stops the others
+                log.exception("guest agent of %s on %s", vm.name, host)
 
     def check(self, host: str, vm: store.RunningVm, known: store.AgentView | None = None) -> str:
         """Ask one VM's agent and keep its answer; the agent's state."""

@@ -33,22 +33,33 @@ class RunningVm:
     nics: dict[str, str]  # MAC -> recorded IP
 
 
-def running_on(conn: Connection, host: str) -> list[RunningVm]:
-    """The VMs running on `host`, with their NICs' recorded addresses."""
+def running(conn: Connection, host: str | None = None) -> dict[str, list[RunningVm]]:
+    """{host: the VMs running there, with their NICs' recorded addresses}, of one host or of all (one
+    query either way)."""
     v, h, n = Vm.__table__.c, L.HOSTS.c, Nic.__table__.c
-    rows = conn.execute(
-        select(v.id, v.name, n.mac, n.ip)
+    q = (
+        select(h.name.label("host"), v.id, v.name, n.mac, n.ip)
         .join(L.HOSTS, h.id == v.host_id)
         .outerjoin(Nic.__table__, (n.vm_id == v.id) & n.mac.is_not(None))
-        .where(h.name == host, v.state.in_(RUNNING))
+        .where(v.state.in_(RUNNING))
         .order_by(v.id)
     )
-    out: dict[int, RunningVm] = {}
-    for r in rows:
-        vm = out.setdefault(r.id, RunningVm(r.id, r.name, {}))
+    if host is not None:
+        q = q.where(h.name == host)
+    vms: dict[int, tuple[str, RunningVm]] = {}
+    for r in conn.execute(q):
+        _host, vm = vms.setdefault(r.id, (r.host, RunningVm(r.id, r.name, {})))
         if r.mac is not None:
             vm.nics[r.mac] = r.ip
-    return list(out.values())
+    out: dict[str, list[RunningVm]] = {}
+    for where, vm in vms.values():
+        out.setdefault(where, []).append(vm)
+    return out
+
+
+def running_on(conn: Connection, host: str) -> list[RunningVm]:
+    """The VMs running on `host`, with their NICs' recorded addresses."""
+    return running(conn, host).get(host, [])
 
 
 def views(conn: Connection, vm_ids: Iterable[int] | None = None) -> dict[int, AgentView]:
