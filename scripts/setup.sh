@@ -78,6 +78,12 @@ fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then
   apt-get update -q >/dev/null
 fi
+# the Debian test image (tests/test_debian_real.py): built once from Debian's packages with mmdebstrap (~2 min),
+# then cached until scripts/build-debian-image.sh changes
+if [ "$want_test" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  debian_image=$(bash scripts/build-debian-image.sh)  # (an assignment: a failed build stops setup)
+  say "Debian test image at $debian_image"
+fi
 
 # -- Python ------------------------------------------------------------------------------------
 [ -x .venv/bin/python ] || "$py" -m venv .venv
