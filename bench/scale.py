@@ -1,6 +1,8 @@
-"""Live scaling latency on a real guest: from the API call until the change is visible inside the guest
-(nproc / MemTotal read through the serial console), for vCPU up, memory up, memory down and vCPU down,
-repeated; p50/p95.
+"""Live scaling latency on real guests: from the API call until the change is visible inside the guest
+(nproc / MemTotal read with `vm exec`), for vCPU up, memory up, memory down and vCPU down, repeated; p50/p95.
+Side by side in one run (issue 30): a guest whose QEMU guest agent answers (vmplane reads and onlines its
+vCPUs through the agent, `vm exec` goes through guest-exec) and one whose agent was stopped (everything
+through the serial console, as before the agent: the guest's own onliner brings a hot-plugged vCPU up).
 
 usage: .venv/bin/python bench/scale.py [--runs 5]
 """
@@ -20,6 +22,14 @@ def guest(c, vm: str, command: str) -> str:
     r = c.post(f"/vms/{vm}/exec", json={"command": command, "timeout_s": 60})
     r.raise_for_status()
     return r.json()["output"]
+
+
+def wait_agent(c, vm: str, state: str) -> None:
+    """Until `vm show` says its guest agent is `state` (the agent controller asks every second)."""
+    t0 = time.perf_counter()
+    while c.get(f"/vms/{vm}").json().get("agent") != state:
+        assert time.perf_counter() - t0 < 180, f"the agent of {vm} is not {state}"
+        time.sleep(0.2)
 
 
 def timed(c, vm: str, body: dict, visible) -> tuple[float, str]:
@@ -46,13 +56,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     cluster = LocalCluster("libvirt", hosts=1)
-    samples: dict[str, list[float]] = {
-        "vCPU up 1 -> 2": [],
-        "memory up 256 -> 512 MiB": [],
-        "memory down 512 -> 256 MiB": [],
-        "vCPU down 2 -> 1": [],
-    }
-    methods: dict[str, str] = {}
+    changes = ["vCPU up 1 -> 2", "memory up 256 -> 512 MiB", "memory down 512 -> 256 MiB", "vCPU down 2 -> 1"]
+    ways = {"s": "guest agent", "c": "serial console (agent stopped)"}
+    samples: dict[tuple[str, str], list[float]] = {(name, vm): [] for name in changes for vm in ways}
+    methods: dict[tuple[str, str], str] = {}
     try:
         cluster.wait_ready()
         with cluster.client() as c:
@@ -72,18 +79,24 @@ def main() -> None:
                     "dynamic_scaling": True,
                 },
             ).raise_for_status()
-            c.post(
-                "/vms",
-                json={
-                    "name": "s",
-                    "project": "b",
-                    "offering": "flex",
-                    "template": "tiny-linux",
-                    "vcpus": 1,
-                    "memory_mib": 256,
-                    "start": True,
-                },
-            ).raise_for_status()
+            for vm in ways:
+                c.post(
+                    "/vms",
+                    json={
+                        "name": vm,
+                        "project": "b",
+                        "offering": "flex",
+                        "template": "tiny-linux",
+                        "vcpus": 1,
+                        "memory_mib": 256,
+                        "start": True,
+                    },
+                ).raise_for_status()
+            wait_agent(c, "s", "connected")
+            wait_agent(c, "c", "connected")
+            # the agent of `c` stops a moment after this command returned (it runs through that agent)
+            guest(c, "c", "(sleep 1; kill $(pidof qemu-ga)) </dev/null >/dev/null 2>&1 &")
+            wait_agent(c, "c", "none")
             base = int(guest(c, "s", "grep MemTotal /proc/meminfo").split()[1])
             steps = [
                 ("vCPU up 1 -> 2", {"vcpus": 2}, lambda n, m: n == 2),
@@ -92,30 +105,36 @@ def main() -> None:
                 ("vCPU down 2 -> 1", {"vcpus": 1}, lambda n, m: n == 1),
             ]
             for run in range(args.runs):
-                for name, body, visible in steps:
-                    seconds, message = timed(c, "s", body, visible)
-                    samples[name].append(seconds)
-                    methods[name] = message
-                    print(f"run {run}: {name}: {seconds:.2f} s ({message})", flush=True)
+                for vm in ways:  # alternated: the same machine's noise for both
+                    for name, body, visible in steps:
+                        seconds, message = timed(c, vm, body, visible)
+                        samples[(name, vm)].append(seconds)
+                        methods[(name, vm)] = message
+                        print(f"run {run}: {vm}: {name}: {seconds:.2f} s ({message})", flush=True)
     finally:
         cluster.stop()
     rows = [
         [
             name,
+            ways[vm],
             len(v),
             f"{percentile(v, 50):.2f}",
             f"{percentile(v, 95):.2f}",
             f"{min(v):.2f}",
             f"{max(v):.2f}",
-            methods.get(name, ""),
+            methods.get((name, vm), ""),
         ]
-        for name, v in samples.items()
+        for (name, vm), v in samples.items()
     ]
-    body = table(["change", "runs", "p50 s", "p95 s", "min s", "max s", "how (libvirt)"], rows)
+    for name in changes:
+        agent, console = (percentile(samples[(name, vm)], 50) for vm in ways)
+        rows.append([name, "p50 agent / console", "", f"{agent / console:.2f}", "", "", "", ""])
+    body = table(["change", "guest reached through", "runs", "p50 s", "p95 s", "min s", "max s", "how (libvirt)"], rows)
     body += (
-        "\n\nFrom `POST /vms/s/scale` until the guest itself reports the new size (nproc, MemTotal through the "
-        "serial console, polled; each poll costs ~0.1-0.2 s under TCG, included). One guest (tiny-linux, TCG) "
-        "prepared with a ceiling of 4 vCPUs / 2048 MiB. vCPU down is 'soft' under TCG (the guest offlines the "
+        "\n\nFrom `POST /vms/NAME/scale` until the guest itself reports the new size (nproc, MemTotal read with "
+        "`vm exec`, polled: through the guest agent, or the serial console when its agent was stopped; each poll "
+        "is included). Two guests (tiny-linux, TCG), each prepared with a ceiling of 4 vCPUs / 2048 MiB, scaled "
+        "in turn. vCPU down is 'soft' under TCG (the guest offlines the "
         "vCPU, a domain CPU cap of one CPU holds it), since real vCPU unplug is broken in QEMU 7.2 under TCG; "
         "vCPU up after a soft down onlines it again."
     )

@@ -168,5 +168,5 @@ def test_a_console_stream_that_can_not_be_opened_is_a_driver_error():
     console = _Conn(libvirt.libvirtError("connection dropped"))  # the exchange's own connection
     driver._console_conn = lambda: console
     with pytest.raises(DriverError, match="lv1: open a console stream"):
-        driver.guest_run("vmplane-v1", "true", 5)
+        driver.console_run("vmplane-v1", "true", 5)
     assert console.closed  # let go after the failure

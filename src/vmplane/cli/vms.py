@@ -221,7 +221,8 @@ def vm_exec(
     token: str | None = TokenOption,
     output: OutputFormat = Output,
 ):
-    """Run a command in the guest (libvirt hosts). Two or more arguments after `--` are kept whole, as
+    """Run a command in the guest (libvirt hosts): through its guest agent, or its serial console without
+    one. Two or more arguments after `--` are kept whole, as
     `kubectl exec` keeps them (`vm exec web1 -- sh -c "echo a; echo b"`); a single one is a shell line, as
     ssh runs it (`vm exec web1 -- 'nproc; free -m'`). Its standard input is empty."""
     client = Client(api, token, timeout=timeout + 30)

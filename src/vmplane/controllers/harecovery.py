@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from vmplane.controllers import guestcheck
 from vmplane.controllers.hostmonitor import probe
 from vmplane.core import failpoints
 from vmplane.core.domain import spec_of
@@ -662,6 +663,7 @@ class HostRecovery:
             self._record(conn, op.result.get("recovery"), "restarted", vm.name, vm.host_name)
         metrics.OPERATIONS.labels("restart", "succeeded").inc()
         log.warning("vm %s restarted on %s (its host %s failed)", vm.name, vm.host_name, op.result["from"])
+        guestcheck.after_restart(plane, vm.name, vm.host_name)  # an event says whether its guest came up
         return True
 
     def _presence(self, host: str, domain: str) -> str:

@@ -26,7 +26,7 @@ from vmplane.core import migration as rules
 from vmplane.core.driver import DriverError, MigrationParams
 from vmplane.core.errors import Conflict, Invalid, NotFound
 from vmplane.core.failover import Load
-from vmplane.core.guestexec import NO_SHELL
+from vmplane.core.guestexec import judged
 from vmplane.core.migration import Action, MigrationState, Outcome
 from vmplane.core.model import UNREACHABLE_HOST_STATES, ClaimKind, HostState, PlacementRequest, Size, VmState
 from vmplane.core.names import domain_name
@@ -597,12 +597,7 @@ class Migrator:
             out = health(domain, timeout_s)
         except Exception as exc:  # noqa: BLE001 - any error is an answer: not healthy (the domain did move)
             return False, f"no answer within {timeout_s:g} s ({exc})"
-        lines = [line for line in out.split() if line]
-        if len(lines) < 2 or lines[-1] != "0":
-            return False, f"kernel errors in dmesg ({lines[-1] if lines else '?'} lines)"
-        if lines[0] == NO_SHELL:
-            return True, "answered without a guest agent: the domain runs and its vCPUs advance"
-        return True, f"answered after {time.monotonic() - t0:.1f} s, uptime {lines[0]} s, no kernel errors"
+        return judged(out, time.monotonic() - t0)
 
     # -- settling by asking both hosts ---------------------------------------------------------
     def orphaned(self, mig: dict) -> bool:

@@ -627,7 +627,8 @@ class Vms:
         return "running" if info.active else "defined"
 
     def exec_in_guest(self, name: str, command: str, timeout_s: float = 30.0) -> tuple[str, int]:
-        """Run one shell line in a running VM's guest (through its console); (output, exit code)."""
+        """Run one shell line in a running VM's guest (through its guest agent, else its serial console);
+        (output, exit code)."""
         if not command.strip():
             raise Invalid("command is empty", field="command")
         deadline = time.monotonic() + timeout_s

@@ -74,3 +74,13 @@ def exec_result(output: bytes, code: int, tag: str, command: str, host: str) -> 
             f"{command!r} did not end in time: it was stopped in the guest; its output so far: {so_far[-300:]!r}",
         )
     return text, code
+
+
+def judged(out: str, took_s: float) -> tuple[bool, str]:
+    """A guest check's answer (HEALTH_COMMAND's, or NO_SHELL's) in words: (healthy, what was seen)."""
+    lines = [line for line in out.split() if line]
+    if len(lines) < 2 or lines[-1] != "0":
+        return False, f"kernel errors in dmesg ({lines[-1] if lines else '?'} lines)"
+    if lines[0] == NO_SHELL:
+        return True, "answered without a guest agent: the domain runs and its vCPUs advance"
+    return True, f"answered after {took_s:.1f} s, uptime {lines[0]} s, no kernel errors"

@@ -159,8 +159,9 @@ def stop_vm(name: str, orch: Orch, who: AnyCaller, body: VmStop | None = None):
 
 @router.post("/vms/{name}/exec", response_model=ExecResult)
 def exec_in_vm(name: str, body: ExecRequest, orch: Orch, who: AnyCaller):
-    """Run a command in the guest through its serial console (libvirt hosts), for checks: an argv keeps
-    its argument boundaries, a string is one shell line (guestexec.py)."""
+    """Run a command in the guest through its QEMU guest agent, or its serial console without one (libvirt
+    hosts; a person holding the console is never kicked off): an argv keeps its argument boundaries, a
+    string is one shell line (guestexec.py)."""
     _own_vm(orch, who, name)
     output, code = orch.exec_in_guest(name, command_line(body.command), body.timeout_s)
     return ExecResult(output=output, exit_code=code)
