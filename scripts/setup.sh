@@ -46,6 +46,7 @@ if [ "$want_test" = 1 ]; then
   command -v promtool >/dev/null || packages+=(prometheus)       # checks /metrics and the sample alert rules
   command -v certtool >/dev/null || packages+=(gnutls-bin)       # certificates of the TLS host tests
   command -v ping >/dev/null || packages+=(iputils-ping)       # guests on a provider network pinged from here (and bench/network.py)
+  command -v ssh-keygen >/dev/null || packages+=(openssh-client)  # ssh into test guests (tests/test_guest_ssh_real.py)
   # the console's browser tests drive Debian's Chromium through Playwright (never a browser download)
   command -v chromium >/dev/null || packages+=(chromium)
   # several control planes through PgBouncer (transaction pooling); a host reached by qemu+ssh:// runs an sshd

@@ -15,10 +15,16 @@ libraries it needs (found by their ELF DT_NEEDED entries in the packages of AGEN
 unpacked the same way) and the dynamic loader, on the virtio-serial port org.qemu.guest_agent.0 when
 the domain has one (virtio_console). They add ~6 MiB to the initramfs (~2.6 MiB gzip'd).
 
+It runs an SSH server: `dropbear` from Debian's `dropbear-bin` (its libraries found the same way, in the
+packages of SSH_PACKAGES), on port 22, root only (the initramfs's /etc/passwd has no other user), with
+the keys of /root/.ssh/authorized_keys (the seed's) and no password login. Its host keys are made at the
+first connection (`-R`: a fresh ed25519 key at each boot, the guest's root being a RAM disk). It adds
+~2 MiB to the initramfs (~0.9 MiB gzip'd).
+
 `root.qcow2` (same folder, same recipe) is the test template's disk image: an ext4 file system made
 with `mkfs.ext4 -d` (no loop mount) holding /etc/vmplane-template, converted with `qemu-img`. A VM's
 root disk is a qcow2 overlay on it. The guest boots in ~3.5 s under TCG and answers commands on its
-serial console (and, once qemu-ga runs, on its guest agent).
+serial console (and, once qemu-ga runs, on its guest agent; once the seed gave keys, over SSH).
 """
 
 from __future__ import annotations
@@ -44,6 +50,16 @@ MODULES += ["virtio_console"]  # the guest agent's virtio-serial port (a module 
 # The guest agent and the packages of every library it loads (a library missing from them fails the build)
 AGENT_PACKAGES = ["qemu-guest-agent", "libglib2.0-0", "libnuma1", "libudev1", "liburing2", "libpcre2-8-0", "libc6"]
 AGENT_BINARY = "usr/sbin/qemu-ga"
+# The SSH server and the packages of the libraries it loads that AGENT_PACKAGES lacks (libc6 is there)
+SSH_PACKAGES = ["dropbear-bin", "libtomcrypt1", "libtommath1", "libgmp10", "libcrypt1", "zlib1g"]
+SSH_BINARY = "usr/sbin/dropbear"
+# Root's entry (dropbear looks the user up, and takes only a shell /etc/shells lists); `x` with no
+# /etc/shadow: no password matches it (and dropbear runs with -s, no password login at all).
+ETC_FILES = {
+    "etc/passwd": "root:x:0:0:root:/root:/bin/sh\n",
+    "etc/group": "root:x:0:\n",
+    "etc/shells": "/bin/sh\n",
+}
 LIB_DIRS = ["lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu"]  # where the packages put them (multiarch)
 LOADER = "ld-linux-x86-64.so.2"  # the binaries' interpreter, at /lib64/ as their PT_INTERP says
 ROOT_DISK_MIB = 256
@@ -192,15 +208,17 @@ def _tree_file(tree: Path, path: str) -> Path:
     raise RuntimeError(f"too many symbolic links behind {path} in {tree}")
 
 
-def agent_files(tree: Path) -> list[tuple[str, int, bytes]]:
-    """The guest agent for the initramfs: qemu-ga, every library it loads (recursively, each in
-    /lib/x86_64-linux-gnu under its soname) and the loader in /lib64, as (path, mode, data)."""
-    binary = _tree_file(tree, AGENT_BINARY).read_bytes()
-    files = [
-        (AGENT_BINARY, 0o100755, binary),
-        (f"lib64/{LOADER}", 0o100755, _tree_file(tree, f"lib64/{LOADER}").read_bytes()),
-    ]
-    seen, todo = {LOADER}, list(elf_needed(binary))
+def binary_files(tree: Path, binaries: list[str]) -> list[tuple[str, int, bytes]]:
+    """`binaries` (paths in the unpacked packages' tree) for the initramfs, with every library they load
+    (recursively, each once, in /lib/x86_64-linux-gnu under its soname) and the loader in /lib64, as
+    (path, mode, data)."""
+    files = [(f"lib64/{LOADER}", 0o100755, _tree_file(tree, f"lib64/{LOADER}").read_bytes())]
+    seen: set[str] = {LOADER}
+    todo: list[str] = []
+    for path in binaries:
+        data = _tree_file(tree, path).read_bytes()
+        files.append((path, 0o100755, data))
+        todo += elf_needed(data)
     while todo:
         soname = todo.pop(0)
         if soname in seen:
@@ -208,7 +226,7 @@ def agent_files(tree: Path) -> list[tuple[str, int, bytes]]:
         seen.add(soname)
         found = [f for d in LIB_DIRS if (f := _tree_file(tree, f"{d}/{soname}")).is_file()]
         if not found:
-            raise RuntimeError(f"qemu-ga needs {soname}, which no package of AGENT_PACKAGES has: add its package")
+            raise RuntimeError(f"{soname} is needed and no package of AGENT_PACKAGES, SSH_PACKAGES has it: add it")
         data = found[0].read_bytes()
         files.append((f"lib/x86_64-linux-gnu/{soname}", 0o100755, data))
         todo += elf_needed(data)
@@ -227,7 +245,7 @@ def build(force: bool = False) -> GuestImage:
         package = _kernel_package()
         version = package.removeprefix("linux-image-")
         subprocess.run(
-            ["apt-get", "download", package, "busybox-static", *AGENT_PACKAGES],
+            ["apt-get", "download", package, "busybox-static", *AGENT_PACKAGES, *SSH_PACKAGES],
             cwd=tmp,
             check=True,
             capture_output=True,
@@ -235,15 +253,19 @@ def build(force: bool = False) -> GuestImage:
         debs = {p.name.split("_")[0]: p for p in tmp.glob("*.deb")}
         subprocess.run(["dpkg", "-x", str(debs[package]), str(tmp / "k")], check=True)
         subprocess.run(["dpkg", "-x", str(debs["busybox-static"]), str(tmp / "bb")], check=True)
-        for name in AGENT_PACKAGES:  # one tree: a library's links may point into another package's files
-            subprocess.run(["dpkg", "-x", str(debs[name]), str(tmp / "agent")], check=True)
+        # one tree: a library's links may point into another package's files
+        for name in AGENT_PACKAGES + SSH_PACKAGES:
+            subprocess.run(["dpkg", "-x", str(debs[name]), str(tmp / "bins")], check=True)
         modules = resolve_modules(tmp / "k" / "lib" / "modules" / version, MODULES)
         write_initramfs(
             tmp / "initrd.gz",
             tmp / "bb" / "bin" / "busybox",
             Path(__file__).with_name("init.sh"),
             modules,
-            agent_files(tmp / "agent"),
+            [
+                *binary_files(tmp / "bins", [AGENT_BINARY, SSH_BINARY]),
+                *((path, 0o100644, text.encode()) for path, text in ETC_FILES.items()),
+            ],
         )
         shutil.copy(tmp / "k" / "boot" / f"vmlinuz-{version}", tmp / "vmlinuz")
         (tmp / "initrd.gz").replace(d / "initrd.gz")

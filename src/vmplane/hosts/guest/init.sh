@@ -8,6 +8,7 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mkdir -p /dev/shm /dev/pts
 mount -t tmpfs -o size=90% tmpfs /dev/shm
+mount -t devpts devpts /dev/pts   # terminals of SSH sessions
 dmesg -n 1                     # keep kernel messages off the console the control plane reads
 for m in $(cat /lib/modules/load-order); do      # dependencies first (written by the build)
   insmod /lib/modules/$m.ko 2>/dev/null
@@ -279,6 +280,19 @@ if [ -x /usr/sbin/qemu-ga ] && ls /sys/bus/virtio/drivers/virtio_console/virtio*
     [ -e /var/run ] || ln -s /run /var/run
     while :; do
       qemu-ga -m virtio-serial -p /dev/virtio-ports/org.qemu.guest_agent.0 -t /run/qga </dev/null >/dev/null 2>>/run/qga/log
+      sleep 1
+    done ) </dev/null >/dev/null 2>&1 &
+fi
+# SSH: dropbear (Debian's dropbear-bin: build.py) on port 22. Only root is in /etc/passwd; it logs in with
+# the keys of /root/.ssh/authorized_keys (the seed's: none before the seed is read, none without a seed),
+# never with a password (-s). Host keys are made at the first connection that needs one (-R), in
+# /etc/dropbear: new ones at every boot (the root is a RAM disk). Under TCG that first connection takes ~1 s
+# more, where making an ed25519 key at boot (dropbearkey) took ~1.3 s of every boot. Started again if it
+# ends; its log (-E: to stderr, there is no syslog) is /run/dropbear.log.
+if [ -x /usr/sbin/dropbear ]; then
+  mkdir -p /etc/dropbear
+  ( while :; do
+      dropbear -F -E -R -s -p 22 </dev/null >/dev/null 2>>/run/dropbear.log
       sleep 1
     done ) </dev/null >/dev/null 2>&1 &
 fi
