@@ -95,16 +95,50 @@ def test_a_vms_page_lists_each_nic_with_its_network_kind_mac_ip_groups_and_state
     nics = _nics(con.o, "n2")
     assert [n[0] for n in nics] == ["alpha-net", "public"] and nics[0][2] == "10.10.0.50"
     assert rows(r.text, "data-nic") == [n[1] for n in nics]  # in slot order: the first NIC first
-    assert row(r.text, nics[0][1], "data-nic") == f"alpha-net isolated {nics[0][1]} 10.10.0.50 default, web attached"
+    # (stopped: what the guest holds is not known)
     assert (
-        row(r.text, nics[1][1], "data-nic") == f"public provider shared {nics[1][1]} {nics[1][2]} default, web attached"
+        row(r.text, nics[0][1], "data-nic")
+        == f"alpha-net isolated {nics[0][1]} 10.10.0.50 unknown default, web attached"
     )
+    assert (
+        row(r.text, nics[1][1], "data-nic")
+        == f"public provider shared {nics[1][1]} {nics[1][2]} unknown default, web attached"
+    )
+    assert "Guest agent: not known" in text(r.text)
     assert 'href="/ui/networks/public"' in r.text and HINT not in text(r.text)
     shown = {
         (n["network"], n["mac"], n["ip"], tuple(n["secgroups"]))
         for n in con.api(ADMIN).get("/api/v1/vms/n2").json()["nics"]
     }
     assert shown == {(net, mac, ip, tuple(groups)) for net, mac, ip, groups in nics}  # what `vm show` says
+
+
+def test_a_running_vms_page_shows_its_agent_and_what_the_guest_holds_marking_an_address_not_recorded(fresh):
+    o, admin = fresh.o, fresh.client(ADMIN)
+    (nic,) = _nics(o, "n1")
+    mac, ip = nic[1], nic[2]
+    assert "Guest agent: not known" in text(admin.get("/ui/vms/n1").text)  # not asked yet
+    host = o.vm("n1").host.name
+    o.guest_agents.check_host(host, force=True)
+    r = admin.get("/ui/vms/n1")
+    assert "Guest agent: connected" in text(r.text)
+    assert row(r.text, mac, "data-nic") == f"alpha-net isolated {mac} {ip} {ip}/24 default attached"
+    assert 'class="drift"' not in r.text
+    driver = o.drivers[host]
+    real = driver.agent_interfaces
+    driver.agent_interfaces = lambda name, timeout_s=5.0: [  # the guest's own `ip addr add`
+        i._replace(addresses=[*i.addresses, "10.10.0.99/24"]) if i.mac == mac else i for i in real(name, timeout_s)
+    ]
+    o.guest_agents.check_host(host, force=True)
+    r = admin.get("/ui/vms/n1")
+    assert row(r.text, mac, "data-nic") == f"alpha-net isolated {mac} {ip} {ip}/24 10.10.0.99/24 default attached"
+    assert '<code class="drift" title="not the recorded address: vmplane audit">10.10.0.99/24</code>' in r.text
+    o.drivers[host].fabric.silence_agent(o.domain_name("n1"))
+    o.guest_agents.check_host(host, force=True)
+    r = admin.get("/ui/vms/n1")
+    assert "Guest agent: none" in text(r.text) and row(r.text, mac, "data-nic").endswith(
+        f"{ip} unknown default attached"
+    )
 
 
 def test_a_vm_without_a_nic_says_how_to_get_one_on_its_page_and_in_its_live_fragment(admin):

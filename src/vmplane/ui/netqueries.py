@@ -11,6 +11,7 @@ from sqlalchemy import Select, distinct, func, or_, select
 
 from vmplane.core import networks as rules
 from vmplane.core.errors import NotFound
+from vmplane.store import guestagents as guest_agents
 from vmplane.store.schema import Network, Nic, NicSecGroup, Project, SecGroup, SecGroupRule, Vm, Zone
 
 NETWORKS, NICS, VMS = Network.__table__, Nic.__table__, Vm.__table__
@@ -156,3 +157,16 @@ def host_networks(db, zone_id: int, host_id: int, limit: int) -> tuple[list[dict
         dict(r._mapping, bridge=rules.bridge_of(r.id), vxlan=rules.vxlan_of(r.id), vni=rules.vni_of(r.id)) for r in rows
     ]
     return out, (rows[0].total if rows else 0)
+
+
+def vm_agent(db, vm_id: int, vm_state: str) -> dict | None:
+    """What a running VM's guest agent last said, for its page: {state, by_mac: {MAC: [ADDR/PREFIX]}}, or
+    None when the VM does not run or was not asked yet."""
+    if vm_state not in guest_agents.RUNNING:
+        return None
+    with db.read() as s:
+        view = guest_agents.views(s.connection(), [vm_id]).get(vm_id)
+    if view is None:
+        return None
+    by_mac = {i.mac.lower(): [a for a in i.addresses if ":" not in a] for i in view.interfaces}
+    return {"state": view.state, "by_mac": by_mac}
