@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -296,3 +297,27 @@ CALM = "kill $(cat /tmp/busy 2>/dev/null) 2>/dev/null; rm -f /tmp/busy; true"  #
 def calm(live: LiveServer, vm: str) -> None:
     """End the loops busy() started (a busy guest would load the shared machine for the tests after)."""
     guest(live, vm, CALM)
+
+
+def keypair(folder: Path, name: str) -> Path:
+    """A new ed25519 key pair in `folder`: the private key's path (the public key beside it, .pub)."""
+    key = folder / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@vmplane", "-f", str(key)], check=True)
+    return key
+
+
+def ssh(key: Path, address: str, command: str) -> subprocess.CompletedProcess:
+    """`ssh -i KEY root@ADDRESS COMMAND` from this machine, with this key only (no agent, no ~/.ssh keys),
+    never prompting, trusting the guest's host key (new at each boot of a test guest)."""
+    return subprocess.run(
+        [
+            *("ssh", "-i", str(key)),
+            *("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"),
+            *("-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"),
+            f"root@{address}",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from .realguest import guest, host_of, libvirt_cluster, require_libvirt, run_json, wait_until
+from .realguest import guest, host_of, keypair, libvirt_cluster, require_libvirt, run_json, ssh, wait_until
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build-debian-image.sh"
 # not the 10.40 (test_networks_real.py) nor 10.44 (test_guest_ssh_real.py) provider networks: the gateway
@@ -68,36 +68,12 @@ def image() -> Path:
     pytest.fail(f"the Debian test image is not built ({path}): run {SCRIPT.name} (setup.sh --test does)")
 
 
-def keypair(folder: Path) -> Path:
-    """A new ed25519 key pair: the private key's path (the public key beside it, .pub)."""
-    key = folder / "debian-key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "debian@vmplane", "-f", str(key)], check=True)
-    return key
-
-
-def ssh(key: Path, address: str, command: str) -> subprocess.CompletedProcess:
-    """`ssh -i KEY root@ADDRESS COMMAND` from this machine with this key only, never prompting, trusting the
-    guest's host key (cloud-init makes new ones at first boot)."""
-    return subprocess.run(
-        [
-            *("ssh", "-i", str(key)),
-            *("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"),
-            *("-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"),
-            f"root@{address}",
-            command,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.fixture(scope="module")
 def debian(tmp_path_factory, image):
     """A running VM from the Debian image on the provider network: (live, its `vm show`, the private key,
     when it was started)."""
     folder = tmp_path_factory.mktemp("debian")
-    key = keypair(folder)
+    key = keypair(folder, "debian-key")
     (folder / "user-data").write_text(USER_DATA)
     live = libvirt_cluster(tmp_path_factory.mktemp("cluster"), hosts=1)
     try:

@@ -18,7 +18,7 @@ import pytest
 
 from vmplane.hosts.guest import build
 
-from .realguest import libvirt_cluster, run_json, wait_until
+from .realguest import keypair, libvirt_cluster, run_json, ssh, wait_until
 from .test_guest_disk import _cpio_files
 
 # not test_networks_real.py's 10.40.0.0/24 (nor bench/network.py's): the gateway address is this machine's,
@@ -27,30 +27,6 @@ PROVIDER = "10.44.0.0/24"
 GATEWAY = "10.44.0.1"
 HOSTNAME = "ssh-guest-1"
 SSH_S = 240  # generous: boot, DHCP and the seed under TCG on a shared 2-core machine
-
-
-def keypair(folder: Path, name: str) -> Path:
-    """A new ed25519 key pair in `folder`: the private key's path (the public key beside it, .pub)."""
-    key = folder / name
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@vmplane", "-f", str(key)], check=True)
-    return key
-
-
-def ssh(key: Path, address: str, command: str) -> subprocess.CompletedProcess:
-    """`ssh -i KEY root@ADDRESS COMMAND` from this machine, with this key only (no agent, no ~/.ssh keys),
-    never prompting, trusting the guest's host key (new at each boot)."""
-    return subprocess.run(
-        [
-            *("ssh", "-i", str(key)),
-            *("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"),
-            *("-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"),
-            f"root@{address}",
-            command,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")

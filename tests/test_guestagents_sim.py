@@ -6,9 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from vmplane.api.views import vm_body
-from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.server import create_app
-from vmplane.store import Database
 from vmplane.store import ledger as L
 from vmplane.store import networks as NW
 
@@ -16,13 +14,9 @@ from .conftest import ADMIN_TOKEN, add_basics, add_sim_hosts
 
 
 @pytest.fixture
-def o(tmp_path):
-    db = Database(f"sqlite:///{tmp_path}/store.db")
-    db.migrate()
-    o = Orchestrator(db, InlineExecutor())
-    o.load()
-    o.catalog.create_zone("z1")
-    o.catalog.create_cluster("c1", "z1")
+def o(orch):
+    """Two sim hosts, the usual offerings, project a."""
+    o = orch
     add_sim_hosts(o, 2)
     add_basics(o)
     o.catalog.create_project("a", 100, 1 << 20, 100, count_overhead=False)
@@ -31,9 +25,7 @@ def o(tmp_path):
         NW.create_network(
             conn, "a-net", "isolated", zone_id, "10.10.0.0/24", project_id=L.lock_project(conn, name="a").id
         )
-    yield o
-    o.close()
-    db.dispose()
+    return o
 
 
 def _check(o, vm):

@@ -9,8 +9,6 @@ import pytest
 
 from vmplane.core import cloudinit as CI
 from vmplane.core.errors import Invalid
-from vmplane.orchestrator import InlineExecutor, Orchestrator
-from vmplane.store import Database
 from vmplane.store import ledger as L
 from vmplane.store import seeds as SS
 
@@ -18,19 +16,13 @@ from .conftest import add_basics, add_sim_hosts
 
 
 @pytest.fixture
-def o(tmp_path):
-    db = Database(f"sqlite:///{tmp_path}/store.db")
-    db.migrate()
-    o = Orchestrator(db, InlineExecutor())
-    o.load()
-    o.catalog.create_zone("z1")
-    o.catalog.create_cluster("c1", "z1")
+def o(orch):
+    """Two sim hosts, the usual offerings, project a."""
+    o = orch
     add_sim_hosts(o, 2)
     add_basics(o)
     o.catalog.create_project("a", 100, 1 << 20, 100, count_overhead=False)
-    yield o
-    o.close()
-    db.dispose()
+    return o
 
 
 @pytest.fixture(scope="module")
