@@ -25,6 +25,7 @@ log = logging.getLogger("vmplane.guestagents")
 PASS_S = 1.0  # between passes: a VM is asked only when it is due (rules.next_check_s)
 ASK_S = 2.0  # an agent's answer is waited for this long (a hung one costs its host a pass this long)
 FORGET_EVERY = 120  # passes between two clean-ups of stopped VMs' rows
+HOST_QUIET_S = 10.0  # a host whose connection failed is not asked for this long (its monitor deals with it)
 ASKS_PER_PASS = 200  # agents asked in one pass at most (the most overdue first)
 
 
@@ -35,6 +36,7 @@ class GuestAgents:
         self._stop = threading.Event()
         self._due: dict[int, float] = {}  # vm id -> when it is asked next (monotonic)
         self._misses: dict[int, int] = {}  # vm id -> answers in a row that were not complete
+        self._quiet: dict[str, float] = {}  # host -> until when it is not asked (its connection failed)
         self._passes = 0
 
     def start(self) -> None:
@@ -86,6 +88,8 @@ class GuestAgents:
                 if at <= now:
                     due.append((at, vm.vm_id, host, vm, view))
         for _at, _id, host, vm, view in sorted(due, key=lambda d: d[:2])[: None if force else ASKS_PER_PASS]:
+            if not force and self._quiet.get(host, 0.0) > now:
+                continue
             try:
                 self.check(host, vm, view)
             except Exception:  # one VM's trouble (its row gone meanwhile) never stops the others
@@ -99,7 +103,10 @@ class GuestAgents:
         try:
             interfaces = driver.agent_interfaces(domain_name(vm.name), timeout_s=ASK_S)
             state = "connected"
-        except DriverError:
+        except DriverError as exc:
+            if "guest agent of" not in str(exc):  # the host, not the agent: left alone a while, nothing recorded
+                self._quiet[host] = time.monotonic() + HOST_QUIET_S
+                return "unknown"
             interfaces, state = [], "none"
         whole = state == "connected" and rules.complete(vm.nics, interfaces)
         misses = 0 if whole else self._misses.get(vm.vm_id, 0) + 1

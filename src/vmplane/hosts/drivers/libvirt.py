@@ -46,6 +46,7 @@ from vmplane.core.hostnet import Applied, HostNetworks
 from vmplane.hosts import hostnet
 from vmplane.hosts.drivers.domainxml import domain_xml
 from vmplane.hosts.drivers.libvirtagent import AgentMixin, AgentUnavailable
+from vmplane.hosts.drivers.libvirtconsole import ConsoleMixin
 from vmplane.hosts.drivers.libvirtdomains import discard_domain, is_absent
 from vmplane.hosts.drivers.libvirtnics import NicMixin
 from vmplane.hosts.drivers.libvirtstorage import StorageMixin
@@ -159,7 +160,7 @@ def resolve_image(image: str) -> guest.GuestImage:
     raise DriverError("-", f"image {image!r} is neither {guest.IMAGE_NAME} nor a folder with vmlinuz and initrd.gz")
 
 
-class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, Driver):
+class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, ConsoleMixin, Driver):
     kind = "libvirt"
 
     def __init__(self, host: str, uri: str, accel: str | None = None):
@@ -252,6 +253,19 @@ class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, Driver):
         except libvirt.libvirtError as exc:
             if is_absent(exc):
                 return None
+            raise DriverError(self.host, f"looking up domain {name}: {exc.get_error_message()}") from None
+
+    def _connected_dom(self, name: str) -> libvirt.virDomain:
+        """The domain on the connection as it is, for a background poll (the guest agent controller), called
+        with `_conn_lock` held: a connection that died is not opened again here, the host monitor does it.
+        Reconnecting from a poll raced the monitor's own calls on the dying connection, which crashed
+        libvirt's client (a SIGSEGV in listAllDomains under test_ha_real's network cut)."""
+        conn = self._conn
+        if conn is None or not conn.isAlive():
+            raise DriverError(self.host, "not connected (the host monitor connects again)")
+        try:
+            return conn.lookupByName(name)
+        except libvirt.libvirtError as exc:
             raise DriverError(self.host, f"looking up domain {name}: {exc.get_error_message()}") from None
 
     def _dom(self, name: str) -> libvirt.virDomain:

@@ -65,6 +65,10 @@ class AgentMixin:
         uri: str
 
         def _dom(self, name: str) -> Any: ...
+        def _connected_dom(self, name: str) -> Any: ...
+
+        _conn_lock: Any
+
         def _is_active(self, dom: Any) -> bool: ...
 
     def _agent(self, dom: Any, name: str, execute: str, arguments: dict | None, timeout_s: float) -> Any:
@@ -96,7 +100,12 @@ class AgentMixin:
         return True
 
     def agent_interfaces(self, name: str, timeout_s: float = 5.0) -> list[GuestInterface]:
-        found = self._agent(self._dom(name), name, "guest-network-get-interfaces", None, timeout_s)
+        """The guest's interfaces. Asked every few seconds by the guest agent controller, so: on the connection
+        as it is, never one this call opens again (`_connected_dom`), and under the connection's lock, so that
+        no other thread opens a new connection while this call is in flight on one that dies (libvirt's
+        client crashed on that: a SIGSEGV under test_ha_real's network cut)."""
+        with self._conn_lock:
+            found = self._agent(self._connected_dom(name), name, "guest-network-get-interfaces", None, timeout_s)
         return [
             GuestInterface(
                 str(iface.get("name", "")),
