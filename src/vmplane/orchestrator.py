@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from vmplane.controllers.audit import Audit
+from vmplane.controllers.consoles import Consoles
 from vmplane.controllers.diskmoves import DiskMoves
 from vmplane.controllers.guestagents import GuestAgents
 from vmplane.controllers.ha import HaController
@@ -115,6 +116,7 @@ class Orchestrator:
             lambda: reconcile_running(plane),
         )
         self.guest_agents = GuestAgents(plane)  # what running guests' agents say: connected, addresses
+        self.consoles = Consoles(plane)  # people's serial console sessions
         self.overdue = OverdueOperations(plane)  # its own operations left in flight past their deadline
         self.auditor = Audit(plane, self.volumes, self.pools)
         self.reads = Reads(db, catalog)
@@ -178,6 +180,7 @@ class Orchestrator:
             self.networking,
             self.nics,
             self.guest_agents,
+            self.consoles,
         )
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from vmplane.api.deps import Admin, Caller, caller
 from vmplane.api.errors import install_error_handlers
 from vmplane.api.metricscollect import StateCollector
 from vmplane.api.paging import StrictQueryRoute
+from vmplane.api.routers import consoles as console_routes
 from vmplane.api.routers import controllers as controller_routes
 from vmplane.api.routers import events as event_routes
 from vmplane.api.routers import (
@@ -150,6 +151,7 @@ def create_api(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
     # is the hottest read (these modules' paths do not overlap, so the order changes nothing else).
     for module in (
         vms,
+        console_routes,
         zones,
         hosts,
         projects,

@@ -10,7 +10,7 @@ import abc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from vmplane.core.hostnet import Applied, HostNetworks
 
@@ -197,6 +197,16 @@ class Resized:
     @classmethod
     def of(cls, method: str, info: DomainInfo) -> Resized:
         return cls(method, info.usable_vcpus, info.memory_mib, info.cpu_cap, info.vcpus)
+
+
+class ConsoleStream(Protocol):
+    """A domain's serial console, opened by `Driver.open_console` (issue 31): bytes from the guest and keys to
+    it. `read` returns b"" when nothing came within `timeout_s`, and raises DriverError once the console
+    closed (the domain stopped or left the host: a migration's source)."""
+
+    def read(self, timeout_s: float) -> bytes: ...
+    def write(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -437,6 +447,11 @@ class Driver(abc.ABC):
         error merged in, exit code). A command still running at `timeout_s` is left running in the guest,
         and DriverError says so."""
         raise self._no_agent()
+
+    def open_console(self, name: str) -> ConsoleStream:
+        """The serial console of a running domain, for a person (issue 31); never taken from another holder
+        (a `virsh console`): DriverError then."""
+        raise DriverError(self.host, "this host has no serial console to open")
 
     def fs_freeze(self, name: str, thaw_after_s: float = 10.0) -> int:
         """Freeze the guest's file systems through its agent (how many); thawed by `fs_thaw`, or at the

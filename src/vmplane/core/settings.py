@@ -232,9 +232,26 @@ KEYS: dict[str, SettingKey] = {
             "vmplane.vm.shutdown.timeout",
             30,
             "cluster",
-            "Seconds a stop waits for the guest to power off (ACPI) before forcing it off.",
+            "Seconds a stop waits for the guest to power off (asked through its guest agent, else ACPI) before "
+            "forcing it off.",
             0,
             86400,
+        ),
+        _int(
+            "vmplane.console.idle.timeout",
+            900,
+            "global",
+            "Seconds a serial console session may stay without a keystroke or output before it is closed.",
+            10,
+            86400,
+        ),
+        _int(
+            "vmplane.console.session.max",
+            28800,
+            "global",
+            "Seconds a serial console session may last at most, busy or not.",
+            10,
+            604800,
         ),
         _float(
             "vmplane.host.check.interval",

@@ -1,7 +1,7 @@
 """Prometheus metrics of the control plane (served at /metrics): events counted where they happen.
 The cluster's state (VMs, projects, hosts, what is in flight) is read at scrape time: metricscollect."""
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 ADMISSIONS = Counter("vmplane_admissions_total", "Admission decisions (create-and-start, start)", ["result"])
 MIGRATIONS = Counter("vmplane_migrations_total", "Live migrations that ended, by result", ["result"])
@@ -39,4 +39,9 @@ API_REQUEST_SECONDS = Histogram(
     "Time to the response's headers, by method, route template and status class",
     ["method", "route", "status"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+CONSOLE_SESSIONS = Gauge("vmplane_console_sessions", "Serial console sessions open in this process", ["mode"])
+CONSOLE_TICKETS_REFUSED = Counter(
+    "vmplane_console_tickets_refused_total", "Serial console tickets refused, by reason", ["reason"]
 )

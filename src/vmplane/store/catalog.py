@@ -687,6 +687,11 @@ class Catalog:
             raise Unauthorized("the bearer token is not valid")
         return row["name"], row["role"], row["project_id"]
 
+    def token_by_hash(self, token_hash: str) -> tuple[str, str, int | None] | None:
+        """(name, role, project id) of the token whose hash is `token_hash`, while it is not revoked."""
+        row = prepared(self.db.engine, _TOKEN_BY_HASH).first(digest=token_hash)
+        return None if row is None else (row["name"], row["role"], row["project_id"])
+
     def tokens(self, project_id: int | None = None) -> list[dict[str, Any]]:
         """Every token (or a project's), without its hash."""
         stmt = (

@@ -27,6 +27,7 @@ from vmplane.store.ownership import owner_of
 from vmplane.store.schema import (
     Claim,
     Cluster,
+    ConsoleTicket,
     GuestAgent,
     Host,
     Migration,
@@ -515,6 +516,7 @@ def delete_vm(conn: Connection, vm_id: int, note: str = "") -> None:
     conn.execute(NicSecGroup.__table__.delete().where(NicSecGroup.__table__.c.nic_id.in_(nics)))
     conn.execute(Nic.__table__.delete().where(Nic.__table__.c.vm_id == vm_id))  # its addresses are free again
     conn.execute(GuestAgent.__table__.delete().where(GuestAgent.__table__.c.vm_id == vm_id))
+    conn.execute(ConsoleTicket.__table__.delete().where(ConsoleTicket.__table__.c.vm_id == vm_id))
     conn.execute(VMS.delete().where(_V.id == vm_id))
     if before is not None:
         events.record(

@@ -329,6 +329,21 @@ class GuestAgent(Base):
     changed_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class ConsoleTicket(Base):
+    """A serial console ticket (issue 31): only its hash is kept; single-use (`used_at` set in the transaction
+    that redeems it), redeemable until `expires_at`, bound to the VM, the caller's token and, from a browser,
+    its console session (core/consoles.py)."""
+
+    __tablename__ = "console_tickets"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64))
+    session_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime, index=True)
+    used_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
 class SecGroup(Base):
     """A project's security group; its NICs' traffic is what its rules allow (`default`: inbound from its own
     members, all outbound)."""

@@ -52,6 +52,7 @@ from vmplane.core.driver import (
     Resized,
 )
 from vmplane.core.hostnet import Applied, HostNetworks
+from vmplane.hosts.drivers.simconsole import SimConsole
 from vmplane.hosts.drivers.simevents import (
     CRASHED,
     RESUMED,
@@ -524,6 +525,10 @@ class SimDriver(SimStorageDriver, Driver):
 
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
         raise DriverError(self.host, "sim hosts have no guest to run commands in; use a libvirt host")
+
+    def open_console(self, name: str) -> SimConsole:
+        self._call(f"open the console of {name}")
+        return SimConsole(self, name)
 
     # -- the guest agent (simagent.py: every running guest has one, unless fabric.silence_agent) ----------
     def _agent_answers(self, name: str, what: str) -> None:
