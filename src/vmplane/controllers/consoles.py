@@ -33,6 +33,7 @@ log = logging.getLogger("vmplane.consoles")
 WATCH_S = 0.25  # between two watch passes: a revoked token closes its sessions within a second
 READ_S = 0.05  # one read of a link's stream (its thread's pause when nothing came)
 REOPEN_S = 0.2  # between two attempts to open a closed console again
+HELD_WAIT_S = 2.0  # a console held by another is tried again this long (a link of this process closing)
 CLOSE_REVOKED, CLOSE_LIMIT, CLOSE_GONE = 4401, 4408, 4410  # websocket close codes (4000-4999: the application's)
 
 
@@ -218,7 +219,15 @@ class Consoles:
         driver = self.drivers.get(host)
         if driver is None:
             raise DriverError(host, f"host {host} is not connected")
-        link.stream, link.host = driver.open_console(domain_name(link.vm)), host
+        deadline = time.monotonic() + HELD_WAIT_S
+        while True:
+            try:
+                link.stream, link.host = driver.open_console(domain_name(link.vm)), host
+                return
+            except DriverError as exc:  # held: perhaps by this process's link that is closing (its last viewer left)
+                if "held by someone else" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(REOPEN_S)
 
     def _pump(self, link: Link) -> None:
         """The link's thread: guest output to every session; a closed console opened again where the record
@@ -246,10 +255,15 @@ class Consoles:
             old.close()
             link.stream = None
             log.info("console of %s on %s closed (%s): opening it again", link.vm, before, exc)
+        told = False
         while not link.stop.is_set() and not self.closing.is_set():
             try:
                 self._open(link)
-            except Exception:  # noqa: BLE001 - not yet (the record not moved yet, the domain starting)
+            except Exception as exc:  # noqa: BLE001 - not yet (the record not moved yet, the domain starting)
+                if not told and "its console opens while it runs" in str(exc):
+                    told = True  # (a stop: said once; the session waits for the VM to run again)
+                    for s in list(link.sessions.values()):
+                        s.send({"type": "notice", "text": f"{exc}; the console waits for it to run again"})
                 link.stop.wait(REOPEN_S)
                 continue
             moved = f"on {link.host} (it was on {before})" if link.host != before else f"on {link.host}"
@@ -261,6 +275,7 @@ class Consoles:
     def _event(self, vm: str, message: str) -> None:
         try:
             with self.db.transaction() as conn:
-                events.record(conn, "vm", vm, message=message, vm=vm)
+                project_id = L.vm_row(conn, name=vm).project_id
+                events.record(conn, "vm", vm, message=message, vm=vm, project_id=project_id)
         except Exception:
             log.exception("console event of %s", vm)

@@ -1,5 +1,6 @@
 """A VM's serial console over a websocket (issue 31): `GET /api/v1/vms/{name}/console` (served here, in the
-console's layer: a browser authenticates with its session cookie, the CLI with its bearer header), and the
+console's layer: the CLI authenticates with its bearer header) and the same at `/ui/vms/{name}/console` (a
+browser, with its session cookie, whose path is /ui), and the
 web console's ticket route `POST /ui/vms/{name}/console/ticket` (its session and CSRF token; the ticket is
 bound to the session too). Tickets: api/routers/consoles.py, store/consoletickets.py, core/consoles.py.
 
@@ -43,7 +44,9 @@ def browser_ticket(name: str, request: Request, who: Actor):
     who.check_project(orch.vm(name).project_id, "vm", name)
     sid = session_id(request) or ""
     row = session_caller(orch.db, sid)
-    return issue_ticket(orch, name, row["token_hash"] if row else "", hash_session(sid))
+    out = issue_ticket(orch, name, row["token_hash"] if row else "", hash_session(sid))
+    out.websocket = f"/ui/vms/{name}/console"  # (the session cookie's path is /ui: it never goes to /api/v1)
+    return out
 
 
 def _presenter(orch: Orchestrator, ws: WebSocket, vm_id: int) -> tuple[rules.Presenter, Any]:
@@ -72,6 +75,7 @@ def _presenter(orch: Orchestrator, ws: WebSocket, vm_id: int) -> tuple[rules.Pre
 
 
 @router.websocket("/api/v1/vms/{name}/console")
+@router.websocket("/ui/vms/{name}/console")
 async def console_socket(ws: WebSocket, name: str):
     orch: Orchestrator = ws.app.state.orchestrator
     host = ws.headers.get("host")
@@ -102,6 +106,15 @@ async def console_socket(ws: WebSocket, name: str):
     await _serve(ws, orch, name, mode if mode in rules.MODES else "read", lambda: allowed(vm.project_id))
 
 
+def _caller_name(orch: Orchestrator, ws: WebSocket) -> tuple:
+    """The token's name behind the websocket (its bearer header, or its browser session), for events."""
+    token = bearer_hash(ws.headers)
+    if token is not None:
+        return orch.catalog.token_by_hash(token) or ("?",)
+    row = session_caller(orch.db, ws.cookies.get(COOKIE) or "")
+    return (row["name"],) if row else ("?",)
+
+
 def _redeem(orch: Orchestrator, ticket: str, presenter: rules.Presenter) -> str | None:
     with orch.db.transaction() as conn:
         return tickets.redeem(conn, ticket, presenter)
@@ -116,7 +129,7 @@ async def _serve(ws: WebSocket, orch: Orchestrator, vm: str, mode: str, still_al
     """Bridge the websocket and the VM's console until either side ends."""
     loop = asyncio.get_running_loop()
     out: asyncio.Queue = asyncio.Queue()
-    name = await to_thread.run_sync(lambda: orch.catalog.token_by_hash(bearer_hash(ws.headers) or "") or ("a browser",))
+    name = await to_thread.run_sync(_caller_name, orch, ws)
     session = Session(
         vm=vm,
         who=str(name[0]),
