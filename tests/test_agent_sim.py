@@ -90,3 +90,17 @@ def test_a_driver_without_an_agent_says_so():
         bare.agent_ping("vm1")
     with pytest.raises(DriverError, match="no guest agent"):
         bare.agent_exec("vm1", "true")
+
+
+def test_a_sim_freeze_holds_until_thawed_or_its_deadline_in_any_process(fabrics):
+    a, b = fabrics
+    driver = started(a)
+    assert driver.fs_freeze("vm1") == 1
+    other = SimDriver("h1", INFO, b)  # another control plane's view of the same host
+    assert other.fs_frozen("vm1") is True
+    assert driver.fs_thaw("vm1") == 1 and other.fs_frozen("vm1") is False
+    driver.fs_freeze("vm1", thaw_after_s=0)  # nobody thaws it: its deadline does
+    assert driver.fs_frozen("vm1") is False
+    b.silence_agent("vm1")
+    with pytest.raises(DriverError, match="not connected"):
+        driver.fs_freeze("vm1")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import faulthandler
 
-from vmplane.cli import catalog, events, groups, images, infra, local, networks, projectkeys, storage, vms  # noqa: F401  (each registers its commands)
+from vmplane.cli import catalog, console, events, groups, images, infra, local, networks, projectkeys, storage, vms  # noqa: F401  (each registers its commands)
 from vmplane.cli.common import app
 
 

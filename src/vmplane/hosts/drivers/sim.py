@@ -551,6 +551,21 @@ class SimDriver(SimStorageDriver, Driver):
         self._agent_answers(name, "guest-exec")
         raise DriverError(self.host, "sim guests run no commands, not even through their agent; use a libvirt host")
 
+    def fs_freeze(self, name: str, thaw_after_s: float = 10.0) -> int:
+        """One file system frozen, thawed at the latest `thaw_after_s` later (kept in the fabric's file: a
+        control plane killed meanwhile changes nothing)."""
+        self._agent_answers(name, "guest-fsfreeze-freeze")
+        self.fabric.freeze(name, time.time() + thaw_after_s)
+        return 1
+
+    def fs_thaw(self, name: str) -> int:
+        self._agent_answers(name, "guest-fsfreeze-thaw")
+        return int(self.fabric.thaw(name))
+
+    def fs_frozen(self, name: str) -> bool:
+        self._agent_answers(name, "guest-fsfreeze-status")
+        return self.fabric.frozen(name)
+
     def agent_shutdown(self, name: str) -> None:
         """The guest powers off at once: its domain is left shut off (reason shutdown), as a defined domain's
         on_poweroff=destroy leaves it on a real host."""

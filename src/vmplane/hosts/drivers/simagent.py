@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ class AgentFabric:
 
     def _init_agents(self) -> None:
         self._db.execute("CREATE TABLE IF NOT EXISTS silent_agents (name TEXT PRIMARY KEY)")
+        # a frozen guest's file systems, until when at the latest (the thaw guard's deadline, wall clock)
+        self._db.execute("CREATE TABLE IF NOT EXISTS frozen_guests (name TEXT PRIMARY KEY, until REAL NOT NULL)")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS bridge_prefixes (host TEXT NOT NULL, bridge TEXT NOT NULL, "
             "prefix INTEGER NOT NULL, PRIMARY KEY (host, bridge))"
@@ -69,3 +72,21 @@ class AgentFabric:
             lease = leases.get(mac)
             out.append(GuestInterface(f"eth{i}", mac, [f"{lease}/{prefixes.get(bridge, 32)}"] if lease else []))
         return out
+
+    def freeze(self, name: str, until: float) -> None:
+        """The guest of `name` freezes its file systems, thawed by `thaw` or at `until` (time.time()) at the
+        latest: the sim's thaw guard, which no process has to run."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO frozen_guests (name, until) VALUES (?, ?)", (name, until))
+
+    def thaw(self, name: str) -> bool:
+        """Thaw the guest of `name`; whether it was frozen."""
+        frozen = self.frozen(name)
+        with self._tx() as db:
+            db.execute("DELETE FROM frozen_guests WHERE name = ?", (name,))
+        return frozen
+
+    def frozen(self, name: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT until FROM frozen_guests WHERE name = ?", (name,)).fetchone()
+        return row is not None and row[0] > time.time()
