@@ -17,6 +17,7 @@ import pytest
 from . import uikit
 from .conftest import ADMIN_TOKEN, LiveServer
 from .realguest import guest, libvirt_cluster, run_json
+from .test_ui_browser import api, member_token
 from .uikit import SLOW_MS, Console
 
 expect = pytest.importorskip(
@@ -24,17 +25,6 @@ expect = pytest.importorskip(
 ).expect
 
 VM = "c1"
-
-
-def api(server: LiveServer, method: str, path: str, **kw) -> dict:
-    with server.client() as c:
-        r = c.request(method, path, **kw)
-        assert r.status_code < 300, f"{method} {path}: {r.status_code} {r.text}"
-        return r.json() if r.content else {}
-
-
-def member_token(server: LiveServer, name: str, project: str) -> str:
-    return api(server, "POST", "/tokens", json={"name": name, "role": "member", "project": project})["token"]
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import pytest
 from starlette.testclient import WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
+from .test_console_sim import read_until
 from .ui_serverkit import ALPHA, BETA, build, csrf
 
 ORIGIN = {"Origin": "http://testserver"}
@@ -26,17 +27,6 @@ def con(db):
 
 def ticket(client, vm: str, token: str):
     return client.post(f"/ui/vms/{vm}/console/ticket", headers={"X-CSRF-Token": csrf(token)})
-
-
-def guest_output(ws, text: str, limit: int = 50) -> str:
-    seen = ""
-    for _ in range(limit):
-        message = ws.receive()
-        if message.get("bytes"):
-            seen += message["bytes"].decode()
-            if text in seen:
-                return seen
-    raise AssertionError(f"{text!r} never came: {seen!r}")
 
 
 def test_a_running_vms_page_has_the_console_tab_and_a_stopped_ones_says_it_opens_while_it_runs(con):
@@ -66,7 +56,7 @@ def test_the_browsers_ticket_needs_its_csrf_header_and_opens_the_socket_under_ui
         ws.send_text(json.dumps({"ticket": r.json()["ticket"], "mode": "write"}))
         assert json.loads(ws.receive_text())["type"] == "attached"
         ws.send_bytes(b"echo hello\r")
-        assert "\r\nhello\r\n" in guest_output(ws, "hello\r\n")
+        assert "\r\nhello\r\n" in read_until(ws, "hello\r\n")
     again = ticket(alpha, "a1", ALPHA).json()["ticket"]
     with (
         pytest.raises((WebSocketDisconnect, WebSocketDenialResponse)),
