@@ -64,6 +64,7 @@ MEMBER_SCOPED = {
     ("POST", "/vms/{name}/stop"),
     ("DELETE", "/vms/{name}"),
     ("POST", "/vms/{name}/exec"),
+    ("POST", "/vms/{name}/console/ticket"),
     ("POST", "/vms/{name}/migrate"),
     ("POST", "/vms/{name}/migrate/cancel"),
     ("PATCH", "/vms/{name}"),
