@@ -33,6 +33,7 @@ log = logging.getLogger("vmplane.consoles")
 WATCH_S = 0.25  # between two watch passes: a revoked token closes its sessions within a second
 READ_S = 0.05  # one read of a link's stream (its thread's pause when nothing came)
 REOPEN_S = 0.2  # between two attempts to open a closed console again
+READ_ONLY_TOLD_S = 5.0  # a read-only session's keys are refused in silence this long after it was told
 HELD_WAIT_S = 2.0  # a console held by another is tried again this long (a link of this process closing)
 CLOSE_REVOKED, CLOSE_LIMIT, CLOSE_GONE = 4401, 4408, 4410  # websocket close codes (4000-4999: the application's)
 
@@ -52,6 +53,7 @@ class Session:
     last_activity: float = field(default_factory=time.monotonic)
     id: int = 0
     ended: bool = False
+    last_told: float = 0.0  # when it was last told it is read-only
 
 
 class Link:
@@ -152,7 +154,9 @@ class Consoles:
             return
         session.last_activity = time.monotonic()
         if link.writer != session.id:
-            session.send({"type": "notice", "text": "read-only: take the keyboard to type"})
+            if session.last_told + READ_ONLY_TOLD_S <= time.monotonic():  # once in a while, not at every key
+                session.last_told = time.monotonic()
+                session.send({"type": "notice", "text": "read-only: take the keyboard to type"})
             return
         stream = link.stream
         if stream is None:
