@@ -2,6 +2,8 @@
 its guest's addresses reach `vm show` and `vm list`; a silenced agent is `none` with no addresses; a
 stopped VM shows nothing; an address the guest holds that the record does not is drift in the audit."""
 
+import time
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -93,3 +95,13 @@ def test_a_pass_asks_the_most_overdue_first_and_no_more_than_its_budget(o, monke
     assert sorted(shown, key=str) == [None, "connected"]  # one asked this pass (a budget of one)
     o.guest_agents.reconcile()
     assert [vm_body(o.db, n)["agent"] for n in ("a1", "a2")] == ["connected", "connected"]
+
+
+def test_a_nic_plugged_since_the_last_answer_is_asked_for_at_once(o):
+    o.create_vm("web", "a", "small", "tiny", start=True)
+    o.guest_agents.reconcile()
+    assert vm_body(o.db, "web")["guest_addresses"] == []  # connected, no NIC
+    o.nics.add("web", "a-net")
+    time.sleep(1.0)  # (a second after its last ask: the pass's pace)
+    o.guest_agents.reconcile()  # due in 30 s, but the record has a NIC the guest has not shown yet
+    assert vm_body(o.db, "web")["guest_addresses"] == ["eth0 10.10.0.2/24"]

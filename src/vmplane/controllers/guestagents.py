@@ -1,7 +1,7 @@
 """The guest agent controller (issue 30): asks each running VM's QEMU guest agent, on the hosts this
 process owns, whether it answers and which addresses the guest holds, and keeps the answer in the store
 (store/guestagents.py) for `vm show`, `vm list --wide`, the console and the audit. How often: core/guestagent.py
-(every second while a guest boots, every 10 s once it answered with its addresses, rarer for a guest with
+(every second while a guest boots, every 30 s once it answered with its addresses, rarer for a guest with
 no agent). Only a change is written. What the agent said is what the guest holds: never what was asked."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ PASS_S = 1.0  # between passes: a VM is asked only when it is due (rules.next_ch
 ASK_S = 2.0  # an agent's answer is waited for this long (a hung one costs its host a pass this long)
 FORGET_EVERY = 120  # passes between two clean-ups of stopped VMs' rows
 HOST_QUIET_S = 10.0  # a host whose connection failed is not asked for this long (its monitor deals with it)
-ASKS_PER_PASS = 200  # agents asked in one pass at most (the most overdue first)
+ASKS_PER_PASS = 100  # agents asked in one pass at most (the most overdue first)
 
 
 class GuestAgents:
@@ -36,6 +36,7 @@ class GuestAgents:
         self._stop = threading.Event()
         self._due: dict[int, float] = {}  # vm id -> when it is asked next (monotonic)
         self._misses: dict[int, int] = {}  # vm id -> answers in a row that were not complete
+        self._asked: dict[int, float] = {}  # vm id -> when it was last asked
         self._quiet: dict[str, float] = {}  # host -> until when it is not asked (its connection failed)
         self._passes = 0
 
@@ -64,6 +65,7 @@ class GuestAgents:
         for gone in set(self._due) - seen:  # stopped, deleted, or moved to a host of another process
             self._due.pop(gone, None)
             self._misses.pop(gone, None)
+            self._asked.pop(gone, None)
         self._passes += 1
         if self._passes % FORGET_EVERY == 0:
             with self.db.write() as s:
@@ -84,7 +86,14 @@ class GuestAgents:
         for host, vms in by_host.items():
             for vm in vms:
                 view = known.get(vm.vm_id)
-                at = 0.0 if force or view is None or view.host != host else self._due.get(vm.vm_id, 0.0)
+                moved = view is None or view.host != host
+                # a NIC recorded since the last answer (plugged through vmplane): asked now, not in 30 s
+                lacking = (
+                    view is not None and view.state == "connected" and not rules.complete(vm.nics, view.interfaces)
+                )
+                at = 0.0 if force or moved else self._due.get(vm.vm_id, 0.0)
+                if lacking:
+                    at = min(at, self._asked.get(vm.vm_id, 0.0) + 1.0)
                 if at <= now:
                     due.append((at, vm.vm_id, host, vm, view))
         for _at, _id, host, vm, view in sorted(due, key=lambda d: d[:2])[: None if force else ASKS_PER_PASS]:
@@ -111,6 +120,7 @@ class GuestAgents:
         whole = state == "connected" and rules.complete(vm.nics, interfaces)
         misses = 0 if whole else self._misses.get(vm.vm_id, 0) + 1
         self._misses[vm.vm_id] = misses
+        self._asked[vm.vm_id] = time.monotonic()
         self._due[vm.vm_id] = time.monotonic() + rules.next_check_s(state, misses, whole)
         if known is None or (known.state, known.interfaces, known.host) != (state, interfaces, host):
             with self.db.write() as s:
