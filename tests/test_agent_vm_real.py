@@ -122,7 +122,7 @@ def test_a_freeze_whose_control_plane_is_killed_is_thawed(frozen_driver, tmp_pat
         "import os, signal\n"
         "from vmplane.hosts.drivers.libvirt import LibvirtDriver\n"
         f"d = LibvirtDriver('x', {frozen_driver.uri!r})\n"
-        f"print(d.fs_freeze({DOMAIN!r}, thaw_after_s=8), d.fs_frozen({DOMAIN!r}), flush=True)\n"
+        f"print(d.fs_freeze({DOMAIN!r}, thaw_after_s=5), d.fs_frozen({DOMAIN!r}), flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     # (its standard error to a file: the guard it leaves behind keeps it open, and a pipe would be waited for)
@@ -131,8 +131,8 @@ def test_a_freeze_whose_control_plane_is_killed_is_thawed(frozen_driver, tmp_pat
     assert r.returncode == -signal.SIGKILL, (tmp_path / "stderr").read_text()
     assert r.stdout.split() == ["1", "True"]  # it froze the root disk
     assert frozen_driver.fs_frozen(DOMAIN) is True  # frozen, and its freezer is gone
-    took = wait_thawed(frozen_driver, 8 + 20)
-    print(f"\nthawed {took:.2f} s after its control plane was killed (guard: 8 s)")
+    took = wait_thawed(frozen_driver, 5 + 20)
+    print(f"\nthawed {took:.2f} s after its control plane was killed (guard: 5 s)")
     assert frozen_driver.agent_exec(DOMAIN, "echo alive", 30) == ("alive\n", 0)
 
 
