@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import Field
 
 from vmplane.api.deps import AnyCaller, Orch
 from vmplane.api.paging import StrictQueryRoute
@@ -21,9 +22,9 @@ router = APIRouter(tags=["vms"], route_class=StrictQueryRoute)
 
 
 class ConsoleTicketOut(Response):
-    ticket: str
-    expires_in_s: float
-    websocket: str
+    ticket: str = Field(description='send it as the websocket\'s first message: {"ticket": ..., "mode": "write"}')
+    expires_in_s: float = Field(description="it must be presented within this many seconds, once")
+    websocket: str = Field(description="the websocket's path on this server")
 
 
 def bearer_hash(headers: Any) -> str | None:
