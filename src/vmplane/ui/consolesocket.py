@@ -52,13 +52,12 @@ def browser_ticket(name: str, request: Request, who: Actor):
 def _presenter(orch: Orchestrator, ws: WebSocket, vm_id: int) -> tuple[rules.Presenter, Any]:
     """Who presents the ticket (its bearer header: the CLI; its session cookie: a browser), and a check of
     whether that caller may still see the VM (None, or why not) for the session's watch."""
-    token_hash, sid = bearer_hash(ws.headers), ws.cookies.get(COOKIE) or None
+    from_header, sid = bearer_hash(ws.headers), ws.cookies.get(COOKIE) or None
+    token_hash = from_header
     if token_hash is None and sid is not None:
         row = session_caller(orch.db, sid)
         token_hash = row["token_hash"] if row else None
-    presenter = rules.Presenter(
-        vm_id, token_hash, hash_session(sid) if sid and bearer_hash(ws.headers) is None else None
-    )
+    presenter = rules.Presenter(vm_id, token_hash, hash_session(sid) if sid and from_header is None else None)
 
     def still_allowed(project_id: int) -> str | None:
         if presenter.session_hash is not None and session_caller(orch.db, sid or "") is None:
@@ -103,16 +102,9 @@ async def console_socket(ws: WebSocket, name: str):
         metrics.CONSOLE_TICKETS_REFUSED.labels(why).inc()
         await _close(ws, 4403, f"ticket refused: {why}")
         return
-    await _serve(ws, orch, name, mode if mode in rules.MODES else "read", lambda: allowed(vm.project_id))
-
-
-def _caller_name(orch: Orchestrator, ws: WebSocket) -> tuple:
-    """The token's name behind the websocket (its bearer header, or its browser session), for events."""
-    token = bearer_hash(ws.headers)
-    if token is not None:
-        return orch.catalog.token_by_hash(token) or ("?",)
-    row = session_caller(orch.db, ws.cookies.get(COOKIE) or "")
-    return (row["name"],) if row else ("?",)
+    found = await to_thread.run_sync(orch.catalog.token_by_hash, presenter.token_hash or "")
+    who = found[0] if found else "?"  # the token's name (a browser's session acts as its token), for events
+    await _serve(ws, orch, name, who, mode if mode in rules.MODES else "read", lambda: allowed(vm.project_id))
 
 
 def _redeem(orch: Orchestrator, ticket: str, presenter: rules.Presenter) -> str | None:
@@ -125,14 +117,13 @@ async def _close(ws: WebSocket, code: int, reason: str) -> None:
         await ws.close(code, reason[:120])
 
 
-async def _serve(ws: WebSocket, orch: Orchestrator, vm: str, mode: str, still_allowed) -> None:
+async def _serve(ws: WebSocket, orch: Orchestrator, vm: str, who: str, mode: str, still_allowed) -> None:
     """Bridge the websocket and the VM's console until either side ends."""
     loop = asyncio.get_running_loop()
     out: asyncio.Queue = asyncio.Queue()
-    name = await to_thread.run_sync(_caller_name, orch, ws)
     session = Session(
         vm=vm,
-        who=str(name[0]),
+        who=who,
         mode=mode,
         send=lambda item: loop.call_soon_threadsafe(out.put_nowait, ("data", item)),
         close=lambda code, why: loop.call_soon_threadsafe(out.put_nowait, ("close", (code, why))),
