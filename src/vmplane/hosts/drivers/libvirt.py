@@ -169,6 +169,8 @@ class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, ConsoleMixin, Driver):
         self._accel = accel or os.environ.get("VMPLANE_ACCEL") or None
         self._conn: libvirt.virConnect | None = None
         self._conn_lock = threading.Lock()
+        self._poll_conn: libvirt.virConnect | None = None  # the guest agent poll's own (_poll_dom)
+        self._poll_lock = threading.Lock()
         self._dead: list[libvirt.virConnect] = []  # connections that died, kept (see conn)
         self._quick_lock = threading.Lock()  # the domain read in flight (_quick_call)
         self._console_locks: dict[str, threading.Lock] = {}
@@ -255,14 +257,23 @@ class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, ConsoleMixin, Driver):
                 return None
             raise DriverError(self.host, f"looking up domain {name}: {exc.get_error_message()}") from None
 
-    def _connected_dom(self, name: str) -> libvirt.virDomain:
-        """The domain on the connection as it is, for a background poll (the guest agent controller), called
-        with `_conn_lock` held: a connection that died is not opened again here, the host monitor does it.
-        Reconnecting from a poll raced the monitor's own calls on the dying connection, which crashed
-        libvirt's client (a SIGSEGV in listAllDomains under test_ha_real's network cut)."""
-        conn = self._conn
+    def _poll_dom(self, name: str) -> libvirt.virDomain:
+        """The domain on the background poll's connection (the guest agent controller's), called with
+        `_poll_lock` held. The poll has a connection of its own: its reads never wait on the connection the
+        host monitor and the operations use. Two calls waiting on one connection when keepalive closes it and
+        the daemon then dies crash libvirt 9.0's client (a SIGSEGV in the second waiter: test_ha_real's
+        network cut, the poll's lookup waiting beside the monitor's read when HA fenced the frozen daemon).
+        A connection that died is opened again here (probed first: `_open`), and kept, never freed."""
+        conn = self._poll_conn
         if conn is None or not conn.isAlive():
-            raise DriverError(self.host, "not connected (the host monitor connects again)")
+            if conn is not None:
+                with self._conn_lock:
+                    self._dead.append(conn)
+                self._poll_conn = None
+            _EventLoop.ensure()
+            conn = self._open()
+            conn.setKeepAlive(5, 3)
+            self._poll_conn = conn
         try:
             return conn.lookupByName(name)
         except libvirt.libvirtError as exc:
@@ -309,6 +320,10 @@ class LibvirtDriver(StorageMixin, NicMixin, AgentMixin, ConsoleMixin, Driver):
             )
 
     def close(self) -> None:
+        with self._poll_lock:
+            if self._poll_conn is not None:
+                self._let_go(self._poll_conn)
+                self._poll_conn = None
         with self._conn_lock:
             if self._conn is not None:
                 try:

@@ -65,9 +65,9 @@ class AgentMixin:
         uri: str
 
         def _dom(self, name: str) -> Any: ...
-        def _connected_dom(self, name: str) -> Any: ...
+        def _poll_dom(self, name: str) -> Any: ...
 
-        _conn_lock: Any
+        _poll_lock: Any
 
         def _is_active(self, dom: Any) -> bool: ...
 
@@ -100,12 +100,10 @@ class AgentMixin:
         return True
 
     def agent_interfaces(self, name: str, timeout_s: float = 5.0) -> list[GuestInterface]:
-        """The guest's interfaces. Asked every few seconds by the guest agent controller, so: on the connection
-        as it is, never one this call opens again (`_connected_dom`), and under the connection's lock, so that
-        no other thread opens a new connection while this call is in flight on one that dies (libvirt's
-        client crashed on that: a SIGSEGV under test_ha_real's network cut)."""
-        with self._conn_lock:
-            found = self._agent(self._connected_dom(name), name, "guest-network-get-interfaces", None, timeout_s)
+        """The guest's interfaces. Asked every few seconds by the guest agent controller, so: on the poll's own
+        connection (`_poll_dom`: never waiting beside another thread's call on the main one), one ask at a time."""
+        with self._poll_lock:
+            found = self._agent(self._poll_dom(name), name, "guest-network-get-interfaces", None, timeout_s)
         return [
             GuestInterface(
                 str(iface.get("name", "")),
