@@ -118,6 +118,6 @@ def test_each_file_beyond_a_disks_first_is_charged_at_the_disks_size():
 
 
 def test_a_vm_with_snapshots_on_a_local_pool_does_not_live_migrate_yet():
-    assert S.migration_problem(local_pool=False, snapshot_count=3) is None
-    assert S.migration_problem(local_pool=True, snapshot_count=0) is None
-    assert "1 snapshot(s) on a local pool" in S.migration_problem(local_pool=True, snapshot_count=1)
+    assert S.migration_problem(local_pool=False, overlays=3) is None
+    assert S.migration_problem(local_pool=True, overlays=0) is None
+    assert "(1 file(s) beyond the disks)" in (S.migration_problem(local_pool=True, overlays=1) or "")

@@ -172,3 +172,36 @@ def test_a_volume_is_hot_plugged_formatted_detached_live_and_keeps_its_data_on_a
     assert r.returncode == 0, r.stdout + r.stderr
     assert all(not d.startswith("vmplane-v") for h in ("lv1", "lv2") for d in domains_on(live, h))
     assert run_json(live, "audit")["ok"]
+
+
+def test_a_marker_is_back_after_snapshot_overwrite_stop_revert_start_and_the_chain_live_migrates(live):
+    """Issue 32's acceptance: write a marker, snapshot (live), overwrite it, live-migrate with the snapshot
+    (a shared pool: nothing copied), stop, revert, start: the marker is back. Each overlay is charged."""
+    run_json(live, "project", "create", "snaps", "--vcpus", "2", "--memory", "2GiB", "--storage", "2GiB")
+    spec = ("--project", "snaps", "--offering", "disk", "--template", "tiny-linux", "--pool", "shared", "--start")
+    run_json(live, "vm", "create", "snapper", *spec)
+    root_mib = volume(live, "snapper-root")["size_mib"]
+    guest(live, "snapper", "echo before > /data/marker; sync")
+    snap = run_json(live, "vm", "snapshot", "create", "snapper", "s1")
+    assert (snap["state"], snap["live"]) == ("ready", True) and snap["pause_ms"] is not None, snap
+    assert run_json(live, "project", "usage", "snaps")["storage_mib"]["used"] == 2 * root_mib
+    guest(live, "snapper", "echo after > /data/marker; sync")
+
+    source = run_json(live, "vm", "show", "snapper")["host"]
+    m = run_json(live, "vm", "migrate", "snapper")
+    assert m["state"] == "succeeded" and m["stats"].get("disk_bytes", 0) == 0, m
+    assert run_json(live, "vm", "show", "snapper")["host"] != source
+    assert guest(live, "snapper", "cat /data/marker").strip() == "after"  # the chain's top, intact
+
+    run_json(live, "vm", "stop", "snapper", "--force")
+    reverted = run_json(live, "vm", "snapshot", "revert", "snapper", "s1")
+    assert reverted["state"] == "ready", reverted
+    run_json(live, "vm", "start", "snapper")
+    assert guest(live, "snapper", "cat /data/marker").strip() == "before"
+    assert [s["name"] for s in run_json(live, "vm", "snapshot", "list", "snapper")] == ["s1"]
+    assert run_json(live, "audit")["ok"]
+
+    run_json(live, "vm", "stop", "snapper", "--force")
+    run_json(live, "vm", "delete", "snapper")
+    assert run_json(live, "project", "usage", "snaps")["storage_mib"]["used"] == 0
+    assert run_json(live, "audit")["ok"]

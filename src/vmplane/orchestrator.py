@@ -33,6 +33,7 @@ from vmplane.controllers.reconcile import reconcile as reconcile_running
 from vmplane.controllers.recovery import Recovery
 from vmplane.controllers.scaler import Scaler
 from vmplane.controllers.seeds import Seeds
+from vmplane.controllers.snapshots import Snapshots
 from vmplane.controllers.starts import Starts
 from vmplane.controllers.storagesettle import StorageSettle
 from vmplane.controllers.vms import Admitted, Vms
@@ -117,6 +118,7 @@ class Orchestrator:
         )
         self.guest_agents = GuestAgents(plane)  # what running guests' agents say: connected, addresses
         self.consoles = Consoles(plane)  # people's serial console sessions
+        self.snapshots = Snapshots(plane, self.pools)  # disk snapshots, and the steps a crash left
         self.overdue = OverdueOperations(plane)  # its own operations left in flight past their deadline
         self.auditor = Audit(plane, self.volumes, self.pools)
         self.reads = Reads(db, catalog)
@@ -181,6 +183,7 @@ class Orchestrator:
             self.nics,
             self.guest_agents,
             self.consoles,
+            self.snapshots,
         )
 
     def close(self) -> None:

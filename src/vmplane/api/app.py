@@ -32,6 +32,7 @@ from vmplane.api.routers import (
     zones,
 )
 from vmplane.api.routers import networks as network_routes
+from vmplane.api.routers import snapshots as snapshot_routes
 from vmplane.api.schemas import ErrorBody
 from vmplane.api.timing import RequestTiming
 from vmplane.core.errors import VmplaneError
@@ -152,6 +153,7 @@ def create_api(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
     for module in (
         vms,
         console_routes,
+        snapshot_routes,
         zones,
         hosts,
         projects,

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import faulthandler
 
-from vmplane.cli import catalog, console, events, groups, images, infra, local, networks, projectkeys, storage, vms  # noqa: F401  (each registers its commands)
+from vmplane.cli import (  # noqa: F401  (each registers its commands)
+    catalog,
+    console,
+    events,
+    groups,
+    images,
+    infra,
+    local,
+    networks,
+    projectkeys,
+    snapshots,
+    storage,
+    vms,
+)
 from vmplane.cli.common import app
 
 

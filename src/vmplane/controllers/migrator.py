@@ -36,6 +36,8 @@ from vmplane.plane import metrics
 from vmplane.plane.reserves import placement_rules
 from vmplane.store import events, ownership
 from vmplane.store import ledger as L
+from vmplane.store import snapshots as SNAP
+from vmplane.store import storageledger as SL
 from vmplane.store.listing import Page, by_prefix, order_by, run_page
 from vmplane.store.schema import utcnow
 
@@ -231,6 +233,11 @@ class Migrator:
                     self._check_migratable(vm)
                 elif vm.state != VmState.scaling.value:
                     raise Conflict(f"vm {vm_name} is {vm.state}, not scaling", field="state")
+                problem = SNAP.busy_problem(conn, vm.id, vm_name) or SNAP.migration_problem(
+                    conn, vm.id, SL.vm_volumes(conn, vm.id)
+                )
+                if problem:
+                    raise Conflict(f"vm {vm_name} can not live-migrate now: {problem}", field="state")
                 placement = self.plan(vm, to)
                 if dry_run:
                     return {

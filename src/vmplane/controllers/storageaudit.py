@@ -11,6 +11,7 @@ from sqlalchemy import select
 from vmplane.controllers.volumes import disk_spec, domain_name, file_of
 from vmplane.core import storagerules as R
 from vmplane.core.driver import DriverError
+from vmplane.store import snapshots as SS
 from vmplane.store import storageledger as SL
 from vmplane.store.schema import Host, Vm
 
@@ -28,6 +29,7 @@ def storage_problems(plane: Plane, volume_ctl: Volumes, pool_ctl: Pools) -> list
     with plane.db.transaction() as conn:
         pools = SL.pool_rows(conn)
         volumes = SL.volume_rows(conn)
+        chains = SS.chain_files(conn)  # snapshots' files (issue 32): owned by their volume
         problems += volume_ctl.usage_check(conn)
         running = dict(
             conn.execute(select(Vm.name, Host.name).join(Host, Host.id == Vm.host_id).where(Vm.state == "running"))
@@ -35,7 +37,7 @@ def storage_problems(plane: Plane, volume_ctl: Volumes, pool_ctl: Pools) -> list
             .all()
         )
     for pool in pools:
-        problems += _pool_problems(plane, pool_ctl, pool, volumes)
+        problems += _pool_problems(plane, pool_ctl, pool, volumes, chains)
     for vm, host in running.items():
         expected = {disk_spec(v).path for v in volumes if v.vm_name == vm and v.state == "attached"}
         try:
@@ -53,7 +55,7 @@ def storage_problems(plane: Plane, volume_ctl: Volumes, pool_ctl: Pools) -> list
     return problems
 
 
-def _pool_problems(plane: Plane, pool_ctl: Pools, pool, volumes) -> list[str]:
+def _pool_problems(plane: Plane, pool_ctl: Pools, pool, volumes, chains=()) -> list[str]:
     host = next((h for h in pool_ctl.hosts_of(pool) if h in plane.drivers), None)
     if host is None:
         return []
@@ -69,14 +71,16 @@ def _pool_problems(plane: Plane, pool_ctl: Pools, pool, volumes) -> list[str]:
             problems.append(f"volume {v.name}: not in pool {pool.name} (read on {host})")
         elif got is not None and got.capacity_mib < v.size_mib and v.state not in SETTLING:
             problems.append(f"volume {v.name}: pool {pool.name} says {got.capacity_mib} MiB, the store {v.size_mib}")
-    return problems + unowned_files(pool.name, host, listed, volumes)
+    return problems + unowned_files(pool.name, host, listed, volumes, chains)
 
 
-def unowned_files(pool: str, host: str, files, volumes) -> list[str]:
+def unowned_files(pool: str, host: str, files, volumes, chains=()) -> list[str]:
     """Files of vmplane's (their name says so) in `pool`, as `host` lists them, that no volume owns there:
     neither a volume's file on that pool nor its migration copy's. Another volume of the same name could
     be given such a file (another tenant's data: review N2); the operator decides what to do with it."""
     owned = {file_of(v) for v in volumes if pool in (v.pool_name, v.copy_pool_name)}
+    on_pool = {v.id for v in volumes if v.pool_name == pool}
+    owned |= {f.file for f in chains if f.volume_id in on_pool}
     return [
         f"pool {pool} on {host} holds {file}, a vmplane volume file that no volume owns (once its data is "
         f"not needed: `virsh vol-delete --pool {pool} {file}` on {host})"

@@ -46,6 +46,7 @@ from vmplane.store import admission
 from vmplane.store import ledger as L
 from vmplane.store import networks as SN
 from vmplane.store import seeds as SS
+from vmplane.store import snapshots as SNAP
 from vmplane.store import storageledger as SL
 from vmplane.store.catalog import Outdated
 from vmplane.store.groupstore import resolve_group
@@ -473,6 +474,7 @@ class Vms:
             doomed = self.volumes.release_disks(conn, vm.id, keep_disk)
             freed = L.release_vm(conn, vm.id)
             L.add_to_ledger(conn, vm.project_id, Usage(vms=-1))
+            SNAP.forget_vm(conn, vm.id)  # its snapshots' metadata; their files go with the disks
             L.delete_vm(conn, vm.id)
         self.plane.capacity.give_back(freed)
         self.volumes.delete_files(doomed)  # charged until each pool confirms its file gone

@@ -25,6 +25,7 @@ from vmplane.core.quota import check_admission
 from vmplane.hosts import images
 from vmplane.hosts.drivers.volumefiles import same_volume
 from vmplane.store import ledger as L
+from vmplane.store import snapshots as SS
 from vmplane.store import storageledger as SL
 from vmplane.store.schema import Offering, Pool, Project, Template, Vm, Volume, utcnow
 
@@ -105,7 +106,11 @@ class Volumes:
 
     @staticmethod
     def check_ready(conn: Connection, vm_id: int, vm: str) -> None:
-        """A VM starts only with every disk confirmed there (not creating, deleting or being moved)."""
+        """A VM starts only with every disk confirmed there (not creating, deleting or being moved, no
+        snapshot step in flight)."""
+        problem = SS.busy_problem(conn, vm_id, vm)
+        if problem:
+            raise Conflict(problem, field="state")
         for v in SL.vm_volumes(conn, vm_id):
             if v.state != "attached":
                 raise Conflict(
@@ -383,11 +388,15 @@ class Volumes:
         v = self.row(name)
         pool = self.pools.row(v.pool_name)
         file = disk_spec(v).volume
+        with self.plane.db.read() as s:  # its snapshots' files (issue 32): the top of the chain first
+            chain = [f.file for f in reversed(SS.chain_files(s.connection(), [v.id])) if f.file != file]
         try:
             driver = self.pools.driver_for(pool)
             failpoints.hit("volume.before-delete")
             driver.delete_volume(pool.name, file)
-            gone = driver.volume(pool.name, file) is None
+            for older in chain:
+                driver.delete_volume(pool.name, older)
+            gone = all(driver.volume(pool.name, f) is None for f in [file, *chain])
         except (DriverError, Conflict) as exc:
             raise Conflict(
                 f"volume {name}: pool {pool.name} did not confirm the delete ({exc}); it stays deleting and is retried",
@@ -400,7 +409,13 @@ class Volumes:
             if copy is not None:  # a migration's copy is left: the row stands for it until it is gone
                 SL.keep_for_copy(conn, now, note=f"deleted from {pool.name}; its copy on {copy} is deleted next")
             elif gone:
-                SL.remove_volume(conn, now, note=f"deleted from {pool.name}")
+                extra = SS.extra_files(conn, now.id)  # its chain's overlays, each charged at its size
+                L.add_to_ledger(conn, now.project_id, Usage(storage_mib=-extra * now.size_mib))
+                SL.add_to_pool(conn, now.pool_id, -extra * now.size_mib)
+                SS.forget_volume(conn, now.id)
+                SL.remove_volume(
+                    conn, now, note=f"deleted from {pool.name}" + (f" with {extra} overlay(s)" if extra else "")
+                )
             else:
                 SL.set_volume(conn, now, state="available", note="the pool still lists it")
         if not gone:
@@ -685,13 +700,18 @@ class Volumes:
             rows = conn.execute(
                 Volume.__table__.select().where((_VO.pool_id == p.id) | (_VO.copy_pool_id == p.id))
             ).all()
-            total = sum(r.size_mib for r in rows if r.pool_id == p.id) + sum(
+            files = SS.file_counts(conn)  # a volume's chain: each file at its size (issue 32)
+            total = sum(r.size_mib * files.get(r.id, 1) for r in rows if r.pool_id == p.id) + sum(
                 r.size_mib for r in rows if r.copy_pool_id == p.id
             )
             if total != p.used_mib:
                 problems.append(f"pool {p.name}: used {p.used_mib} MiB recorded, volumes take {total} MiB")
         for p in conn.execute(Project.__table__.select()).all():
-            total = sum(r.size_mib for r in conn.execute(Volume.__table__.select().where(_VO.project_id == p.id)))
+            files = SS.file_counts(conn)
+            total = sum(
+                r.size_mib * files.get(r.id, 1)
+                for r in conn.execute(Volume.__table__.select().where(_VO.project_id == p.id))
+            )
             if total != p.used_storage_mib:
                 problems.append(f"project {p.name}: storage ledger {p.used_storage_mib} MiB, volumes {total} MiB")
         return problems

@@ -405,6 +405,13 @@ class Driver(abc.ABC):
         """Grow a running domain's disk live (libvirt's blockResize); read back."""
         raise self._no_storage()
 
+    def snapshot_disks(self, name: str, overlays: dict[str, str]) -> None:
+        """Put a new empty qcow2 overlay (`overlays`: {target: path}, made by the host in the disk's pool
+        directory) on each listed disk of a running domain, all at once (no disk switched unless all are),
+        and switch the domain to them; the others (a CD-ROM) are left alone. The caller reads back
+        (`domain_disks`): an error may come after the switch was made."""
+        raise self._no_storage()
+
     @abc.abstractmethod
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
         """Run a shell command inside the guest and return its output."""

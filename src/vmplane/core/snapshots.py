@@ -115,12 +115,14 @@ def charge_mib(disk_sizes_mib: Mapping[str, int], files_per_volume: Mapping[str,
     return sum(size * max(0, files_per_volume.get(v, 1) - 1) for v, size in disk_sizes_mib.items())
 
 
-def migration_problem(local_pool: bool, snapshot_count: int) -> str | None:
-    """Why a VM with snapshots can not live-migrate now: on a local pool its whole chain would have to be
-    copied, which this version does not do (a shared pool copies nothing)."""
-    if local_pool and snapshot_count:
+def migration_problem(local_pool: bool, overlays: int) -> str | None:
+    """Why a VM whose disks are chains (`overlays`: files beyond each disk's first) can not live-migrate now:
+    on a local pool the whole chain would have to be copied, which this version does not do (a shared pool
+    copies nothing)."""
+    if local_pool and overlays:
         return (
-            f"the VM has {snapshot_count} snapshot(s) on a local pool: a live migration copies only the top of "
-            "the chain; delete its snapshots or move its disks to a shared pool first"
+            f"its disks on a local pool are chains of snapshot overlays ({overlays} file(s) beyond the disks): a "
+            "live migration copies only the top of a chain; delete its snapshots or move its disks to a shared "
+            "pool first"
         )
     return None

@@ -50,6 +50,7 @@ from vmplane.store.schema import (
     Token,
     Vm,
     Volume,
+    VolumeFile,
     Zone,
 )
 
@@ -124,7 +125,20 @@ def ledger_of(p: Project) -> Usage:
 
 
 def volume_sizes(s: Session, project_id: int) -> list[int]:
-    return list(s.scalars(select(Volume.size_mib).where(Volume.project_id == project_id)))
+    """Each file a project's volumes have, at its volume's size: a volume's own, and each overlay of its
+    snapshots' chain (issue 32: an overlay may grow to the disk's size)."""
+    overlays = (
+        select(VolumeFile.volume_id, func.count().label("n"))
+        .where(VolumeFile.parent.is_not(None))
+        .group_by(VolumeFile.volume_id)
+        .subquery()
+    )
+    rows = s.execute(
+        select(Volume.size_mib, overlays.c.n)
+        .outerjoin(overlays, overlays.c.volume_id == Volume.id)
+        .where(Volume.project_id == project_id)
+    )
+    return [size for size, n in rows for _ in range(1 + (n or 0))]
 
 
 _IMAGE_PATH = re.compile(r"^/[A-Za-z0-9._/-]{1,1023}$")

@@ -280,6 +280,50 @@ class Volume(Base):
     vm: Mapped[Vm | None] = relationship(lazy="joined")
 
 
+class Snapshot(Base):
+    """A disk snapshot of a VM (issue 32): an external one, its metadata here and not in libvirt (a VM with
+    snapshots still live-migrates). `state`: taking (asked, not yet read back), ready, reverting, deleting:
+    a crash between asking a host and recording its answer is settled by reading the disks back."""
+
+    __tablename__ = "snapshots"
+    __table_args__ = (UniqueConstraint("vm_id", "name"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    state: Mapped[str] = mapped_column(String(16), default="taking")
+    quiesced: Mapped[bool] = mapped_column(Boolean, default=False)
+    live: Mapped[bool] = mapped_column(Boolean, default=False)  # taken while the VM ran
+    pause_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the guest's pause (freeze to thaw)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class SnapshotFile(Base):
+    """One disk of a snapshot: the file that was its volume's active file when the snapshot was taken (its
+    base, read-only since), and the overlay the snapshot put on top of it."""
+
+    __tablename__ = "snapshot_files"
+    snapshot_id: Mapped[int] = mapped_column(ForeignKey("snapshots.id", ondelete="CASCADE"), primary_key=True)
+    volume_id: Mapped[int] = mapped_column(ForeignKey("volumes.id", ondelete="CASCADE"), primary_key=True)
+    base: Mapped[str] = mapped_column(String(128))
+    overlay: Mapped[str] = mapped_column(String(128))
+
+
+class VolumeFile(Base):
+    """A file of a volume's qcow2 chain beyond a volume that never had a snapshot (which has its one file,
+    `volumes.file_name`): every file of the chain with its parent (None: the volume's first file, on the
+    template's image or on nothing). `volumes.file_name` stays the active file, the one the domain opens."""
+
+    __tablename__ = "volume_files"
+    __table_args__ = (UniqueConstraint("volume_id", "file"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    volume_id: Mapped[int] = mapped_column(ForeignKey("volumes.id", ondelete="CASCADE"), index=True)
+    file: Mapped[str] = mapped_column(String(128))
+    parent: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # pending: asked of the host, not confirmed; live; deleting: no chain needs it, its deletion not confirmed.
+    # Each file is charged at its volume's size (an overlay may grow to it) until its row goes.
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+
+
 class Network(Base):
     """A guest network: a project's isolated network (`isolated`, project_id set) or an admin's network bridged
     to the hosts' uplink (`provider`, project_id None; `shared`: every project's VMs may use it). Its zone's

@@ -70,10 +70,11 @@ from vmplane.hosts.drivers.simevents import (
 )
 from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.hosts.drivers.simfaults import SimFaults
+from vmplane.hosts.drivers.simsnapshots import SimSnapshotMixin
 from vmplane.hosts.drivers.simstorage import CopyPlan, SimStorageDriver, SimStorageError
 
 
-class SimDriver(SimStorageDriver, Driver):
+class SimDriver(SimStorageDriver, SimSnapshotMixin, Driver):
     kind = "sim"
     blocking_calls = False  # in-process, serialised by the fabric's lock: one call after another
     UNPLUG_TRIES = 3  # as the libvirt driver

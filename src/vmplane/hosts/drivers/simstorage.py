@@ -392,12 +392,16 @@ class StorageFabric:
         (None: nothing was, it reads as zeros)."""
         with self._lock:
             storage, path = self._disk_file(self._db, host, name, target)
-            row = self._db.execute(
-                "SELECT marker FROM files WHERE storage = ? AND path = ?", (storage, path)
-            ).fetchone()
-        if row is None:
-            raise SimStorageError(f"Cannot access storage file '{path}' (disk {target} of {name})")
-        return row[0]
+            first = path
+            while True:  # down the qcow2 chain while a file holds nothing of its own (an overlay)
+                row = self._db.execute(
+                    "SELECT marker, backing FROM files WHERE storage = ? AND path = ?", (storage, path)
+                ).fetchone()
+                if row is None:
+                    raise SimStorageError(f"Cannot access storage file '{path}' (disk {target} of {name}, on {first})")
+                if row[0] is not None or not row[1] or storage_of(host, row[1]) != storage:
+                    return row[0]
+                path = row[1]
 
     def fail_at_delete(self, host: str, mode: str = "daemon") -> None:
         """The next time `host` is asked to delete a volume, it fails first (`fail_host(host, mode)`), and
