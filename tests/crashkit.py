@@ -85,7 +85,7 @@ from vmplane.store import networks as SN
 from vmplane.store.events import EVENTS
 from vmplane.store.schema import Vm
 
-from . import evidence, stores
+from . import crashsnapshots, evidence, stores
 
 GIB = 1024
 PROJECTS = {"alpha": (12, 20 * GIB, 8), "beta": (8, 12 * GIB, 6), "gamma": (6, 10 * GIB, 5)}
@@ -823,6 +823,7 @@ TOWARD = {
     "nic.before-attach": _toward_nic_add,
     "nic.before-detach": _toward_nic_remove,
     "network.before-apply": _toward_network_apply,
+    **crashsnapshots.TOWARD,
 }
 
 
@@ -836,7 +837,9 @@ def workload(o: Orchestrator, rng: random.Random, steps: int, focus: str = "", h
     time; `ha`: HA VMs are created and hosts fail (HA_ACTIONS). Each step draws from a stream of its own
     (derived from `rng`, one draw a step): which action a step takes, and its arguments' choices, do not
     depend on what the steps before it drew, only on the cluster they find."""
-    actions, weights = zip(*(ACTIONS + NET_ACTIONS + (HA_ACTIONS + HA_NET_ACTIONS if ha else ())))
+    actions, weights = zip(
+        *(ACTIONS + NET_ACTIONS + crashsnapshots.ACTIONS + (HA_ACTIONS + HA_NET_ACTIONS if ha else ()))
+    )
     forced = toward(focus) if focus else None
     for n in range(steps):
         step = random.Random(rng.getrandbits(64))
@@ -916,6 +919,7 @@ def check(o: Orchestrator) -> list[str]:
     problems += unknown_left(o)
     waiting = out_of_service(o)
     problems += storage_problems(o, waiting_for=waiting) + network_problems(o, waiting_for=waiting)
+    problems += crashsnapshots.problems(o, {f"local-{h}" for h in waiting})
     return problems + o.audit()  # (its NIC audit after the NIC settle pass: a NIC between steps is not its)
 
 

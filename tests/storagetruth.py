@@ -8,6 +8,7 @@ from vmplane.controllers.storageaudit import unowned_files
 from vmplane.hosts.drivers.sim import SimDriver
 from vmplane.hosts.drivers.simstorage import SimStorageError
 from vmplane.orchestrator import Orchestrator
+from vmplane.store import snapshots as SS
 from vmplane.store import storageledger as SL
 
 
@@ -18,7 +19,7 @@ def unowned_pool_files(o: Orchestrator) -> list[str]:
     if fabric is None:
         return []
     with o.db.transaction() as conn:
-        pools, volumes = SL.pool_rows(conn), SL.volume_rows(conn)
+        pools, volumes, chains = SL.pool_rows(conn), SL.volume_rows(conn), SS.chain_files(conn)
     problems: list[str] = []
     for pool in pools:
         for host in o.pools.hosts_of(pool):
@@ -26,7 +27,7 @@ def unowned_pool_files(o: Orchestrator) -> list[str]:
                 files = [f.name for f in fabric.volumes(host, pool.name)]
             except SimStorageError:
                 continue  # not defined (or not running) there: no file to judge
-            problems += [f"truth: {p}" for p in unowned_files(pool.name, host, files, volumes)]
+            problems += [f"truth: {p}" for p in unowned_files(pool.name, host, files, volumes, chains)]
             if pool.kind == "shared":
                 break  # every host sees the same files
     return problems

@@ -78,7 +78,36 @@ def test_a_marker_written_before_a_snapshot_is_back_after_overwrite_stop_revert_
     assert [s["name"] for s in api.get(f"{V}/web/snapshots").json()] == ["s1"]
     assert api.delete(f"{V}/web/snapshots/s1").status_code == 204
     assert api.get(f"{V}/web/snapshots").json() == []
-    assert o.audit() == []
+    # the running VM's chain merged live: one file again, charged once, the data as it was
+    assert len(pool_files(o, "shared")) == 1 and usage(o, "p").storage_mib == root.size_mib
+    assert marker(o, "web") == "before" and o.audit() == []
+
+
+def test_deleting_a_middle_snapshot_merges_its_file_and_every_other_snapshot_still_reads_its_data(cluster, api):
+    o = cluster
+    o.catalog.set_quota("p", storage_mib=8192)
+    vm(o, "web")
+    for i, name in enumerate(("a", "b", "c")):
+        write(o, "web", f"m{i}")
+        assert api.post(f"{V}/web/snapshots", json={"name": name}).status_code == 201
+    write(o, "web", "m3")
+    assert len(pool_files(o, "shared")) == 4
+    assert api.delete(f"{V}/web/snapshots/b").status_code == 204
+    assert len(pool_files(o, "shared")) == 3 and marker(o, "web") == "m3"  # b's file took c's: c keeps it
+    size = o.volumes.row("web-root").size_mib
+    assert usage(o, "p").storage_mib == 3 * size and o.audit() == []
+    o.stop_vm("web", force=True)
+    for name, want in (("c", "m2"), ("a", "m0")):
+        assert api.post(f"{V}/web/snapshots/{name}/revert").status_code == 200
+        o.start_vm("web")
+        assert marker(o, "web") == want
+        o.stop_vm("web", force=True)
+    assert api.delete(f"{V}/web/snapshots/c").status_code == 204  # stopped: merged once it runs
+    assert api.delete(f"{V}/web/snapshots/a").status_code == 204
+    o.start_vm("web")
+    o.snapshots.settle()
+    assert len(pool_files(o, "shared")) == 1 and usage(o, "p").storage_mib == size
+    assert marker(o, "web") == "m0" and o.audit() == []
 
 
 def test_a_vm_with_a_snapshot_live_migrates_on_a_shared_pool_and_is_refused_on_a_local_one(cluster, api):

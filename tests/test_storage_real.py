@@ -200,6 +200,12 @@ def test_a_marker_is_back_after_snapshot_overwrite_stop_revert_start_and_the_cha
     assert guest(live, "snapper", "cat /data/marker").strip() == "before"
     assert [s["name"] for s in run_json(live, "vm", "snapshot", "list", "snapper")] == ["s1"]
     assert run_json(live, "audit")["ok"]
+    # deleted while it runs: the chain is merged live (block commit and pivot), one file charged again
+    r = live.cli("vm", "snapshot", "delete", "snapper", "s1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert run_json(live, "project", "usage", "snaps")["storage_mib"]["used"] == root_mib
+    assert guest(live, "snapper", "cat /data/marker").strip() == "before"
+    assert run_json(live, "audit")["ok"]
 
     run_json(live, "vm", "stop", "snapper", "--force")
     run_json(live, "vm", "delete", "snapper")

@@ -73,7 +73,7 @@ from vmplane.hosts.drivers.simfaults import KINDS, SimFaults
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
 
-from . import crashkit, storagetruth, stores
+from . import crashkit, crashsnapshots, storagetruth, stores
 
 QUIET_S = 30.0
 OPERATION_DEADLINE_S = 10  # within the quiet: the overdue loop settles what no thread carries first
@@ -119,6 +119,7 @@ ACTIONS = (
     (_scale_cap, 2),
     (_scale_down, 5),
     (_create_small, 3),
+    *crashsnapshots.ACTIONS,  # snapshots taken, reverted and deleted (merged live) on hosts at their worst
 )
 
 
@@ -567,7 +568,7 @@ def check(o: Orchestrator, left: list[str]) -> list[str]:
     ]
     problems += unknown_left(o)
     problems += storagetruth.unowned_pool_files(o)  # a pool file no volume owns (review N2)
-    return problems + crashkit.storage_problems(o) + o.audit()
+    return problems + crashkit.storage_problems(o) + crashsnapshots.problems(o, set()) + o.audit()
 
 
 def unknown_left(o: Orchestrator) -> list[str]:

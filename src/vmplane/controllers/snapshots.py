@@ -31,6 +31,7 @@ from vmplane.plane.loops import every
 from vmplane.store import ledger as L
 from vmplane.store import snapshots as S
 from vmplane.store import storageledger as SL
+from vmplane.store.schema import utcnow
 
 if TYPE_CHECKING:
     from vmplane.controllers.pools import Pools
@@ -58,7 +59,13 @@ class Snapshots:
         self._busy: set[int] = set()  # snapshots a call of this process is stepping now
 
     def start(self) -> None:
-        every(lambda: SETTLE_S, self.settle, self._stop, "snapshot-settle", log)
+        first = [True]
+
+        def settle() -> None:  # the first pass, at start-up, settles young steps too: their process is gone
+            force, first[0] = first[0], False
+            self.settle(force=force)
+
+        every(lambda: SETTLE_S, settle, self._stop, "snapshot-settle", log)
 
     def stop(self) -> None:
         self._stop.set()
@@ -229,6 +236,10 @@ class Snapshots:
     def _confirm(self, vm: str, snap_id: int, plan, pause_ms: int | None) -> None:
         with self.plane.db.transaction() as conn:
             row = L.vm_row(conn, name=vm, lock=True)
+            if not any(r.id == snap_id and r.state == "taking" for r in S.snapshot_rows(conn, row.id)):
+                raise Conflict(
+                    f"snapshot of vm {vm} was settled by another process meanwhile; see the audit", field="vm"
+                )
             for v, _base, overlay in plan:
                 S.set_file_state(conn, v.id, overlay, "live")
                 SL.set_volume(conn, v, file_name=overlay)
@@ -371,6 +382,69 @@ class Snapshots:
             doomed = self._collect(conn, row)
             S.event(conn, vm, name, "ready", "deleted", row.project_id, f"{len(doomed)} file(s) no longer needed")
         self._delete_files(vm)
+        if row.state == VmState.running.value:
+            self.merge(vm)  # a stopped VM's chains are merged once it runs (settle)
+
+    # -- merge ---------------------------------------------------------------------------------------
+    def merge(self, vm: str) -> int:
+        """Shorten a running VM's chains: a file that no snapshot keeps and that has one child gets the child
+        committed into it (core/snapshots.mergeable; a live block commit), then the child is deleted. How
+        many files were merged; a host that does not merge one leaves the rest for the next settle pass."""
+        merged = 0
+        while True:
+            with self.plane.db.read() as s:
+                conn = s.connection()
+                row = L.vm_row(conn, name=vm)
+                if row.state != VmState.running.value or S.busy_problem(conn, row.id, vm):
+                    return merged
+                volumes = SL.vm_volumes(conn, row.id)
+                files = S.chain_files(conn, [v.id for v in volumes])
+                if any(f.state in ("pending", "merging") for f in files):
+                    return merged
+                disks = S.disks(conn, volumes, {v.id: file_of(v) for v in volumes})
+                pairs = rules.mergeable(disks, S.ready_snapshots(conn, row.id))
+            owner = {f.file: f.volume_id for f in files}
+            pair = next(((p, c) for p, c in pairs if owner.get(c) is not None), None)
+            if pair is None:
+                return merged
+            volume = next(v for v in volumes if v.id == owner[pair[1]])
+            if not self._merge_one(row, volume, *pair):
+                return merged
+            merged += 1
+
+    def _merge_one(self, row: Row[Any], v: Row[Any], parent: str, child: str) -> bool:
+        with self.plane.db.transaction() as conn:
+            S.set_file_state(conn, v.id, child, "merging")
+        driver, domain, target = self.plane.drivers[row.host_name], domain_name(row.name), v.device or "vda"
+        error: Exception | None = None
+        try:
+            failpoints.hit("snapshot.before-merge")
+            driver.commit_disk(domain, target, f"{v.pool_path}/{child}", f"{v.pool_path}/{parent}")
+        except DriverError as exc:
+            error = exc
+        try:
+            chain = driver.domain_chain(domain, target)
+        except DriverError:
+            return False  # left merging: the settle pass reads the domain again
+        return self._merged(row, v, parent, child, chain, error)
+
+    def _merged(self, row: Row[Any], v: Row[Any], parent: str, child: str, chain: list[str], error) -> bool:
+        """Record what the domain reads now: `child` gone from its chain (merged: the records follow, and the
+        file goes), or still there (not merged: it stays, live)."""
+        merged = f"{v.pool_path}/{child}" not in chain
+        with self.plane.db.transaction() as conn:
+            now = SL.volume_row(conn, v.name, lock=True)
+            if not merged:
+                S.set_file_state(conn, v.id, child, "live")
+                log.warning("vm %s: %s was not merged into %s (%s)", row.name, child, parent, error)
+                return False
+            if file_of(now) == child:
+                SL.set_volume(conn, now, file_name=parent)
+            S.reparent(conn, v.id, child, parent)
+            S.set_file_state(conn, v.id, child, "deleting")
+            SL.file_event(conn, now, f"{child} merged into {parent} (a live block commit); the chain is shorter by one")
+        self._delete_files(row.name)
+        return True
 
     def _collect(self, conn: Connection, row: Row[Any]) -> set[str]:
         """Mark deleting the files of the VM's chains that neither an active chain nor a snapshot needs."""
@@ -411,11 +485,13 @@ class Snapshots:
             conn = s.connection()
             stuck = [r for r in S.unfinished(conn) if r.id not in self._busy]
             vms = {r.id: L.vm_row(conn, vm_id=r.vm_id) for r in stuck}
-        now = time.time()
+        now = utcnow()
         for r in stuck:
-            if not force and now - r.created_at.timestamp() < BUSY_S and r.state == "taking":
-                continue
             vm = vms[r.id]
+            if vm.host_name and not self.plane.membership.owns_host(vm.host_name):
+                continue  # another process's host: that process settles it (its call may be in flight)
+            if not force and (now - r.step_at).total_seconds() < BUSY_S:
+                continue
             plan = self._plan(r.id)
             if r.state == "taking":
                 made = self._made(vm, plan)
@@ -435,6 +511,34 @@ class Snapshots:
                 else:
                     self._undo_revert(vm.name, r.id, pend)
         self._delete_files()
+        self._settle_merges()
+
+    def _settle_merges(self) -> None:
+        """Merges a crash cut short (a file left `merging`: the domain read again), then the chains of running
+        VMs that can be shortened (a snapshot deleted while the VM was stopped, or a merge that failed)."""
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            vms = [L.vm_row(conn, vm_id=i) for i in S.chained_vms(conn)]
+            volumes = {v.id: v for v in SL.volume_rows(conn) if v.vm_id in {vm.id for vm in vms}}
+            merging = [f for f in S.chain_files(conn, list(volumes)) if f.state == "merging"]
+        by_id = {vm.id: vm for vm in vms}
+        for f in merging:
+            v = volumes[f.volume_id]
+            vm = by_id[v.vm_id]
+            if vm.state != VmState.running.value or vm.host_name not in self.plane.drivers:
+                continue
+            try:
+                chain = self.plane.drivers[vm.host_name].domain_chain(domain_name(vm.name), v.device or "vda")
+            except DriverError:
+                continue
+            if f.parent is not None:
+                self._merged(vm, v, f.parent, f.file, chain, "settled after the merge was cut short")
+        for vm in vms:
+            if vm.state == VmState.running.value and self.plane.membership.owns_host(vm.host_name or ""):
+                try:
+                    self.merge(vm.name)
+                except (DriverError, Conflict, NotFound) as exc:
+                    log.info("vm %s: chain not merged now (%s)", vm.name, exc)
 
     def _pending_plan(self, vm: Row[Any]) -> list[tuple[Row[Any], str, str]]:
         with self.plane.db.read() as s:

@@ -412,6 +412,17 @@ class Driver(abc.ABC):
         (`domain_disks`): an error may come after the switch was made."""
         raise self._no_storage()
 
+    def domain_chain(self, name: str, target: str) -> list[str]:
+        """The files a running domain's disk reads now, read back: its active file first, then each backing
+        file down the chain."""
+        raise self._no_storage()
+
+    def commit_disk(self, name: str, target: str, top: str, base: str, timeout_s: float = 600.0) -> None:
+        """Merge `top` into `base`, its backing file in the running domain's disk `target` (a live block
+        commit): when `top` is the active file the domain is switched to `base` (pivot); otherwise `top`'s
+        child is rebased onto `base`. Returns once the job ended; the caller reads back (`domain_chain`)."""
+        raise self._no_storage()
+
     @abc.abstractmethod
     def guest_exec(self, name: str, command: str, timeout_s: float = 30.0) -> str:
         """Run a shell command inside the guest and return its output."""

@@ -41,6 +41,10 @@ POINTS = (
     "volume.before-delete",  # the store says deleting; the file is still on the pool
     "nic.before-attach",  # the store says attaching (the NIC allocated); the domain has not been asked
     "nic.before-detach",  # the store says detaching; the domain has not been asked
+    "snapshot.before-take",  # a snapshot recorded taking, its overlays charged; the host not asked
+    "snapshot.after-take",  # the host made the overlays (a running domain writes them); the store says taking
+    "snapshot.before-revert",  # the store says reverting, the new overlays charged; the pool not asked
+    "snapshot.before-merge",  # a chain file recorded merging; the live block commit not asked
     "network.before-apply",  # a host is about to be brought to the store's view; it holds what it held before
     "ha.before-fenced",  # a fence agent confirmed the host off; the store still says fencing
     "ha.fenced",  # the host is recorded fenced; none of its VMs restarted yet

@@ -295,6 +295,7 @@ class Snapshot(Base):
     live: Mapped[bool] = mapped_column(Boolean, default=False)  # taken while the VM ran
     pause_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the guest's pause (freeze to thaw)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    step_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)  # when its state last changed
 
 
 class SnapshotFile(Base):

@@ -89,9 +89,10 @@ def ready_snapshots(conn: Connection, vm_id: int) -> list[rules.Snapshot]:
 
 
 def insert_snapshot(conn: Connection, vm_id: int, name: str, live: bool, quiesced: bool) -> int:
+    now = utcnow()
     key = conn.execute(
         insert(SNAPSHOTS).values(
-            vm_id=vm_id, name=name, state="taking", live=live, quiesced=quiesced, created_at=utcnow()
+            vm_id=vm_id, name=name, state="taking", live=live, quiesced=quiesced, created_at=now, step_at=now
         )
     ).inserted_primary_key
     assert key is not None
@@ -149,6 +150,8 @@ def forget_vm(conn: Connection, vm_id: int) -> None:
 
 
 def set_snapshot(conn: Connection, snapshot_id: int, **fields: Any) -> None:
+    if "state" in fields:
+        fields["step_at"] = utcnow()
     conn.execute(update(SNAPSHOTS).where(_S.id == snapshot_id).values(**fields))
 
 
@@ -188,3 +191,20 @@ def migration_problem(conn: Connection, vm_id: int, volumes: list[Row[Any]]) -> 
     local = [v for v in volumes if v.pool_kind == "local"]
     extra = sum(extra_files(conn, v.id) for v in local)
     return rules.migration_problem(bool(local), extra)
+
+
+def reparent(conn: Connection, volume_id: int, old: str, new: str) -> None:
+    """`old` was merged into `new` (its parent): its children read `new` now, and a snapshot that kept `old`
+    keeps `new` (which holds exactly what `old` showed)."""
+    conn.execute(update(VOLUME_FILES).where(_VF.volume_id == volume_id, _VF.parent == old).values(parent=new))
+    conn.execute(update(SNAPSHOT_FILES).where(_SF.volume_id == volume_id, _SF.base == old).values(base=new))
+
+
+def chained_vms(conn: Connection) -> list[int]:
+    """VMs whose disks are chains (an overlay beyond a disk's first file): those a merge may shorten."""
+    from vmplane.store.schema import Volume
+
+    rows = conn.execute(
+        select(Volume.vm_id).join(VOLUME_FILES, _VF.volume_id == Volume.id).where(_VF.parent.is_not(None)).distinct()
+    ).all()
+    return [r[0] for r in rows if r[0] is not None]

@@ -4,7 +4,9 @@ and switches QEMU to them in one step (`ATOMIC`: no disk switched unless all are
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
+from xml.etree import ElementTree
 from xml.sax.saxutils import quoteattr
 
 import libvirt
@@ -51,3 +53,78 @@ class SnapshotMixin:
             dom.snapshotCreateXML(snapshot_xml(targets, overlays), FLAGS)
         except libvirt.libvirtError as exc:
             raise DriverError(self.host, f"snapshot the disks of {name}: {exc.get_error_message()}") from None
+
+
+def chain_of(xml: str, target: str) -> list[str]:
+    """The files of disk `target` in a live domain XML: its source, then each `<backingStore>` down."""
+    for disk in ElementTree.fromstring(xml).findall("devices/disk"):
+        t = disk.find("target")
+        if t is None or t.get("dev") != target:
+            continue
+        out: list[str] = []
+        node: ElementTree.Element | None = disk
+        while node is not None:
+            source = node.find("source")
+            if source is None or not (source.get("file") or source.get("dev")):
+                break
+            out.append(source.get("file") or source.get("dev") or "")
+            node = node.find("backingStore")
+        return out
+    return []
+
+
+def mirror_ready(xml: str, target: str) -> bool:
+    """Whether disk `target`'s active commit is ready to pivot (libvirt's `<mirror ready='yes'>`)."""
+    for disk in ElementTree.fromstring(xml).findall("devices/disk"):
+        t, mirror = disk.find("target"), disk.find("mirror")
+        if t is not None and t.get("dev") == target and mirror is not None:
+            return mirror.get("ready") == "yes"
+    return False
+
+
+class CommitMixin:
+    if TYPE_CHECKING:
+        host: str
+
+        def _dom(self, name: str) -> Any: ...
+        def _xml(self, dom: Any, inactive: bool = False) -> str: ...
+
+    POLL_S = 0.1
+
+    def domain_chain(self, name: str, target: str) -> list[str]:
+        return chain_of(self._xml(self._dom(name)), target)
+
+    def commit_disk(self, name: str, target: str, top: str, base: str, timeout_s: float = 600.0) -> None:
+        dom = self._dom(name)
+        chain = chain_of(self._xml(dom), target)
+        if top not in chain or base not in chain or chain.index(base) != chain.index(top) + 1:
+            raise DriverError(self.host, f"commit {top} into {base}: disk {target} of {name} reads {chain}")
+        active = chain[0] == top
+        if not self._job(dom, target):  # a job already there (a commit a crash cut short) is carried on
+            flags = libvirt.VIR_DOMAIN_BLOCK_COMMIT_ACTIVE if active else 0
+            try:
+                dom.blockCommit(target, base, None if active else top, 0, flags)
+            except libvirt.libvirtError as exc:
+                raise DriverError(self.host, f"commit {top} into {base}: {exc.get_error_message()}") from None
+        deadline = time.monotonic() + timeout_s
+        while self._job(dom, target):
+            if active and mirror_ready(self._xml(dom), target):
+                try:
+                    dom.blockJobAbort(target, libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
+                except libvirt.libvirtError as exc:
+                    raise DriverError(
+                        self.host, f"pivot {name}'s {target} to {base}: {exc.get_error_message()}"
+                    ) from None
+            if time.monotonic() > deadline:
+                try:
+                    dom.blockJobAbort(target, 0)
+                except libvirt.libvirtError:
+                    pass
+                raise DriverError(self.host, f"commit {top} into {base} did not end within {timeout_s:g} s")
+            time.sleep(self.POLL_S)
+
+    def _job(self, dom: Any, target: str) -> bool:
+        try:
+            return bool(dom.blockJobInfo(target, 0))
+        except libvirt.libvirtError as exc:
+            raise DriverError(self.host, f"block job of {target}: {exc.get_error_message()}") from None

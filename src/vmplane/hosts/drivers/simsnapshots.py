@@ -55,6 +55,50 @@ def snapshot_disks(fabric: SimFabric, host: str, name: str, overlays: dict[str, 
             )
 
 
+def chain(fabric: SimFabric, host: str, name: str, target: str) -> list[str]:
+    with fabric._lock:
+        storage, path = fabric._disk_file(fabric._db, host, name, target)
+        return _chain(fabric._db, host, storage, path)
+
+
+def _chain(db, host: str, storage: str, path: str) -> list[str]:
+    out = [path]
+    while True:
+        row = db.execute("SELECT backing FROM files WHERE storage = ? AND path = ?", (storage, out[-1])).fetchone()
+        if row is None or not row[0] or storage_of(host, row[0]) != storage or len(out) > 64:
+            return out
+        out.append(row[0])
+
+
+def commit(fabric: SimFabric, host: str, name: str, target: str, top: str, base: str) -> None:
+    """A block commit that completes at once: what `top` holds is in `base` now (a marker written into `top`
+    wins), and the domain reads `base` where it read `top` (the active file: pivot; else `top`'s child is
+    rebased onto `base`). `top` stays in the pool: the caller deletes it."""
+    top, base = _clean(top), _clean(base)
+    with fabric._tx() as db:
+        if (
+            db.execute(f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}", (host, name)).fetchone()
+            is None
+        ):
+            raise SimStorageError(f"domain {name} is not running here")
+        storage, active = fabric._disk_file(db, host, name, target)
+        files = _chain(db, host, storage, active)
+        if top not in files or base not in files or files.index(base) != files.index(top) + 1:
+            raise SimStorageError(f"commit {top} into {base}: disk {target} reads {files}")
+        marker = db.execute("SELECT marker FROM files WHERE storage = ? AND path = ?", (storage, top)).fetchone()[0]
+        if marker is not None:
+            db.execute("UPDATE files SET marker = ? WHERE storage = ? AND path = ?", (marker, storage, base))
+        if top == active:
+            file = base.rpartition("/")[2]
+            db.execute(
+                "UPDATE disks SET path = ?, volume = ? WHERE host = ? AND domain = ? AND target = ?",
+                (base, file, host, name, target),
+            )
+        else:
+            child = files[files.index(top) - 1]
+            db.execute("UPDATE files SET backing = ? WHERE storage = ? AND path = ?", (base, storage, child))
+
+
 class SimSnapshotMixin:
     if TYPE_CHECKING:
         host: str
@@ -70,3 +114,18 @@ class SimSnapshotMixin:
         except SimStorageError as exc:
             raise DriverError(self.host, f"snapshot the disks of {name}: {exc}") from None
         self._partial(f"snapshot the disks of {name}")
+
+    def domain_chain(self, name: str, target: str) -> list[str]:
+        self._call(f"read the chain of {name}'s {target}")
+        try:
+            return chain(self.fabric, self.host, name, target)
+        except SimStorageError as exc:
+            raise DriverError(self.host, f"read the chain of {name}'s {target}: {exc}") from None
+
+    def commit_disk(self, name: str, target: str, top: str, base: str, timeout_s: float = 600.0) -> None:
+        self._call(f"commit {top} into {base}")
+        try:
+            commit(self.fabric, self.host, name, target, top, base)
+        except SimStorageError as exc:
+            raise DriverError(self.host, f"commit {top} into {base}: {exc}") from None
+        self._partial(f"commit {top} into {base}")

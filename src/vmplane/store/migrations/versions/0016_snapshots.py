@@ -25,6 +25,7 @@ def upgrade() -> None:
         sa.Column("live", sa.Boolean(), nullable=False),
         sa.Column("pause_ms", sa.Integer(), nullable=True),
         sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.Column("step_at", sa.DateTime(), nullable=False),
         sa.ForeignKeyConstraint(["vm_id"], ["vms.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("vm_id", "name"),

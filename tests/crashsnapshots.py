@@ -1,0 +1,117 @@
+"""The crash harness's snapshot steps (issue 32), for tests/crashkit.py: snapshots taken of VMs with disks
+(running or stopped), reverted (stopped VMs), deleted (a running VM's chain then merged live), the steps
+toward each snapshot crash point, and what must hold after a restart: no snapshot left in a step, no chain
+file left pending, merging or deleting (its pool answering), every overlay in a pool owned (the audit)."""
+
+from __future__ import annotations
+
+from vmplane.store import snapshots as S
+from vmplane.store import storageledger as SL
+
+TRIES = 5
+
+
+def _with_disks(o, *states: str) -> list[str]:
+    with o.db.read() as s:
+        vm_ids = {v.vm_id for v in SL.volume_rows(s.connection()) if v.vm_id is not None}
+    return [v.name for v in o.vms() if v.state in states and v.id in vm_ids]
+
+
+def _snapshots(o, vm: str) -> list[str]:
+    return [s["name"] for s in o.snapshots.listing(vm) if s["state"] == "ready"]
+
+
+def _with_snapshots(o, *states: str) -> list[str]:
+    return [vm for vm in _with_disks(o, *states) if _snapshots(o, vm)]
+
+
+def take(o, rng, n):
+    """A snapshot of a VM with disks (running mostly)."""
+    running, stopped = _with_disks(o, "running"), _with_disks(o, "stopped")
+    if pick := (running if running and rng.random() < 0.7 else running + stopped):
+        o.snapshots.take(rng.choice(pick), f"s{n}-{rng.randrange(1000)}")
+
+
+def revert(o, rng, n):
+    if pick := _with_snapshots(o, "stopped"):
+        vm = rng.choice(pick)
+        o.snapshots.revert(vm, rng.choice(_snapshots(o, vm)))
+
+
+def delete(o, rng, n):
+    """A snapshot deleted (of a running VM mostly: its chain is merged live)."""
+    running, stopped = _with_snapshots(o, "running"), _with_snapshots(o, "stopped")
+    if pick := (running if running and rng.random() < 0.7 else running + stopped):
+        vm = rng.choice(pick)
+        o.snapshots.delete(vm, rng.choice(_snapshots(o, vm)))
+
+
+ACTIONS = ((take, 2), (revert, 1), (delete, 1))
+
+
+def _first(attempts) -> bool:
+    from vmplane.core.errors import VmplaneError
+
+    for attempt in attempts:
+        try:
+            attempt()
+            return True
+        except VmplaneError:
+            continue
+    return False
+
+
+def toward_take(o, rng, n):
+    vms = _with_disks(o, "running", "stopped")
+    rng.shuffle(vms)
+    if not _first([lambda v=v: o.snapshots.take(v, f"s{n}-{rng.randrange(1000)}") for v in vms[:TRIES]]):
+        from .crashkit import _create
+
+        _create(o, rng, n)
+
+
+def toward_revert(o, rng, n):
+    """A stopped VM with a snapshot reverted; else a stopped VM with disks snapshotted; else a running one
+    with a snapshot stopped; else a snapshot taken."""
+    stopped = _with_snapshots(o, "stopped")
+    rng.shuffle(stopped)
+    if _first([lambda v=v: o.snapshots.revert(v, rng.choice(_snapshots(o, v))) for v in stopped[:TRIES]]):
+        return
+    cold = _with_disks(o, "stopped")
+    if _first([lambda v=v: o.snapshots.take(v, f"s{n}-{rng.randrange(1000)}") for v in cold[:TRIES]]):
+        return
+    if _first([lambda v=v: o.stop_vm(v, force=True) for v in _with_snapshots(o, "running")[:TRIES]]):
+        return
+    toward_take(o, rng, n)
+
+
+def toward_merge(o, rng, n):
+    """A running VM's snapshot deleted (its chain merged live); else a running VM snapshotted."""
+    running = _with_snapshots(o, "running")
+    rng.shuffle(running)
+    if not _first([lambda v=v: o.snapshots.delete(v, rng.choice(_snapshots(o, v))) for v in running[:TRIES]]):
+        toward_take(o, rng, n)
+
+
+TOWARD = {
+    "snapshot.before-take": toward_take,
+    "snapshot.after-take": toward_take,
+    "snapshot.before-revert": toward_revert,
+    "snapshot.before-merge": toward_merge,
+}
+
+
+def problems(o, waiting_pools: set[str]) -> list[str]:
+    """After the settle pass: snapshots and chain files left between two steps."""
+    o.snapshots.settle(force=True)
+    out = []
+    with o.db.read() as s:
+        conn = s.connection()
+        volumes = {v.id: v for v in SL.volume_rows(conn)}
+        for r in S.unfinished(conn):
+            out.append(f"snapshot {r.name} of vm id {r.vm_id} left {r.state}")
+        for f in S.chain_files(conn):
+            v = volumes.get(f.volume_id)
+            if f.state != "live" and v is not None and v.pool_name not in waiting_pools:
+                out.append(f"volume {v.name}: chain file {f.file} left {f.state}")
+    return out
