@@ -1015,8 +1015,10 @@ def stop(host: LocalHost, remove_files: bool = False) -> None:
     _let_go(pid)  # a partitioned daemon (fail "network") answers again
     _keep_capabilities(host)
     if pid is not None:
-        _destroy_domains(host)
-        _terminate(pid)
+        try:
+            _destroy_domains(host)
+        finally:  # a domain libvirt would not undefine never leaves the daemon running
+            _terminate(pid)
     _kill_orphaned_qemu(host)
     heartbeat = host.heartbeat_pid()
     if heartbeat is not None:

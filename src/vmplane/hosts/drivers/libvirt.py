@@ -47,7 +47,7 @@ from vmplane.hosts import hostnet
 from vmplane.hosts.drivers.domainxml import domain_xml
 from vmplane.hosts.drivers.libvirtagent import AgentMixin, AgentUnavailable
 from vmplane.hosts.drivers.libvirtconsole import ConsoleMixin
-from vmplane.hosts.drivers.libvirtdomains import discard_domain, is_absent
+from vmplane.hosts.drivers.libvirtdomains import UNDEFINE_FLAGS, discard_domain, is_absent
 from vmplane.hosts.drivers.libvirtnics import NicMixin
 from vmplane.hosts.drivers.libvirtsnapshots import CommitMixin, SnapshotMixin
 from vmplane.hosts.drivers.libvirtstorage import StorageMixin
@@ -307,7 +307,7 @@ class LibvirtDriver(StorageMixin, SnapshotMixin, CommitMixin, NicMixin, AgentMix
                 if not is_absent(exc) and self._is_active(dom):
                     raise DriverError(self.host, f"{what}: destroy {name}: {exc.get_error_message()}") from None
         try:
-            dom.undefineFlags(0)
+            dom.undefineFlags(UNDEFINE_FLAGS)
         except libvirt.libvirtError as exc:
             # a transient domain (no definition left) is gone once destroyed: NO_DOMAIN either way
             if not is_absent(exc) and self._lookup(name) is not None:
@@ -417,7 +417,7 @@ class LibvirtDriver(StorageMixin, SnapshotMixin, CommitMixin, NicMixin, AgentMix
         if self._is_active(dom):
             return False
         try:
-            dom.undefineFlags(0)
+            dom.undefineFlags(UNDEFINE_FLAGS)
         except libvirt.libvirtError as exc:
             if not is_absent(exc):
                 raise DriverError(self.host, f"undefine {name}: {exc.get_error_message()}") from None

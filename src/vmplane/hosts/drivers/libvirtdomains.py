@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import libvirt
 
+# a domain's checkpoints (issue 32: incremental backups) are metadata vmplane keeps itself and defines again
+# where the domain runs: an undefine drops libvirt's copy (the bitmaps stay in the qcow2 files), which libvirt
+# otherwise refuses ("cannot delete inactive domain with N checkpoints")
+UNDEFINE_FLAGS = libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+
 
 def is_absent(exc: libvirt.libvirtError) -> bool:
     """The one rule: only VIR_ERR_NO_DOMAIN says a domain is gone; any other error is "don't know"."""
@@ -22,7 +27,7 @@ def discard_domain(dom: libvirt.virDomain) -> None:
         if dom.isActive():  # it stopped by itself meanwhile: fine; else the error stands
             raise
     try:
-        dom.undefineFlags(0)
+        dom.undefineFlags(UNDEFINE_FLAGS)
     except libvirt.libvirtError as exc:
         if not is_absent(exc):
             raise

@@ -72,7 +72,9 @@ def volume_xml(
         f"  <name>{escape(name)}</name>",
         f"  <capacity unit='bytes'>{int(capacity_bytes)}</capacity>",
         "  <allocation unit='bytes'>0</allocation>",
-        f"  <target><format type={quoteattr(format)}/></target>",
+        # qcow2 v3 (compat 1.1): libvirt's default is v2, which can not keep the persistent dirty bitmaps
+        # that incremental backups read (issue 32: "Cannot store dirty bitmaps in qcow2 v2 files")
+        f"  <target><format type={quoteattr(format)}/>{'<compat>1.1</compat>' if format == 'qcow2' else ''}</target>",
     ]
     if backing is not None:
         lines.append(
