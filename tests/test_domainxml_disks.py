@@ -82,6 +82,8 @@ def test_pool_and_volume_xml():
     vol = ElementTree.fromstring(volume_xml("vm1-root.qcow2", 8 << 30, "qcow2", "/images/t.qcow2", "qcow2"))
     assert vol.findtext("capacity") == str(8 << 30) and vol.find("capacity").get("unit") == "bytes"
     assert vol.find("target/format").get("type") == "qcow2"
+    assert vol.findtext("target/compat") == "1.1"  # qcow2 v3: it keeps the persistent bitmaps of backups
+    assert ElementTree.fromstring(volume_xml("v", 1 << 20, "raw")).find("target/compat") is None
     assert vol.findtext("backingStore/path") == "/images/t.qcow2"
     assert vol.find("backingStore/format").get("type") == "qcow2"
     assert ElementTree.fromstring(volume_xml("v", 1 << 20, "raw")).find("backingStore") is None

@@ -5,6 +5,7 @@ and only its confirm button changes anything. Every POST carries the session's C
 
 from __future__ import annotations
 
+import html
 import json
 from typing import TypeVar
 
@@ -17,7 +18,9 @@ from vmplane.api.deps import require_admin
 from vmplane.api.errors import validation_body
 from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.routers import hosts as api_hosts
+from vmplane.api.routers import snapshots as api_snapshots
 from vmplane.api.routers import vms as api_vms
+from vmplane.api.routers.snapshots import SnapshotCreate
 from vmplane.api.schemas import MaintenanceRequest, MigrateRequest, ScaleRequest, VmStop
 from vmplane.core.errors import Invalid, VmplaneError
 from vmplane.ui.render import error_fragment, render
@@ -124,6 +127,41 @@ async def migrate(request: Request, name: str, who: Actor):
         return render(request, "fragments/migrate_started.html", vm=name, migration=mig)
 
     return await _attempt(request, act)
+
+
+@router.post("/vms/{name}/snapshots")
+async def snapshot_create(request: Request, name: str, who: Actor):
+    form = await _form(request)
+
+    def act():
+        body = _model(SnapshotCreate, name=form.get("name", "").strip(), quiesce=_bool(form.get("quiesce")))
+        snap = api_snapshots.create_snapshot(name, body, request.app.state.orchestrator, who)
+        return _done_now(request, f"snapshot {snap['name']} of {name} taken ({snap['pause_ms']} ms pause)")
+
+    return await _attempt(request, act)
+
+
+@router.post("/vms/{name}/snapshots/{snapshot}/revert")
+async def snapshot_revert(request: Request, name: str, snapshot: str, who: Actor):
+    def act():
+        api_snapshots.revert_snapshot(name, request.app.state.orchestrator, who, snapshot)
+        return _done_now(request, f"{name} reverted to snapshot {snapshot}: it starts as it was then")
+
+    return await _attempt(request, act)
+
+
+@router.post("/vms/{name}/snapshots/{snapshot}/delete")
+async def snapshot_delete(request: Request, name: str, snapshot: str, who: Actor):
+    def act():
+        api_snapshots.delete_snapshot(name, request.app.state.orchestrator, who, snapshot)
+        return _done_now(request, f"snapshot {snapshot} of {name} deleted")
+
+    return await _attempt(request, act)
+
+
+def _done_now(request: Request, message: str) -> HTMLResponse:
+    """An action answered once done (no operation to follow)."""
+    return HTMLResponse(f'<p class="done" role="status">{html.escape(message)}.</p>')
 
 
 def _scale_request(form: dict, dry_run: bool) -> ScaleRequest:

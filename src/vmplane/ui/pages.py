@@ -217,6 +217,7 @@ def _vm_detail(request: Request, who, name: str) -> dict:
         offerings=offerings,
         nics=netqueries.vm_nics(o.db, vm.id),
         agent=netqueries.vm_agent(o.db, vm.id, vm.state),
+        snapshots=o.snapshots.listing(name),
     )
 
 
