@@ -69,6 +69,7 @@ MEMBER_SCOPED = {
     ("GET", "/vms/{name}/snapshots"),
     ("POST", "/vms/{name}/snapshots/{snapshot}/revert"),
     ("DELETE", "/vms/{name}/snapshots/{snapshot}"),
+    ("POST", "/vms/{name}/clone"),
     ("POST", "/vms/{name}/migrate"),
     ("POST", "/vms/{name}/migrate/cancel"),
     ("PATCH", "/vms/{name}"),

@@ -9,6 +9,7 @@ import pytest
 
 from vmplane.controllers.volumes import disk_spec
 from vmplane.core.model import Offering, OfferingKind
+from vmplane.hosts.drivers.simstorage import SHARED
 from vmplane.store import snapshots as S
 
 from .conftest import add_sim_hosts
@@ -195,3 +196,50 @@ def test_a_deleted_vm_takes_every_file_of_its_chains_and_their_charge_with_it(cl
     assert o.pools.row("shared").used_mib == 0 and o.audit() == []
     with o.db.read() as s:
         assert S.chain_files(s.connection()) == []
+
+
+def test_a_clone_of_a_stopped_vm_or_of_a_snapshot_reads_the_sources_data_and_outlives_it(cluster, api):
+    o = cluster
+    o.catalog.set_quota("p", storage_mib=8192)
+    vm(o, "web")
+    write(o, "web", "at-snapshot")
+    assert api.post(f"{V}/web/snapshots", json={"name": "s1"}).status_code == 201
+    write(o, "web", "later")
+
+    r = api.post(f"{V}/web/clone", json={"name": "c1"})
+    assert (r.status_code, r.json()["field"]) == (409, "vm") and "--snapshot" in r.json()["message"]
+    r = api.post(f"{V}/web/clone", json={"name": "c1", "snapshot": "s1", "start": True})
+    assert r.status_code == 201, r.text
+    assert r.json()["vm"]["offering"] == "small" and r.json()["copied"] == o.volumes.row("c1-root").file_name
+    assert marker(o, "c1") == "at-snapshot"  # what the snapshot kept, not what the source wrote since
+
+    o.stop_vm("web", force=True)
+    assert api.post(f"{V}/web/clone", json={"name": "c2", "start": True}).status_code == 201
+    assert marker(o, "c2") == "later"
+    host = o.pools.hosts_of(o.pools.row("shared"))[0]
+    assert o.drivers[host].volume("shared", o.volumes.row("c2-root").file_name).backing is None  # stands alone
+
+    o.delete_vm("web")  # the clones outlive their source and its snapshots
+    assert marker(o, "c1") == "at-snapshot" and marker(o, "c2") == "later"
+    size = o.volumes.row("c1-root").size_mib
+    assert usage(o, "p").storage_mib == 2 * size and o.audit() == []
+
+
+def test_a_clone_refused_leaves_no_vm_and_no_file(cluster, api):
+    o = cluster
+    vm(o, "web", start=False)
+    files, before = pool_files(o, "shared"), usage(o, "p").storage_mib
+    for body, status, field in (
+        ({"name": "web"}, 409, "name"),
+        ({"name": "c1", "snapshot": "none"}, 404, "snapshot"),
+        ({"name": "Bad Name"}, 422, "name"),
+    ):
+        r = api.post(f"{V}/web/clone", json=body)
+        assert (r.status_code, r.json()["field"]) == (status, field), r.text
+    host = o.pools.hosts_of(o.pools.row("shared"))[0]
+    used = o.drivers[host].pool_info("shared").allocation_mib  # room for the new root disk, not for the copy
+    o.drivers[host].fabric.set_capacity(SHARED, used + 1)
+    r = api.post(f"{V}/web/clone", json={"name": "c1"})
+    assert r.status_code == 409 and "c1 was not kept" in r.json()["message"], r.text
+    assert [v.name for v in o.vms()] == ["web"] and pool_files(o, "shared") == files
+    assert usage(o, "p").storage_mib == before and o.audit() == []

@@ -200,6 +200,13 @@ def test_a_marker_is_back_after_snapshot_overwrite_stop_revert_start_and_the_cha
     assert guest(live, "snapper", "cat /data/marker").strip() == "before"
     assert [s["name"] for s in run_json(live, "vm", "snapshot", "list", "snapper")] == ["s1"]
     assert run_json(live, "audit")["ok"]
+    # a full clone of what s1 kept, taken while the source runs: libvirt's createXMLFrom (qemu-img convert)
+    clone = run_json(live, "vm", "clone", "snapper", "twin", "--snapshot", "s1", "--start")
+    assert clone["vm"]["project"] == "snaps", clone
+    guest(live, "twin", "true")  # booted
+    assert guest(live, "twin", "cat /data/marker").strip() == "before"
+    run_json(live, "vm", "stop", "twin", "--force")
+    run_json(live, "vm", "delete", "twin")
     # deleted while it runs: the chain is merged live (block commit and pivot), one file charged again
     r = live.cli("vm", "snapshot", "delete", "snapper", "s1")
     assert r.returncode == 0, r.stdout + r.stderr

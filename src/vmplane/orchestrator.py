@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from vmplane.controllers.audit import Audit
+from vmplane.controllers.clones import Clones
 from vmplane.controllers.consoles import Consoles
 from vmplane.controllers.diskmoves import DiskMoves
 from vmplane.controllers.guestagents import GuestAgents
@@ -122,6 +123,7 @@ class Orchestrator:
         self.overdue = OverdueOperations(plane)  # its own operations left in flight past their deadline
         self.auditor = Audit(plane, self.volumes, self.pools)
         self.reads = Reads(db, catalog)
+        self.clones = Clones(plane, self.vms_ctl, self.volumes, self.pools, self.reads)  # full clones of root disks
         ops.register(
             "start",
             on_fail=self.vms_ctl.fail_start_stop,

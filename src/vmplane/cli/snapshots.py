@@ -56,3 +56,18 @@ def snapshot_delete(vm: str, name: str, client: Client):
     """Delete snapshot NAME; the files no chain needs any more are deleted."""
     client.call("DELETE", f"/vms/{vm}/snapshots/{name}")
     note(f"snapshot {name} of vm {vm} deleted")
+
+
+@api_command(groups["vm"], "clone")
+def vm_clone(
+    vm: str,
+    new: str,
+    snapshot: str | None = typer.Option(None, help="copy what this snapshot of VM kept (VM may run)"),
+    start: bool = typer.Option(False, help="start the new VM once its disk is copied"),
+    *,
+    client: Client,
+):
+    """A new VM NEW whose root disk is a full copy of VM's (VM stopped), or of one of its snapshots; the
+    same offering, template, size and project. Data volumes are not cloned."""
+    body = {"name": new, "start": start} | ({"snapshot": snapshot} if snapshot else {})
+    return client.post(f"/vms/{vm}/clone", body)

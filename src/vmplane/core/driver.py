@@ -387,6 +387,11 @@ class Driver(abc.ABC):
         the hypervisor's own upload stream."""
         raise self._no_storage()
 
+    def clone_volume(self, pool: str, name: str, source: str) -> VolumeInfo:
+        """A new qcow2 volume in `pool` holding what the file at `source` (a volume of a pool this host has)
+        shows through its whole chain: a full copy, on no backing file (libvirt: `createXMLFrom`). Read back."""
+        raise self._no_storage()
+
     def attach_disk(self, name: str, disk: DiskSpec) -> None:
         """Hot-plug a disk into a running domain (and its persistent definition, if any); returns once
         the domain lists it (read back)."""

@@ -12,6 +12,7 @@ from pydantic import Field
 from vmplane.api.deps import AnyCaller, Orch
 from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.schemas import Request, Response
+from vmplane.api.views import vm_body
 
 router = APIRouter(tags=["vms"], route_class=StrictQueryRoute)
 SnapshotName = Path(max_length=63, description="the snapshot's name")
@@ -65,3 +66,17 @@ def revert_snapshot(name: str, orch: Orch, who: AnyCaller, snapshot: str = Snaps
 def delete_snapshot(name: str, orch: Orch, who: AnyCaller, snapshot: str = SnapshotName):
     """Drop the snapshot; the files no chain needs any more are deleted (their charge goes once gone)."""
     orch.snapshots.delete(name, snapshot, project_id=_project(orch, who, name))
+
+
+class CloneRequest(Request):
+    name: str = Field(max_length=63, description="the new VM's name")
+    snapshot: str | None = Field(None, max_length=63, description="copy what this snapshot kept (any VM state)")
+    start: bool = Field(False, description="start the new VM once its disk is copied")
+
+
+@router.post("/vms/{name}/clone", status_code=201)
+def clone_vm(name: str, body: CloneRequest, orch: Orch, who: AnyCaller) -> dict:
+    """A new VM (the source's offering, template, size and project) whose root disk is a full copy of the
+    stopped source's, or of what one of its snapshots kept. Data volumes are not cloned."""
+    done = orch.clones.clone(name, body.name, body.snapshot, body.start, project_id=_project(orch, who, name))
+    return {"source": name, "snapshot": body.snapshot, "copied": done["copied"], "vm": vm_body(orch.db, body.name)}

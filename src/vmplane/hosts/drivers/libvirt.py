@@ -49,7 +49,7 @@ from vmplane.hosts.drivers.libvirtagent import AgentMixin, AgentUnavailable
 from vmplane.hosts.drivers.libvirtconsole import ConsoleMixin
 from vmplane.hosts.drivers.libvirtdomains import UNDEFINE_FLAGS, discard_domain, is_absent
 from vmplane.hosts.drivers.libvirtnics import NicMixin
-from vmplane.hosts.drivers.libvirtsnapshots import CommitMixin, SnapshotMixin
+from vmplane.hosts.drivers.libvirtsnapshots import CloneMixin, CommitMixin, SnapshotMixin
 from vmplane.hosts.drivers.libvirtstorage import StorageMixin
 from vmplane.hosts.guest import build as guest
 
@@ -161,7 +161,7 @@ def resolve_image(image: str) -> guest.GuestImage:
     raise DriverError("-", f"image {image!r} is neither {guest.IMAGE_NAME} nor a folder with vmlinuz and initrd.gz")
 
 
-class LibvirtDriver(StorageMixin, SnapshotMixin, CommitMixin, NicMixin, AgentMixin, ConsoleMixin, Driver):
+class LibvirtDriver(StorageMixin, SnapshotMixin, CommitMixin, CloneMixin, NicMixin, AgentMixin, ConsoleMixin, Driver):
     kind = "libvirt"
 
     def __init__(self, host: str, uri: str, accel: str | None = None):

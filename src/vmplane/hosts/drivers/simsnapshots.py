@@ -99,6 +99,36 @@ def commit(fabric: SimFabric, host: str, name: str, target: str, top: str, base:
             db.execute("UPDATE files SET backing = ? WHERE storage = ? AND path = ?", (base, storage, child))
 
 
+def clone(fabric: SimFabric, host: str, pool: str, name: str, source: str) -> None:
+    """A full copy of what `source` shows through its chain: its size, the data of every file of the chain
+    (allocation), the marker a guest reads from it; on no backing file."""
+    with fabric._tx() as db:
+        storage, directory = fabric._pool(db, host, pool)
+        src_storage = storage_of(host, source)
+        files = _chain(db, host, src_storage, _clean(source))
+        rows = [
+            db.execute(
+                "SELECT capacity_mib, allocation_mib, marker FROM files WHERE storage = ? AND path = ?",
+                (src_storage, f),
+            ).fetchone()
+            for f in files
+        ]
+        if not rows or rows[0] is None:
+            raise SimStorageError(f"Cannot access storage file '{source}': No such file or directory")
+        path = f"{directory}/{name}"
+        if db.execute("SELECT 1 FROM files WHERE storage = ? AND path = ?", (storage, path)).fetchone():
+            raise SimStorageError(f"storage volume name '{name}' already in use")
+        data = sum(r[1] for r in rows if r is not None)
+        if data > fabric._available(db, storage):
+            raise SimStorageError(f"cannot clone {source}: No space left on device")
+        marker = next((r[2] for r in rows if r is not None and r[2] is not None), None)
+        db.execute(
+            "INSERT INTO files (storage, path, dir, name, format, capacity_mib, allocation_mib, backing, "
+            "generation, marker) VALUES (?, ?, ?, ?, 'qcow2', ?, ?, NULL, ?, ?)",
+            (storage, path, directory, name, rows[0][0], data, fabric._next_generation(db), marker),
+        )
+
+
 class SimSnapshotMixin:
     if TYPE_CHECKING:
         host: str
@@ -129,3 +159,12 @@ class SimSnapshotMixin:
         except SimStorageError as exc:
             raise DriverError(self.host, f"commit {top} into {base}: {exc}") from None
         self._partial(f"commit {top} into {base}")
+
+    def clone_volume(self, pool: str, name: str, source: str) -> Any:
+        self._call(f"clone {source} into {name}")
+        try:
+            clone(self.fabric, self.host, pool, name, source)
+        except SimStorageError as exc:
+            raise DriverError(self.host, f"clone {source} into {name}: {exc}") from None
+        self._partial(f"clone {source} into {name}")
+        return self.fabric.volume(self.host, pool, name)

@@ -1,0 +1,109 @@
+"""Full clones (issue 32): `vm clone VM NEW [--snapshot S] [--start]`. A new VM of the source's offering,
+template, size and project, whose root disk holds what the source's root disk showed: a stopped VM's disk
+as it is, or (from a running or stopped VM) what one of its snapshots kept (its base is read-only: the copy is
+consistent while the VM runs). The copy stands alone (no backing file): it outlives its source and any of its
+snapshots. The new VM is created (and charged) first, as `vm create` makes it; its root disk is then replaced
+by the copy made on the source disk's pool and read back; a copy the pool refuses deletes the new VM again.
+Data volumes are not cloned (a clone has the root disk only)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from vmplane.controllers.volumes import file_of, new_file_name
+from vmplane.core.driver import DriverError
+from vmplane.core.errors import Conflict, NotFound, VmplaneError
+from vmplane.core.model import VmState
+from vmplane.store import ledger as L
+from vmplane.store import snapshots as S
+from vmplane.store import storageledger as SL
+
+if TYPE_CHECKING:
+    from vmplane.controllers.pools import Pools
+    from vmplane.controllers.vms import Vms
+    from vmplane.controllers.volumes import Volumes
+    from vmplane.plane.context import Plane
+    from vmplane.store.reads import Reads
+
+log = logging.getLogger("vmplane.clones")
+
+
+class Clones:
+    def __init__(self, plane: Plane, vms: Vms, volumes: Volumes, pools: Pools, reads: Reads):
+        self.plane, self.vms, self.volumes, self.pools, self.reads = plane, vms, volumes, pools, reads
+
+    def clone(
+        self, source: str, new: str, snapshot: str | None = None, start: bool = False, project_id: int | None = None
+    ) -> dict[str, Any]:
+        """Clone `source` into a new VM `new`; what was copied (the source file and the new one)."""
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            src = L.vm_row(conn, name=source)
+            if project_id is not None and src.project_id != project_id:
+                raise NotFound(f"vm {source!r} does not exist", field="vm")
+            root = next((v for v in SL.vm_volumes(conn, src.id) if v.role == "root"), None)
+            if root is None:
+                raise Conflict(f"vm {source} has no root disk: there is nothing to clone", field="vm")
+            busy = S.busy_problem(conn, src.id, source)
+            if busy:
+                raise Conflict(busy, field="vm")
+            if snapshot is not None:
+                snap = S.snapshot_row(conn, src.id, snapshot)
+                if snap is None:
+                    raise NotFound(f"vm {source} has no snapshot {snapshot!r}", field="snapshot")
+                base = S.bases(conn, [snap.id]).get(snap.id, {}).get(root.id)
+                if base is None:
+                    raise Conflict(f"snapshot {snapshot} of vm {source} does not keep its root disk", field="snapshot")
+            else:
+                if src.state != VmState.stopped.value:
+                    raise Conflict(
+                        f"vm {source} is {src.state}: clone a stopped VM, or one of its snapshots (--snapshot)",
+                        field="vm",
+                    )
+                base = file_of(root)
+        vm = self.reads.vm(source)
+        self.vms.create_vm(
+            new,
+            vm.project.name,
+            vm.offering.name,
+            vm.template.name,
+            vcpus=vm.vcpus,
+            memory_mib=vm.memory_mib,
+            pool=root.pool_name,
+            root_disk_mib=root.size_mib,
+        )
+        copied = self._copy_into(new, root, base, source)
+        if start:
+            self.vms.start_vm(new)
+        return {"vm": new, "source": source, "snapshot": snapshot, "copied": copied}
+
+    def _copy_into(self, new: str, root, base: str, source: str) -> str:
+        """Replace the new VM's root disk by a full copy of `base` (on the source disk's pool); read back.
+        A pool that refuses: the new VM is deleted again (nothing half-made)."""
+        target = self.volumes.row(f"{new}-root")
+        pool = self.pools.row(root.pool_name)
+        file = new_file_name(f"{new}-root", "qcow2")
+        try:
+            driver = self.pools.driver_for(pool)
+            driver.clone_volume(pool.name, file, f"{root.pool_path}/{base}")
+            made = driver.volume(pool.name, file)
+            if made is None:
+                raise DriverError(driver.host, f"{file} is not in pool {pool.name} after the copy")
+        except (DriverError, Conflict) as exc:
+            try:
+                self.vms.delete_vm(new)
+            except VmplaneError as undo:
+                log.warning("clone %s: the new vm %s was not deleted again: %s", source, new, undo)
+            raise Conflict(
+                f"vm {source} could not be cloned into {new}: {exc}; {new} was not kept", field="vm"
+            ) from None
+        old = file_of(target)
+        with self.plane.db.transaction() as conn:
+            now = SL.volume_row(conn, target.name, lock=True)
+            SL.set_volume(conn, now, file_name=file, note=f"a full copy of vm {source}'s {base}")
+        try:
+            driver.delete_volume(pool.name, old)  # the template's thin overlay it was made with
+        except DriverError as exc:
+            log.warning("clone %s: %s left on pool %s (%s); the audit names it", new, old, pool.name, exc)
+        return file
