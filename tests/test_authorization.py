@@ -8,6 +8,8 @@ from .conftest import ADMIN_TOKEN, add_sim_hosts
 
 # every /api/v1 route is one of these; a new route must be classified here or the test fails
 ADMIN_ONLY = {
+    ("POST", "/backup-stores"),
+    ("DELETE", "/backup-stores/{name}"),
     ("POST", "/zones"),
     ("GET", "/zones"),
     ("POST", "/clusters"),
@@ -70,6 +72,13 @@ MEMBER_SCOPED = {
     ("POST", "/vms/{name}/snapshots/{snapshot}/revert"),
     ("DELETE", "/vms/{name}/snapshots/{snapshot}"),
     ("POST", "/vms/{name}/clone"),
+    ("GET", "/backup-stores"),
+    ("POST", "/vms/{name}/backups"),
+    ("GET", "/backups"),
+    ("GET", "/backups/{backup_id}"),
+    ("POST", "/backups/{backup_id}/verify"),
+    ("POST", "/backups/{backup_id}/restore"),
+    ("DELETE", "/backups/{backup_id}"),
     ("POST", "/vms/{name}/migrate"),
     ("POST", "/vms/{name}/migrate/cancel"),
     ("PATCH", "/vms/{name}"),

@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from vmplane.controllers.audit import Audit
+from vmplane.controllers.backups import Backups
 from vmplane.controllers.clones import Clones
 from vmplane.controllers.consoles import Consoles
 from vmplane.controllers.diskmoves import DiskMoves
@@ -124,6 +125,7 @@ class Orchestrator:
         self.auditor = Audit(plane, self.volumes, self.pools)
         self.reads = Reads(db, catalog)
         self.clones = Clones(plane, self.vms_ctl, self.volumes, self.pools, self.reads)  # full clones of root disks
+        self.backups = Backups(plane, self.pools, self.vms_ctl, self.clones)  # backup stores, backups, restores
         ops.register(
             "start",
             on_fail=self.vms_ctl.fail_start_stop,
@@ -284,7 +286,7 @@ class Orchestrator:
         return self.reads.project_usage(name)
 
     def audit(self) -> list[str]:
-        return self.auditor.audit()
+        return self.auditor.audit() + self.backups.check()
 
     def audit_hosts(self) -> list[str]:
         return self.auditor.audit_hosts()

@@ -14,6 +14,7 @@ from vmplane.api.deps import Admin, Caller, caller
 from vmplane.api.errors import install_error_handlers
 from vmplane.api.metricscollect import StateCollector
 from vmplane.api.paging import StrictQueryRoute
+from vmplane.api.routers import backups as backup_routes
 from vmplane.api.routers import consoles as console_routes
 from vmplane.api.routers import controllers as controller_routes
 from vmplane.api.routers import events as event_routes
@@ -154,6 +155,7 @@ def create_api(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
         vms,
         console_routes,
         snapshot_routes,
+        backup_routes,
         zones,
         hosts,
         projects,

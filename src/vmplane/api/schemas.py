@@ -131,6 +131,7 @@ class ProjectCreate(Request):
     count_overhead: StrictBool = False
     max_concurrent_migrations: NonNegative | None = Field(None, description="0 or null = unlimited")
     storage_mib: NonNegative = Field(1024 * 1024, description="provisioned size of its volumes and root disks")
+    backups_mib: NonNegative = Field(1024 * 1024, description="what its backups take in the backup stores")
 
 
 class QuotaUpdate(Request):
@@ -140,6 +141,7 @@ class QuotaUpdate(Request):
     count_overhead: StrictBool | None = None
     max_concurrent_migrations: NonNegative | None = Field(None, description="0 = unlimited")
     storage_mib: NonNegative | None = None
+    backups_mib: NonNegative | None = None
 
 
 class ResourceUsage(BaseModel):

@@ -62,12 +62,14 @@ def project_out(p: Project) -> schemas.ProjectOut:
             "memory_mib": p.quota_memory_mib,
             "vms": p.quota_vms,
             "storage_mib": p.quota_storage_mib,
+            "backups_mib": p.quota_backup_mib,
         },
         usage={
             "vcpus": p.used_vcpus,
             "memory_mib": p.used_memory_mib,
             "vms": p.used_vms,
             "storage_mib": p.used_storage_mib,
+            "backups_mib": p.used_backup_mib,
         },
     )
 

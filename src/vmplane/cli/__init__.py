@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 
 from vmplane.cli import (  # noqa: F401  (each registers its commands)
+    backups,
     catalog,
     console,
     events,

@@ -31,6 +31,9 @@ def project_create(
     storage: str = typer.Option(
         "1TiB", help=size_help("storage quota (the provisioned size of its volumes and root disks)"), metavar="SIZE"
     ),
+    backups: str = typer.Option(
+        "1TiB", help=size_help("backup quota (what its backups take in the backup stores)"), metavar="SIZE"
+    ),
     *,
     client: Client,
 ):
@@ -45,6 +48,7 @@ def project_create(
             "count_overhead": count_overhead,
             "max_concurrent_migrations": max_concurrent_migrations,
             "storage_mib": mib(storage, "--storage"),
+            "backups_mib": mib(backups, "--backups"),
         },
     )
 
@@ -60,6 +64,7 @@ def project_quota(
         None, min=0, help="live migrations of its VMs at once; 0 = unlimited"
     ),
     storage: Annotated[str | None, typer.Option(help=size_help("storage quota"), metavar="SIZE")] = None,
+    backups: Annotated[str | None, typer.Option(help=size_help("backup quota"), metavar="SIZE")] = None,
     *,
     client: Client,
 ):
@@ -71,6 +76,7 @@ def project_quota(
         "count_overhead": count_overhead,
         "max_concurrent_migrations": max_concurrent_migrations,
         "storage_mib": mib(storage, "--storage"),
+        "backups_mib": mib(backups, "--backups"),
     }
     return client.call("PATCH", f"/projects/{name}/quota", json={k: v for k, v in body.items() if v is not None})
 

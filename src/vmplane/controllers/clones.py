@@ -73,20 +73,21 @@ class Clones:
             pool=root.pool_name,
             root_disk_mib=root.size_mib,
         )
-        copied = self._copy_into(new, root, base, source)
+        copied = self.copy_into(new, f"{root.pool_path}/{base}", f"vm {source}'s {base}")
         if start:
             self.vms.start_vm(new)
         return {"vm": new, "source": source, "snapshot": snapshot, "copied": copied}
 
-    def _copy_into(self, new: str, root, base: str, source: str) -> str:
-        """Replace the new VM's root disk by a full copy of `base` (on the source disk's pool); read back.
-        A pool that refuses: the new VM is deleted again (nothing half-made)."""
+    def copy_into(self, new: str, source: str, what: str) -> str:
+        """Replace the new VM's root disk by a full copy of the file at `source` (a volume of a pool, or a
+        backup in a store, that the hosts of the new disk's pool see), made on the new disk's pool and read
+        back. A pool that refuses: the new VM is deleted again (nothing half-made)."""
         target = self.volumes.row(f"{new}-root")
-        pool = self.pools.row(root.pool_name)
+        pool = self.pools.row(target.pool_name)
         file = new_file_name(f"{new}-root", "qcow2")
         try:
             driver = self.pools.driver_for(pool)
-            driver.clone_volume(pool.name, file, f"{root.pool_path}/{base}")
+            driver.clone_volume(pool.name, file, source)
             made = driver.volume(pool.name, file)
             if made is None:
                 raise DriverError(driver.host, f"{file} is not in pool {pool.name} after the copy")
@@ -94,16 +95,14 @@ class Clones:
             try:
                 self.vms.delete_vm(new)
             except VmplaneError as undo:
-                log.warning("clone %s: the new vm %s was not deleted again: %s", source, new, undo)
-            raise Conflict(
-                f"vm {source} could not be cloned into {new}: {exc}; {new} was not kept", field="vm"
-            ) from None
+                log.warning("%s: the new vm %s was not deleted again: %s", what, new, undo)
+            raise Conflict(f"{what} could not be copied into vm {new}: {exc}; {new} was not kept", field="vm") from None
         old = file_of(target)
         with self.plane.db.transaction() as conn:
             now = SL.volume_row(conn, target.name, lock=True)
-            SL.set_volume(conn, now, file_name=file, note=f"a full copy of vm {source}'s {base}")
+            SL.set_volume(conn, now, file_name=file, note=f"a full copy of {what}")
         try:
             driver.delete_volume(pool.name, old)  # the template's thin overlay it was made with
         except DriverError as exc:
-            log.warning("clone %s: %s left on pool %s (%s); the audit names it", new, old, pool.name, exc)
+            log.warning("vm %s: %s left on pool %s (%s); the audit names it", new, old, pool.name, exc)
         return file

@@ -107,10 +107,10 @@ class Pools:
                 hosts = list(s.scalars(select(Host.name).where(Host.cluster_id == c.id).order_by(Host.name)))
                 if not hosts:
                     raise Conflict(f"cluster {cluster} has no host to define the pool on", field="cluster")
-        infos = self._define_everywhere(name, path, hosts)
-        checked = kind == "shared" and self._probe_shared(name, hosts)
+        infos = self.define_everywhere(name, path, hosts)
+        checked = kind == "shared" and self.probe_shared(name, hosts)
         if kind == "shared" and not checked:
-            self._undefine(name, hosts)
+            self.undefine(name, hosts)
             raise Conflict(
                 f"pool {name}: {path} is not shared by the hosts of cluster {cluster}: a file created "
                 f"through {hosts[0]} is not seen by the others",
@@ -145,25 +145,25 @@ class Pools:
             )
             return SL.pool_row(conn, name)
 
-    def _define_everywhere(self, name: str, path: str, hosts: list[str]) -> list[PoolInfo]:
+    def define_everywhere(self, name: str, path: str, hosts: list[str]) -> list[PoolInfo]:
         infos, done = [], []
         for host in hosts:
             try:
                 infos.append(self.plane.drivers[host].define_pool(PoolSpec(name, path)))
                 done.append(host)
             except DriverError as exc:
-                self._undefine(name, done)
+                self.undefine(name, done)
                 raise Conflict(f"pool {name} could not be defined: {exc}", field="name") from None
         return infos
 
-    def _undefine(self, name: str, hosts: list[str]) -> None:
+    def undefine(self, name: str, hosts: list[str]) -> None:
         for host in hosts:
             try:
                 self.plane.drivers[host].remove_pool(name)
             except DriverError as exc:
                 log.warning("pool %s left defined on %s: %s", name, host, exc)
 
-    def _probe_shared(self, name: str, hosts: list[str]) -> bool:
+    def probe_shared(self, name: str, hosts: list[str]) -> bool:
         """Create a tiny volume through the first host, look for it through every other host."""
         if len(hosts) < 2:
             return True
@@ -191,7 +191,7 @@ class Pools:
             )
         if used:
             raise Conflict(f"pool {name} holds volumes ({', '.join(used)}); delete or move them first", field="name")
-        self._undefine(name, self.hosts_of(pool))
+        self.undefine(name, self.hosts_of(pool))
         with self.plane.db.transaction() as conn:
             conn.execute(Pool.__table__.delete().where(Pool.__table__.c.id == pool.id))
             events.record(conn, "pool", name, old_state=pool.state, new_state="deleted", host=pool.host_name)

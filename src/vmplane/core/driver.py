@@ -392,6 +392,28 @@ class Driver(abc.ABC):
         shows through its whole chain: a full copy, on no backing file (libvirt: `createXMLFrom`). Read back."""
         raise self._no_storage()
 
+    def backup_disk(
+        self, name: str, target: str, path: str, incremental: str | None, checkpoint: str, timeout_s: float = 3600.0
+    ) -> int:
+        """Back up a running domain's disk `target` into the qcow2 file at `path` (made beforehand: for an
+        incremental, on the previous backup's file), all of it or (`incremental`: a checkpoint's name) what
+        changed since that checkpoint; take checkpoint `checkpoint` at the same moment. Returns once the job
+        ended, with the bytes it transferred; DriverError when it failed."""
+        raise self._no_storage()
+
+    def checkpoint_xml(self, name: str, checkpoint: str) -> str:
+        """A checkpoint's description, to define it again where the domain runs next."""
+        raise self._no_storage()
+
+    def define_checkpoints(self, name: str, xmls: list[str]) -> None:
+        """Define again (oldest first) the checkpoints the running domain does not have (its bitmaps are in
+        its qcow2 file: libvirt forgets the checkpoints when the domain is undefined or moves)."""
+        raise self._no_storage()
+
+    def volume_sha256(self, pool: str, name: str) -> tuple[str, int]:
+        """(sha256, size) of a volume's file, read through the hypervisor's download stream."""
+        raise self._no_storage()
+
     def attach_disk(self, name: str, disk: DiskSpec) -> None:
         """Hot-plug a disk into a running domain (and its persistent definition, if any); returns once
         the domain lists it (read back)."""

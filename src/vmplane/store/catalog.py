@@ -235,8 +235,15 @@ class Catalog:
         count_overhead: bool = False,
         max_concurrent_migrations: int | None = None,
         storage_mib: int = DEFAULT_STORAGE_QUOTA_MIB,
+        backups_mib: int = DEFAULT_STORAGE_QUOTA_MIB,
     ) -> Project:
-        for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib), ("vms", vms), ("storage_mib", storage_mib)):
+        for field, value in (
+            ("vcpus", vcpus),
+            ("memory_mib", memory_mib),
+            ("vms", vms),
+            ("storage_mib", storage_mib),
+            ("backups_mib", backups_mib),
+        ):
             if value < 0:
                 raise Invalid(f"quota {field} must be 0 or more, got {value}", field=field)
         if max_concurrent_migrations is not None and max_concurrent_migrations < 0:
@@ -251,6 +258,8 @@ class Catalog:
                 count_overhead=count_overhead,
                 max_concurrent_migrations=max_concurrent_migrations or None,
                 quota_storage_mib=storage_mib,
+                quota_backup_mib=backups_mib,
+                used_backup_mib=0,
                 used_vcpus=0,
                 used_memory_mib=0,
                 used_vms=0,
@@ -276,10 +285,17 @@ class Catalog:
         count_overhead: bool | None = None,
         max_concurrent_migrations: int | None = None,
         storage_mib: int | None = None,
+        backups_mib: int | None = None,
     ) -> Project:
         """Change a quota. Lowering below usage is refused; changing count_overhead re-charges every
         running VM in the same transaction (and is refused if that no longer fits)."""
-        for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib), ("vms", vms), ("storage_mib", storage_mib)):
+        for field, value in (
+            ("vcpus", vcpus),
+            ("memory_mib", memory_mib),
+            ("vms", vms),
+            ("storage_mib", storage_mib),
+            ("backups_mib", backups_mib),
+        ):
             if value is not None and value < 0:
                 raise Invalid(f"quota {field} must be 0 or more, got {value}", field=field)
         if max_concurrent_migrations is not None and max_concurrent_migrations < 0:
@@ -308,6 +324,14 @@ class Catalog:
             check_quota_change(p.name, new, ledger)
             p.quota_vcpus, p.quota_memory_mib, p.quota_vms = new.vcpus, new.memory_mib, new.vms
             p.quota_storage_mib = new.storage_mib
+            if backups_mib is not None:
+                if backups_mib < p.used_backup_mib:
+                    raise Conflict(
+                        f"project {p.name}: cannot set backups_mib quota to {backups_mib} MiB: "
+                        f"{p.used_backup_mib} MiB in use",
+                        field="backups_mib",
+                    )
+                p.quota_backup_mib = backups_mib
             if count_overhead is not None:
                 p.count_overhead = count_overhead
             if max_concurrent_migrations is not None:

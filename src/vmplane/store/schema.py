@@ -90,6 +90,8 @@ class Project(Base):
     # Storage: provisioned size of the project's volumes (root disks included), charged while they exist.
     quota_storage_mib: Mapped[int] = mapped_column(Integer, default=1024 * 1024)
     used_storage_mib: Mapped[int] = mapped_column(Integer, default=0)
+    quota_backup_mib: Mapped[int] = mapped_column(Integer, default=1024 * 1024)  # what its backups take (issue 32)
+    used_backup_mib: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class Offering(Base):
@@ -323,6 +325,52 @@ class VolumeFile(Base):
     # pending: asked of the host, not confirmed; live; deleting: no chain needs it, its deletion not confirmed.
     # Each file is charged at its volume's size (an overlay may grow to it) until its row goes.
     state: Mapped[str] = mapped_column(String(16), default="pending")
+
+
+class BackupStore(Base):
+    """A directory every host of a cluster sees (as a shared pool is), where backups are written: a libvirt
+    directory pool of the same name on each host, checked by a probe file written through one host and read
+    through the others."""
+
+    __tablename__ = "backup_stores"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    path: Mapped[str] = mapped_column(String(1024))
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Backup(Base):
+    """A backup of a VM's root disk (issue 32) through libvirt's backup API: `full`, or `incremental` on its
+    `parent` (a qcow2 whose backing file is the parent's: the chain restores whole). `checkpoint`: the
+    libvirt checkpoint taken with it (the next incremental's start). What the VM was is kept (offering,
+    template, size): a restore makes a new VM of it, even once the VM is gone. `state`: running (asked, not
+    confirmed), ready, deleting; `bytes` and `sha256` of its file are read back once written."""
+
+    __tablename__ = "backups"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    store_id: Mapped[int] = mapped_column(ForeignKey("backup_stores.id"), index=True)
+    vm_id: Mapped[int | None] = mapped_column(ForeignKey("vms.id", ondelete="SET NULL"), nullable=True, index=True)
+    vm_name: Mapped[str] = mapped_column(String(63))
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    offering: Mapped[str] = mapped_column(String(63))
+    template: Mapped[str] = mapped_column(String(63))
+    vcpus: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))  # full | incremental
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("backups.id"), nullable=True)
+    checkpoint: Mapped[str] = mapped_column(String(63))
+    state: Mapped[str] = mapped_column(String(16), default="running")
+    size_mib: Mapped[int] = mapped_column(Integer)  # the disk's size
+    disk_file: Mapped[str] = mapped_column(String(128))  # the disk's active file when it was taken
+    file: Mapped[str] = mapped_column(String(128))  # in the store
+    charged_mib: Mapped[int] = mapped_column(Integer)  # on the project's backup quota
+    bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # the file's size, read back
+    written: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # what the backup job transferred
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    checkpoint_xml: Mapped[str | None] = mapped_column(Text, nullable=True)  # defined again where the VM runs
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class Network(Base):

@@ -23,6 +23,7 @@ def create_project(body: ProjectCreate, orch: Orch, _: Admin):
             body.count_overhead,
             body.max_concurrent_migrations,
             body.storage_mib,
+            body.backups_mib,
         )
     )
 
@@ -56,6 +57,7 @@ def set_quota(name: str, body: QuotaUpdate, orch: Orch, _: Admin):
             body.count_overhead,
             body.max_concurrent_migrations,
             body.storage_mib,
+            body.backups_mib,
         )
     )
 

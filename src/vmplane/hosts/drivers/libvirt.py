@@ -46,6 +46,7 @@ from vmplane.core.hostnet import Applied, HostNetworks
 from vmplane.hosts import hostnet
 from vmplane.hosts.drivers.domainxml import domain_xml
 from vmplane.hosts.drivers.libvirtagent import AgentMixin, AgentUnavailable
+from vmplane.hosts.drivers.libvirtbackups import BackupMixin
 from vmplane.hosts.drivers.libvirtconsole import ConsoleMixin
 from vmplane.hosts.drivers.libvirtdomains import UNDEFINE_FLAGS, discard_domain, is_absent
 from vmplane.hosts.drivers.libvirtnics import NicMixin
@@ -161,7 +162,17 @@ def resolve_image(image: str) -> guest.GuestImage:
     raise DriverError("-", f"image {image!r} is neither {guest.IMAGE_NAME} nor a folder with vmlinuz and initrd.gz")
 
 
-class LibvirtDriver(StorageMixin, SnapshotMixin, CommitMixin, CloneMixin, NicMixin, AgentMixin, ConsoleMixin, Driver):
+class LibvirtDriver(
+    StorageMixin,
+    SnapshotMixin,
+    CommitMixin,
+    CloneMixin,
+    BackupMixin,
+    NicMixin,
+    AgentMixin,
+    ConsoleMixin,
+    Driver,
+):
     kind = "libvirt"
 
     def __init__(self, host: str, uri: str, accel: str | None = None):

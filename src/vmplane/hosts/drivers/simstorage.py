@@ -86,6 +86,10 @@ STORAGE_SCHEMA = (
     "until REAL NOT NULL)",
     # what each storage's files allocate, kept by triggers (a pool's numbers at thousands of files)
     "CREATE TABLE IF NOT EXISTS used (storage TEXT PRIMARY KEY, mib INTEGER NOT NULL)",
+    # a file's persistent dirty bitmaps (issue 32: backups' checkpoints): what had been written into the file
+    # when each was taken (files.written_mib then); they live in the file, as a qcow2 bitmap does
+    "CREATE TABLE IF NOT EXISTS bitmaps (storage TEXT NOT NULL, path TEXT NOT NULL, name TEXT NOT NULL, "
+    "written_mib INTEGER NOT NULL, PRIMARY KEY (storage, path, name))",
     "CREATE TRIGGER IF NOT EXISTS files_insert AFTER INSERT ON files BEGIN "
     "INSERT INTO used (storage, mib) VALUES (NEW.storage, NEW.allocation_mib) "
     "ON CONFLICT (storage) DO UPDATE SET mib = mib + NEW.allocation_mib; END",
@@ -167,7 +171,7 @@ class StorageFabric:
         for statement in STORAGE_SCHEMA:
             self._db.execute(statement)
         have = {row[1] for row in self._db.execute("PRAGMA table_info(files)")}
-        for column in ("generation INTEGER", "marker TEXT"):  # (a fabric file made before they were)
+        for column in ("generation INTEGER", "marker TEXT", "written_mib INTEGER NOT NULL DEFAULT 0"):
             if column.split()[0] not in have:
                 self._db.execute(f"ALTER TABLE files ADD COLUMN {column}")
         self._db.execute("DELETE FROM used")  # recounted: the triggers keep it from here
@@ -671,8 +675,9 @@ class StorageFabric:
             wanted = min(mib, room)
             written = min(wanted, self._available(db, storage))
             db.execute(
-                "UPDATE files SET allocation_mib = allocation_mib + ? WHERE storage = ? AND path = ?",
-                (written, storage, path),
+                "UPDATE files SET allocation_mib = allocation_mib + ?, written_mib = written_mib + ? "
+                "WHERE storage = ? AND path = ?",
+                (written, written, storage, path),
             )
         return written, written < wanted
 

@@ -1,0 +1,90 @@
+"""Backup stores (admins) and backups (a project's members, of their own VMs) (issue 32). Each answer comes
+once the hosts confirmed it: a backup once its file is written and read back (sha256), a restore once the
+new VM's disk is copied."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import Field
+
+from vmplane.api.deps import Admin, AnyCaller, Orch
+from vmplane.api.paging import StrictQueryRoute
+from vmplane.api.schemas import Name, Request
+
+router = APIRouter(tags=["backups"], route_class=StrictQueryRoute)
+
+
+class StoreCreate(Request):
+    name: Name
+    cluster: str = Field(max_length=63, description="every host of this cluster must see the directory")
+    path: str | None = Field(None, max_length=1024, description="default: under the hosts' shared storage")
+
+
+class BackupCreate(Request):
+    store: str | None = Field(None, max_length=63, description="default: the only store there is")
+    full: bool = Field(False, description="a full backup even when an incremental one is possible")
+
+
+class RestoreRequest(Request):
+    name: Name = Field(description="the new VM's name")
+    start: bool = False
+    pool: str | None = Field(None, max_length=63, description="the new root disk's pool (default: placement's)")
+
+
+def _scope(who: AnyCaller) -> int | None:
+    return None if who.is_admin else who.project_id
+
+
+@router.post("/backup-stores", status_code=201)
+def create_store(body: StoreCreate, orch: Orch, _: Admin) -> dict[str, Any]:
+    """A backup store: the directory defined on every host of the cluster, refused (409, `path`) unless a
+    file written through one host is seen through the others."""
+    return orch.backups.create_store(body.name, body.cluster, body.path)
+
+
+@router.get("/backup-stores")
+def list_stores(orch: Orch, _: AnyCaller) -> list[dict[str, Any]]:
+    return orch.backups.stores()
+
+
+@router.delete("/backup-stores/{name}", status_code=204)
+def delete_store(name: str, orch: Orch, _: Admin) -> None:
+    orch.backups.delete_store(name)
+
+
+@router.post("/vms/{name}/backups", status_code=201)
+def create_backup(name: str, body: BackupCreate, orch: Orch, who: AnyCaller) -> dict[str, Any]:
+    """Back up the running VM's root disk: incremental on its last backup in the store when possible."""
+    vm = orch.vm(name)
+    who.check_project(vm.project_id, "vm", name)
+    return orch.backups.create(name, body.store, body.full, project_id=_scope(who))
+
+
+@router.get("/backups")
+def list_backups(orch: Orch, who: AnyCaller, vm: str | None = None) -> list[dict[str, Any]]:
+    return orch.backups.listing(vm, project_id=_scope(who))
+
+
+@router.get("/backups/{backup_id}")
+def show_backup(backup_id: int, orch: Orch, who: AnyCaller) -> dict[str, Any]:
+    return orch.backups.show(backup_id, project_id=_scope(who))
+
+
+@router.post("/backups/{backup_id}/verify")
+def verify_backup(backup_id: int, orch: Orch, who: AnyCaller) -> dict[str, Any]:
+    """Read the backup's chain back; `ok` when every file's sha256 and size are those recorded."""
+    return orch.backups.verify(backup_id, project_id=_scope(who))
+
+
+@router.post("/backups/{backup_id}/restore", status_code=201)
+def restore_backup(backup_id: int, body: RestoreRequest, orch: Orch, who: AnyCaller) -> dict[str, Any]:
+    """A new VM of what the backed-up VM was, its root disk a full copy of the backup's chain."""
+    return orch.backups.restore(backup_id, body.name, body.start, body.pool, project_id=_scope(who))
+
+
+@router.delete("/backups/{backup_id}", status_code=204)
+def delete_backup(backup_id: int, orch: Orch, who: AnyCaller) -> None:
+    """Refused (409) while a later backup is incremental on it."""
+    orch.backups.delete(backup_id, project_id=_scope(who))

@@ -1,0 +1,110 @@
+"""Backups: `backup store create|list|delete` (admins) and `backup create|list|show|verify|restore|delete`."""
+
+from __future__ import annotations
+
+import typer
+
+from vmplane.cli.client import Client
+from vmplane.cli.common import api_command, app
+from vmplane.cli.output import Col, note
+
+backup_app = typer.Typer(
+    help="Backups of VMs' root disks, full or incremental, in backup stores.", no_args_is_help=True
+)
+store_app = typer.Typer(help="Backup stores: a directory every host of a cluster sees.", no_args_is_help=True)
+app.add_typer(backup_app, name="backup")
+backup_app.add_typer(store_app, name="store")
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{-(-n // (1 << 20))} MiB"
+
+
+COLUMNS = [
+    "id",
+    "vm",
+    "kind",
+    Col("on", lambda b: str(b["parent"] or "-")),
+    "state",
+    "store",
+    Col("file", lambda b: _mib(b["bytes"])),
+    Col("written", lambda b: _mib(b["written"])),
+    Col("created", lambda b: b["created_at"][:19].replace("T", " ")),
+]
+STORE_COLUMNS = ["name", "cluster", "path", "backups", Col("size", lambda s: _mib(s["bytes"]))]
+
+
+@api_command(store_app, "create")
+def store_create(
+    name: str,
+    cluster: str = typer.Option(..., help="every host of this cluster must see the directory"),
+    path: str | None = typer.Option(None, help="the directory (default: under the hosts' shared storage)"),
+    *,
+    client: Client,
+):
+    """Create a backup store; refused unless a file written through one host is seen through the others."""
+    return client.post("/backup-stores", {"name": name, "cluster": cluster} | ({"path": path} if path else {}))
+
+
+@api_command(store_app, "list", lists=True)
+def store_list(client: Client):
+    """Backup stores, with how many backups each holds."""
+    return client.get("/backup-stores"), STORE_COLUMNS, "backup stores"
+
+
+@api_command(store_app, "delete")
+def store_delete(name: str, client: Client):
+    """Delete an empty backup store (its directory stays)."""
+    client.call("DELETE", f"/backup-stores/{name}")
+    note(f"backup store {name} deleted")
+
+
+@api_command(backup_app, "create")
+def backup_create(
+    vm: str,
+    store: str | None = typer.Option(None, help="the backup store (default: the only one)"),
+    full: bool = typer.Option(False, help="a full backup even when an incremental one is possible"),
+    *,
+    client: Client,
+):
+    """Back up a running VM's root disk: incremental on its last backup in the store when its checkpoint still
+    describes the disk (else full; `why` says which)."""
+    return client.post(f"/vms/{vm}/backups", {"full": full} | ({"store": store} if store else {}))
+
+
+@api_command(backup_app, "list", lists=True)
+def backup_list(vm: str | None = typer.Option(None, help="this VM's backups"), *, client: Client):
+    """Backups, oldest first: an incremental's `on` is the backup it builds on."""
+    return client.get("/backups", vm=vm), COLUMNS, "backups"
+
+
+@api_command(backup_app, "show")
+def backup_show(backup_id: int, client: Client):
+    """One backup: its chain, sizes, sha256 and charge."""
+    return client.get(f"/backups/{backup_id}")
+
+
+@api_command(backup_app, "verify")
+def backup_verify(backup_id: int, client: Client):
+    """Read the backup's chain back and compare each file with the sha256 recorded when it was written."""
+    return client.post(f"/backups/{backup_id}/verify")
+
+
+@api_command(backup_app, "restore")
+def backup_restore(
+    backup_id: int,
+    to: str = typer.Option(..., "--to", help="the new VM's name"),
+    start: bool = typer.Option(False, help="start it once its disk is copied"),
+    pool: str | None = typer.Option(None, help="the new root disk's pool"),
+    *,
+    client: Client,
+):
+    """A new VM of what the backed-up VM was, its root disk a full copy of the backup's chain."""
+    return client.post(f"/backups/{backup_id}/restore", {"name": to, "start": start} | ({"pool": pool} if pool else {}))
+
+
+@api_command(backup_app, "delete")
+def backup_delete(backup_id: int, client: Client):
+    """Delete a backup (refused while a later one is incremental on it)."""
+    client.call("DELETE", f"/backups/{backup_id}")
+    note(f"backup {backup_id} deleted")

@@ -1,0 +1,343 @@
+"""Backups (issue 32): `backup store create|list|delete`, `backup create|list|show|verify|restore|delete`.
+
+A backup store is a directory every host of a cluster sees, a libvirt directory pool (`backup-NAME`) on each,
+checked by a probe file. A backup copies a running VM's root disk into the store through libvirt's backup API
+(hosts/drivers/libvirtbackups.py): full, or incremental on the VM's last backup in the store while its
+checkpoint still describes the disk (core/backups.py). It is charged on the project's backup quota at the
+disk's size before anything is written (refused naming `backups_mib` when that does not fit), then at what its
+file takes, read back with its sha256. A failed backup leaves no file and no charge. A restore makes a new VM
+of what the VM was (offering, template, size) whose root disk is a full copy of the backup's chain."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from vmplane.controllers.volumes import file_of
+from vmplane.core import backups as rules
+from vmplane.core import failpoints
+from vmplane.core.driver import DriverError
+from vmplane.core.errors import AlreadyExists, Conflict, Invalid, NotFound, QuotaExceeded
+from vmplane.core.model import UNREACHABLE_HOST_STATES, VmState
+from vmplane.core.names import check_name, domain_name
+from vmplane.store import backups as B
+from vmplane.store import ledger as L
+from vmplane.store import snapshots as S
+from vmplane.store import storageledger as SL
+from vmplane.store.schema import Cluster, Host, utcnow
+
+if TYPE_CHECKING:
+    from vmplane.controllers.clones import Clones
+    from vmplane.controllers.pools import Pools
+    from vmplane.controllers.vms import Vms
+    from vmplane.plane.context import Plane
+
+log = logging.getLogger("vmplane.backups")
+STORE_ROOT = "/var/lib/vmplane/shared"  # a store's default path: under the hosts' shared storage
+
+
+def pool_of(store: str) -> str:
+    """The libvirt pool a backup store is on every host."""
+    return f"backup-{store}"
+
+
+class Backups:
+    def __init__(self, plane: Plane, pools: Pools, vms: Vms, clones: Clones):
+        self.plane, self.pools, self.vms, self.clones = plane, pools, vms, clones
+
+    # -- stores --------------------------------------------------------------------------------------
+    def create_store(self, name: str, cluster: str, path: str | None = None) -> dict[str, Any]:
+        check_name(name)
+        path = path or f"{STORE_ROOT}/{pool_of(name)}"
+        if not path.startswith("/") or ".." in path.split("/"):
+            raise Invalid(f"path must be an absolute directory, got {path!r}", field="path")
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            if any(r.name == name for r in B.store_rows(conn)):
+                raise AlreadyExists(f"backup store {name!r} already exists", field="name")
+            c = conn.execute(select(Cluster.id).where(Cluster.name == cluster)).first()
+            if c is None:
+                raise NotFound(f"cluster {cluster!r} does not exist", field="cluster")
+            hosts = [r[0] for r in conn.execute(select(Host.name).where(Host.cluster_id == c[0]).order_by(Host.name))]
+        if not hosts:
+            raise Conflict(f"cluster {cluster} has no host to define the store on", field="cluster")
+        self.pools.define_everywhere(pool_of(name), path, hosts)
+        if not self.pools.probe_shared(pool_of(name), hosts):
+            self.pools.undefine(pool_of(name), hosts)
+            raise Conflict(
+                f"backup store {name}: {path} is not seen by every host of cluster {cluster}: a file written "
+                f"through {hosts[0]} is not seen by the others",
+                field="path",
+            )
+        with self.plane.db.transaction() as conn:
+            B.insert_store(conn, name, path, c[0])
+        return self.store(name)
+
+    def stores(self) -> list[dict[str, Any]]:
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            return [self._store_view(conn, r) for r in B.store_rows(conn)]
+
+    def store(self, name: str) -> dict[str, Any]:
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            return self._store_view(conn, B.store_row(conn, name))
+
+    @staticmethod
+    def _store_view(conn, r) -> dict[str, Any]:
+        backups = B.backup_rows(conn, store_id=r.id)
+        return {
+            "name": r.name,
+            "path": r.path,
+            "cluster": r.cluster,
+            "backups": len(backups),
+            "bytes": sum(b.bytes or 0 for b in backups),
+        }
+
+    def delete_store(self, name: str) -> None:
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            r = B.store_row(conn, name)
+            if B.backup_rows(conn, store_id=r.id):
+                raise Conflict(f"backup store {name} holds backups: delete them first", field="name")
+            hosts = [h[0] for h in conn.execute(select(Host.name).where(Host.cluster_id == r.cluster_id))]
+        self.pools.undefine(pool_of(name), hosts)
+        with self.plane.db.transaction() as conn:
+            B.delete_store(conn, r.id, name)
+
+    # -- backups -------------------------------------------------------------------------------------
+    def create(self, vm: str, store: str | None = None, full: bool = False, project_id: int | None = None) -> dict:
+        """Back up a running VM's root disk (full or incremental, core/backups.choose_kind); answered once the
+        file is written and read back."""
+        with self.plane.db.transaction() as conn:
+            row = L.vm_row(conn, name=vm, lock=True)
+            if project_id is not None and row.project_id != project_id:
+                raise NotFound(f"vm {vm!r} does not exist", field="vm")
+            if row.state != VmState.running.value:
+                raise Conflict(f"vm {vm} is {row.state}; a backup is taken of a running VM", field="vm")
+            busy = S.busy_problem(conn, row.id, vm)
+            if busy:
+                raise Conflict(busy, field="vm")
+            root = next((v for v in SL.vm_volumes(conn, row.id) if v.role == "root"), None)
+            if root is None:
+                raise Conflict(f"vm {vm} has no root disk: there is nothing to back up", field="vm")
+            st = self._store_for(conn, store, row)
+            last = B.last_ready(conn, row.id, st.id)
+            kind, parent_id, why = rules.choose_kind(
+                full, rules.Last(last.id, last.checkpoint, last.disk_file) if last else None, file_of(root)
+            )
+            project, quota, used = B.quota(conn, row.project_id, lock=True)
+            charge = rules.charge_before_mib(root.size_mib)
+            if used + charge > quota:
+                raise QuotaExceeded(
+                    f"project {project}: backups_mib quota exceeded: {used} MiB used + {charge} MiB asked (the "
+                    f"disk's size, until the backup is written) > quota {quota} MiB",
+                    field="backups_mib",
+                )
+            B.charge(conn, row.project_id, charge)
+            offering, template = self._names(conn, row)
+            backup_id = B.insert_backup(
+                conn,
+                store_id=st.id,
+                vm_id=row.id,
+                vm_name=vm,
+                project_id=row.project_id,
+                offering=offering,
+                template=template,
+                vcpus=row.vcpus,
+                memory_mib=row.memory_mib,
+                kind=kind,
+                parent_id=parent_id,
+                checkpoint="",
+                size_mib=root.size_mib,
+                disk_file=file_of(root),
+                file=f"vmb-{vm}-{uuid.uuid4().hex[:12]}.qcow2",
+                charged_mib=charge,
+            )
+            B.set_backup(conn, backup_id, checkpoint=rules.checkpoint_name(row.id, backup_id))
+            b = B.backup_row(conn, backup_id)
+            parent = B.backup_row(conn, parent_id) if parent_id else None
+            B.event(conn, b, None, "running", f"{kind}: {why}")
+        try:
+            failpoints.hit("backup.before-write")
+            written = self._write(row, root, b, parent)
+        except (DriverError, Conflict) as exc:
+            self._undo(b, f"not taken: {exc}")
+            raise Conflict(f"backup of vm {vm} was not taken: {exc}", field="vm") from None
+        return self.show(backup_id) | {"why": why, "written": written}
+
+    @staticmethod
+    def _names(conn, row) -> tuple[str, str]:
+        from vmplane.store.schema import Offering, Template
+
+        o = conn.execute(select(Offering.name).where(Offering.id == row.offering_id)).scalar_one()
+        t = conn.execute(select(Template.name).where(Template.id == row.template_id)).scalar_one()
+        return o, t
+
+    def _store_for(self, conn, store: str | None, row):
+        if store is not None:
+            return B.store_row(conn, store)
+        stores = B.store_rows(conn)
+        if len(stores) == 1:
+            return stores[0]
+        names = ", ".join(s.name for s in stores) or "none yet: backup store create NAME --cluster C"
+        raise Invalid(f"name the backup store (--store): {names}", field="store")
+
+    def _write(self, row, root, b, parent) -> int:
+        """The backup's file made in the store (on its parent's file for an incremental), the VM's checkpoints
+        defined where it runs, the backup job run, the file read back; then the record."""
+        driver = self.plane.drivers[row.host_name]
+        pool = pool_of(b.store)
+        path = f"{b.store_path}/{b.file}"
+        backing = f"{b.store_path}/{parent.file}" if parent else None
+        driver.create_volume(pool, b.file, b.size_mib, "qcow2", backing, "qcow2" if backing else None)
+        domain = domain_name(row.name)
+        with self.plane.db.read() as s:
+            driver.define_checkpoints(domain, B.chain_checkpoints(s.connection(), row.id))
+        written = driver.backup_disk(
+            domain, root.device or "vda", path, parent.checkpoint if parent else None, b.checkpoint
+        )
+        xml = driver.checkpoint_xml(domain, b.checkpoint)
+        sha256, size = driver.volume_sha256(pool, b.file)
+        after = rules.charge_after_mib(size)
+        with self.plane.db.transaction() as conn:
+            B.set_backup(
+                conn,
+                b.id,
+                state="ready",
+                bytes=size,
+                written=written,
+                sha256=sha256,
+                checkpoint_xml=xml,
+                charged_mib=after,
+                finished_at=utcnow(),
+            )
+            B.charge(conn, b.project_id, after - b.charged_mib)
+            B.event(conn, b, "running", "ready", f"{written} bytes transferred; its file {size} bytes, sha256 {sha256}")
+        return written
+
+    def _undo(self, b, note: str) -> None:
+        """A backup that was not taken: its file (if made) deleted, then its row and charge."""
+        try:
+            driver = self._store_driver(b)
+            driver.delete_volume(pool_of(b.store), b.file)
+            if driver.volume(pool_of(b.store), b.file) is not None:
+                return  # left running: its file is still there (the audit names the row)
+        except (DriverError, Conflict) as exc:
+            log.warning("backup %s: its file %s not deleted (%s)", b.id, b.file, exc)
+            return
+        with self.plane.db.transaction() as conn:
+            B.remove_backup(conn, B.backup_row(conn, b.id), note)
+
+    def _store_driver(self, b):
+        with self.plane.db.read() as s:
+            hosts = [h[0] for h in s.connection().execute(
+                select(Host.name).join(Cluster, Cluster.id == Host.cluster_id)
+                .join(B.STORES, B.STORES.c.cluster_id == Cluster.id).where(B.STORES.c.id == b.store_id)
+                .order_by(Host.name)
+            )]  # fmt: skip
+        for host in hosts:
+            if host in self.plane.drivers and self.plane.capacity.index.host(host).state not in UNREACHABLE_HOST_STATES:
+                return self.plane.drivers[host]
+        raise Conflict(f"no host of backup store {b.store} answers now", field="store")
+
+    def listing(self, vm: str | None = None, project_id: int | None = None) -> list[dict[str, Any]]:
+        with self.plane.db.read() as s:
+            return [self._view(r) for r in B.backup_rows(s.connection(), vm=vm, project_id=project_id)]
+
+    def show(self, backup_id: int, project_id: int | None = None) -> dict[str, Any]:
+        with self.plane.db.read() as s:
+            return self._view(B.backup_row(s.connection(), backup_id, project_id))
+
+    @staticmethod
+    def _view(r) -> dict[str, Any]:
+        return {
+            "id": r.id,
+            "vm": r.vm_name,
+            "project": r.project,
+            "store": r.store,
+            "kind": r.kind,
+            "parent": r.parent_id,
+            "state": r.state,
+            "size_mib": r.size_mib,
+            "bytes": r.bytes,
+            "written": r.written,
+            "sha256": r.sha256,
+            "charged_mib": r.charged_mib,
+            "created_at": r.created_at.isoformat() + "Z",
+            "finished_at": r.finished_at.isoformat() + "Z" if r.finished_at else None,
+        }
+
+    def verify(self, backup_id: int, project_id: int | None = None) -> dict[str, Any]:
+        """Read the backup's file (and its chain's) back and compare with the sha256 recorded when written."""
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            b = B.backup_row(conn, backup_id, project_id)
+            chain = [b]
+            while chain[-1].parent_id is not None:
+                chain.append(B.backup_row(conn, chain[-1].parent_id))
+        if b.state != "ready":
+            raise Conflict(f"backup {backup_id} is {b.state}; only a ready backup is verified", field="backup")
+        driver = self._store_driver(b)
+        checked = []
+        for x in chain:
+            try:
+                sha256, size = driver.volume_sha256(pool_of(x.store), x.file)
+            except DriverError as exc:
+                checked.append({"id": x.id, "ok": False, "error": str(exc)})
+                continue
+            checked.append({"id": x.id, "ok": (sha256, size) == (x.sha256, x.bytes), "sha256": sha256, "bytes": size})
+        return {"id": backup_id, "ok": all(c["ok"] for c in checked), "chain": checked}
+
+    def delete(self, backup_id: int, project_id: int | None = None) -> None:
+        with self.plane.db.transaction() as conn:
+            b = B.backup_row(conn, backup_id, project_id)
+            problem = rules.delete_problem(backup_id, B.children(conn, backup_id))
+            if problem:
+                raise Conflict(problem, field="backup")
+            if b.state == "running":
+                raise Conflict(f"backup {backup_id} is being written; delete it once it ended", field="backup")
+            B.set_backup(conn, b.id, state="deleting")
+        driver = self._store_driver(b)
+        try:
+            driver.delete_volume(pool_of(b.store), b.file)
+            gone = driver.volume(pool_of(b.store), b.file) is None
+        except DriverError as exc:
+            raise Conflict(
+                f"backup {backup_id}: its file was not deleted ({exc}); it stays deleting", field="backup"
+            ) from None
+        if not gone:
+            raise Conflict(f"backup {backup_id}: the store still lists its file; it stays deleting", field="backup")
+        with self.plane.db.transaction() as conn:
+            B.remove_backup(conn, B.backup_row(conn, backup_id), "deleted; its file is gone")
+
+    def restore(self, backup_id: int, to: str, start: bool = False, pool: str | None = None,
+                project_id: int | None = None) -> dict[str, Any]:  # fmt: skip
+        """A new VM `to` of what the backed-up VM was, its root disk a full copy of the backup's chain."""
+        b = self.show(backup_id, project_id)
+        with self.plane.db.read() as s:
+            row = B.backup_row(s.connection(), backup_id)
+        if row.state != "ready":
+            raise Conflict(f"backup {backup_id} is {row.state}; only a ready backup is restored", field="backup")
+        self.vms.create_vm(
+            to, b["project"], row.offering, row.template, vcpus=row.vcpus, memory_mib=row.memory_mib,
+            root_disk_mib=row.size_mib, pool=pool,
+        )  # fmt: skip
+        copied = self.clones.copy_into(to, f"{row.store_path}/{row.file}", f"backup {backup_id}")
+        if start:
+            self.vms.start_vm(to)
+        return {"backup": backup_id, "vm": to, "copied": copied}
+
+    def check(self) -> list[str]:
+        """The audit's part: each project's backup charge equals its backups'; no backup left running."""
+        problems = []
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            for p in conn.execute(select(B.PROJECTS.c.id, B.PROJECTS.c.name, B.PROJECTS.c.used_backup_mib)).all():
+                again = B.recomputed(conn, p.id)
+                if again != p.used_backup_mib:
+                    problems.append(f"project {p.name}: backup charge {p.used_backup_mib} MiB, its backups {again} MiB")
+        return problems

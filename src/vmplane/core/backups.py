@@ -1,0 +1,57 @@
+"""Backups' rules (issue 32), pure: whether a backup is full or incremental, what it is charged before it is
+written, and which backups may be deleted.
+
+A backup is incremental on the VM's last ready backup in the same store when libvirt's checkpoint of that
+backup still describes the disk: the disk's active file is the one the checkpoint's bitmap lives in (a
+snapshot or a revert since puts a new file on top: its writes are in no bitmap, so the next backup is full).
+A backup is charged at its disk's size before anything is written (the larger size, as for anything not
+known yet), then at what its file takes once read back. A backup another one is incremental on is deleted
+only after it (a chain never dangles)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Last:
+    """The VM's last ready backup in the store: its id, checkpoint and the disk's active file then."""
+
+    id: int
+    checkpoint: str
+    disk_file: str
+
+
+def choose_kind(full_asked: bool, last: Last | None, disk_file: str) -> tuple[str, int | None, str]:
+    """(kind, parent id, why) of a new backup of a disk whose active file is `disk_file` now."""
+    if full_asked:
+        return "full", None, "a full backup was asked"
+    if last is None:
+        return "full", None, "no earlier backup of this VM in this store"
+    if last.disk_file != disk_file:
+        return "full", None, f"a snapshot or a revert since backup {last.id} put a new file on the disk"
+    return "incremental", last.id, f"the changes since backup {last.id} (checkpoint {last.checkpoint})"
+
+
+def charge_before_mib(disk_mib: int) -> int:
+    """What a backup is charged before it is written: its disk's size (it holds at most that)."""
+    return disk_mib
+
+
+def charge_after_mib(file_bytes: int) -> int:
+    """What a written backup is charged: its file's size, whole MiB up."""
+    return max(1, -(-file_bytes // MIB))
+
+
+def delete_problem(backup_id: int, children: list[int]) -> str | None:
+    """Why backup `backup_id` can not be deleted now: a later one is incremental on it."""
+    if children:
+        later = ", ".join(str(c) for c in sorted(children))
+        return f"backup {backup_id} is the base of backup {later}: delete {later} first (a chain never dangles)"
+    return None
+
+
+def checkpoint_name(vm_id: int, backup_id: int) -> str:
+    return f"vmp-{vm_id}-{backup_id}"
