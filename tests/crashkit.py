@@ -145,6 +145,7 @@ def seed_cluster(url: str, storage: bool = True, ha_grace: float | None = None, 
         for i in range(1, HOSTS + 1):
             o.pools.create(f"local-h{i}", "local", host=f"h{i}")
         o.pools.create("shared", "shared", cluster="c1")
+        o.backups.create_store("bk", "c1")  # (issue 32: backups of the VMs with disks)
     if networks:
         zone_id = next(z.id for z in c.zones() if z.name == "z1")
         for name in PROJECTS:

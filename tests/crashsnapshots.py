@@ -1,7 +1,9 @@
-"""The crash harness's snapshot steps (issue 32), for tests/crashkit.py: snapshots taken of VMs with disks
-(running or stopped), reverted (stopped VMs), deleted (a running VM's chain then merged live), the steps
-toward each snapshot crash point, and what must hold after a restart: no snapshot left in a step, no chain
-file left pending, merging or deleting (its pool answering), every overlay in a pool owned (the audit)."""
+"""The crash harness's snapshot and backup steps (issue 32), for tests/crashkit.py: snapshots taken of VMs
+with disks (running or stopped), reverted (stopped VMs), deleted (a running VM's chain then merged live);
+backups of running VMs (full or incremental), the newest deleted; the steps toward each of their crash
+points, and what must hold after a restart: no snapshot left in a step, no chain file left pending, merging
+or deleting (its pool answering), no backup left running or deleting, every overlay in a pool owned and the
+backup charge exact (the audit)."""
 
 from __future__ import annotations
 
@@ -46,7 +48,24 @@ def delete(o, rng, n):
         o.snapshots.delete(vm, rng.choice(_snapshots(o, vm)))
 
 
-ACTIONS = ((take, 2), (revert, 1), (delete, 1))
+def backup(o, rng, n):
+    """A backup of a running VM with disks (full now and then)."""
+    if pick := _with_disks(o, "running"):
+        o.backups.create(rng.choice(pick), full=rng.random() < 0.2)
+
+
+def delete_backup(o, rng, n):
+    """A backup no later one builds on, deleted."""
+    with o.db.read() as s:
+        from vmplane.store import backups as BK
+
+        conn = s.connection()
+        leaves = [b.id for b in BK.backup_rows(conn) if b.state == "ready" and not BK.children(conn, b.id)]
+    if leaves:
+        o.backups.delete(rng.choice(leaves))
+
+
+ACTIONS = ((take, 2), (revert, 1), (delete, 1), (backup, 2), (delete_backup, 1))
 
 
 def _first(attempts) -> bool:
@@ -93,7 +112,22 @@ def toward_merge(o, rng, n):
         toward_take(o, rng, n)
 
 
+def toward_backup(o, rng, n):
+    """A running VM with disks backed up; else a stopped one started; else one created."""
+    running = _with_disks(o, "running")
+    rng.shuffle(running)
+    if _first([lambda v=v: o.backups.create(v) for v in running[:TRIES]]):
+        return
+    if _first([lambda v=v: o.start_vm(v) for v in _with_disks(o, "stopped")[:TRIES]]):
+        return
+    from .crashkit import _create
+
+    _create(o, rng, n)
+
+
 TOWARD = {
+    "backup.before-write": toward_backup,
+    "backup.after-write": toward_backup,
     "snapshot.before-take": toward_take,
     "snapshot.after-take": toward_take,
     "snapshot.before-revert": toward_revert,
@@ -104,10 +138,16 @@ TOWARD = {
 def problems(o, waiting_pools: set[str]) -> list[str]:
     """After the settle pass: snapshots and chain files left between two steps."""
     o.snapshots.settle(force=True)
+    o.backups.settle(force=True)
     out = []
     with o.db.read() as s:
         conn = s.connection()
         volumes = {v.id: v for v in SL.volume_rows(conn)}
+        from vmplane.store import backups as BK
+
+        for b in BK.backup_rows(conn):
+            if b.state != "ready":
+                out.append(f"backup {b.id} of vm {b.vm_name} left {b.state}")
         for r in S.unfinished(conn):
             out.append(f"snapshot {r.name} of vm id {r.vm_id} left {r.state}")
         for f in S.chain_files(conn):

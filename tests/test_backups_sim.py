@@ -118,3 +118,22 @@ def test_bad_input_is_refused_naming_the_field(cluster, api):
     assert (r.status_code, r.json()["field"]) == (409, "vm") and "running VM" in r.text
     assert api.post(f"{B}/99/restore", json={"name": "x"}).status_code == 404
     assert api.get(B).json() == [] and backup_used(o) == 0
+
+
+def test_twenty_rounds_of_writes_backups_and_restores_each_restore_reads_what_its_backup_saw(cluster, api):
+    o = cluster
+    o.catalog.set_quota("p", vms=30, storage_mib=64 * 1024)
+    seen = {}
+    for i in range(20):
+        write(o, "web", 1 + i % 5, f"round-{i}")
+        b = backup(api, full=i % 7 == 0)
+        seen[b["id"]] = f"round-{i}"
+        assert b["kind"] == ("full" if i % 7 == 0 else "incremental"), b
+    for n, (backup_id, want) in enumerate(sorted(seen.items())):
+        r = api.post(f"{B}/{backup_id}/restore", json={"name": f"r{n}", "start": True})
+        assert r.status_code == 201, r.text
+        assert marker(o, f"r{n}") == want
+        o.stop_vm(f"r{n}", force=True)
+        o.delete_vm(f"r{n}")
+    assert all(api.post(f"{B}/{i}/verify").json()["ok"] for i in seen)
+    assert o.audit() == []

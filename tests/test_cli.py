@@ -53,7 +53,7 @@ def test_walkthrough_with_json_output(live):
         "2",
     )
     assert (
-        p["quota"] == {"vcpus": 8, "memory_mib": 16384, "vms": 5, "storage_mib": 1048576}
+        p["quota"] == {"vcpus": 8, "memory_mib": 16384, "vms": 5, "storage_mib": 1048576, "backups_mib": 1048576}
         and p["count_overhead"] is True
     )
     assert (

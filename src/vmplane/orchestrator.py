@@ -188,6 +188,7 @@ class Orchestrator:
             self.guest_agents,
             self.consoles,
             self.snapshots,
+            self.backups,
         )
 
     def close(self) -> None:

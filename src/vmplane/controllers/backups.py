@@ -11,6 +11,7 @@ of what the VM was (offering, template, size) whose root disk is a full copy of 
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from vmplane.core.driver import DriverError
 from vmplane.core.errors import AlreadyExists, Conflict, Invalid, NotFound, QuotaExceeded
 from vmplane.core.model import UNREACHABLE_HOST_STATES, VmState
 from vmplane.core.names import check_name, domain_name
+from vmplane.plane.loops import every
 from vmplane.store import backups as B
 from vmplane.store import ledger as L
 from vmplane.store import snapshots as S
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.backups")
+SETTLE_S = 10.0  # between two settle passes
+BUSY_S = 300.0  # a backup younger than this may still be another process's job: left to it
 STORE_ROOT = "/var/lib/vmplane/shared"  # a store's default path: under the hosts' shared storage
 
 
@@ -47,6 +51,45 @@ def pool_of(store: str) -> str:
 class Backups:
     def __init__(self, plane: Plane, pools: Pools, vms: Vms, clones: Clones):
         self.plane, self.pools, self.vms, self.clones = plane, pools, vms, clones
+        self._stop = threading.Event()
+        self._busy: set[int] = set()  # backups a call of this process is writing now
+
+    def start(self) -> None:
+        first = [True]
+
+        def settle() -> None:  # the first pass, at start-up, settles young ones too: their process is gone
+            force, first[0] = first[0], False
+            self.settle(force=force)
+
+        every(lambda: SETTLE_S, settle, self._stop, "backup-settle", log)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def settle(self, force: bool = False) -> None:
+        """Backups a crash (or a host that did not answer) left `running` or `deleting`: a running one is
+        undone (its job aborted, its checkpoint and file deleted, its charge given back: an unfinished backup
+        is never taken for a backup); a deleting one's file deleted again."""
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            stuck = [r for r in B.backup_rows(conn) if r.state in ("running", "deleting") and r.id not in self._busy]
+            vms = {r.id: (L.vm_row(conn, vm_id=r.vm_id) if r.vm_id is not None else None) for r in stuck}
+        now = utcnow()
+        for r in stuck:
+            vm = vms[r.id]
+            if vm is not None and vm.host_name and not self.plane.membership.owns_host(vm.host_name):
+                continue  # another process's host: its call may be in flight
+            if not force and (now - r.created_at).total_seconds() < BUSY_S:
+                continue
+            try:
+                if r.state == "running":
+                    if vm is not None and vm.host_name in self.plane.drivers:
+                        self.plane.drivers[vm.host_name].abort_backup(domain_name(vm.name), r.checkpoint)
+                    self._undo(r, "not taken: its process ended before it was confirmed; undone")
+                else:
+                    self.delete(r.id)
+            except (DriverError, Conflict) as exc:
+                log.info("backup %s left %s: %s", r.id, r.state, exc)
 
     # -- stores --------------------------------------------------------------------------------------
     def create_store(self, name: str, cluster: str, path: str | None = None) -> dict[str, Any]:
@@ -161,12 +204,19 @@ class Backups:
             b = B.backup_row(conn, backup_id)
             parent = B.backup_row(conn, parent_id) if parent_id else None
             B.event(conn, b, None, "running", f"{kind}: {why}")
+        self._busy.add(backup_id)
         try:
             failpoints.hit("backup.before-write")
             written = self._write(row, root, b, parent)
         except (DriverError, Conflict) as exc:
+            try:
+                self.plane.drivers[row.host_name].abort_backup(domain_name(vm), b.checkpoint)
+            except DriverError as cleanup:
+                log.warning("backup %s: its checkpoint may be left (%s)", backup_id, cleanup)
             self._undo(b, f"not taken: {exc}")
             raise Conflict(f"backup of vm {vm} was not taken: {exc}", field="vm") from None
+        finally:
+            self._busy.discard(backup_id)
         return self.show(backup_id) | {"why": why, "written": written}
 
     @staticmethod
@@ -200,6 +250,7 @@ class Backups:
         written = driver.backup_disk(
             domain, root.device or "vda", path, parent.checkpoint if parent else None, b.checkpoint
         )
+        failpoints.hit("backup.after-write")
         xml = driver.checkpoint_xml(domain, b.checkpoint)
         sha256, size = driver.volume_sha256(pool, b.file)
         after = rules.charge_after_mib(size)

@@ -410,6 +410,11 @@ class Driver(abc.ABC):
         its qcow2 file: libvirt forgets the checkpoints when the domain is undefined or moves)."""
         raise self._no_storage()
 
+    def abort_backup(self, name: str, checkpoint: str) -> None:
+        """Undo a backup a crash cut short: its job aborted if it still runs, its checkpoint (and bitmap)
+        deleted if it was taken. A domain that is not there has neither."""
+        raise self._no_storage()
+
     def volume_sha256(self, pool: str, name: str) -> tuple[str, int]:
         """(sha256, size) of a volume's file, read through the hypervisor's download stream."""
         raise self._no_storage()

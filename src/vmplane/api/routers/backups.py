@@ -4,16 +4,17 @@ new VM's disk is copied."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from pydantic import Field
 
 from vmplane.api.deps import Admin, AnyCaller, Orch
 from vmplane.api.paging import StrictQueryRoute
-from vmplane.api.schemas import Name, Request
+from vmplane.api.schemas import INT_MAX, Name, Request
 
 router = APIRouter(tags=["backups"], route_class=StrictQueryRoute)
+BackupId = Annotated[int, Path(ge=1, le=INT_MAX, description="the backup's id")]
 
 
 class StoreCreate(Request):
@@ -68,23 +69,23 @@ def list_backups(orch: Orch, who: AnyCaller, vm: str | None = None) -> list[dict
 
 
 @router.get("/backups/{backup_id}")
-def show_backup(backup_id: int, orch: Orch, who: AnyCaller) -> dict[str, Any]:
+def show_backup(backup_id: BackupId, orch: Orch, who: AnyCaller) -> dict[str, Any]:
     return orch.backups.show(backup_id, project_id=_scope(who))
 
 
 @router.post("/backups/{backup_id}/verify")
-def verify_backup(backup_id: int, orch: Orch, who: AnyCaller) -> dict[str, Any]:
+def verify_backup(backup_id: BackupId, orch: Orch, who: AnyCaller) -> dict[str, Any]:
     """Read the backup's chain back; `ok` when every file's sha256 and size are those recorded."""
     return orch.backups.verify(backup_id, project_id=_scope(who))
 
 
 @router.post("/backups/{backup_id}/restore", status_code=201)
-def restore_backup(backup_id: int, body: RestoreRequest, orch: Orch, who: AnyCaller) -> dict[str, Any]:
+def restore_backup(backup_id: BackupId, body: RestoreRequest, orch: Orch, who: AnyCaller) -> dict[str, Any]:
     """A new VM of what the backed-up VM was, its root disk a full copy of the backup's chain."""
     return orch.backups.restore(backup_id, body.name, body.start, body.pool, project_id=_scope(who))
 
 
 @router.delete("/backups/{backup_id}", status_code=204)
-def delete_backup(backup_id: int, orch: Orch, who: AnyCaller) -> None:
+def delete_backup(backup_id: BackupId, orch: Orch, who: AnyCaller) -> None:
     """Refused (409) while a later backup is incremental on it."""
     orch.backups.delete(backup_id, project_id=_scope(who))

@@ -48,7 +48,7 @@ from vmplane.hosts.drivers.domainxml import domain_xml
 from vmplane.hosts.drivers.libvirtagent import AgentMixin, AgentUnavailable
 from vmplane.hosts.drivers.libvirtbackups import BackupMixin
 from vmplane.hosts.drivers.libvirtconsole import ConsoleMixin
-from vmplane.hosts.drivers.libvirtdomains import UNDEFINE_FLAGS, discard_domain, is_absent
+from vmplane.hosts.drivers.libvirtdomains import discard_domain, is_absent, undefine
 from vmplane.hosts.drivers.libvirtnics import NicMixin
 from vmplane.hosts.drivers.libvirtsnapshots import CloneMixin, CommitMixin, SnapshotMixin
 from vmplane.hosts.drivers.libvirtstorage import StorageMixin
@@ -318,7 +318,7 @@ class LibvirtDriver(
                 if not is_absent(exc) and self._is_active(dom):
                     raise DriverError(self.host, f"{what}: destroy {name}: {exc.get_error_message()}") from None
         try:
-            dom.undefineFlags(UNDEFINE_FLAGS)
+            undefine(dom)
         except libvirt.libvirtError as exc:
             # a transient domain (no definition left) is gone once destroyed: NO_DOMAIN either way
             if not is_absent(exc) and self._lookup(name) is not None:
@@ -428,7 +428,7 @@ class LibvirtDriver(
         if self._is_active(dom):
             return False
         try:
-            dom.undefineFlags(UNDEFINE_FLAGS)
+            undefine(dom)
         except libvirt.libvirtError as exc:
             if not is_absent(exc):
                 raise DriverError(self.host, f"undefine {name}: {exc.get_error_message()}") from None

@@ -99,6 +99,21 @@ class BackupMixin:
         except libvirt.libvirtError as exc:
             raise DriverError(self.host, f"define the checkpoints of {name}: {exc.get_error_message()}") from None
 
+    def abort_backup(self, name: str, checkpoint: str) -> None:
+        try:
+            dom = self.conn.lookupByName(name)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return
+            raise DriverError(self.host, f"abort the backup of {name}: {exc.get_error_message()}") from None
+        try:
+            if dom.isActive() and dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE:
+                dom.abortJob()
+            if checkpoint in {c.getName() for c in dom.listAllCheckpoints()}:
+                dom.checkpointLookupByName(checkpoint).delete(0)  # its bitmap too
+        except libvirt.libvirtError as exc:
+            raise DriverError(self.host, f"abort the backup of {name}: {exc.get_error_message()}") from None
+
     def volume_sha256(self, pool: str, name: str) -> tuple[str, int]:
         p = self._pool_or_raise(pool)
         self._refresh(p)  # (a file made through another host of a shared directory)

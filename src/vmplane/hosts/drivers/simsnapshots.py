@@ -258,3 +258,8 @@ class SimSnapshotMixin:
         if row is None:
             raise DriverError(self.host, f"volume {name} is not in pool {pool}")
         return hashlib.sha256(repr(tuple(row)).encode()).hexdigest(), row[2] << 20
+
+    def abort_backup(self, name: str, checkpoint: str) -> None:
+        self._call(f"abort the backup of {name}")
+        with self.fabric._tx() as db:
+            db.execute("DELETE FROM bitmaps WHERE name = ?", (checkpoint,))
