@@ -74,6 +74,7 @@ MEMBER_SCOPED = {
     ("POST", "/vms/{name}/clone"),
     ("GET", "/backup-stores"),
     ("POST", "/vms/{name}/backups"),
+    ("POST", "/vms/{name}/backups/prune"),
     ("GET", "/backups"),
     ("GET", "/backups/{backup_id}"),
     ("POST", "/backups/{backup_id}/verify"),

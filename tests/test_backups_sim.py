@@ -137,3 +137,25 @@ def test_twenty_rounds_of_writes_backups_and_restores_each_restore_reads_what_it
         o.delete_vm(f"r{n}")
     assert all(api.post(f"{B}/{i}/verify").json()["ok"] for i in seen)
     assert o.audit() == []
+
+
+def test_retention_deletes_what_it_does_not_keep_and_every_backup_left_restores(cluster, api):
+    o = cluster
+    ids = []
+    for i in range(6):
+        write(o, "web", 2, f"m{i}")
+        ids.append(backup(api, full=i == 0)["id"])  # one full, then five incrementals on it, each on the last
+    r = api.post(f"{V}/web/backups/prune", json={"keep_last": 2})
+    assert r.status_code == 200, r.text
+    assert (r.json()["kept"], r.json()["deleted"]) == (ids[-2:], ids[:-2])
+    assert r.json()["made_whole"] == [ids[-2]]  # it was built on a deleted one: made whole first
+    assert [b["id"] for b in api.get(B, params={"vm": "web"}).json()] == ids[-2:]
+    for n, backup_id in enumerate(ids[-2:]):
+        assert api.post(f"{B}/{backup_id}/verify").json()["ok"]
+        assert api.post(f"{B}/{backup_id}/restore", json={"name": f"k{n}", "start": True}).status_code == 201
+        assert marker(o, f"k{n}") == f"m{4 + n}"
+    write(o, "web", 2, "m6")
+    assert backup(api)["kind"] == "incremental"  # the checkpoint chain goes on
+    r = api.post(f"{V}/web/backups/prune", json={"keep_last": 0})
+    assert (r.status_code, r.json()["field"]) == (422, "keep_last")
+    assert o.audit() == []

@@ -254,6 +254,11 @@ def test_incremental_backups_transfer_what_was_written_across_stop_start_and_mig
     guest(live, "rebuilt", "true")
     assert md5(live, "rebuilt", "/data/before") == digest
     assert "w1" in guest(live, "rebuilt", "ls /data") and "w2" not in guest(live, "rebuilt", "ls /data")
+    # retention: the two newest kept; the older of them was built on a deleted one: made whole first
+    pruned = run_json(live, "backup", "prune", "saved", "--keep-last", "2")
+    assert pruned["kept"] == [after_restart["id"], after_move["id"]] and pruned["made_whole"] == [after_restart["id"]]
+    for kept in pruned["kept"]:
+        assert run_json(live, "backup", "verify", str(kept))["ok"]
     assert run_json(live, "audit")["ok"]
     for vm in ("saved", "rebuilt"):
         run_json(live, "vm", "stop", vm, "--force")

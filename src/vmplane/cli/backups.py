@@ -108,3 +108,16 @@ def backup_delete(backup_id: int, client: Client):
     """Delete a backup (refused while a later one is incremental on it)."""
     client.call("DELETE", f"/backups/{backup_id}")
     note(f"backup {backup_id} deleted")
+
+
+@api_command(backup_app, "prune")
+def backup_prune(
+    vm: str,
+    keep_last: int | None = typer.Option(None, min=1, help="keep the newest N backups"),
+    keep_daily: int | None = typer.Option(None, min=1, help="keep the newest backup of each of the last N days"),
+    *,
+    client: Client,
+):
+    """Delete VM's backups that the retention does not keep; every backup left restores."""
+    body = {k: v for k, v in {"keep_last": keep_last, "keep_daily": keep_daily}.items() if v is not None}
+    return client.post(f"/vms/{vm}/backups/prune", body)

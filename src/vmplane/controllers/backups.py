@@ -365,6 +365,58 @@ class Backups:
         with self.plane.db.transaction() as conn:
             B.remove_backup(conn, B.backup_row(conn, backup_id), "deleted; its file is gone")
 
+    def prune(
+        self, vm: str, keep_last: int | None, keep_daily: int | None, project_id: int | None = None
+    ) -> dict[str, Any]:
+        """Retention for one VM's backups (core/backups.kept): the others are deleted, newest first; a kept
+        backup built on a pruned one is made whole first (a full copy of its chain, read back, takes its
+        place), so that every backup left restores."""
+        for name, value in (("keep_last", keep_last), ("keep_daily", keep_daily)):
+            if value is not None and value < 1:
+                raise Invalid(f"{name} must be 1 or more, got {value}", field=name)
+        with self.plane.db.read() as s:
+            rows = [r for r in B.backup_rows(s.connection(), vm=vm, project_id=project_id) if r.state == "ready"]
+        if not rows:
+            raise NotFound(f"vm {vm!r} has no backup", field="vm")
+        keep = rules.kept([(r.id, r.created_at) for r in rows], keep_last, keep_daily)
+        pruned = {r.id for r in rows} - keep
+        made_whole = []
+        for backup_id, kids in rules.prune_order(pruned, {r.id: r.parent_id for r in rows}):
+            for kid in kids:
+                self._make_whole(kid)
+                made_whole.append(kid)
+            self.delete(backup_id)
+        return {"vm": vm, "kept": sorted(keep), "deleted": sorted(pruned), "made_whole": made_whole}
+
+    def _make_whole(self, backup_id: int) -> None:
+        """An incremental backup replaced by a full copy of its chain (its own data and its parents'), read
+        back; it then builds on nothing. Its checkpoint stays: the next incremental still builds on it."""
+        with self.plane.db.read() as s:
+            b = B.backup_row(s.connection(), backup_id)
+        driver = self._store_driver(b)
+        pool = pool_of(b.store)
+        file = f"vmb-{b.vm_name}-{uuid.uuid4().hex[:12]}.qcow2"
+        try:
+            driver.clone_volume(pool, file, f"{b.store_path}/{b.file}")
+            sha256, size = driver.volume_sha256(pool, file)
+        except DriverError as exc:
+            raise Conflict(
+                f"backup {backup_id} could not be made whole: {exc}; nothing was pruned after it", field="backup"
+            ) from None
+        after = rules.charge_after_mib(size)
+        with self.plane.db.transaction() as conn:
+            B.set_backup(
+                conn, b.id, file=file, parent_id=None, kind="full", bytes=size, sha256=sha256, charged_mib=after
+            )
+            B.charge(conn, b.project_id, after - b.charged_mib)
+            B.event(
+                conn, b, "ready", "ready", f"made whole (a full copy of its chain, {size} bytes) before its base went"
+            )
+        try:
+            driver.delete_volume(pool, b.file)
+        except DriverError as exc:
+            log.warning("backup %s: its former file %s left in the store (%s)", backup_id, b.file, exc)
+
     def restore(self, backup_id: int, to: str, start: bool = False, pool: str | None = None,
                 project_id: int | None = None) -> dict[str, Any]:  # fmt: skip
         """A new VM `to` of what the backed-up VM was, its root disk a full copy of the backup's chain."""

@@ -10,6 +10,7 @@ only after it (a chain never dangles)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 MIB = 1 << 20
@@ -55,3 +56,28 @@ def delete_problem(backup_id: int, children: list[int]) -> str | None:
 
 def checkpoint_name(vm_id: int, backup_id: int) -> str:
     return f"vmp-{vm_id}-{backup_id}"
+
+
+def kept(backups: list[tuple[int, dt.datetime]], keep_last: int | None, keep_daily: int | None) -> set[int]:
+    """The backups (id, taken at) a retention keeps: the `keep_last` newest, and the newest of each of the
+    `keep_daily` most recent days that have one. With neither given, all of them."""
+    if keep_last is None and keep_daily is None:
+        return {b for b, _ in backups}
+    newest_first = sorted(backups, key=lambda b: (b[1], b[0]), reverse=True)
+    keep = {b for b, _ in newest_first[: keep_last or 0]}
+    days: list[dt.date] = []
+    for b, at in newest_first:
+        if keep_daily and at.date() not in days and len(days) < keep_daily:
+            days.append(at.date())
+            keep.add(b)
+    return keep
+
+
+def prune_order(pruned: set[int], parent: dict[int, int | None]) -> list[tuple[int, list[int]]]:
+    """(backup, its children that stay) for each pruned backup, newest first: a kept child is made whole (a
+    full copy of its chain) before its parent goes, so that no backup is left on a missing file."""
+    children: dict[int, list[int]] = {}
+    for b, p in parent.items():
+        if p is not None:
+            children.setdefault(p, []).append(b)
+    return [(b, sorted(c for c in children.get(b, []) if c not in pruned)) for b in sorted(pruned, reverse=True)]

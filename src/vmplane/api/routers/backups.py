@@ -28,6 +28,11 @@ class BackupCreate(Request):
     full: bool = Field(False, description="a full backup even when an incremental one is possible")
 
 
+class PruneRequest(Request):
+    keep_last: int | None = Field(None, ge=1, le=10000, description="the newest N backups are kept")
+    keep_daily: int | None = Field(None, ge=1, le=10000, description="the newest backup of each of the last N days")
+
+
 class RestoreRequest(Request):
     name: Name = Field(description="the new VM's name")
     start: bool = False
@@ -89,3 +94,10 @@ def restore_backup(backup_id: BackupId, body: RestoreRequest, orch: Orch, who: A
 def delete_backup(backup_id: BackupId, orch: Orch, who: AnyCaller) -> None:
     """Refused (409) while a later backup is incremental on it."""
     orch.backups.delete(backup_id, project_id=_scope(who))
+
+
+@router.post("/vms/{name}/backups/prune")
+def prune_backups(name: str, body: PruneRequest, orch: Orch, who: AnyCaller) -> dict[str, Any]:
+    """Keep the VM's newest backups and one a day; delete the others (a kept backup built on a deleted one is
+    made whole first: every backup left restores)."""
+    return orch.backups.prune(name, body.keep_last, body.keep_daily, project_id=_scope(who))
