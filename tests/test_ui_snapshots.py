@@ -57,3 +57,23 @@ def test_a_member_takes_its_own_vms_snapshot_and_never_reaches_another_projects(
     r = post(beta, BETA, "/ui/vms/d1/snapshots", name="theirs")
     assert r.status_code == 404 and error(r.text)["field"] == "vm"
     assert [s["name"] for s in con.o.snapshots.listing("d1")] == ["mine"]
+
+
+def test_a_backup_is_taken_from_the_vms_page_restored_to_a_new_vm_and_deleted(con):
+    o = con.o
+    o.backups.create_store("bk", "c1")
+    admin = con.client(ADMIN)
+    assert "no backup" in text(admin.get("/ui/vms/d1").text)
+    r = post(admin, ADMIN, "/ui/vms/d1/backups")
+    assert r.status_code == 200 and "backup 1 of d1 taken: full" in text(r.text), r.text
+    page = admin.get("/ui/vms/d1").text
+    assert "1 full - ready bk" in text(row(page, "1", "data-backup"))
+    r = post(admin, ADMIN, "/ui/backups/1/restore", name="d1-back")
+    assert r.status_code == 200 and "restored to a new VM d1-back" in text(r.text), r.text
+    assert o.vm("d1-back").state == "stopped"
+    r = post(admin, ADMIN, "/ui/backups/1/restore", name="d1-back")  # the name is taken: the API's words
+    assert (r.status_code, error(r.text)["field"]) == (409, "name")
+    beta = con.client(BETA)
+    assert post(beta, BETA, "/ui/backups/1/delete").status_code == 404
+    assert post(admin, ADMIN, "/ui/backups/1/delete").status_code == 200
+    assert o.backups.listing() == [] and o.audit() == []

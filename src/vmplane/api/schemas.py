@@ -565,3 +565,4 @@ class VolumeOut(Response):
     device: str | None
     template: str | None
     copy_to: str | None = Field(description="the pool a migration copies it to, while it does")
+    file: str = Field(description="its active file in the pool (with snapshots: the top of its chain)")

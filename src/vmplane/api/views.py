@@ -9,6 +9,7 @@ from sqlalchemy import String, bindparam, cast, func, literal_column, select
 from vmplane.api import schemas
 from vmplane.core import guestagent as agent_rules
 from vmplane.core.errors import NotFound
+from vmplane.core.storagerules import volume_file
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
 from vmplane.store import guestagents as guest_agents
@@ -105,6 +106,7 @@ def volume_out(r) -> schemas.VolumeOut:
         device=r.device,
         template=r.template,
         copy_to=r.copy_pool_name,
+        file=r.file_name or volume_file(r.name, r.format),
     )
 
 

@@ -314,6 +314,7 @@ class Backups:
             "parent": r.parent_id,
             "state": r.state,
             "size_mib": r.size_mib,
+            "file": r.file,
             "bytes": r.bytes,
             "written": r.written,
             "sha256": r.sha256,

@@ -17,9 +17,11 @@ from pydantic import BaseModel, ValidationError
 from vmplane.api.deps import require_admin
 from vmplane.api.errors import validation_body
 from vmplane.api.paging import StrictQueryRoute
+from vmplane.api.routers import backups as api_backups
 from vmplane.api.routers import hosts as api_hosts
 from vmplane.api.routers import snapshots as api_snapshots
 from vmplane.api.routers import vms as api_vms
+from vmplane.api.routers.backups import BackupCreate, RestoreRequest
 from vmplane.api.routers.snapshots import SnapshotCreate
 from vmplane.api.schemas import MaintenanceRequest, MigrateRequest, ScaleRequest, VmStop
 from vmplane.core.errors import Invalid, VmplaneError
@@ -155,6 +157,36 @@ async def snapshot_delete(request: Request, name: str, snapshot: str, who: Actor
     def act():
         api_snapshots.delete_snapshot(name, request.app.state.orchestrator, who, snapshot)
         return _done_now(request, f"snapshot {snapshot} of {name} deleted")
+
+    return await _attempt(request, act)
+
+
+@router.post("/vms/{name}/backups")
+async def backup_create(request: Request, name: str, who: Actor):
+    def act():
+        b = api_backups.create_backup(name, BackupCreate(), request.app.state.orchestrator, who)
+        return _done_now(request, f"backup {b['id']} of {name} taken: {b['kind']} ({b['why']})")
+
+    return await _attempt(request, act)
+
+
+@router.post("/backups/{backup_id}/restore")
+async def backup_restore(request: Request, backup_id: api_backups.BackupId, who: Actor):
+    form = await _form(request)
+
+    def act():
+        body = _model(RestoreRequest, name=form.get("name", "").strip())
+        done = api_backups.restore_backup(backup_id, body, request.app.state.orchestrator, who)
+        return _done_now(request, f"backup {backup_id} restored to a new VM {done['vm']} (stopped)")
+
+    return await _attempt(request, act)
+
+
+@router.post("/backups/{backup_id}/delete")
+async def backup_delete(request: Request, backup_id: api_backups.BackupId, who: Actor):
+    def act():
+        api_backups.delete_backup(backup_id, request.app.state.orchestrator, who)
+        return _done_now(request, f"backup {backup_id} deleted")
 
     return await _attempt(request, act)
 

@@ -218,6 +218,7 @@ def _vm_detail(request: Request, who, name: str) -> dict:
         nics=netqueries.vm_nics(o.db, vm.id),
         agent=netqueries.vm_agent(o.db, vm.id, vm.state),
         snapshots=o.snapshots.listing(name),
+        backups=o.backups.listing(name, project_id=_scope(who)),
     )
 
 
