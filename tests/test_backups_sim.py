@@ -159,3 +159,40 @@ def test_retention_deletes_what_it_does_not_keep_and_every_backup_left_restores(
     r = api.post(f"{V}/web/backups/prune", json={"keep_last": 0})
     assert (r.status_code, r.json()["field"]) == (422, "keep_last")
     assert o.audit() == []
+
+
+def test_a_schedule_runs_once_per_due_time_whoever_asks_and_applies_its_retention(cluster, api):
+    import datetime as dt
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vmplane.controllers.backupschedules import BackupSchedules
+
+    o = cluster
+    r = api.put(f"{V}/web/backup-schedule", json={"cron": "*/5 * * * *", "keep_last": 2})
+    assert r.status_code == 200, r.text
+    first = dt.datetime.fromisoformat(r.json()["next_run_at"].removesuffix("Z"))
+    assert first.minute % 5 == 0
+    other = BackupSchedules(o.plane, o.backups)  # a second process's controller, on the same store
+    for n in range(3):
+        due = first + dt.timedelta(minutes=5 * n)
+        write(o, "web", 1, f"s{n}")
+        with ThreadPoolExecutor(2) as pool:
+            ran = list(pool.map(lambda c, at=due: c.run_due(at), (o.backup_schedules, other)))
+        assert sorted(ran) == [0, 1]  # exactly one of them took the run
+    backups = api.get(B, params={"vm": "web"}).json()
+    assert len(backups) == 2 and all(b["state"] == "ready" for b in backups)  # three runs, the retention kept 2
+    (sched,) = api.get("/api/v1/backup-schedules").json()
+    assert sched["last_result"].startswith("web: backup") and sched["keep_last"] == 2
+
+    for body, field in (({"cron": "every day"}, "cron"), ({"cron": "* * * * *", "keep_last": 0}, "keep_last")):
+        r = api.put(f"{V}/web/backup-schedule", json=body)
+        assert (r.status_code, r.json()["field"]) == (422, field), r.text
+    assert api.delete(f"{V}/web/backup-schedule").status_code == 204
+    assert api.delete(f"{V}/web/backup-schedule").status_code == 404
+
+    o.create_vm("api2", "p", "small", "disk", start=True, pool="shared")
+    assert api.put("/api/v1/projects/p/backup-schedule", json={"cron": "0 3 * * *"}).status_code == 200
+    at = dt.datetime.fromisoformat(api.get("/api/v1/backup-schedules").json()[0]["next_run_at"].removesuffix("Z"))
+    assert o.backup_schedules.run_due(at) == 1  # the project's run: each of its running VMs
+    assert sorted(b["vm"] for b in api.get(B).json()) == ["api2", "web", "web", "web"]
+    assert o.audit() == []

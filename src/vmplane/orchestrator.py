@@ -16,6 +16,7 @@ from typing import Any
 
 from vmplane.controllers.audit import Audit
 from vmplane.controllers.backups import Backups
+from vmplane.controllers.backupschedules import BackupSchedules
 from vmplane.controllers.clones import Clones
 from vmplane.controllers.consoles import Consoles
 from vmplane.controllers.diskmoves import DiskMoves
@@ -126,6 +127,7 @@ class Orchestrator:
         self.reads = Reads(db, catalog)
         self.clones = Clones(plane, self.vms_ctl, self.volumes, self.pools, self.reads)  # full clones of root disks
         self.backups = Backups(plane, self.pools, self.vms_ctl, self.clones)  # backup stores, backups, restores
+        self.backup_schedules = BackupSchedules(plane, self.backups)  # cron runs, exactly once across processes
         ops.register(
             "start",
             on_fail=self.vms_ctl.fail_start_stop,
@@ -189,6 +191,7 @@ class Orchestrator:
             self.consoles,
             self.snapshots,
             self.backups,
+            self.backup_schedules,
         )
 
     def close(self) -> None:

@@ -12,8 +12,10 @@ backup_app = typer.Typer(
     help="Backups of VMs' root disks, full or incremental, in backup stores.", no_args_is_help=True
 )
 store_app = typer.Typer(help="Backup stores: a directory every host of a cluster sees.", no_args_is_help=True)
+schedule_app = typer.Typer(help="Backups on a schedule (cron, UTC), with their retention.", no_args_is_help=True)
 app.add_typer(backup_app, name="backup")
 backup_app.add_typer(store_app, name="store")
+backup_app.add_typer(schedule_app, name="schedule")
 
 
 def _mib(n: int | None) -> str:
@@ -121,3 +123,39 @@ def backup_prune(
     """Delete VM's backups that the retention does not keep; every backup left restores."""
     body = {k: v for k, v in {"keep_last": keep_last, "keep_daily": keep_daily}.items() if v is not None}
     return client.post(f"/vms/{vm}/backups/prune", body)
+
+
+def _target(vm: str | None, project: str | None) -> str:
+    if (vm is None) == (project is None):
+        raise typer.BadParameter("give --vm or --project (one of them)")
+    return f"/vms/{vm}/backup-schedule" if vm else f"/projects/{project}/backup-schedule"
+
+
+@api_command(schedule_app, "set")
+def schedule_set(
+    cron: str = typer.Option(..., help="when, UTC: '0 3 * * *' is every day at 03:00"),
+    vm: str | None = typer.Option(None, help="this VM"),
+    project: str | None = typer.Option(None, help="every running VM of this project"),
+    store: str | None = typer.Option(None, help="the backup store (default: the only one)"),
+    keep_last: int | None = typer.Option(None, min=1, help="after each run: keep the newest N"),
+    keep_daily: int | None = typer.Option(None, min=1, help="after each run: one a day for N days"),
+    *,
+    client: Client,
+):
+    """Back up a VM (or every running VM of a project) on a schedule; it replaces the one it had."""
+    body = {"cron": cron, "store": store, "keep_last": keep_last, "keep_daily": keep_daily}
+    return client.call("PUT", _target(vm, project), json={k: v for k, v in body.items() if v is not None})
+
+
+@api_command(schedule_app, "list", lists=True)
+def schedule_list(client: Client):
+    """Schedules with their next run and what their last one did."""
+    cols = ["vm", "project", "cron", "store", "keep_last", "keep_daily", "next_run_at", "last_result"]
+    return client.get("/backup-schedules"), cols, "backup schedules"
+
+
+@api_command(schedule_app, "delete")
+def schedule_delete(vm: str | None = typer.Option(None), project: str | None = typer.Option(None), *, client: Client):
+    """Stop a VM's (or a project's) scheduled backups; its backups stay."""
+    client.call("DELETE", _target(vm, project))
+    note("backup schedule deleted")

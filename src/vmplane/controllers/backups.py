@@ -167,7 +167,7 @@ class Backups:
             root = next((v for v in SL.vm_volumes(conn, row.id) if v.role == "root"), None)
             if root is None:
                 raise Conflict(f"vm {vm} has no root disk: there is nothing to back up", field="vm")
-            st = self._store_for(conn, store, row)
+            st = self.store_for(conn, store, row)
             last = B.last_ready(conn, row.id, st.id)
             kind, parent_id, why = rules.choose_kind(
                 full, rules.Last(last.id, last.checkpoint, last.disk_file) if last else None, file_of(root)
@@ -227,7 +227,7 @@ class Backups:
         t = conn.execute(select(Template.name).where(Template.id == row.template_id)).scalar_one()
         return o, t
 
-    def _store_for(self, conn, store: str | None, row):
+    def store_for(self, conn, store: str | None, row=None):
         if store is not None:
             return B.store_row(conn, store)
         stores = B.store_rows(conn)

@@ -81,3 +81,14 @@ def prune_order(pruned: set[int], parent: dict[int, int | None]) -> list[tuple[i
         if p is not None:
             children.setdefault(p, []).append(b)
     return [(b, sorted(c for c in children.get(b, []) if c not in pruned)) for b in sorted(pruned, reverse=True)]
+
+
+def next_run(cron: str, after: dt.datetime) -> dt.datetime:
+    """The first time after `after` (UTC, naive) that the cron expression names; Invalid-worthy ValueError
+    naming the expression when it is not one (5 fields: minute hour day month weekday)."""
+    from croniter import croniter
+
+    if len(cron.split()) != 5 or not croniter.is_valid(cron):
+        raise ValueError(f"{cron!r} is not a cron expression (5 fields: minute hour day-of-month month day-of-week)")
+    nxt: dt.datetime = croniter(cron, after).get_next(dt.datetime)
+    return nxt

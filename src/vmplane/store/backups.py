@@ -11,10 +11,11 @@ from sqlalchemy.engine import Connection, Row
 from vmplane.core.errors import NotFound
 from vmplane.core.names import check_name
 from vmplane.store import events
-from vmplane.store.schema import Backup, BackupStore, Cluster, Project, utcnow
+from vmplane.store.schema import Backup, BackupSchedule, BackupStore, Cluster, Project, Vm, utcnow
 
 STORES, BACKUPS, PROJECTS = BackupStore.__table__, Backup.__table__, Project.__table__
-_BS, _B, _P = STORES.c, BACKUPS.c, PROJECTS.c
+SCHEDULES = BackupSchedule.__table__
+_BS, _B, _P, _S = STORES.c, BACKUPS.c, PROJECTS.c, SCHEDULES.c
 
 STORE_ROWS = select(STORES, Cluster.__table__.c.name.label("cluster")).join(
     Cluster.__table__, Cluster.__table__.c.id == _BS.cluster_id
@@ -133,3 +134,51 @@ def event(conn: Connection, row: Any, old: str | None, new: str, note: str) -> N
         vm=row.vm_name,
         project_id=row.project_id,
     )
+
+
+# -- schedules ----------------------------------------------------------------------------------------
+SCHEDULE_ROWS = (
+    select(SCHEDULES, Vm.__table__.c.name.label("vm"), _P.name.label("project"), _BS.name.label("store"))
+    .outerjoin(Vm.__table__, Vm.__table__.c.id == _S.vm_id)
+    .outerjoin(PROJECTS, _P.id == _S.project_id)
+    .join(STORES, _BS.id == _S.store_id)
+)
+
+
+def schedule_rows(conn: Connection, project_id: int | None = None) -> list[Row[Any]]:
+    q = SCHEDULE_ROWS.order_by(_S.id)
+    if project_id is not None:
+        q = q.where((_S.project_id == project_id) | (Vm.__table__.c.project_id == project_id))
+    return list(conn.execute(q).all())
+
+
+def set_schedule(conn: Connection, vm_id: int | None, project_id: int | None, **fields: Any) -> None:
+    """The VM's (or the project's) schedule, made or replaced."""
+    where = _S.vm_id == vm_id if vm_id is not None else _S.project_id == project_id
+    if conn.execute(update(SCHEDULES).where(where).values(**fields)).rowcount == 0:
+        conn.execute(insert(SCHEDULES).values(vm_id=vm_id, project_id=project_id, **fields))
+
+
+def delete_schedule(conn: Connection, vm_id: int | None, project_id: int | None) -> bool:
+    where = _S.vm_id == vm_id if vm_id is not None else _S.project_id == project_id
+    return conn.execute(delete(SCHEDULES).where(where)).rowcount == 1
+
+
+def due(conn: Connection, now: Any) -> list[Row[Any]]:
+    return list(conn.execute(SCHEDULE_ROWS.where(_S.next_run_at <= now).order_by(_S.next_run_at)).all())
+
+
+def claim_run(conn: Connection, schedule_id: int, was: Any, nxt: Any, now: Any) -> bool:
+    """Compare-and-set: this process runs the schedule's due run only if no other process moved it on first."""
+    return (
+        conn.execute(
+            update(SCHEDULES)
+            .where(_S.id == schedule_id, _S.next_run_at == was)
+            .values(next_run_at=nxt, last_run_at=now)
+        ).rowcount
+        == 1
+    )
+
+
+def record_run(conn: Connection, schedule_id: int, result: str) -> None:
+    conn.execute(update(SCHEDULES).where(_S.id == schedule_id).values(last_result=result[:2000]))

@@ -373,6 +373,23 @@ class Backup(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
 
+class BackupSchedule(Base):
+    """When a VM's (or every running VM of a project's) backups are taken: a cron expression, run by the process
+    that wins the compare-and-set of `next_run_at` (exactly once across processes), then the retention."""
+
+    __tablename__ = "backup_schedules"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    vm_id: Mapped[int | None] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"), nullable=True, unique=True)
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True, unique=True)
+    cron: Mapped[str] = mapped_column(String(100))
+    store_id: Mapped[int] = mapped_column(ForeignKey("backup_stores.id"))
+    keep_last: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    keep_daily: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    next_run_at: Mapped[dt.datetime] = mapped_column(DateTime, index=True)
+    last_run_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    last_result: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
 class Network(Base):
     """A guest network: a project's isolated network (`isolated`, project_id set) or an admin's network bridged
     to the hosts' uplink (`provider`, project_id None; `shared`: every project's VMs may use it). Its zone's

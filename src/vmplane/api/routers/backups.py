@@ -101,3 +101,45 @@ def prune_backups(name: str, body: PruneRequest, orch: Orch, who: AnyCaller) -> 
     """Keep the VM's newest backups and one a day; delete the others (a kept backup built on a deleted one is
     made whole first: every backup left restores)."""
     return orch.backups.prune(name, body.keep_last, body.keep_daily, project_id=_scope(who))
+
+
+class ScheduleSet(Request):
+    cron: str = Field(max_length=100, description="when: 5 fields, UTC (minute hour day-of-month month day-of-week)")
+    store: str | None = Field(None, max_length=63, description="default: the only store there is")
+    keep_last: int | None = Field(None, ge=1, le=10000, description="after each run: keep the newest N")
+    keep_daily: int | None = Field(None, ge=1, le=10000, description="after each run: one a day for N days")
+
+
+@router.put("/vms/{name}/backup-schedule")
+def set_vm_schedule(name: str, body: ScheduleSet, orch: Orch, who: AnyCaller) -> dict[str, Any]:
+    """The VM's backups on a schedule (it replaces the one it had); each run backs it up if it runs, then
+    applies the retention. Run exactly once across control-plane processes."""
+    return orch.backup_schedules.set(
+        body.cron, vm=name, store=body.store, keep_last=body.keep_last, keep_daily=body.keep_daily,
+        project_id=_scope(who),
+    )  # fmt: skip
+
+
+@router.delete("/vms/{name}/backup-schedule", status_code=204)
+def delete_vm_schedule(name: str, orch: Orch, who: AnyCaller) -> None:
+    orch.backup_schedules.delete(vm=name, project_id=_scope(who))
+
+
+@router.put("/projects/{name}/backup-schedule")
+def set_project_schedule(name: str, body: ScheduleSet, orch: Orch, who: AnyCaller) -> dict[str, Any]:
+    """Every running VM of the project (with a root disk) backed up on a schedule, then the retention."""
+    return orch.backup_schedules.set(
+        body.cron, project=name, store=body.store, keep_last=body.keep_last, keep_daily=body.keep_daily,
+        project_id=_scope(who),
+    )  # fmt: skip
+
+
+@router.delete("/projects/{name}/backup-schedule", status_code=204)
+def delete_project_schedule(name: str, orch: Orch, who: AnyCaller) -> None:
+    orch.backup_schedules.delete(project=name, project_id=_scope(who))
+
+
+@router.get("/backup-schedules")
+def list_schedules(orch: Orch, who: AnyCaller) -> list[dict[str, Any]]:
+    """Schedules with their next run and what their last one did."""
+    return orch.backup_schedules.listing(project_id=_scope(who))

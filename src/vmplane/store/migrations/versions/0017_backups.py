@@ -61,6 +61,26 @@ def upgrade() -> None:
     op.create_index("ix_backups_store_id", "backups", ["store_id"])
     op.create_index("ix_backups_vm_id", "backups", ["vm_id"])
     op.create_index("ix_backups_project_id", "backups", ["project_id"])
+    op.create_table(
+        "backup_schedules",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("vm_id", sa.Integer(), nullable=True),
+        sa.Column("project_id", sa.Integer(), nullable=True),
+        sa.Column("cron", sa.String(length=100), nullable=False),
+        sa.Column("store_id", sa.Integer(), nullable=False),
+        sa.Column("keep_last", sa.Integer(), nullable=True),
+        sa.Column("keep_daily", sa.Integer(), nullable=True),
+        sa.Column("next_run_at", sa.DateTime(), nullable=False),
+        sa.Column("last_run_at", sa.DateTime(), nullable=True),
+        sa.Column("last_result", sa.Text(), nullable=True),
+        sa.ForeignKeyConstraint(["vm_id"], ["vms.id"], ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(["project_id"], ["projects.id"]),
+        sa.ForeignKeyConstraint(["store_id"], ["backup_stores.id"]),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("vm_id"),
+        sa.UniqueConstraint("project_id"),
+    )
+    op.create_index("ix_backup_schedules_next_run_at", "backup_schedules", ["next_run_at"])
     with op.batch_alter_table("projects") as batch_op:
         batch_op.add_column(
             sa.Column("quota_backup_mib", sa.Integer(), nullable=False, server_default=str(1024 * 1024))
@@ -72,5 +92,6 @@ def downgrade() -> None:
     with op.batch_alter_table("projects") as batch_op:
         batch_op.drop_column("used_backup_mib")
         batch_op.drop_column("quota_backup_mib")
+    op.drop_table("backup_schedules")
     op.drop_table("backups")
     op.drop_table("backup_stores")
