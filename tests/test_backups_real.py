@@ -56,6 +56,13 @@ def test_incremental_backups_transfer_what_was_written_across_stop_start_and_mig
     assert pruned["kept"] == [after_restart["id"], after_move["id"]] and pruned["made_whole"] == [after_restart["id"]]
     for kept in pruned["kept"]:
         assert run_json(live, "backup", "verify", str(kept))["ok"]
+    # a snapshot puts a new file on the disk: the next backup is full (its checkpoint on the new file), then
+    # incremental again
+    run_json(live, "vm", "snapshot", "create", "saved", "s1")
+    after_snapshot = run_json(live, "backup", "create", "saved")
+    assert after_snapshot["kind"] == "full" and "snapshot" in after_snapshot["why"], after_snapshot
+    write_file(live, "saved", "/data/w4", 4)
+    assert run_json(live, "backup", "create", "saved")["kind"] == "incremental"
     assert run_json(live, "audit")["ok"]
     for vm in ("saved", "rebuilt"):
         run_json(live, "vm", "stop", vm, "--force")

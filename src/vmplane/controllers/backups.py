@@ -246,7 +246,7 @@ class Backups:
         driver.create_volume(pool, b.file, b.size_mib, "qcow2", backing, "qcow2" if backing else None)
         domain = domain_name(row.name)
         with self.plane.db.read() as s:
-            driver.define_checkpoints(domain, B.chain_checkpoints(s.connection(), row.id))
+            driver.define_checkpoints(domain, B.chain_checkpoints(s.connection(), row.id, file_of(root)))
         written = driver.backup_disk(
             domain, root.device or "vda", path, parent.checkpoint if parent else None, b.checkpoint
         )

@@ -82,11 +82,13 @@ def last_ready(conn: Connection, vm_id: int, store_id: int) -> Row[Any] | None:
     ).first()
 
 
-def chain_checkpoints(conn: Connection, vm_id: int) -> list[str]:
-    """The checkpoint XMLs of the VM's ready backups, oldest first (defined again where the VM runs)."""
+def chain_checkpoints(conn: Connection, vm_id: int, disk_file: str) -> list[str]:
+    """The checkpoint XMLs of the VM's ready backups taken while the disk's active file was `disk_file` (their
+    bitmaps are in it: a snapshot or a restore since put another file on top), oldest first: defined again
+    where the VM runs."""
     rows = conn.execute(
         select(_B.checkpoint_xml)
-        .where(_B.vm_id == vm_id, _B.state == "ready", _B.checkpoint_xml.is_not(None))
+        .where(_B.vm_id == vm_id, _B.state == "ready", _B.checkpoint_xml.is_not(None), _B.disk_file == disk_file)
         .order_by(_B.id)
     ).all()
     return [r[0] for r in rows]
