@@ -196,3 +196,22 @@ def test_a_schedule_runs_once_per_due_time_whoever_asks_and_applies_its_retentio
     assert o.backup_schedules.run_due(at) == 1  # the project's run: each of its running VMs
     assert sorted(b["vm"] for b in api.get(B).json()) == ["api2", "web", "web", "web"]
     assert o.audit() == []
+
+
+def test_a_stopped_vm_is_restored_in_place_and_its_next_backup_is_full(cluster, api):
+    o = cluster
+    write(o, "web", 4, "kept")
+    b = backup(api)
+    write(o, "web", 4, "lost")
+    r = api.post(f"{B}/{b['id']}/restore", json={"in_place": True})
+    assert (r.status_code, r.json()["field"]) == (409, "vm") and "stop it" in r.text
+    r = api.post(f"{B}/{b['id']}/restore", json={})
+    assert (r.status_code, r.json()["field"]) == (422, "name")
+    o.stop_vm("web", force=True)
+    files = len(o.drivers["h1"].volumes("shared"))
+    r = api.post(f"{B}/{b['id']}/restore", json={"in_place": True})
+    assert r.status_code == 201, r.text
+    assert len(o.drivers["h1"].volumes("shared")) == files  # the former file went, the copy came
+    o.start_vm("web")
+    assert marker(o, "web") == "kept"
+    assert backup(api)["kind"] == "full" and o.audit() == []

@@ -95,7 +95,8 @@ def backup_verify(backup_id: int, client: Client):
 @api_command(backup_app, "restore")
 def backup_restore(
     backup_id: int,
-    to: str = typer.Option(..., "--to", help="the new VM's name"),
+    to: str | None = typer.Option(None, "--to", help="the new VM's name"),
+    in_place: bool = typer.Option(False, help="the backed-up VM itself (stopped, without snapshots)"),
     start: bool = typer.Option(False, help="start it once its disk is copied"),
     pool: str | None = typer.Option(None, help="the new root disk's pool"),
     *,

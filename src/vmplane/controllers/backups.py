@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from vmplane.controllers.volumes import file_of
+from vmplane.controllers.volumes import file_of, new_file_name
 from vmplane.core import backups as rules
 from vmplane.core import failpoints
 from vmplane.core.driver import DriverError
@@ -417,6 +417,54 @@ class Backups:
             driver.delete_volume(pool, b.file)
         except DriverError as exc:
             log.warning("backup %s: its former file %s left in the store (%s)", backup_id, b.file, exc)
+
+    def restore_in_place(self, backup_id: int, project_id: int | None = None) -> dict[str, Any]:
+        """The backed-up VM itself (stopped, without snapshots) gets its root disk back as the backup saw it: a
+        full copy of the backup's chain on the disk's pool, read back, then the disk switched to it and its
+        former file deleted. Its next backup is full (the copy holds no bitmap)."""
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            b = B.backup_row(conn, backup_id, project_id)
+            if b.state != "ready":
+                raise Conflict(f"backup {backup_id} is {b.state}; only a ready backup is restored", field="backup")
+            if b.vm_id is None:
+                raise Conflict(f"vm {b.vm_name} is gone: restore backup {backup_id} to a new VM (--to)", field="vm")
+            vm = L.vm_row(conn, vm_id=b.vm_id)
+            if vm.state != VmState.stopped.value:
+                raise Conflict(f"vm {vm.name} is {vm.state}; stop it before restoring it in place", field="vm")
+            if S.snapshot_rows(conn, vm.id) or S.busy_problem(conn, vm.id, vm.name):
+                raise Conflict(f"vm {vm.name} has snapshots; delete them before restoring it in place", field="vm")
+            root = next((v for v in SL.vm_volumes(conn, vm.id) if v.role == "root"), None)
+            if root is None or S.extra_files(conn, root.id):
+                raise Conflict(f"vm {vm.name}'s root disk is a chain of files; restore to a new VM (--to)", field="vm")
+        pool = self.pools.row(root.pool_name)
+        file = new_file_name(root.name, "qcow2")  # a file no volume had: the restored copy
+        try:
+            driver = self.pools.driver_for(pool)
+            driver.clone_volume(pool.name, file, f"{b.store_path}/{b.file}")
+            if driver.volume(pool.name, file) is None:
+                raise DriverError(driver.host, f"{file} is not in pool {pool.name} after the copy")
+        except (DriverError, Conflict) as exc:
+            raise Conflict(
+                f"backup {backup_id} was not restored into vm {vm.name}: {exc}; it is unchanged", field="vm"
+            ) from None
+        old = file_of(root)
+        with self.plane.db.transaction() as conn:
+            now = L.vm_row(conn, vm_id=vm.id, lock=True)
+            if now.state != VmState.stopped.value:  # started meanwhile: the copy goes, the VM keeps its disk
+                raise Conflict(f"vm {vm.name} was started meanwhile; nothing was restored", field="vm")
+            SL.set_volume(
+                conn,
+                SL.volume_row(conn, root.name, lock=True),
+                file_name=file,
+                note=f"restored from backup {backup_id}",
+            )
+            B.event(conn, b, "ready", "ready", f"restored in place into vm {vm.name}")
+        try:
+            driver.delete_volume(pool.name, old)
+        except DriverError as exc:
+            log.warning("vm %s: its former disk file %s left on pool %s (%s)", vm.name, old, pool.name, exc)
+        return {"backup": backup_id, "vm": vm.name, "copied": file}
 
     def restore(self, backup_id: int, to: str, start: bool = False, pool: str | None = None,
                 project_id: int | None = None) -> dict[str, Any]:  # fmt: skip

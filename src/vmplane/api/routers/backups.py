@@ -12,6 +12,7 @@ from pydantic import Field
 from vmplane.api.deps import Admin, AnyCaller, Orch
 from vmplane.api.paging import StrictQueryRoute
 from vmplane.api.schemas import INT_MAX, Name, Request
+from vmplane.core.errors import Invalid
 
 router = APIRouter(tags=["backups"], route_class=StrictQueryRoute)
 BackupId = Annotated[int, Path(ge=1, le=INT_MAX, description="the backup's id")]
@@ -34,7 +35,8 @@ class PruneRequest(Request):
 
 
 class RestoreRequest(Request):
-    name: Name = Field(description="the new VM's name")
+    name: Name | None = Field(None, description="the new VM's name (or in_place)")
+    in_place: bool = Field(False, description="the backed-up VM itself (stopped, without snapshots)")
     start: bool = False
     pool: str | None = Field(None, max_length=63, description="the new root disk's pool (default: placement's)")
 
@@ -86,7 +88,12 @@ def verify_backup(backup_id: BackupId, orch: Orch, who: AnyCaller) -> dict[str, 
 
 @router.post("/backups/{backup_id}/restore", status_code=201)
 def restore_backup(backup_id: BackupId, body: RestoreRequest, orch: Orch, who: AnyCaller) -> dict[str, Any]:
-    """A new VM of what the backed-up VM was, its root disk a full copy of the backup's chain."""
+    """A new VM of what the backed-up VM was, its root disk a full copy of the backup's chain; or (in_place)
+    the backed-up VM itself, stopped, its root disk replaced by that copy."""
+    if body.in_place and body.name is None:
+        return orch.backups.restore_in_place(backup_id, project_id=_scope(who))
+    if body.in_place or body.name is None:
+        raise Invalid("give the new VM's name, or in_place (one of them)", field="name")
     return orch.backups.restore(backup_id, body.name, body.start, body.pool, project_id=_scope(who))
 
 
