@@ -69,15 +69,9 @@ ACTIONS = ((take, 2), (revert, 1), (delete, 1), (backup, 2), (delete_backup, 1))
 
 
 def _first(attempts) -> bool:
-    from vmplane.core.errors import VmplaneError
+    from .crashkit import _first_accepted  # (crashkit imports this module)
 
-    for attempt in attempts:
-        try:
-            attempt()
-            return True
-        except VmplaneError:
-            continue
-    return False
+    return _first_accepted(attempts)
 
 
 def toward_take(o, rng, n):

@@ -24,7 +24,7 @@ from vmplane.core.driver import DriverError
 from vmplane.core.errors import AlreadyExists, Conflict, Invalid, NotFound, QuotaExceeded
 from vmplane.core.model import UNREACHABLE_HOST_STATES, VmState
 from vmplane.core.names import check_name, domain_name
-from vmplane.plane.loops import every
+from vmplane.plane.loops import settle_every
 from vmplane.store import backups as B
 from vmplane.store import ledger as L
 from vmplane.store import snapshots as S
@@ -55,13 +55,7 @@ class Backups:
         self._busy: set[int] = set()  # backups a call of this process is writing now
 
     def start(self) -> None:
-        first = [True]
-
-        def settle() -> None:  # the first pass, at start-up, settles young ones too: their process is gone
-            force, first[0] = first[0], False
-            self.settle(force=force)
-
-        every(lambda: SETTLE_S, settle, self._stop, "backup-settle", log)
+        settle_every(SETTLE_S, self.settle, self._stop, "backup-settle", log)
 
     def stop(self) -> None:
         self._stop.set()

@@ -27,7 +27,7 @@ from vmplane.core.errors import AlreadyExists, Conflict, Invalid, NotFound
 from vmplane.core.model import Usage, VmState
 from vmplane.core.names import domain_name
 from vmplane.core.quota import check_admission
-from vmplane.plane.loops import every
+from vmplane.plane.loops import settle_every
 from vmplane.store import ledger as L
 from vmplane.store import snapshots as S
 from vmplane.store import storageledger as SL
@@ -59,13 +59,7 @@ class Snapshots:
         self._busy: set[int] = set()  # snapshots a call of this process is stepping now
 
     def start(self) -> None:
-        first = [True]
-
-        def settle() -> None:  # the first pass, at start-up, settles young steps too: their process is gone
-            force, first[0] = first[0], False
-            self.settle(force=force)
-
-        every(lambda: SETTLE_S, settle, self._stop, "snapshot-settle", log)
+        settle_every(SETTLE_S, self.settle, self._stop, "snapshot-settle", log)
 
     def stop(self) -> None:
         self._stop.set()

@@ -44,3 +44,17 @@ def every(
                 log.exception(name)
 
     threading.Thread(target=loop, name=f"vmplane-{name}", daemon=True).start()
+
+
+def settle_every(
+    interval_s: float, settle: Callable[..., object], stop: threading.Event, name: str, log: logging.Logger
+) -> None:
+    """`settle(force=...)` every `interval_s`: its first pass with force=True (at start-up, the steps left in
+    flight, however young, are a process's that is gone), the next ones without."""
+    first = [True]
+
+    def once() -> None:
+        force, first[0] = first[0], False
+        settle(force=force)
+
+    every(lambda: interval_s, once, stop, name, log)
