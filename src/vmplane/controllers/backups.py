@@ -71,7 +71,7 @@ class Backups:
         now = utcnow()
         for r in stuck:
             vm = vms[r.id]
-            if vm is not None and vm.host_name and not self.plane.membership.owns_host(vm.host_name):
+            if vm is not None and vm.host_name and not self.plane.membership.settles(vm.host_name):
                 continue  # another process's host: its call may be in flight
             if not force and (now - r.created_at).total_seconds() < BUSY_S:
                 continue

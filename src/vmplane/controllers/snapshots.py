@@ -482,7 +482,7 @@ class Snapshots:
         now = utcnow()
         for r in stuck:
             vm = vms[r.id]
-            if vm.host_name and not self.plane.membership.owns_host(vm.host_name):
+            if vm.host_name and not self.plane.membership.settles(vm.host_name):
                 continue  # another process's host: that process settles it (its call may be in flight)
             if not force and (now - r.step_at).total_seconds() < BUSY_S:
                 continue
@@ -513,12 +513,22 @@ class Snapshots:
         with self.plane.db.read() as s:
             conn = s.connection()
             vms = [L.vm_row(conn, vm_id=i) for i in S.chained_vms(conn)]
-            volumes = {v.id: v for v in SL.volume_rows(conn) if v.vm_id in {vm.id for vm in vms}}
-            merging = [f for f in S.chain_files(conn, list(volumes)) if f.state == "merging"]
-        by_id = {vm.id: vm for vm in vms}
+            merging = [f for f in S.chain_files(conn) if f.state == "merging"]
+            volumes = {v.id: v for v in SL.volume_rows(conn) if v.id in {f.volume_id for f in merging}}
+            by_id = {v.vm_id: L.vm_row(conn, vm_id=v.vm_id) for v in volumes.values() if v.vm_id is not None}
         for f in merging:
             v = volumes[f.volume_id]
-            vm = by_id[v.vm_id]
+            vm = by_id.get(v.vm_id) if v.vm_id is not None else None
+            if vm is None or vm.state == VmState.stopped.value:
+                # no domain opens it now (its VM stopped, or the volume was detached): any block job is gone and
+                # the chain as recorded still reads right, unless the pivot came before the crash and the VM
+                # then ran on (a window of milliseconds): recorded live
+                with self.plane.db.transaction() as conn:
+                    S.set_file_state(conn, v.id, f.file, "live")
+                    SL.file_event(
+                        conn, v, f"{f.file}: its merge was cut short and no domain has it now; kept as it was"
+                    )
+                continue
             if vm.state != VmState.running.value or vm.host_name not in self.plane.drivers:
                 continue
             try:
@@ -528,7 +538,7 @@ class Snapshots:
             if f.parent is not None:
                 self._merged(vm, v, f.parent, f.file, chain, "settled after the merge was cut short")
         for vm in vms:
-            if vm.state == VmState.running.value and self.plane.membership.owns_host(vm.host_name or ""):
+            if vm.state == VmState.running.value and self.plane.membership.settles(vm.host_name or ""):
                 try:
                     self.merge(vm.name)
                 except (DriverError, Conflict, NotFound) as exc:

@@ -115,6 +115,11 @@ class Membership:
         """Whether this process listens to `host` (monitor, sync, events)."""
         return self.epoch is None or rules.host_lease(host) in self.held
 
+    def settles(self, host: str) -> bool:
+        """Whether this process may settle what was left in flight on `host`: it listens to the host, or no
+        other control-plane process lives (so no call of another one can still be in flight there)."""
+        return self.owns_host(host) or self.alone()
+
     def coordinates(self) -> bool:
         """Whether this process runs the once-per-cluster loops."""
         return self.epoch is None or rules.COORDINATOR in self.held

@@ -182,6 +182,16 @@ def busy_problem(conn: Connection, vm_id: int, vm: str) -> str | None:
     for r in snapshot_rows(conn, vm_id):
         if r.state != "ready":
             return f"vm {vm}'s snapshot {r.name} is {r.state}; retry once it is settled"
+    from vmplane.store.schema import Volume
+
+    merging = conn.execute(
+        select(_VF.file)
+        .join(Volume.__table__, Volume.__table__.c.id == _VF.volume_id)
+        .where(Volume.__table__.c.vm_id == vm_id, _VF.state == "merging")
+        .limit(1)
+    ).first()
+    if merging is not None:
+        return f"vm {vm}'s disk file {merging[0]} is being merged (a snapshot deleted); retry in a moment"
     return None
 
 
