@@ -215,3 +215,18 @@ def test_a_stopped_vm_is_restored_in_place_and_its_next_backup_is_full(cluster, 
     o.start_vm("web")
     assert marker(o, "web") == "kept"
     assert backup(api)["kind"] == "full" and o.audit() == []
+
+
+def test_a_deleted_vms_backups_stay_restorable_and_a_new_vm_of_its_name_starts_with_a_full_one(cluster, api):
+    o = cluster
+    write(o, "web", 2, "old")
+    b = backup(api)
+    assert api.put(f"{V}/web/backup-schedule", json={"cron": "0 3 * * *"}).status_code == 200
+    o.stop_vm("web", force=True)
+    o.delete_vm("web")
+    assert api.get("/api/v1/backup-schedules").json() == []  # its schedule went with it
+    assert api.post(f"{B}/{b['id']}/restore", json={"in_place": True}).json()["field"] == "vm"  # it is gone
+    o.create_vm("web", "p", "small", "disk", start=True, pool="shared")
+    assert backup(api)["kind"] == "full"  # never incremental on the old VM's backup
+    assert api.post(f"{B}/{b['id']}/restore", json={"name": "old-web", "start": True}).status_code == 201
+    assert marker(o, "old-web") == "old" and o.audit() == []

@@ -43,6 +43,7 @@ from vmplane.plane import metrics
 from vmplane.plane.operations import Failed, FailureContext, Operations
 from vmplane.plane.reserves import placement_rules
 from vmplane.store import admission
+from vmplane.store import backups as BK
 from vmplane.store import ledger as L
 from vmplane.store import networks as SN
 from vmplane.store import seeds as SS
@@ -475,6 +476,7 @@ class Vms:
             freed = L.release_vm(conn, vm.id)
             L.add_to_ledger(conn, vm.project_id, Usage(vms=-1))
             SNAP.forget_vm(conn, vm.id)  # its snapshots' metadata; their files go with the disks
+            BK.forget_vm(conn, vm.id)  # its backups stay, untied from its id; its schedule goes
             L.delete_vm(conn, vm.id)
         self.plane.capacity.give_back(freed)
         self.volumes.delete_files(doomed)  # charged until each pool confirms its file gone

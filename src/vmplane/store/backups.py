@@ -184,3 +184,10 @@ def claim_run(conn: Connection, schedule_id: int, was: Any, nxt: Any, now: Any) 
 
 def record_run(conn: Connection, schedule_id: int, result: str) -> None:
     conn.execute(update(SCHEDULES).where(_S.id == schedule_id).values(last_result=result[:2000]))
+
+
+def forget_vm(conn: Connection, vm_id: int) -> None:
+    """A deleted VM: its backups stay (a restore makes a new VM of what it was), no longer tied to its id (a new
+    VM must never build an incremental on them); its schedule goes."""
+    conn.execute(update(BACKUPS).where(_B.vm_id == vm_id).values(vm_id=None))
+    conn.execute(delete(SCHEDULES).where(_S.vm_id == vm_id))
