@@ -127,6 +127,8 @@ STORE_SUITE = {
     "test_leases.py",
     "test_groups.py",
     "test_storage_sim.py",
+    "test_snapshots_sim.py",
+    "test_backups_sim.py",
 }
 
 
