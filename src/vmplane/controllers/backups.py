@@ -66,7 +66,7 @@ class Backups:
         is never taken for a backup); a deleting one's file deleted again."""
         with self.plane.db.read() as s:
             conn = s.connection()
-            stuck = [r for r in B.backup_rows(conn) if r.state in ("running", "deleting") and r.id not in self._busy]
+            stuck = [r for r in B.backup_rows(conn, states=("running", "deleting")) if r.id not in self._busy]
             vms = {r.id: (L.vm_row(conn, vm_id=r.vm_id) if r.vm_id is not None else None) for r in stuck}
         now = utcnow()
         for r in stuck:
@@ -161,7 +161,7 @@ class Backups:
             root = next((v for v in SL.vm_volumes(conn, row.id) if v.role == "root"), None)
             if root is None:
                 raise Conflict(f"vm {vm} has no root disk: there is nothing to back up", field="vm")
-            st = self.store_for(conn, store, row)
+            st = self.store_for(conn, store)
             last = B.last_ready(conn, row.id, st.id)
             kind, parent_id, why = rules.choose_kind(
                 full, rules.Last(last.id, last.checkpoint, last.disk_file) if last else None, file_of(root)
@@ -221,7 +221,7 @@ class Backups:
         t = conn.execute(select(Template.name).where(Template.id == row.template_id)).scalar_one()
         return o, t
 
-    def store_for(self, conn, store: str | None, row=None):
+    def store_for(self, conn, store: str | None):
         if store is not None:
             return B.store_row(conn, store)
         stores = B.store_rows(conn)
@@ -267,15 +267,19 @@ class Backups:
     def _undo(self, b, note: str) -> None:
         """A backup that was not taken: its file (if made) deleted, then its row and charge."""
         try:
-            driver = self._store_driver(b)
-            driver.delete_volume(pool_of(b.store), b.file)
-            if driver.volume(pool_of(b.store), b.file) is not None:
+            if not self._delete_file(b):
                 return  # left running: its file is still there (the audit names the row)
         except (DriverError, Conflict) as exc:
             log.warning("backup %s: its file %s not deleted (%s)", b.id, b.file, exc)
             return
         with self.plane.db.transaction() as conn:
             B.remove_backup(conn, B.backup_row(conn, b.id), note)
+
+    def _delete_file(self, b) -> bool:
+        """Delete a backup's file from its store; whether the store confirms it gone (read back)."""
+        driver = self._store_driver(b)
+        driver.delete_volume(pool_of(b.store), b.file)
+        return driver.volume(pool_of(b.store), b.file) is None
 
     def _store_driver(self, b):
         with self.plane.db.read() as s:
@@ -347,10 +351,8 @@ class Backups:
             if b.state == "running":
                 raise Conflict(f"backup {backup_id} is being written; delete it once it ended", field="backup")
             B.set_backup(conn, b.id, state="deleting")
-        driver = self._store_driver(b)
         try:
-            driver.delete_volume(pool_of(b.store), b.file)
-            gone = driver.volume(pool_of(b.store), b.file) is None
+            gone = self._delete_file(b)
         except DriverError as exc:
             raise Conflict(
                 f"backup {backup_id}: its file was not deleted ({exc}); it stays deleting", field="backup"

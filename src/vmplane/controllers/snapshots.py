@@ -31,13 +31,14 @@ from vmplane.plane.loops import settle_every
 from vmplane.store import ledger as L
 from vmplane.store import snapshots as S
 from vmplane.store import storageledger as SL
-from vmplane.store.schema import utcnow
+from vmplane.store.schema import Vm, Volume, utcnow
 
 if TYPE_CHECKING:
     from vmplane.controllers.pools import Pools
     from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.snapshots")
+_VO = Volume.__table__.c
 SETTLE_S = 10.0  # between two settle passes
 BUSY_S = 120.0  # a step younger than this may still be another process's call: left to it
 FREEZE_S = 10.0  # a quiesced snapshot's guest is thawed within this, whatever happens to this process
@@ -206,7 +207,7 @@ class Snapshots:
             conn = s.connection()
             files = S.bases(conn, [snap_id]).get(snap_id, {})
             overlays = S.overlays(conn, snap_id)
-            vols = {v.id: v for v in SL.volume_rows(conn) if v.id in files}
+            vols = {v.id: v for v in SL.volume_rows(conn, _VO.id.in_(list(files)))} if files else {}
         return [(vols[vid], files[vid], overlays[vid]) for vid in sorted(files) if vid in vols]
 
     def _driver_for(self, v: Row[Any]):
@@ -444,20 +445,22 @@ class Snapshots:
         """Mark deleting the files of the VM's chains that neither an active chain nor a snapshot needs."""
         volumes = SL.vm_volumes(conn, row.id)
         disks = S.disks(conn, volumes, {v.id: file_of(v) for v in volumes})
-        pending = {f.file for f in S.chain_files(conn, [v.id for v in volumes]) if f.state == "pending"}
+        files = S.chain_files(conn, [v.id for v in volumes])
+        pending = {f.file for f in files if f.state == "pending"}
         doomed = rules.garbage(disks, S.ready_snapshots(conn, row.id)) - pending
-        for v in volumes:
-            for f in S.chain_files(conn, [v.id]):
-                if f.file in doomed:
-                    S.set_file_state(conn, v.id, f.file, "deleting")
+        for f in files:
+            if f.file in doomed:
+                S.set_file_state(conn, f.volume_id, f.file, "deleting")
         return doomed
 
     def _delete_files(self, vm: str | None = None) -> None:
         """Delete the files marked deleting (of `vm`, or all); each row goes once its pool confirms it gone."""
-        with self.plane.db.read() as s:
+        with self.plane.db.read() as s:  # the files first: a settle pass reads no volume without one
             conn = s.connection()
-            volumes = {v.id: v for v in SL.volume_rows(conn) if vm is None or v.vm_name == vm}
-            doomed = [f for f in S.chain_files(conn, list(volumes)) if f.state == "deleting"]
+            doomed = S.chain_files(conn, state="deleting")
+            where = [_VO.id.in_({f.volume_id for f in doomed})] + ([Vm.name == vm] if vm is not None else [])
+            volumes = {v.id: v for v in SL.volume_rows(conn, *where)} if doomed else {}
+            doomed = [f for f in doomed if f.volume_id in volumes]
         for f in doomed:
             v = volumes[f.volume_id]
             try:
@@ -513,8 +516,9 @@ class Snapshots:
         with self.plane.db.read() as s:
             conn = s.connection()
             vms = [L.vm_row(conn, vm_id=i) for i in S.chained_vms(conn)]
-            merging = [f for f in S.chain_files(conn) if f.state == "merging"]
-            volumes = {v.id: v for v in SL.volume_rows(conn) if v.id in {f.volume_id for f in merging}}
+            merging = S.chain_files(conn, state="merging")
+            ids = list({f.volume_id for f in merging})
+            volumes = {v.id: v for v in SL.volume_rows(conn, _VO.id.in_(ids))} if ids else {}
             by_id = {v.vm_id: L.vm_row(conn, vm_id=v.vm_id) for v in volumes.values() if v.vm_id is not None}
         for f in merging:
             v = volumes[f.volume_id]

@@ -50,9 +50,15 @@ def delete_store(conn: Connection, store_id: int, name: str) -> None:
 
 
 def backup_rows(
-    conn: Connection, vm: str | None = None, project_id: int | None = None, store_id: int | None = None
+    conn: Connection,
+    vm: str | None = None,
+    project_id: int | None = None,
+    store_id: int | None = None,
+    states: tuple[str, ...] | None = None,
 ) -> list[Row[Any]]:
     q = BACKUP_ROWS
+    if states is not None:
+        q = q.where(_B.state.in_(states))
     if vm is not None:
         q = q.where(_B.vm_name == vm)
     if project_id is not None:

@@ -58,10 +58,12 @@ def overlays(conn: Connection, snapshot_id: int) -> dict[int, str]:
     return {r.volume_id: r.overlay for r in rows}
 
 
-def chain_files(conn: Connection, volume_ids: Iterable[int] | None = None) -> list[ChainFile]:
+def chain_files(conn: Connection, volume_ids: Iterable[int] | None = None, state: str | None = None) -> list[ChainFile]:
     query = select(VOLUME_FILES)
     if volume_ids is not None:
         query = query.where(_VF.volume_id.in_(list(volume_ids)))
+    if state is not None:
+        query = query.where(_VF.state == state)
     return [ChainFile(r.volume_id, r.file, r.parent, r.state) for r in conn.execute(query.order_by(_VF.id)).all()]
 
 
