@@ -243,3 +243,15 @@ def test_a_clone_refused_leaves_no_vm_and_no_file(cluster, api):
     assert r.status_code == 409 and "c1 was not kept" in r.json()["message"], r.text
     assert [v.name for v in o.vms()] == ["web"] and pool_files(o, "shared") == files
     assert usage(o, "p").storage_mib == before and o.audit() == []
+
+
+def test_a_volume_whose_disk_is_a_chain_is_not_resized_and_nothing_changes(cluster, api):
+    """Each file of a chain is charged at the volume's size: a resize would change every file's charge (the
+    truth harness caught the ledger one overlay short)."""
+    o = cluster
+    vm(o, "web")
+    assert api.post(f"{V}/web/snapshots", json={"name": "s1"}).status_code == 201
+    before = usage(o, "p").storage_mib
+    r = api.post("/api/v1/volumes/web-root/resize", json={"size_mib": 2048})
+    assert (r.status_code, r.json()["field"]) == (409, "volume") and "delete its snapshots" in r.text
+    assert usage(o, "p").storage_mib == before and o.audit() == []

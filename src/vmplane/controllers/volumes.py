@@ -448,6 +448,13 @@ class Volumes:
                 raise Conflict(
                     f"vm {vm.name} is {vm.state}; resize its disks once it is running or stopped", field="vm"
                 )
+            overlays = SS.extra_files(conn, v.id)
+            if overlays:  # each file of a chain is charged at the volume's size: one size for all of them
+                raise Conflict(
+                    f"volume {name} is a chain of {overlays} snapshot overlay(s) on its file: delete its snapshots "
+                    "(the chain is merged while its VM runs) before resizing it",
+                    field="volume",
+                )
             grow = size_mib - v.size_mib
             p = L.lock_project(conn, v.project_id)
             check_admission(p.name, L.quota_row(p), L.ledger_row(p), Usage(storage_mib=grow))
