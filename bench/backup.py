@@ -89,7 +89,7 @@ def main() -> None:
                 done, secs = timed(
                     lambda b=b, n=n: c.post(f"/backups/{b['id']}/restore", json={"name": f"r{n}"}).json()
                 )
-                restored, top = f"{SHARED}/shared/{done['copied']}", f"{SHARED}/backup-bk/{b['file']}"
+                restored, top = f"{SHARED}/shared/{done['copied']}", f"{SHARED}/backup-bk/{b['disks'][0]['file']}"
                 compare = in_host(cluster, "qemu-img", "compare", "-U", top, restored)
                 same = subprocess.run(compare, capture_output=True).returncode == 0
                 restores.append((secs, same))

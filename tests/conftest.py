@@ -129,6 +129,7 @@ STORE_SUITE = {
     "test_storage_sim.py",
     "test_snapshots_sim.py",
     "test_backups_sim.py",
+    "test_volume_moves_sim.py",
 }
 
 

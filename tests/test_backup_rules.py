@@ -13,18 +13,42 @@ T0 = dt.datetime(2026, 12, 1, 3, 0)
 
 
 def test_a_backup_is_incremental_only_while_the_last_ones_checkpoint_describes_the_disk():
-    last = R.Last(4, "vmp-1-4", "vmp-web-root.a.qcow2")
-    assert R.choose_kind(False, last, "vmp-web-root.a.qcow2")[:2] == ("incremental", 4)
-    assert R.choose_kind(True, last, "vmp-web-root.a.qcow2")[:2] == ("full", None)
-    assert R.choose_kind(False, None, "x")[:2] == ("full", None)
-    kind, parent, why = R.choose_kind(False, last, "vmp-web-root.a.s9-1.qcow2")
-    assert (kind, parent) == ("full", None) and "snapshot" in why
+    last = R.Last(4, "vmp-1-4", {"web-root": "vmp-web-root.a.qcow2"})
+    now = {"web-root": "vmp-web-root.a.qcow2"}
+    assert R.choose_kind(False, last, now)[:3] == ("incremental", 4, {"web-root": "incremental"})
+    assert R.choose_kind(True, last, now)[:3] == ("full", None, {"web-root": "full"})
+    assert R.choose_kind(False, None, now)[:3] == ("full", None, {"web-root": "full"})
+    kind, parent, modes, why = R.choose_kind(False, last, {"web-root": "vmp-web-root.a.s9-1.qcow2"})
+    assert (kind, parent, modes) == ("full", None, {"web-root": "full"}) and "snapshot" in why
+
+
+def test_each_disk_is_incremental_on_its_own_file_and_a_disk_new_since_is_copied_whole():
+    last = R.Last(4, "vmp-1-4", {"web-root": "r.qcow2", "data": "d.qcow2"})
+    kind, parent, modes, why = R.choose_kind(
+        False, last, {"web-root": "r.s1.qcow2", "data": "d.qcow2", "logs": "l.qcow2"}
+    )
+    assert (kind, parent) == ("incremental", 4)
+    assert modes == {"web-root": "full", "data": "incremental", "logs": "full"}
+    assert "logs, web-root whole" in why
+
+
+@given(
+    st.dictionaries(st.sampled_from("abcd"), st.sampled_from(["f1", "f2"]), min_size=1),
+    st.dictionaries(st.sampled_from("abcd"), st.sampled_from(["f1", "f2"])),
+    st.booleans(),
+)
+def test_a_disk_is_incremental_exactly_when_the_last_backup_saw_its_active_file(now, then, full):
+    kind, parent, modes, _ = R.choose_kind(full, R.Last(9, "c", then), now)
+    assert set(modes) == set(now)
+    for volume, mode in modes.items():
+        assert (mode == "incremental") == (not full and then.get(volume) == now[volume])
+    assert (kind == "incremental") == ("incremental" in modes.values()) == (parent == 9)
 
 
 def test_charges_and_deletes():
-    assert R.charge_before_mib(256) == 256
-    assert R.charge_after_mib(1) == 1 and R.charge_after_mib(17 << 20) == 17
-    assert R.charge_after_mib((17 << 20) + 1) == 18
+    assert R.charge_before_mib([256, 1024]) == 1280
+    assert R.charge_after_mib([1]) == 1 and R.charge_after_mib([17 << 20]) == 17
+    assert R.charge_after_mib([(17 << 20) + 1, 1]) == 19
     assert R.delete_problem(3, []) is None
     assert "delete 5, 7 first" in (R.delete_problem(3, [7, 5]) or "")
 

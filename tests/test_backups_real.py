@@ -1,11 +1,12 @@
-"""Backups on real QEMU guests (issue 32): incremental backups through libvirt's backup API that transfer
-what was written, across a stop/start and a live migration; a restore to a new VM that reads the data as it
-was; retention that keeps every backup left restorable. Its own cluster (test_storage_real.py holds the
-snapshots and clones), so that the two modules run side by side under `--dist loadfile`."""
+"""Backups on real QEMU guests (issue 32): incremental backups through libvirt's backup API of a VM's root disk
+and 1 GiB data volume that transfer what was written, across a stop/start, a live migration and a control-plane
+restart; a restore to a new VM that reads both disks as they were; retention that keeps every backup left
+restorable. Its own cluster (test_storage_real.py holds the snapshots and clones), so that the two modules run
+side by side under `--dist loadfile`."""
 
 import pytest
 
-from .realguest import guest, libvirt_cluster, run_json
+from .realguest import guest, libvirt_cluster, run_json, wait_until
 from .test_storage_real import md5, write_file
 
 
@@ -17,51 +18,75 @@ def live(tmp_path_factory):
     server.stop()
 
 
-def test_incremental_backups_transfer_what_was_written_across_stop_start_and_migration_and_restore_it(live):
-    """Issue 32's acceptance (root disk): after a full backup, 16 MiB written: the incremental transfers at most
-    20 MiB, and stays incremental after a stop/start and a live migration (the checkpoints defined again where
-    the VM runs: their bitmaps are in the qcow2 file); a restore to a new VM reads the file as it was."""
+def mount_data(live, vm: str) -> None:
+    """The 1 GiB data volume (vdb) mounted at /mnt/v once the guest sees it (waited for: a booting guest)."""
+    wait_until(lambda: "vdb" in guest(live, vm, "cat /proc/partitions"), 60, f"{vm} to see vdb")
+    guest(live, vm, "mkdir -p /mnt/v && mount /dev/vdb /mnt/v")
+
+
+def incremental(live, vm: str, note: str) -> dict:
+    """Write 16 MiB on the data volume, back up: incremental, at most 20 MiB transferred (issue 32's bound)."""
+    write_file(live, vm, f"/mnt/v/{note}", 16)
+    b = run_json(live, "backup", "create", vm)
+    assert b["kind"] == "incremental" and b["written"] <= 20 << 20, (note, b)
+    print(f"incremental after 16 MiB written ({note}): {b['written'] / 2**20:.1f} MiB transferred")
+    return b
+
+
+def test_incremental_backups_transfer_what_was_written_across_stop_start_migration_and_restart_and_restore_it(
+    live,
+):
+    """Issue 32's acceptance: a VM with a 1 GiB data volume; after a full backup (both disks, one job), 16 MiB
+    written on the data volume: the incremental transfers at most 20 MiB, and stays incremental after a
+    stop/start, a live migration and a control-plane restart between two backups (the checkpoints defined
+    again where the VM runs: their bitmaps are in the qcow2 files); a restore to a new VM has both disks as
+    they were."""
     run_json(live, "backup", "store", "create", "bk", "--cluster", "cluster1")
     spec = ("--project", "p", "--offering", "disk", "--template", "tiny-linux", "--pool", "shared")
     run_json(live, "vm", "create", "saved", *spec, "--start")
-    digest = write_file(live, "saved", "/data/before", 8)
+    run_json(live, "volume", "create", "saved-data", "--project", "p", "--size", "1GiB", "--pool", "shared")
+    run_json(live, "volume", "attach", "saved-data", "--vm", "saved")
+    wait_until(lambda: "vdb" in guest(live, "saved", "cat /proc/partitions"), 60, "saved to see vdb")
+    guest(live, "saved", "mke2fs -q /dev/vdb")
+    mount_data(live, "saved")
+    root_digest = write_file(live, "saved", "/data/before", 4)
+    digest = write_file(live, "saved", "/mnt/v/before", 8)
     full = run_json(live, "backup", "create", "saved")
-    assert (full["kind"], full["state"]) == ("full", "ready") and full["sha256"], full
+    assert (full["kind"], full["state"]) == ("full", "ready"), full
+    assert [(d["device"], d["mode"]) for d in full["disks"]] == [("vda", "full"), ("vdb", "full")], full
+    print(f"\nfull backup (root + 1 GiB data volume): {full['written'] >> 20} MiB transferred")
 
-    write_file(live, "saved", "/data/w1", 16)
-    inc = run_json(live, "backup", "create", "saved")
-    assert inc["kind"] == "incremental" and inc["written"] <= 20 << 20, inc
-    print(f"\nfull backup: {full['written'] >> 20} MiB; incremental after 16 MiB written: {inc['written'] / 2**20:.1f}")
-
+    inc = incremental(live, "saved", "w1")
     run_json(live, "vm", "stop", "saved", "--force")
     run_json(live, "vm", "start", "saved")
-    write_file(live, "saved", "/data/w2", 16)
-    after_restart = run_json(live, "backup", "create", "saved")
-    assert after_restart["kind"] == "incremental" and after_restart["written"] <= 20 << 20, after_restart
-
+    mount_data(live, "saved")
+    after_restart = incremental(live, "saved", "w2")
     m = run_json(live, "vm", "migrate", "saved")
     assert m["state"] == "succeeded", m
-    write_file(live, "saved", "/data/w3", 16)
-    after_move = run_json(live, "backup", "create", "saved")
-    assert after_move["kind"] == "incremental" and after_move["written"] <= 20 << 20, after_move
-    assert run_json(live, "backup", "verify", str(after_move["id"]))["ok"]
+    after_move = incremental(live, "saved", "w3")
+    live.stop("kill")  # the control plane restarts between two backups: the hosts and the guest keep running
+    live.start()
+    after_cp = incremental(live, "saved", "w4")
+    assert run_json(live, "backup", "verify", str(after_cp["id"]))["ok"]
 
     restored = run_json(live, "backup", "restore", str(inc["id"]), "--to", "rebuilt", "--start")
     assert restored["vm"] == "rebuilt", restored
-    guest(live, "rebuilt", "true")
-    assert md5(live, "rebuilt", "/data/before") == digest
-    assert "w1" in guest(live, "rebuilt", "ls /data") and "w2" not in guest(live, "rebuilt", "ls /data")
+    mount_data(live, "rebuilt")
+    assert md5(live, "rebuilt", "/data/before") == root_digest
+    assert md5(live, "rebuilt", "/mnt/v/before") == digest
+    assert "w1" in guest(live, "rebuilt", "ls /mnt/v") and "w2" not in guest(live, "rebuilt", "ls /mnt/v")
     # retention: the two newest kept; the older of them was built on a deleted one: made whole first
     pruned = run_json(live, "backup", "prune", "saved", "--keep-last", "2")
-    assert pruned["kept"] == [after_restart["id"], after_move["id"]] and pruned["made_whole"] == [after_restart["id"]]
+    assert pruned["kept"] == [after_move["id"], after_cp["id"]] and pruned["made_whole"] == [after_move["id"]]
     for kept in pruned["kept"]:
         assert run_json(live, "backup", "verify", str(kept))["ok"]
-    # a snapshot puts a new file on the disk: the next backup is full (its checkpoint on the new file), then
+    assert after_restart["id"] in pruned["deleted"]
+    # a snapshot puts a new file on each disk: the next backup is full (its checkpoint on the new files), then
     # incremental again
     run_json(live, "vm", "snapshot", "create", "saved", "s1")
     after_snapshot = run_json(live, "backup", "create", "saved")
     assert after_snapshot["kind"] == "full" and "snapshot" in after_snapshot["why"], after_snapshot
-    write_file(live, "saved", "/data/w4", 4)
+    write_file(live, "saved", "/mnt/v/w5", 4)
     assert run_json(live, "backup", "create", "saved")["kind"] == "incremental"
     assert run_json(live, "audit")["ok"]
     for vm in ("saved", "rebuilt"):

@@ -32,14 +32,14 @@ def host_of(o, vm: str) -> str:
     return o.vm(vm).host.name
 
 
-def write(o, vm: str, mib: int, marker: str) -> None:
+def write(o, vm: str, mib: int, marker: str, disk: str = "vda") -> None:
     d = o.drivers[host_of(o, vm)]
-    d.guest_write(f"vmplane-{vm}", "vda", mib)
-    d.guest_write_marker(f"vmplane-{vm}", "vda", marker)
+    d.guest_write(f"vmplane-{vm}", disk, mib)
+    d.guest_write_marker(f"vmplane-{vm}", disk, marker)
 
 
-def marker(o, vm: str) -> str | None:
-    return o.drivers[host_of(o, vm)].guest_read_marker(f"vmplane-{vm}", "vda")
+def marker(o, vm: str, disk: str = "vda") -> str | None:
+    return o.drivers[host_of(o, vm)].guest_read_marker(f"vmplane-{vm}", disk)
 
 
 def backup(api, vm: str = "web", **body) -> dict:
@@ -56,7 +56,7 @@ def test_full_then_incremental_backups_hold_what_changed_and_restore_what_the_vm
     o = cluster
     write(o, "web", 100, "v1")
     full = backup(api)
-    assert (full["kind"], full["parent"], full["state"]) == ("full", None, "ready") and full["sha256"]
+    assert (full["kind"], full["parent"], full["state"]) == ("full", None, "ready") and full["disks"][0]["sha256"]
     assert full["written"] >= 100 << 20
     write(o, "web", 16, "v2")
     inc = backup(api)
@@ -113,9 +113,10 @@ def test_bad_input_is_refused_naming_the_field(cluster, api):
         assert (r.status_code, r.json()["field"]) == (status, field), r.text
     r = api.post(f"{V}/web/backups", json={"store": "nope"})
     assert (r.status_code, r.json()["field"]) == (404, "store")
-    o.stop_vm("web", force=True)
-    r = api.post(f"{V}/web/backups", json={})
-    assert (r.status_code, r.json()["field"]) == (409, "vm") and "running VM" in r.text
+    o.catalog.create_template("bare", "tiny-linux")  # a kernel and initrd, no disk
+    o.create_vm("nodisk", "p", "small", "bare", start=True)
+    r = api.post(f"{V}/nodisk/backups", json={})
+    assert (r.status_code, r.json()["field"]) == (409, "vm") and "nothing to back up" in r.text
     assert api.post(f"{B}/99/restore", json={"name": "x"}).status_code == 404
     assert api.get(B).json() == [] and backup_used(o) == 0
 
@@ -230,3 +231,86 @@ def test_a_deleted_vms_backups_stay_restorable_and_a_new_vm_of_its_name_starts_w
     assert backup(api)["kind"] == "full"  # never incremental on the old VM's backup
     assert api.post(f"{B}/{b['id']}/restore", json={"name": "old-web", "start": True}).status_code == 201
     assert marker(o, "old-web") == "old" and o.audit() == []
+
+
+def test_a_backup_holds_every_disk_each_incremental_on_its_own_and_restores_them_all(cluster, api):
+    o = cluster
+    for name in ("data", "logs"):
+        assert api.post("/api/v1/volumes", json={"name": name, "project": "p", "size_mib": 1024}).status_code == 201
+    assert api.post("/api/v1/volumes/data/attach", json={"vm": "web"}).status_code == 200
+    write(o, "web", 2, "root-1")
+    write(o, "web", 64, "data-1", "vdb")
+    full = backup(api)
+    assert [(d["device"], d["volume"], d["mode"]) for d in full["disks"]] == [
+        ("vda", "web-root", "full"), ("vdb", "data", "full"),
+    ]  # fmt: skip
+    assert full["charged_mib"] == sum(-(-d["bytes"] // (1 << 20)) for d in full["disks"])
+
+    write(o, "web", 16, "data-2", "vdb")  # only the data volume changes
+    inc = backup(api)
+    assert (inc["kind"], inc["written"]) == ("incremental", 16 << 20)
+    assert {d["device"]: d["mode"] for d in inc["disks"]} == {"vda": "incremental", "vdb": "incremental"}
+
+    assert api.post("/api/v1/volumes/logs/attach", json={"vm": "web"}).status_code == 200
+    write(o, "web", 3, "logs-1", "vdc")
+    mixed = backup(api)  # a disk new since: copied whole, in the same backup as the others' changes
+    assert {d["device"]: d["mode"] for d in mixed["disks"]} == {"vda": "incremental", "vdb": "incremental",
+                                                               "vdc": "full"}  # fmt: skip
+    assert mixed["kind"] == "incremental" and "logs whole" in mixed["why"]
+
+    r = api.post(f"{B}/{inc['id']}/restore", json={"name": "twin", "start": True})
+    assert r.status_code == 201, r.text
+    assert (marker(o, "twin"), marker(o, "twin", "vdb")) == ("root-1", "data-2")
+    assert [v["name"] for v in api.get("/api/v1/volumes", params={"vm": "twin"}).json()] == ["twin-root", "twin-vdb"]
+    assert api.post(f"{B}/{mixed['id']}/verify").json()["ok"] and o.audit() == []
+
+    # in place: every disk back as the backup saw it; refused while one of them is no longer the VM's
+    write(o, "web", 1, "data-lost", "vdb")
+    o.stop_vm("web", force=True)
+    assert api.post("/api/v1/volumes/logs/detach").status_code == 200
+    r = api.post(f"{B}/{mixed['id']}/restore", json={"in_place": True})
+    assert (r.status_code, r.json()["field"]) == (409, "vm") and "logs" in r.text
+    r = api.post(f"{B}/{inc['id']}/restore", json={"in_place": True})
+    assert r.status_code == 201, r.text
+    o.start_vm("web")
+    assert (marker(o, "web"), marker(o, "web", "vdb")) == ("root-1", "data-2")
+    assert o.audit() == []
+
+
+def test_a_restore_whose_data_disk_does_not_fit_leaves_nothing(cluster, api):
+    o = cluster
+    assert api.post("/api/v1/volumes", json={"name": "data", "project": "p", "size_mib": 1024}).status_code == 201
+    assert api.post("/api/v1/volumes/data/attach", json={"vm": "web"}).status_code == 200
+    b = backup(api)
+    used = o.catalog.project("p").used_storage_mib
+    o.catalog.set_quota("p", storage_mib=o.volumes.row("web-root").size_mib * 2 + 1024 + 10)
+    r = api.post(f"{B}/{b['id']}/restore", json={"name": "twin"})
+    assert r.status_code == 409 and "twin" in r.text, r.text
+    assert api.get(f"{V}/twin").status_code == 404
+    assert [v["name"] for v in api.get("/api/v1/volumes").json()] == ["data", "web-root"]
+    assert o.catalog.project("p").used_storage_mib == used  # the new VM's charge and its volume's given back
+    assert o.audit() == []
+
+
+def test_a_stopped_vms_backup_copies_every_disk_whole_and_the_next_running_one_builds_on_the_last_checkpoint(
+    cluster, api
+):
+    o = cluster
+    assert api.post("/api/v1/volumes", json={"name": "data", "project": "p", "size_mib": 512}).status_code == 201
+    assert api.post("/api/v1/volumes/data/attach", json={"vm": "web"}).status_code == 200
+    write(o, "web", 8, "root-1")
+    write(o, "web", 8, "data-1", "vdb")
+    first = backup(api)
+    o.stop_vm("web", force=True)
+    cold = backup(api)
+    assert (cold["kind"], cold["state"]) == ("full", "ready") and "stopped" in cold["why"]
+    assert [d["mode"] for d in cold["disks"]] == ["full", "full"]
+    o.start_vm("web")
+    write(o, "web", 4, "data-2", "vdb")
+    warm = backup(api)
+    assert (warm["kind"], warm["parent"]) == ("incremental", first["id"])  # the stopped VM's copy has no bitmap
+    assert warm["written"] == 4 << 20
+    r = api.post(f"{B}/{cold['id']}/restore", json={"name": "cold", "start": True})
+    assert r.status_code == 201, r.text
+    assert (marker(o, "cold"), marker(o, "cold", "vdb")) == ("root-1", "data-1")
+    assert api.post(f"{B}/{cold['id']}/verify").json()["ok"] and o.audit() == []

@@ -198,3 +198,22 @@ def test_api_errors_are_shown_and_exit_1(live):
 def test_unreachable_api_says_so(live):
     r = live.cli("vm", "list", "--api", "http://127.0.0.1:9")
     assert r.returncode == 1 and "cannot reach the vmplane API" in r.stderr
+
+
+def test_a_backup_is_taken_shown_and_restored_in_place_from_the_cli(live):
+    """`backup create|show|restore --in-place` as a person types them (the in-place flag reaches the API)."""
+    run_json(live, "project", "create", "bkp", "--vcpus", "4", "--memory", "4GiB")
+    run_json(live, "offering", "create", "one", "--kind", "fixed", "--vcpus", "1", "--memory", "512MiB")
+    run_json(live, "template", "create", "withdisk", "--image", "tiny-linux", "--disk", "tiny-linux")
+    run_json(live, "backup", "store", "create", "bk", "--cluster", "cluster1")
+    spec = ("--project", "bkp", "--offering", "one", "--template", "withdisk", "--pool", "shared", "--start")
+    run_json(live, "vm", "create", "keep", *spec)
+    b = run_json(live, "backup", "create", "keep")
+    shown = run_json(live, "backup", "show", str(b["id"]))
+    assert (shown["kind"], [d["device"] for d in shown["disks"]]) == ("full", ["vda"])
+    r = live.cli("backup", "restore", str(b["id"]), "--in-place")
+    assert r.returncode == 1 and "stop it before restoring it in place" in r.stderr, r.stderr
+    run_json(live, "vm", "stop", "keep", "--force")
+    done = run_json(live, "backup", "restore", str(b["id"]), "--in-place")
+    assert (done["vm"], list(done["disks"])) == ("keep", ["vda"])
+    assert run_json(live, "audit")["ok"]

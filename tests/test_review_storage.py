@@ -273,5 +273,5 @@ def test_volumes_made_before_0010_keep_their_files(orch):
     assert disk_spec(orch.volumes.row("d")).volume == "vmp-d.qcow2"  # a row without one: its name's file
     cfg = alembic_config(orch.db.url)
     command.downgrade(cfg, "0009")
-    command.upgrade(cfg, "0010")
+    command.upgrade(cfg, "head")  # (0010 records the files; the rows are read with today's columns: 0019's too)
     assert orch.volumes.row("d").file_name == "vmp-d.qcow2"

@@ -77,3 +77,35 @@ def test_a_backup_is_taken_from_the_vms_page_restored_to_a_new_vm_and_deleted(co
     assert post(beta, BETA, "/ui/backups/1/delete").status_code == 404
     assert post(admin, ADMIN, "/ui/backups/1/delete").status_code == 200
     assert o.backups.listing() == [] and o.audit() == []
+
+
+def test_a_backup_being_written_shows_under_running_now_with_its_progress_then_leaves(con):
+    import threading
+
+    o = con.o
+    o.backups.create_store("bk", "c1")
+    driver = o.drivers[o.vm("d1").host.name]
+    halfway, go_on = threading.Event(), threading.Event()
+    real = driver.backup_disks
+
+    def slow_job(*args, on_progress=None, **kwargs):  # the job reports half its bytes done, then waits
+        on_progress(512 << 20, 1024 << 20)
+        halfway.set()
+        go_on.wait(30)
+        return real(*args, **kwargs)
+
+    driver.backup_disks = slow_job
+    taker = threading.Thread(target=o.backups.create, args=("d1",))
+    taker.start()
+    try:
+        assert halfway.wait(30)
+        admin, beta = con.client(ADMIN), con.client(BETA)
+        tasks = admin.get("/ui/f/tasks").text
+        assert "back up d1 (full, backup 1) running 50%" in text(tasks)
+        assert '<progress max="100" value="50">' in tasks
+        assert "back up d1" not in text(beta.get("/ui/f/tasks").text)  # another project's backup: not shown
+    finally:
+        go_on.set()
+        taker.join(30)
+    assert "nothing runs now" in text(con.client(ADMIN).get("/ui/f/tasks").text)
+    assert o.backups.show(1)["progress"] == 100

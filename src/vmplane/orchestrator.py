@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from vmplane.controllers.audit import Audit
+from vmplane.controllers.backuprestores import BackupRestores
 from vmplane.controllers.backups import Backups
 from vmplane.controllers.backupschedules import BackupSchedules
 from vmplane.controllers.clones import Clones
@@ -40,6 +41,7 @@ from vmplane.controllers.snapshots import Snapshots
 from vmplane.controllers.starts import Starts
 from vmplane.controllers.storagesettle import StorageSettle
 from vmplane.controllers.vms import Admitted, Vms
+from vmplane.controllers.volumemoves import VolumeMoves
 from vmplane.controllers.volumes import Volumes
 from vmplane.core.model import HostState
 from vmplane.core.names import domain_name
@@ -109,6 +111,7 @@ class Orchestrator:
         self.scaler = Scaler(plane, self.migrator, self.disk_moves)
         self.migration_settle = MigrationSettle(plane, self.migrator)  # migrations no copy thread carries
         self.storage_settle = StorageSettle(plane, self.volumes, self.disk_moves)  # volumes between two steps
+        self.volume_moves = VolumeMoves(plane, self.volumes, self.pools)  # `volume move`, cold migrations
         # failed hosts: fencing, HA restarts
         self.ha = HaController(plane, self.volumes, self.migration_settle, self.networking, self.seeds)
         # the loops that listen to the hosts, started by start_monitor()
@@ -126,7 +129,8 @@ class Orchestrator:
         self.auditor = Audit(plane, self.volumes, self.pools)
         self.reads = Reads(db, catalog)
         self.clones = Clones(plane, self.vms_ctl, self.volumes, self.pools, self.reads)  # full clones of root disks
-        self.backups = Backups(plane, self.pools, self.vms_ctl, self.clones)  # backup stores, backups, restores
+        self.backups = Backups(plane, self.pools)  # backup stores, backups of every disk of a VM
+        self.backup_restores = BackupRestores(plane, self.backups, self.vms_ctl, self.volumes, self.pools, self.clones)
         self.backup_schedules = BackupSchedules(plane, self.backups)  # cron runs, exactly once across processes
         ops.register(
             "start",
@@ -183,6 +187,7 @@ class Orchestrator:
             self.host_events,
             self.migration_settle,
             self.storage_settle,
+            self.volume_moves,
             self.ha,
             self.overdue,
             self.networking,

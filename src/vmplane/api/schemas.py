@@ -552,6 +552,20 @@ class VolumeResize(Request):
     size_mib: Positive = Field(description="the new size: larger than today's (volumes only grow)")
 
 
+class VolumeMove(Request):
+    pool: Name = Field(description="the pool to move it to (live, by a block copy, while its VM runs)")
+
+
+class ColdMigrationOut(BaseModel):
+    vm: str
+    source: str | None = Field(description="the host it last ran on")
+    target: str
+    state: str = Field(description="succeeded, or planned (dry run)")
+    dry_run: bool
+    disks: dict[str, str] = Field(description="each disk and the pool it is on afterwards")
+    copied: list[str] = Field(description="the disks copied to the target host's local pools")
+
+
 class VolumeOut(Response):
     name: str
     project: str

@@ -9,7 +9,8 @@ from vmplane.cli.common import api_command, app
 from vmplane.cli.output import Col, note
 
 backup_app = typer.Typer(
-    help="Backups of VMs' root disks, full or incremental, in backup stores.", no_args_is_help=True
+    help="Backups of VMs' disks (root disk and data volumes), full or incremental, in backup stores.",
+    no_args_is_help=True,
 )
 store_app = typer.Typer(help="Backup stores: a directory every host of a cluster sees.", no_args_is_help=True)
 schedule_app = typer.Typer(help="Backups on a schedule (cron, UTC), with their retention.", no_args_is_help=True)
@@ -69,8 +70,8 @@ def backup_create(
     *,
     client: Client,
 ):
-    """Back up a running VM's root disk: incremental on its last backup in the store when its checkpoint still
-    describes the disk (else full; `why` says which)."""
+    """Back up a running VM's disks (root disk and data volumes) in one job: each incremental on the VM's last
+    backup in the store when its checkpoint still describes the disk (else whole; `why` says which)."""
     return client.post(f"/vms/{vm}/backups", {"full": full} | ({"store": store} if store else {}))
 
 
@@ -82,7 +83,7 @@ def backup_list(vm: str | None = typer.Option(None, help="this VM's backups"), *
 
 @api_command(backup_app, "show")
 def backup_show(backup_id: int, client: Client):
-    """One backup: its chain, sizes, sha256 and charge."""
+    """One backup: its disks (each file's size, mode and sha256), its base and charge."""
     return client.get(f"/backups/{backup_id}")
 
 
@@ -98,12 +99,14 @@ def backup_restore(
     to: str | None = typer.Option(None, "--to", help="the new VM's name"),
     in_place: bool = typer.Option(False, help="the backed-up VM itself (stopped, without snapshots)"),
     start: bool = typer.Option(False, help="start it once its disk is copied"),
-    pool: str | None = typer.Option(None, help="the new root disk's pool"),
+    pool: str | None = typer.Option(None, help="the new disks' pool (default: where the backed-up ones were)"),
     *,
     client: Client,
 ):
-    """A new VM of what the backed-up VM was, its root disk a full copy of the backup's chain."""
-    return client.post(f"/backups/{backup_id}/restore", {"name": to, "start": start} | ({"pool": pool} if pool else {}))
+    """A new VM of what the backed-up VM was (--to), each disk a full copy of the backup's chain (a data disk
+    becomes a new volume NEW-<device>); or the stopped VM itself, every disk back as the backup saw it."""
+    body = {"name": to, "start": start, "in_place": in_place} | ({"pool": pool} if pool else {})
+    return client.post(f"/backups/{backup_id}/restore", body)
 
 
 @api_command(backup_app, "delete")

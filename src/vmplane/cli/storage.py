@@ -102,6 +102,14 @@ def volume_resize(
     return client.post(f"/volumes/{name}/resize", {"size_mib": mib(size, "--size")})
 
 
+@api_command(groups["volume"], "move")
+def volume_move(name: str, pool: str = typer.Option(..., help="the pool to move it to"), *, client: Client):
+    """Move a volume (or a root disk) to another pool: live by a block copy while its VM runs, else copied by a
+    host that sees both pools; its old file is deleted once the new one is read back. A stopped VM's local
+    disks move to another host with `vmplane vm migrate VM --to HOST`."""
+    return client.post(f"/volumes/{name}/move", {"pool": pool})
+
+
 @api_command(groups["volume"], "delete")
 def volume_delete(name: str, client: Client):
     """Delete a detached volume and its data."""

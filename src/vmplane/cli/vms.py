@@ -257,7 +257,8 @@ def vm_migrate(
     token: str | None = TokenOption,
     output: OutputFormat = Output,
 ):
-    """Live-migrate a running VM (quota-neutral: its project's usage does not change).
+    """Live-migrate a running VM (quota-neutral: its project's usage does not change); a stopped VM migrates
+    cold: its local disks are copied to local pools of the target host, and it stays stopped.
 
     With --wait, exits 1 if it failed or was cancelled (the VM stayed), and 3 if the VM moved but its guest
     does not answer on the target (moved-unhealthy)."""
@@ -276,6 +277,9 @@ def vm_migrate(
             "max_downtime_ms": max_downtime,
         }
         result = client.post(f"/vms/{name}/migrate", {k: v for k, v in body.items() if v is not None})
+        if "copied" in result:  # a stopped VM migrated cold: done (or planned) when the answer came
+            render(result, out)
+            return
         if wait and not dry_run:
             result = follow_migrations(client, [result["id"]], out)[0]
         elif not dry_run:

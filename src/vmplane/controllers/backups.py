@@ -1,23 +1,25 @@
 """Backups (issue 32): `backup store create|list|delete`, `backup create|list|show|verify|restore|delete`.
 
 A backup store is a directory every host of a cluster sees, a libvirt directory pool (`backup-NAME`) on each,
-checked by a probe file. A backup copies a running VM's root disk into the store through libvirt's backup API
-(hosts/drivers/libvirtbackups.py): full, or incremental on the VM's last backup in the store while its
-checkpoint still describes the disk (core/backups.py). It is charged on the project's backup quota at the
-disk's size before anything is written (refused naming `backups_mib` when that does not fit), then at what its
-file takes, read back with its sha256. A failed backup leaves no file and no charge. A restore makes a new VM
-of what the VM was (offering, template, size) whose root disk is a full copy of the backup's chain."""
+checked by a probe file. A backup copies every disk of a running VM (its root disk and data volumes) into the
+store in one job of libvirt's backup API (hosts/drivers/libvirtbackups.py), a file per disk: each full, or
+incremental on the VM's last backup in the store while that backup's checkpoint still describes the disk
+(core/backups.py). It is charged on the project's backup quota at the disks' sizes before anything is
+written (refused naming `backups_mib` when that does not fit), then at what its files take, read back with
+their sha256. A failed backup leaves no file and no charge. Restores: controllers/backuprestores.py."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from vmplane.controllers.volumes import file_of, new_file_name
+from vmplane.controllers.volumes import file_of
 from vmplane.core import backups as rules
 from vmplane.core import failpoints
 from vmplane.core.driver import DriverError
@@ -32,13 +34,12 @@ from vmplane.store import storageledger as SL
 from vmplane.store.schema import Cluster, Host, utcnow
 
 if TYPE_CHECKING:
-    from vmplane.controllers.clones import Clones
     from vmplane.controllers.pools import Pools
-    from vmplane.controllers.vms import Vms
     from vmplane.plane.context import Plane
 
 log = logging.getLogger("vmplane.backups")
 SETTLE_S = 10.0  # between two settle passes
+PROGRESS_S = 1.0  # between two writes of a running backup's progress
 BUSY_S = 300.0  # a backup younger than this may still be another process's job: left to it
 STORE_ROOT = "/var/lib/vmplane/shared"  # a store's default path: under the hosts' shared storage
 
@@ -49,8 +50,8 @@ def pool_of(store: str) -> str:
 
 
 class Backups:
-    def __init__(self, plane: Plane, pools: Pools, vms: Vms, clones: Clones):
-        self.plane, self.pools, self.vms, self.clones = plane, pools, vms, clones
+    def __init__(self, plane: Plane, pools: Pools):
+        self.plane, self.pools = plane, pools
         self._stop = threading.Event()
         self._busy: set[int] = set()  # backups a call of this process is writing now
 
@@ -147,31 +148,40 @@ class Backups:
 
     # -- backups -------------------------------------------------------------------------------------
     def create(self, vm: str, store: str | None = None, full: bool = False, project_id: int | None = None) -> dict:
-        """Back up a running VM's root disk (full or incremental, core/backups.choose_kind); answered once the
-        file is written and read back."""
+        """Back up a running VM's disks, its root disk and data volumes, in one job (each disk full or
+        incremental, core/backups.choose_kind); answered once the files are written and read back."""
         with self.plane.db.transaction() as conn:
             row = L.vm_row(conn, name=vm, lock=True)
             if project_id is not None and row.project_id != project_id:
                 raise NotFound(f"vm {vm!r} does not exist", field="vm")
-            if row.state != VmState.running.value:
-                raise Conflict(f"vm {vm} is {row.state}; a backup is taken of a running VM", field="vm")
+            stopped = row.state == VmState.stopped.value
+            if row.state != VmState.running.value and not stopped:
+                raise Conflict(f"vm {vm} is {row.state}; a backup is taken of a running or stopped VM", field="vm")
             busy = S.busy_problem(conn, row.id, vm)
             if busy:
                 raise Conflict(busy, field="vm")
-            root = next((v for v in SL.vm_volumes(conn, row.id) if v.role == "root"), None)
-            if root is None:
-                raise Conflict(f"vm {vm} has no root disk: there is nothing to back up", field="vm")
+            volumes = [v for v in SL.vm_volumes(conn, row.id) if v.device]
+            if not volumes:
+                raise Conflict(f"vm {vm} has no disk: there is nothing to back up", field="vm")
             st = self.store_for(conn, store)
             last = B.last_ready(conn, row.id, st.id)
-            kind, parent_id, why = rules.choose_kind(
-                full, rules.Last(last.id, last.checkpoint, last.disk_file) if last else None, file_of(root)
+            last_disks = B.disk_rows(conn, [last.id])[last.id] if last else []
+            kind, parent_id, modes, why = rules.choose_kind(
+                full,
+                rules.Last(last.id, last.checkpoint, {d.volume: d.disk_file for d in last_disks}) if last else None,
+                {v.name: file_of(v) for v in volumes},
             )
+            if stopped:  # no backup job without a domain: each disk's chain copied whole, no checkpoint taken
+                kind, parent_id, modes = "full", None, dict.fromkeys(modes, "full")
+                why = "the VM is stopped: each disk copied whole (the next backup of the running VM builds on " + (
+                    f"backup {last.id})" if last else "nothing)"
+                )
             project, quota, used = B.quota(conn, row.project_id, lock=True)
-            charge = rules.charge_before_mib(root.size_mib)
+            charge = rules.charge_before_mib([v.size_mib for v in volumes])
             if used + charge > quota:
                 raise QuotaExceeded(
                     f"project {project}: backups_mib quota exceeded: {used} MiB used + {charge} MiB asked (the "
-                    f"disk's size, until the backup is written) > quota {quota} MiB",
+                    f"disks' sizes, until the backup is written) > quota {quota} MiB",
                     field="backups_mib",
                 )
             B.charge(conn, row.project_id, charge)
@@ -189,24 +199,42 @@ class Backups:
                 kind=kind,
                 parent_id=parent_id,
                 checkpoint="",
-                size_mib=root.size_mib,
-                disk_file=file_of(root),
-                file=f"vmb-{vm}-{uuid.uuid4().hex[:12]}.qcow2",
+                size_mib=sum(v.size_mib for v in volumes),
                 charged_mib=charge,
             )
-            B.set_backup(conn, backup_id, checkpoint=rules.checkpoint_name(row.id, backup_id))
+            if not stopped:
+                B.set_backup(conn, backup_id, checkpoint=rules.checkpoint_name(row.id, backup_id))
+            for v in volumes:
+                B.insert_disk(
+                    conn,
+                    backup_id=backup_id,
+                    device=v.device,
+                    volume=v.name,
+                    role=v.role,
+                    pool=v.pool_name,
+                    mode=modes[v.name],
+                    size_mib=v.size_mib,
+                    disk_file=file_of(v),
+                    file=f"vmb-{vm}-{v.device}-{uuid.uuid4().hex[:12]}.qcow2",
+                )
             b = B.backup_row(conn, backup_id)
+            disks = B.disk_rows(conn, [backup_id])[backup_id]
+            bases = {d.volume: d.file for d in last_disks}
             parent = B.backup_row(conn, parent_id) if parent_id else None
-            B.event(conn, b, None, "running", f"{kind}: {why}")
+            B.event(conn, b, None, "running", f"{kind} of {len(disks)} disk(s): {why}")
         self._busy.add(backup_id)
         try:
             failpoints.hit("backup.before-write")
-            written = self._write(row, root, b, parent)
+            if stopped:
+                written = self._copy_stopped(b, disks, {v.name: v for v in volumes})
+            else:
+                written = self._write(row, b, disks, parent, bases)
         except (DriverError, Conflict) as exc:
-            try:
-                self.plane.drivers[row.host_name].abort_backup(domain_name(vm), b.checkpoint)
-            except DriverError as cleanup:
-                log.warning("backup %s: its checkpoint may be left (%s)", backup_id, cleanup)
+            if not stopped:
+                try:
+                    self.plane.drivers[row.host_name].abort_backup(domain_name(vm), b.checkpoint)
+                except DriverError as cleanup:
+                    log.warning("backup %s: its checkpoint may be left (%s)", backup_id, cleanup)
             self._undo(b, f"not taken: {exc}")
             raise Conflict(f"backup of vm {vm} was not taken: {exc}", field="vm") from None
         finally:
@@ -230,56 +258,107 @@ class Backups:
         names = ", ".join(s.name for s in stores) or "none yet: backup store create NAME --cluster C"
         raise Invalid(f"name the backup store (--store): {names}", field="store")
 
-    def _write(self, row, root, b, parent) -> int:
-        """The backup's file made in the store (on its parent's file for an incremental), the VM's checkpoints
-        defined where it runs, the backup job run, the file read back; then the record."""
+    def _write(self, row, b, disks, parent, bases: dict[str, str]) -> int:
+        """Each disk's file made in the store (an incremental disk's on its parent's file), the VM's
+        checkpoints defined where it runs, one backup job for every disk, the files read back; then the
+        record."""
         driver = self.plane.drivers[row.host_name]
         pool = pool_of(b.store)
-        path = f"{b.store_path}/{b.file}"
-        backing = f"{b.store_path}/{parent.file}" if parent else None
-        driver.create_volume(pool, b.file, b.size_mib, "qcow2", backing, "qcow2" if backing else None)
+        for d in disks:
+            backing = f"{b.store_path}/{bases[d.volume]}" if d.mode == "incremental" else None
+            driver.create_volume(pool, d.file, d.size_mib, "qcow2", backing, "qcow2" if backing else None)
         domain = domain_name(row.name)
         with self.plane.db.read() as s:
-            driver.define_checkpoints(domain, B.chain_checkpoints(s.connection(), row.id, file_of(root)))
-        written = driver.backup_disk(
-            domain, root.device or "vda", path, parent.checkpoint if parent else None, b.checkpoint
+            xmls = B.chain_checkpoints(s.connection(), row.id, [d.disk_file for d in disks])
+        driver.define_checkpoints(domain, xmls)
+        targets = {d.device: (f"{b.store_path}/{d.file}", d.mode == "incremental") for d in disks}
+        written = driver.backup_disks(
+            domain, targets, parent.checkpoint if parent else None, b.checkpoint, on_progress=self._progress(b.id)
         )
         failpoints.hit("backup.after-write")
         xml = driver.checkpoint_xml(domain, b.checkpoint)
-        sha256, size = driver.volume_sha256(pool, b.file)
-        after = rules.charge_after_mib(size)
+        self._confirm(b, {d.id: driver.volume_sha256(pool, d.file) for d in disks}, written, xml)
+        return written
+
+    def _copy_stopped(self, b, disks, volumes: dict[str, Any]) -> int:
+        """A stopped VM's backup: each disk's chain copied whole into the store (`createXMLFrom`, by a host of
+        the store's cluster that has the disk's pool), read back; then the record."""
+        pool = pool_of(b.store)
+        with self.plane.db.read() as s:
+            cluster = B.store_row(s.connection(), b.store).cluster
+        read, written = {}, 0
+        for d in disks:
+            v = volumes[d.volume]
+            driver = self.pools.driver_for(self.pools.row(v.pool_name))
+            if self.plane.capacity.hosts[driver.host].cluster != cluster:
+                raise Conflict(f"volume {v.name}'s pool {v.pool_name} is not seen from cluster {cluster}, where "
+                               f"backup store {b.store} is", field="store")  # fmt: skip
+            driver.clone_volume(pool, d.file, f"{v.pool_path}/{file_of(v)}")
+            failpoints.hit("backup.after-write")
+            read[d.id] = driver.volume_sha256(pool, d.file)
+            written += read[d.id][1]
+        self._confirm(b, read, written, None)
+        return written
+
+    def _confirm(self, b, read: dict[int, tuple[str, int]], written: int, xml: str | None) -> None:
+        """The backup's files read back (sha256, size by disk row): it is ready, charged at what they take."""
+        after = rules.charge_after_mib([size for _sha, size in read.values()])
         with self.plane.db.transaction() as conn:
+            for disk_id, (sha256, size) in read.items():
+                B.set_disk(conn, disk_id, sha256=sha256, bytes=size)
+            total = sum(size for _sha, size in read.values())
             B.set_backup(
                 conn,
                 b.id,
                 state="ready",
-                bytes=size,
+                progress=100,
+                bytes=total,
                 written=written,
-                sha256=sha256,
                 checkpoint_xml=xml,
                 charged_mib=after,
                 finished_at=utcnow(),
             )
             B.charge(conn, b.project_id, after - b.charged_mib)
-            B.event(conn, b, "running", "ready", f"{written} bytes transferred; its file {size} bytes, sha256 {sha256}")
-        return written
+            B.event(
+                conn,
+                b,
+                "running",
+                "ready",
+                f"{written} bytes transferred; {len(read)} file(s), {total} bytes, read back",
+            )
+
+    def _progress(self, backup_id: int) -> Callable[[int, int], None]:
+        """What the job reports, kept on the backup (whole percents, at most once a second): "Running now"."""
+        last = [-1, 0.0]
+
+        def report(done: int, total: int) -> None:
+            pct, now = min(99, done * 100 // max(total, 1)), time.monotonic()
+            if pct != last[0] and now - last[1] >= PROGRESS_S:
+                last[:] = [pct, now]
+                with self.plane.db.transaction() as conn:
+                    B.set_backup(conn, backup_id, progress=pct)
+
+        return report
 
     def _undo(self, b, note: str) -> None:
-        """A backup that was not taken: its file (if made) deleted, then its row and charge."""
+        """A backup that was not taken: its files (those made) deleted, then its row and charge."""
         try:
-            if not self._delete_file(b):
-                return  # left running: its file is still there (the audit names the row)
+            if not self._delete_files(b):
+                return  # left running: a file is still there (the audit names the row)
         except (DriverError, Conflict) as exc:
-            log.warning("backup %s: its file %s not deleted (%s)", b.id, b.file, exc)
+            log.warning("backup %s: its files not deleted (%s)", b.id, exc)
             return
         with self.plane.db.transaction() as conn:
             B.remove_backup(conn, B.backup_row(conn, b.id), note)
 
-    def _delete_file(self, b) -> bool:
-        """Delete a backup's file from its store; whether the store confirms it gone (read back)."""
+    def _delete_files(self, b) -> bool:
+        """Delete a backup's files from its store; whether the store confirms them gone (read back)."""
+        with self.plane.db.read() as s:
+            files = [d.file for d in B.disk_rows(s.connection(), [b.id])[b.id]]
         driver = self._store_driver(b)
-        driver.delete_volume(pool_of(b.store), b.file)
-        return driver.volume(pool_of(b.store), b.file) is None
+        for file in files:
+            driver.delete_volume(pool_of(b.store), file)
+        return all(driver.volume(pool_of(b.store), file) is None for file in files)
 
     def _store_driver(self, b):
         with self.plane.db.read() as s:
@@ -295,14 +374,18 @@ class Backups:
 
     def listing(self, vm: str | None = None, project_id: int | None = None) -> list[dict[str, Any]]:
         with self.plane.db.read() as s:
-            return [self._view(r) for r in B.backup_rows(s.connection(), vm=vm, project_id=project_id)]
+            conn = s.connection()
+            rows = B.backup_rows(conn, vm=vm, project_id=project_id)
+            disks = B.disk_rows(conn, [r.id for r in rows])
+            return [self._view(r, disks[r.id]) for r in rows]
 
     def show(self, backup_id: int, project_id: int | None = None) -> dict[str, Any]:
         with self.plane.db.read() as s:
-            return self._view(B.backup_row(s.connection(), backup_id, project_id))
+            conn = s.connection()
+            return self._view(B.backup_row(conn, backup_id, project_id), B.disk_rows(conn, [backup_id])[backup_id])
 
     @staticmethod
-    def _view(r) -> dict[str, Any]:
+    def _view(r, disks) -> dict[str, Any]:
         return {
             "id": r.id,
             "vm": r.vm_name,
@@ -311,35 +394,51 @@ class Backups:
             "kind": r.kind,
             "parent": r.parent_id,
             "state": r.state,
+            "progress": r.progress,
             "size_mib": r.size_mib,
-            "file": r.file,
             "bytes": r.bytes,
             "written": r.written,
-            "sha256": r.sha256,
             "charged_mib": r.charged_mib,
+            "disks": [
+                {
+                    "device": d.device,
+                    "volume": d.volume,
+                    "role": d.role,
+                    "pool": d.pool,
+                    "mode": d.mode,
+                    "size_mib": d.size_mib,
+                    "file": d.file,
+                    "bytes": d.bytes,
+                    "sha256": d.sha256,
+                }
+                for d in disks
+            ],
             "created_at": r.created_at.isoformat() + "Z",
             "finished_at": r.finished_at.isoformat() + "Z" if r.finished_at else None,
         }
 
     def verify(self, backup_id: int, project_id: int | None = None) -> dict[str, Any]:
-        """Read the backup's file (and its chain's) back and compare with the sha256 recorded when written."""
+        """Read the backup's files (and its chain's) back and compare with the sha256 recorded when written."""
         with self.plane.db.read() as s:
             conn = s.connection()
             b = B.backup_row(conn, backup_id, project_id)
             chain = [b]
             while chain[-1].parent_id is not None:
                 chain.append(B.backup_row(conn, chain[-1].parent_id))
+            disks = B.disk_rows(conn, [x.id for x in chain])
         if b.state != "ready":
             raise Conflict(f"backup {backup_id} is {b.state}; only a ready backup is verified", field="backup")
         driver = self._store_driver(b)
         checked = []
         for x in chain:
-            try:
-                sha256, size = driver.volume_sha256(pool_of(x.store), x.file)
-            except DriverError as exc:
-                checked.append({"id": x.id, "ok": False, "error": str(exc)})
-                continue
-            checked.append({"id": x.id, "ok": (sha256, size) == (x.sha256, x.bytes), "sha256": sha256, "bytes": size})
+            for d in disks[x.id]:
+                one: dict[str, Any] = {"id": x.id, "device": d.device, "file": d.file}
+                try:
+                    sha256, size = driver.volume_sha256(pool_of(x.store), d.file)
+                except DriverError as exc:
+                    checked.append(one | {"ok": False, "error": str(exc)})
+                    continue
+                checked.append(one | {"ok": (sha256, size) == (d.sha256, d.bytes), "sha256": sha256, "bytes": size})
         return {"id": backup_id, "ok": all(c["ok"] for c in checked), "chain": checked}
 
     def delete(self, backup_id: int, project_id: int | None = None) -> None:
@@ -352,15 +451,15 @@ class Backups:
                 raise Conflict(f"backup {backup_id} is being written; delete it once it ended", field="backup")
             B.set_backup(conn, b.id, state="deleting")
         try:
-            gone = self._delete_file(b)
+            gone = self._delete_files(b)
         except DriverError as exc:
             raise Conflict(
-                f"backup {backup_id}: its file was not deleted ({exc}); it stays deleting", field="backup"
+                f"backup {backup_id}: its files were not deleted ({exc}); it stays deleting", field="backup"
             ) from None
         if not gone:
-            raise Conflict(f"backup {backup_id}: the store still lists its file; it stays deleting", field="backup")
+            raise Conflict(f"backup {backup_id}: the store still lists its files; it stays deleting", field="backup")
         with self.plane.db.transaction() as conn:
-            B.remove_backup(conn, B.backup_row(conn, backup_id), "deleted; its file is gone")
+            B.remove_backup(conn, B.backup_row(conn, backup_id), "deleted; its files are gone")
 
     def prune(
         self, vm: str, keep_last: int | None, keep_daily: int | None, project_id: int | None = None
@@ -386,98 +485,52 @@ class Backups:
         return {"vm": vm, "kept": sorted(keep), "deleted": sorted(pruned), "made_whole": made_whole}
 
     def _make_whole(self, backup_id: int) -> None:
-        """An incremental backup replaced by a full copy of its chain (its own data and its parents'), read
-        back; it then builds on nothing. Its checkpoint stays: the next incremental still builds on it."""
+        """An incremental backup replaced by full copies of its chain (each incremental disk's file copied with
+        its parents' data), read back; it then builds on nothing. Its checkpoint stays: the next incremental
+        still builds on it."""
         with self.plane.db.read() as s:
-            b = B.backup_row(s.connection(), backup_id)
+            conn = s.connection()
+            b = B.backup_row(conn, backup_id)
+            disks = B.disk_rows(conn, [backup_id])[backup_id]
         driver = self._store_driver(b)
         pool = pool_of(b.store)
-        file = f"vmb-{b.vm_name}-{uuid.uuid4().hex[:12]}.qcow2"
+        copies: dict[int, tuple[str, str, int]] = {}
         try:
-            driver.clone_volume(pool, file, f"{b.store_path}/{b.file}")
-            sha256, size = driver.volume_sha256(pool, file)
+            for d in disks:
+                if d.mode == "incremental":
+                    file = f"vmb-{b.vm_name}-{d.device}-{uuid.uuid4().hex[:12]}.qcow2"
+                    driver.clone_volume(pool, file, f"{b.store_path}/{d.file}")
+                    copies[d.id] = (file, *driver.volume_sha256(pool, file))
         except DriverError as exc:
+            for file, _sha, _size in copies.values():
+                self._forget_file(driver, pool, file)
             raise Conflict(
                 f"backup {backup_id} could not be made whole: {exc}; nothing was pruned after it", field="backup"
             ) from None
-        after = rules.charge_after_mib(size)
+        sizes = [copies[d.id][2] if d.id in copies else d.bytes or 0 for d in disks]
+        after = rules.charge_after_mib(sizes)
         with self.plane.db.transaction() as conn:
-            B.set_backup(
-                conn, b.id, file=file, parent_id=None, kind="full", bytes=size, sha256=sha256, charged_mib=after
-            )
+            for disk_id, (file, sha256, size) in copies.items():
+                B.set_disk(conn, disk_id, file=file, mode="full", bytes=size, sha256=sha256)
+            B.set_backup(conn, b.id, parent_id=None, kind="full", bytes=sum(sizes), charged_mib=after)
             B.charge(conn, b.project_id, after - b.charged_mib)
             B.event(
-                conn, b, "ready", "ready", f"made whole (a full copy of its chain, {size} bytes) before its base went"
-            )
-        try:
-            driver.delete_volume(pool, b.file)
-        except DriverError as exc:
-            log.warning("backup %s: its former file %s left in the store (%s)", backup_id, b.file, exc)
-
-    def restore_in_place(self, backup_id: int, project_id: int | None = None) -> dict[str, Any]:
-        """The backed-up VM itself (stopped, without snapshots) gets its root disk back as the backup saw it: a
-        full copy of the backup's chain on the disk's pool, read back, then the disk switched to it and its
-        former file deleted. Its next backup is full (the copy holds no bitmap)."""
-        with self.plane.db.read() as s:
-            conn = s.connection()
-            b = B.backup_row(conn, backup_id, project_id)
-            if b.state != "ready":
-                raise Conflict(f"backup {backup_id} is {b.state}; only a ready backup is restored", field="backup")
-            if b.vm_id is None:
-                raise Conflict(f"vm {b.vm_name} is gone: restore backup {backup_id} to a new VM (--to)", field="vm")
-            vm = L.vm_row(conn, vm_id=b.vm_id)
-            if vm.state != VmState.stopped.value:
-                raise Conflict(f"vm {vm.name} is {vm.state}; stop it before restoring it in place", field="vm")
-            if S.snapshot_rows(conn, vm.id) or S.busy_problem(conn, vm.id, vm.name):
-                raise Conflict(f"vm {vm.name} has snapshots; delete them before restoring it in place", field="vm")
-            root = next((v for v in SL.vm_volumes(conn, vm.id) if v.role == "root"), None)
-            if root is None or S.extra_files(conn, root.id):
-                raise Conflict(f"vm {vm.name}'s root disk is a chain of files; restore to a new VM (--to)", field="vm")
-        pool = self.pools.row(root.pool_name)
-        file = new_file_name(root.name, "qcow2")  # a file no volume had: the restored copy
-        try:
-            driver = self.pools.driver_for(pool)
-            driver.clone_volume(pool.name, file, f"{b.store_path}/{b.file}")
-            if driver.volume(pool.name, file) is None:
-                raise DriverError(driver.host, f"{file} is not in pool {pool.name} after the copy")
-        except (DriverError, Conflict) as exc:
-            raise Conflict(
-                f"backup {backup_id} was not restored into vm {vm.name}: {exc}; it is unchanged", field="vm"
-            ) from None
-        old = file_of(root)
-        with self.plane.db.transaction() as conn:
-            now = L.vm_row(conn, vm_id=vm.id, lock=True)
-            if now.state != VmState.stopped.value:  # started meanwhile: the copy goes, the VM keeps its disk
-                raise Conflict(f"vm {vm.name} was started meanwhile; nothing was restored", field="vm")
-            SL.set_volume(
                 conn,
-                SL.volume_row(conn, root.name, lock=True),
-                file_name=file,
-                note=f"restored from backup {backup_id}",
+                b,
+                "ready",
+                "ready",
+                f"made whole (full copies of its chain, {sum(sizes)} bytes) before its base went",
             )
-            B.event(conn, b, "ready", "ready", f"restored in place into vm {vm.name}")
-        try:
-            driver.delete_volume(pool.name, old)
-        except DriverError as exc:
-            log.warning("vm %s: its former disk file %s left on pool %s (%s)", vm.name, old, pool.name, exc)
-        return {"backup": backup_id, "vm": vm.name, "copied": file}
+        for d in disks:
+            if d.id in copies:
+                self._forget_file(driver, pool, d.file)
 
-    def restore(self, backup_id: int, to: str, start: bool = False, pool: str | None = None,
-                project_id: int | None = None) -> dict[str, Any]:  # fmt: skip
-        """A new VM `to` of what the backed-up VM was, its root disk a full copy of the backup's chain."""
-        b = self.show(backup_id, project_id)
-        with self.plane.db.read() as s:
-            row = B.backup_row(s.connection(), backup_id)
-        if row.state != "ready":
-            raise Conflict(f"backup {backup_id} is {row.state}; only a ready backup is restored", field="backup")
-        self.vms.create_vm(
-            to, b["project"], row.offering, row.template, vcpus=row.vcpus, memory_mib=row.memory_mib,
-            root_disk_mib=row.size_mib, pool=pool,
-        )  # fmt: skip
-        copied = self.clones.copy_into(to, f"{row.store_path}/{row.file}", f"backup {backup_id}")
-        if start:
-            self.vms.start_vm(to)
-        return {"backup": backup_id, "vm": to, "copied": copied}
+    @staticmethod
+    def _forget_file(driver, pool: str, file: str) -> None:
+        try:
+            driver.delete_volume(pool, file)
+        except DriverError as exc:
+            log.warning("a backup file %s left in the store (%s)", file, exc)
 
     def check(self) -> list[str]:
         """The audit's part: each project's backup charge equals its backups'; no backup left running."""

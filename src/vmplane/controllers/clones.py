@@ -82,27 +82,43 @@ class Clones:
         """Replace the new VM's root disk by a full copy of the file at `source` (a volume of a pool, or a
         backup in a store, that the hosts of the new disk's pool see), made on the new disk's pool and read
         back. A pool that refuses: the new VM is deleted again (nothing half-made)."""
-        target = self.volumes.row(f"{new}-root")
-        pool = self.pools.row(target.pool_name)
-        file = new_file_name(f"{new}-root", "qcow2")
         try:
-            driver = self.pools.driver_for(pool)
-            driver.clone_volume(pool.name, file, source)
-            made = driver.volume(pool.name, file)
-            if made is None:
-                raise DriverError(driver.host, f"{file} is not in pool {pool.name} after the copy")
+            return self.copy_volume(f"{new}-root", source, what)
         except (DriverError, Conflict) as exc:
             try:
                 self.vms.delete_vm(new)
             except VmplaneError as undo:
                 log.warning("%s: the new vm %s was not deleted again: %s", what, new, undo)
             raise Conflict(f"{what} could not be copied into vm {new}: {exc}; {new} was not kept", field="vm") from None
+
+    def copy_volume(self, volume: str, source: str, what: str) -> str:
+        """Volume `volume`'s file replaced by a full copy of the file at `source`, made on its pool and read
+        back, then its former file deleted; the new file's name. DriverError/Conflict: the volume unchanged."""
+        driver, pool, file = self.copy_to_pool(volume, source)
+        target = self.volumes.row(volume)
         old = file_of(target)
         with self.plane.db.transaction() as conn:
             now = SL.volume_row(conn, target.name, lock=True)
             SL.set_volume(conn, now, file_name=file, note=f"a full copy of {what}")
-        try:
-            driver.delete_volume(pool.name, old)  # the template's thin overlay it was made with
-        except DriverError as exc:
-            log.warning("vm %s: %s left on pool %s (%s); the audit names it", new, old, pool.name, exc)
+        self.forget(driver, pool, old)  # e.g. the template's thin overlay a root disk was made with
         return file
+
+    def copy_to_pool(self, volume: str, source: str) -> tuple[Any, str, str]:
+        """A full copy of the file at `source` made on volume `volume`'s pool under a name no volume had, read
+        back: (the driver that made it, the pool, the file). The volume's record is not changed."""
+        target = self.volumes.row(volume)
+        pool = self.pools.row(target.pool_name)
+        file = new_file_name(volume, "qcow2")
+        driver = self.pools.driver_for(pool)
+        driver.clone_volume(pool.name, file, source)
+        if driver.volume(pool.name, file) is None:
+            raise DriverError(driver.host, f"{file} is not in pool {pool.name} after the copy")
+        return driver, pool.name, file
+
+    @staticmethod
+    def forget(driver: Any, pool: str, file: str) -> None:
+        """Delete a file no record names any more; one the pool keeps is left to the audit, named in the log."""
+        try:
+            driver.delete_volume(pool, file)
+        except DriverError as exc:
+            log.warning("%s left on pool %s (%s); the audit names it", file, pool, exc)

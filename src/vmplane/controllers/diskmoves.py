@@ -73,6 +73,10 @@ class DiskMoves:
         if not disks:
             return []
         for v in disks:
+            if v.state == "moving":
+                raise Conflict(
+                    f"volume {v.name} is being moved to pool {v.move_pool_name}; retry once it moved", field="vm"
+                )
             if v.copy_pool_id is not None:
                 raise Conflict(
                     f"volume {v.name} still has a copy on pool {v.copy_pool_name} from an earlier "

@@ -21,6 +21,7 @@ from vmplane.core.errors import AlreadyExists, Conflict, InsufficientCapacity, N
 from vmplane.core.names import check_name
 from vmplane.store import events
 from vmplane.store import storageledger as SL
+from vmplane.store import volumemoves as MV
 from vmplane.store.schema import Cluster, Host, Pool, Volume
 
 if TYPE_CHECKING:
@@ -186,9 +187,16 @@ class Pools:
         with self.plane.db.read() as s:
             used = list(
                 s.scalars(
-                    select(Volume.name).where((Volume.pool_id == pool.id) | (Volume.copy_pool_id == pool.id)).limit(5)
+                    select(Volume.name)
+                    .where(
+                        (Volume.pool_id == pool.id)
+                        | (Volume.copy_pool_id == pool.id)
+                        | (Volume.move_pool_id == pool.id)
+                    )
+                    .limit(5)
                 )
             )
+            used += sorted(f"{f} (left by a move, being deleted)" for f in MV.leftover_files(s.connection(), pool.id))
         if used:
             raise Conflict(f"pool {name} holds volumes ({', '.join(used)}); delete or move them first", field="name")
         self.undefine(name, self.hosts_of(pool))

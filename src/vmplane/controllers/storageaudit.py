@@ -13,6 +13,7 @@ from vmplane.core import storagerules as R
 from vmplane.core.driver import DriverError
 from vmplane.store import snapshots as SS
 from vmplane.store import storageledger as SL
+from vmplane.store import volumemoves as MV
 from vmplane.store.schema import Host, Vm
 
 if TYPE_CHECKING:
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
     from vmplane.plane.context import Plane
 
 _PROBE = re.compile(re.escape(R.VOLUME_PREFIX) + r"probe-[0-9a-f]{8}\.raw$")  # pools.py's shared check
-SETTLING = ("creating", "deleting", "attaching", "detaching", "resizing")  # a step in flight: the host may differ
+# a step in flight: the host may differ
+SETTLING = ("creating", "deleting", "attaching", "detaching", "resizing", "moving")
 
 
 def storage_problems(plane: Plane, volume_ctl: Volumes, pool_ctl: Pools) -> list[str]:
@@ -30,6 +32,7 @@ def storage_problems(plane: Plane, volume_ctl: Volumes, pool_ctl: Pools) -> list
         pools = SL.pool_rows(conn)
         volumes = SL.volume_rows(conn)
         chains = SS.chain_files(conn)  # snapshots' files (issue 32): owned by their volume
+        leftovers = MV.leftovers(conn)  # a moved volume's old file, a move's partial copy: not yet deleted
         problems += volume_ctl.usage_check(conn)
         running = dict(
             conn.execute(select(Vm.name, Host.name).join(Host, Host.id == Vm.host_id).where(Vm.state == "running"))
@@ -37,7 +40,10 @@ def storage_problems(plane: Plane, volume_ctl: Volumes, pool_ctl: Pools) -> list
             .all()
         )
     for pool in pools:
-        problems += _pool_problems(plane, pool_ctl, pool, volumes, chains)
+        owned = {r.file for r in leftovers if r.pool_id == pool.id} | {
+            v.move_file for v in volumes if v.move_pool_name == pool.name and v.move_file
+        }
+        problems += _pool_problems(plane, pool_ctl, pool, volumes, chains, owned)
     for vm, host in running.items():
         expected = {disk_spec(v).path for v in volumes if v.vm_name == vm and v.state == "attached"}
         try:
@@ -51,11 +57,15 @@ def storage_problems(plane: Plane, volume_ctl: Volumes, pool_ctl: Pools) -> list
         for path in sorted(have - expected):
             if any(disk_spec(v).path == path and v.state in SETTLING for v in volumes):
                 continue
+            if any(v.state == "moving" and path == f"{v.move_pool_path}/{v.move_file}" for v in volumes if v.move_file):
+                continue  # a live move switched the domain, the store not yet
             problems.append(f"vm {vm}: the domain on {host} has {path}, which the store does not attach to it")
     return problems
 
 
-def _pool_problems(plane: Plane, pool_ctl: Pools, pool, volumes, chains=()) -> list[str]:
+def _pool_problems(
+    plane: Plane, pool_ctl: Pools, pool, volumes, chains=(), owned: frozenset[str] | set[str] = frozenset()
+) -> list[str]:
     host = next((h for h in pool_ctl.hosts_of(pool) if h in plane.drivers), None)
     if host is None:
         return []
@@ -71,7 +81,9 @@ def _pool_problems(plane: Plane, pool_ctl: Pools, pool, volumes, chains=()) -> l
             problems.append(f"volume {v.name}: not in pool {pool.name} (read on {host})")
         elif got is not None and got.capacity_mib < v.size_mib and v.state not in SETTLING:
             problems.append(f"volume {v.name}: pool {pool.name} says {got.capacity_mib} MiB, the store {v.size_mib}")
-    return problems + unowned_files(pool.name, host, listed, volumes, chains)
+    return problems + unowned_files(
+        pool.name, host, {f: i for f, i in listed.items() if f not in owned}, volumes, chains
+    )
 
 
 def unowned_files(pool: str, host: str, files, volumes, chains=()) -> list[str]:

@@ -448,6 +448,11 @@ class Vms:
             vm = L.vm_row(conn, name=name, lock=True)
             if vm.state != VmState.running.value:
                 raise Conflict(f"vm {name} is {vm.state}; only a running VM can be stopped", field="state")
+            moving = [v.name for v in SL.vm_volumes(conn, vm.id) if v.state == "moving"]
+            if moving:  # a live block copy: stopped midway, which file has the guest's last writes is not known
+                raise Conflict(
+                    f"vm {name}'s volume {moving[0]} is being moved live; stop it once it moved", field="state"
+                )
             op_id = L.new_operation(conn, "stop", name, vm.id, vm.project_id, step="stopping", result={"force": force})
             L.set_vm(conn, vm.id, state=VmState.stopping)
         failpoints.hit("stop.admitted")

@@ -27,6 +27,7 @@ from vmplane.hosts.drivers.volumefiles import same_volume
 from vmplane.store import ledger as L
 from vmplane.store import snapshots as SS
 from vmplane.store import storageledger as SL
+from vmplane.store import volumemoves as MV
 from vmplane.store.schema import Offering, Pool, Project, Template, Vm, Volume, utcnow
 
 if TYPE_CHECKING:
@@ -565,9 +566,9 @@ class Volumes:
 
     @staticmethod
     def check_settled(conn: Connection, vm_id: int, vm: str) -> None:
-        """A VM is deleted only when no disk of it is between an attach or a detach."""
+        """A VM is deleted only when no disk of it is between an attach or a detach (or being moved)."""
         for v in SL.vm_volumes(conn, vm_id):
-            if v.state in ("attaching", "detaching"):
+            if v.state in ("attaching", "detaching", "moving"):
                 raise Conflict(f"vm {vm}'s volume {v.name} is {v.state}; delete the VM once it settled", field="state")
 
     @staticmethod
@@ -711,15 +712,22 @@ class Volumes:
         return True
 
     def usage_check(self, conn: Connection) -> list[str]:
-        """Pools' used_mib == the volumes (and copies) on them; the audit reports any difference."""
+        """Pools' used_mib == the volumes (and copies, moves in flight, leftover files) on them; the audit
+        reports any difference."""
         problems = []
+        leftovers = MV.leftover_mib(conn)  # a moved volume's old file, a failed move's copy (issue 32)
         for p in conn.execute(Pool.__table__.select()).all():
             rows = conn.execute(
-                Volume.__table__.select().where((_VO.pool_id == p.id) | (_VO.copy_pool_id == p.id))
+                Volume.__table__.select().where(
+                    (_VO.pool_id == p.id) | (_VO.copy_pool_id == p.id) | (_VO.move_pool_id == p.id)
+                )
             ).all()
             files = SS.file_counts(conn)  # a volume's chain: each file at its size (issue 32)
-            total = sum(r.size_mib * files.get(r.id, 1) for r in rows if r.pool_id == p.id) + sum(
-                r.size_mib for r in rows if r.copy_pool_id == p.id
+            total = (
+                sum(r.size_mib * files.get(r.id, 1) for r in rows if r.pool_id == p.id)
+                + sum(r.size_mib for r in rows if r.copy_pool_id == p.id)
+                + sum(r.size_mib for r in rows if r.move_pool_id == p.id)
+                + leftovers.get(p.id, 0)
             )
             if total != p.used_mib:
                 problems.append(f"pool {p.name}: used {p.used_mib} MiB recorded, volumes take {total} MiB")

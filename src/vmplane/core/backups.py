@@ -1,12 +1,12 @@
 """Backups' rules (issue 32), pure: whether a backup is full or incremental, what it is charged before it is
 written, and which backups may be deleted.
 
-A backup is incremental on the VM's last ready backup in the same store when libvirt's checkpoint of that
-backup still describes the disk: the disk's active file is the one the checkpoint's bitmap lives in (a
-snapshot or a revert since puts a new file on top: its writes are in no bitmap, so the next backup is full).
-A backup is charged at its disk's size before anything is written (the larger size, as for anything not
-known yet), then at what its file takes once read back. A backup another one is incremental on is deleted
-only after it (a chain never dangles)."""
+A backup holds every disk of its VM. A disk is incremental on the VM's last ready backup in the same store when
+libvirt's checkpoint of that backup still describes it: the disk's active file is the one the checkpoint's
+bitmap lives in (a snapshot or a revert since puts a new file on top: its writes are in no bitmap, so that
+disk is copied whole). A backup is charged at its disks' sizes before anything is written (the larger size,
+as for anything not known yet), then at what its files take once read back. A backup another one is
+incremental on is deleted only after it (a chain never dangles)."""
 
 from __future__ import annotations
 
@@ -18,32 +18,43 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class Last:
-    """The VM's last ready backup in the store: its id, checkpoint and the disk's active file then."""
+    """The VM's last ready backup in the store: its id, checkpoint, and each disk's active file then (by volume)."""
 
     id: int
     checkpoint: str
-    disk_file: str
+    disk_files: dict[str, str]
 
 
-def choose_kind(full_asked: bool, last: Last | None, disk_file: str) -> tuple[str, int | None, str]:
-    """(kind, parent id, why) of a new backup of a disk whose active file is `disk_file` now."""
+def choose_kind(
+    full_asked: bool, last: Last | None, disk_files: dict[str, str]
+) -> tuple[str, int | None, dict[str, str], str]:
+    """(kind, parent id, each volume's mode, why) of a new backup of disks whose active files (by volume) are
+    `disk_files` now. A disk is incremental on the last backup when that backup holds the same volume and the
+    file its checkpoint's bitmap is in is still the disk's active file; else full (a snapshot, a revert or a
+    restore since, or a volume attached since). The backup is incremental when one of its disks is."""
+    full = dict.fromkeys(disk_files, "full")
     if full_asked:
-        return "full", None, "a full backup was asked"
+        return "full", None, full, "a full backup was asked"
     if last is None:
-        return "full", None, "no earlier backup of this VM in this store"
-    if last.disk_file != disk_file:
-        return "full", None, f"a snapshot or a revert since backup {last.id} put a new file on the disk"
-    return "incremental", last.id, f"the changes since backup {last.id} (checkpoint {last.checkpoint})"
+        return "full", None, full, "no earlier backup of this VM in this store"
+    modes = {v: "incremental" if last.disk_files.get(v) == f else "full" for v, f in disk_files.items()}
+    if "incremental" not in modes.values():
+        return "full", None, modes, f"a snapshot or a revert since backup {last.id} put a new file on every disk"
+    why = f"the changes since backup {last.id} (checkpoint {last.checkpoint})"
+    fresh = sorted(v for v, m in modes.items() if m == "full")
+    if fresh:
+        why += f"; {', '.join(fresh)} whole (a new file or a new disk since)"
+    return "incremental", last.id, modes, why
 
 
-def charge_before_mib(disk_mib: int) -> int:
-    """What a backup is charged before it is written: its disk's size (it holds at most that)."""
-    return disk_mib
+def charge_before_mib(disk_mibs: list[int]) -> int:
+    """What a backup is charged before it is written: its disks' sizes (it holds at most that)."""
+    return sum(disk_mibs)
 
 
-def charge_after_mib(file_bytes: int) -> int:
-    """What a written backup is charged: its file's size, whole MiB up."""
-    return max(1, -(-file_bytes // MIB))
+def charge_after_mib(file_bytes: list[int]) -> int:
+    """What a written backup is charged: each of its files' size, whole MiB up."""
+    return sum(max(1, -(-b // MIB)) for b in file_bytes)
 
 
 def delete_problem(backup_id: int, children: list[int]) -> str | None:

@@ -392,13 +392,15 @@ class Driver(abc.ABC):
         shows through its whole chain: a full copy, on no backing file (libvirt: `createXMLFrom`). Read back."""
         raise self._no_storage()
 
-    def backup_disk(
-        self, name: str, target: str, path: str, incremental: str | None, checkpoint: str, timeout_s: float = 3600.0
-    ) -> int:
-        """Back up a running domain's disk `target` into the qcow2 file at `path` (made beforehand: for an
-        incremental, on the previous backup's file), all of it or (`incremental`: a checkpoint's name) what
-        changed since that checkpoint; take checkpoint `checkpoint` at the same moment. Returns once the job
-        ended, with the bytes it transferred; DriverError when it failed."""
+    def backup_disks(
+        self, name: str, disks: dict[str, tuple[str, bool]], since: str | None, checkpoint: str,
+        timeout_s: float = 3600.0, on_progress: Callable[[int, int], None] | None = None,
+    ) -> int:  # fmt: skip
+        """Back up a running domain's disks in one job: `disks` maps a disk's target to the qcow2 file it is
+        written into (made beforehand: for an incremental disk, on the previous backup's file) and whether only
+        what changed since checkpoint `since` goes (else all of it); take checkpoint `checkpoint` on those disks
+        at the same moment. `on_progress(processed, total)` is called as the job goes (bytes). Returns once the
+        job ended, with the bytes it transferred; DriverError when it failed."""
         raise self._no_storage()
 
     def checkpoint_xml(self, name: str, checkpoint: str) -> str:
@@ -453,6 +455,23 @@ class Driver(abc.ABC):
         """Merge `top` into `base`, its backing file in the running domain's disk `target` (a live block
         commit): when `top` is the active file the domain is switched to `base` (pivot); otherwise `top`'s
         child is rebased onto `base`. Returns once the job ended; the caller reads back (`domain_chain`)."""
+        raise self._no_storage()
+
+    def copy_disk(self, name: str, target: str, dest: str, timeout_s: float = 3600.0) -> None:
+        """Copy a running domain's disk `target` (its whole chain) into a new qcow2 file at `dest` (a path of a
+        pool this host has) while the guest runs (a block copy), then switch the domain to it (pivot), its
+        persistent definition too. Returns once the job ended; the caller reads back (`domain_disks`). A job
+        that fails leaves the domain on its file, and maybe a partial `dest` (the caller deletes it)."""
+        raise self._no_storage()
+
+    def abort_disk_copy(self, name: str, target: str) -> None:
+        """Abort a block copy of disk `target` a crash cut short (no pivot); no job, no domain: nothing."""
+        raise self._no_storage()
+
+    def copy_volume_from(self, pool: str, name: str, source: Driver, source_pool: str, source_name: str) -> VolumeInfo:
+        """A new volume `name` in `pool` of this host with the bytes of volume `source_name` of `source_pool`
+        on host `source` (a file as it is: an overlay keeps its backing image's path, which must be on this
+        host too). Read back; a copy that fails may leave a partial `name` (the caller deletes it)."""
         raise self._no_storage()
 
     @abc.abstractmethod

@@ -11,11 +11,11 @@ from sqlalchemy.engine import Connection, Row
 from vmplane.core.errors import NotFound
 from vmplane.core.names import check_name
 from vmplane.store import events
-from vmplane.store.schema import Backup, BackupSchedule, BackupStore, Cluster, Project, Vm, utcnow
+from vmplane.store.schema import Backup, BackupDisk, BackupSchedule, BackupStore, Cluster, Project, Vm, utcnow
 
 STORES, BACKUPS, PROJECTS = BackupStore.__table__, Backup.__table__, Project.__table__
-SCHEDULES = BackupSchedule.__table__
-_BS, _B, _P, _S = STORES.c, BACKUPS.c, PROJECTS.c, SCHEDULES.c
+SCHEDULES, DISKS = BackupSchedule.__table__, BackupDisk.__table__
+_BS, _B, _P, _S, _D = STORES.c, BACKUPS.c, PROJECTS.c, SCHEDULES.c, DISKS.c
 
 STORE_ROWS = select(STORES, Cluster.__table__.c.name.label("cluster")).join(
     Cluster.__table__, Cluster.__table__.c.id == _BS.cluster_id
@@ -80,24 +80,50 @@ def children(conn: Connection, backup_id: int) -> list[int]:
 
 
 def last_ready(conn: Connection, vm_id: int, store_id: int) -> Row[Any] | None:
+    """The VM's last ready backup in the store that has a checkpoint (a backup of the stopped VM has none: the
+    next one builds on the one before it, whose bitmaps saw every write since, none happening while stopped)."""
     return conn.execute(
         select(BACKUPS)
-        .where(_B.vm_id == vm_id, _B.store_id == store_id, _B.state == "ready")
+        .where(_B.vm_id == vm_id, _B.store_id == store_id, _B.state == "ready", _B.checkpoint_xml.is_not(None))
         .order_by(_B.id.desc())
         .limit(1)
     ).first()
 
 
-def chain_checkpoints(conn: Connection, vm_id: int, disk_file: str) -> list[str]:
-    """The checkpoint XMLs of the VM's ready backups taken while the disk's active file was `disk_file` (their
-    bitmaps are in it: a snapshot or a restore since put another file on top), oldest first: defined again
-    where the VM runs."""
+def chain_checkpoints(conn: Connection, vm_id: int, active_files: list[str]) -> list[str]:
+    """The checkpoint XMLs of the VM's ready backups whose bitmaps are still in one of the disks' active files
+    (a snapshot or a restore since put another file on top of a disk), oldest first: defined again where the
+    VM runs."""
     rows = conn.execute(
         select(_B.checkpoint_xml)
-        .where(_B.vm_id == vm_id, _B.state == "ready", _B.checkpoint_xml.is_not(None), _B.disk_file == disk_file)
+        .where(
+            _B.vm_id == vm_id,
+            _B.state == "ready",
+            _B.checkpoint_xml.is_not(None),
+            _B.id.in_(select(_D.backup_id).where(_D.disk_file.in_(active_files))),
+        )
         .order_by(_B.id)
     ).all()
     return [r[0] for r in rows]
+
+
+def disk_rows(conn: Connection, backup_ids: list[int]) -> dict[int, list[Row[Any]]]:
+    """Each backup's disks, root first then by device."""
+    out: dict[int, list[Row[Any]]] = {b: [] for b in backup_ids}
+    rows = conn.execute(
+        select(DISKS).where(_D.backup_id.in_(backup_ids)).order_by(_D.backup_id, _D.role != "root", _D.device)
+    )
+    for r in rows:
+        out[r.backup_id].append(r)
+    return out
+
+
+def insert_disk(conn: Connection, **fields: Any) -> None:
+    conn.execute(insert(DISKS).values(**fields))
+
+
+def set_disk(conn: Connection, disk_id: int, **fields: Any) -> None:
+    conn.execute(update(DISKS).where(_D.id == disk_id).values(**fields))
 
 
 def insert_backup(conn: Connection, **fields: Any) -> int:
@@ -111,6 +137,7 @@ def set_backup(conn: Connection, backup_id: int, **fields: Any) -> None:
 
 
 def remove_backup(conn: Connection, row: Row[Any], note: str) -> None:
+    conn.execute(delete(DISKS).where(_D.backup_id == row.id))
     conn.execute(delete(BACKUPS).where(_B.id == row.id))
     charge(conn, row.project_id, -row.charged_mib)
     event(conn, row, row.state, "deleted", note)

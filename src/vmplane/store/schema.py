@@ -265,6 +265,11 @@ class Volume(Base):
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
     pool_id: Mapped[int] = mapped_column(ForeignKey("pools.id"), index=True)
     copy_pool_id: Mapped[int | None] = mapped_column(ForeignKey("pools.id"), nullable=True)  # a migration's copy
+    # a `volume move` (or a cold migration's disk) in flight (state moving): the pool and file it is copied to,
+    # claimed there at admission; `move_kind` live (block copy), cold (one host sees both pools), across (hosts)
+    move_pool_id: Mapped[int | None] = mapped_column(ForeignKey("pools.id"), nullable=True)
+    move_file: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    move_kind: Mapped[str | None] = mapped_column(String(8), nullable=True)
     # its file in the pool (and in a copy's pool): unique per volume, so a new volume never meets a file
     # an older one of the same name left behind (review N2); None: the name's file (rows made before 0010)
     file_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
@@ -327,6 +332,21 @@ class VolumeFile(Base):
     state: Mapped[str] = mapped_column(String(16), default="pending")
 
 
+class LeftoverFile(Base):
+    """A file no volume owns any more that its pool has not confirmed deleted yet (the old file of a moved
+    volume, a move's partial copy): its space stays taken on the pool until the storage settle deletes it."""
+
+    __tablename__ = "leftover_files"
+    __table_args__ = (UniqueConstraint("pool_id", "file"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    pool_id: Mapped[int] = mapped_column(ForeignKey("pools.id"))
+    file: Mapped[str] = mapped_column(String(128))
+    size_mib: Mapped[int] = mapped_column(Integer)
+    volume: Mapped[str] = mapped_column(String(63))  # whose file it was (for the event log)
+    why: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
 class BackupStore(Base):
     """A directory every host of a cluster sees (as a shared pool is), where backups are written: a libvirt
     directory pool of the same name on each host, checked by a probe file written through one host and read
@@ -341,11 +361,12 @@ class BackupStore(Base):
 
 
 class Backup(Base):
-    """A backup of a VM's root disk (issue 32) through libvirt's backup API: `full`, or `incremental` on its
-    `parent` (a qcow2 whose backing file is the parent's: the chain restores whole). `checkpoint`: the
-    libvirt checkpoint taken with it (the next incremental's start). What the VM was is kept (offering,
-    template, size): a restore makes a new VM of it, even once the VM is gone. `state`: running (asked, not
-    confirmed), ready, deleting; `bytes` and `sha256` of its file are read back once written."""
+    """A backup of a VM's disks (issue 32: its root disk and data volumes, one file each: `BackupDisk`) through
+    libvirt's backup API: `full`, or `incremental` on its `parent` (a disk's file has the parent's file of the
+    same volume as its backing file: the chain restores whole). `checkpoint`: the libvirt checkpoint taken with
+    it (the next incremental's start). What the VM was is kept (offering, template, vCPUs, memory): a restore
+    makes a new VM of it, even once the VM is gone. `state`: running (asked, not confirmed), ready, deleting;
+    `bytes` (its files' sizes, read back) and `written` (what the job transferred) once written."""
 
     __tablename__ = "backups"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -361,16 +382,34 @@ class Backup(Base):
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("backups.id"), nullable=True)
     checkpoint: Mapped[str] = mapped_column(String(63))
     state: Mapped[str] = mapped_column(String(16), default="running")
-    size_mib: Mapped[int] = mapped_column(Integer)  # the disk's size
-    disk_file: Mapped[str] = mapped_column(String(128))  # the disk's active file when it was taken
-    file: Mapped[str] = mapped_column(String(128))  # in the store
+    progress: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # % of the job, while running
+    size_mib: Mapped[int] = mapped_column(Integer)  # its disks' sizes
     charged_mib: Mapped[int] = mapped_column(Integer)  # on the project's backup quota
-    bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # the file's size, read back
+    bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # its files' sizes, read back
     written: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # what the backup job transferred
-    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     checkpoint_xml: Mapped[str | None] = mapped_column(Text, nullable=True)  # defined again where the VM runs
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class BackupDisk(Base):
+    """One disk of a backup: the volume it was (`volume`, its `device`, `role` and `pool` then), the disk's active
+    file when it was taken (`disk_file`: an incremental builds on it only while it still is), its file in the
+    store (`mode` full, or incremental: backed by the parent backup's file of the same volume), read back."""
+
+    __tablename__ = "backup_disks"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    backup_id: Mapped[int] = mapped_column(ForeignKey("backups.id", ondelete="CASCADE"), index=True)
+    device: Mapped[str] = mapped_column(String(16))
+    volume: Mapped[str] = mapped_column(String(63))
+    role: Mapped[str] = mapped_column(String(16))  # root | data
+    pool: Mapped[str] = mapped_column(String(63))
+    mode: Mapped[str] = mapped_column(String(16))  # full | incremental
+    size_mib: Mapped[int] = mapped_column(Integer)
+    disk_file: Mapped[str] = mapped_column(String(128))
+    file: Mapped[str] = mapped_column(String(128))
+    bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class BackupSchedule(Base):

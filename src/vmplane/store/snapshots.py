@@ -180,7 +180,8 @@ def event(conn: Connection, vm: str, snapshot: str, old: str | None, new: str, p
 
 
 def busy_problem(conn: Connection, vm_id: int, vm: str) -> str | None:
-    """Why the VM can not start, migrate or snapshot now: a snapshot step is in flight."""
+    """Why the VM can not start, migrate or snapshot now: a snapshot step is in flight, a merge, or a backup
+    being written (of a stopped VM: its disks are read as they are)."""
     for r in snapshot_rows(conn, vm_id):
         if r.state != "ready":
             return f"vm {vm}'s snapshot {r.name} is {r.state}; retry once it is settled"
@@ -194,6 +195,11 @@ def busy_problem(conn: Connection, vm_id: int, vm: str) -> str | None:
     ).first()
     if merging is not None:
         return f"vm {vm}'s disk file {merging[0]} is being merged (a snapshot deleted); retry in a moment"
+    from vmplane.store.schema import Backup
+
+    backup = conn.execute(select(Backup.id).where(Backup.vm_id == vm_id, Backup.state == "running").limit(1)).first()
+    if backup is not None:
+        return f"vm {vm}'s backup {backup[0]} is being written; retry once it is done"
     return None
 
 

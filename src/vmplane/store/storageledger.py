@@ -36,6 +36,7 @@ POOL_ROWS = (
     .outerjoin(Host.__table__, _H.id == _PL.host_id)
 )
 _COPY_POOL = POOLS.alias("copy_pool")
+_MOVE_POOL = POOLS.alias("move_pool")  # a `volume move` in flight (issue 32)
 VOLUME_ROWS = (
     select(
         VOLUMES,
@@ -46,6 +47,8 @@ VOLUME_ROWS = (
         _V.name.label("vm_name"),
         Project.__table__.c.name.label("project"),
         _COPY_POOL.c.name.label("copy_pool_name"),
+        _MOVE_POOL.c.name.label("move_pool_name"),
+        _MOVE_POOL.c.path.label("move_pool_path"),
         Template.__table__.c.name.label("template"),
     )
     .join(POOLS, _PL.id == _VO.pool_id)
@@ -53,6 +56,7 @@ VOLUME_ROWS = (
     .join(Project.__table__, Project.__table__.c.id == _VO.project_id)
     .outerjoin(Vm.__table__, _V.id == _VO.vm_id)
     .outerjoin(_COPY_POOL, _COPY_POOL.c.id == _VO.copy_pool_id)
+    .outerjoin(_MOVE_POOL, _MOVE_POOL.c.id == _VO.move_pool_id)
     .outerjoin(Template.__table__, Template.__table__.c.id == _VO.template_id)
 )
 

@@ -266,8 +266,8 @@ def tasks_fragment(request: Request, who: Viewer):
 
 
 def tasks_context(o, who) -> dict:
-    migrations, operations = queries.in_flight(o.db, _scope(who))
-    return dict(migrations=migrations, operations=operations)
+    migrations, operations, backups = queries.in_flight(o.db, _scope(who))
+    return dict(migrations=migrations, operations=operations, backups=backups)
 
 
 @router.get("/events")

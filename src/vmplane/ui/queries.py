@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 
 from vmplane.core.migration import ACTIVE as MIGRATION_ACTIVE
 from vmplane.core.model import VmState
-from vmplane.store.schema import Claim, Host, Migration, Operation, Project, Vm
+from vmplane.store.schema import Backup, Claim, Host, Migration, Operation, Project, Vm
 
 ACTIVE_MIGRATIONS = [s.value for s in MIGRATION_ACTIVE]
 IN_FLIGHT_OPERATIONS = ("pending", "running")
@@ -66,8 +66,9 @@ def overhead_by_project(db, project_ids: list[int]) -> dict[int, int]:
         return {pid: int(total) for pid, total in s.execute(stmt)}
 
 
-def in_flight(db, project_id: int | None, limit: int = 20) -> tuple[list[dict], list[dict]]:
-    """What runs now: active migrations (with progress) and pending or running operations, newest first."""
+def in_flight(db, project_id: int | None, limit: int = 20) -> tuple[list[dict], list[dict], list[dict]]:
+    """What runs now: active migrations (with progress), pending or running operations, and backups being
+    written (with progress), newest first."""
     m = (
         select(
             Migration.id,
@@ -99,11 +100,18 @@ def in_flight(db, project_id: int | None, limit: int = 20) -> tuple[list[dict], 
         .order_by(Operation.created_at.desc())
         .limit(limit)
     )
+    b = (
+        select(Backup.id, Backup.vm_name, Backup.kind, Backup.progress, Backup.created_at)
+        .where(Backup.state == "running")
+        .order_by(Backup.created_at.desc())
+        .limit(limit)
+    )
     if project_id is not None:
         m, o = m.where(Migration.project_id == project_id), o.where(Operation.project_id == project_id)
+        b = b.where(Backup.project_id == project_id)
     with db.read() as s:
         conn = s.connection()
-        return [dict(r._mapping) for r in conn.execute(m)], [dict(r._mapping) for r in conn.execute(o)]
+        return tuple([dict(r._mapping) for r in conn.execute(q)] for q in (m, o, b))  # type: ignore[return-value]
 
 
 def vm_operations(db, vm_id: int, limit: int = 10) -> list[dict]:

@@ -64,7 +64,8 @@ def delete_store(name: str, orch: Orch, _: Admin) -> None:
 
 @router.post("/vms/{name}/backups", status_code=201)
 def create_backup(name: str, body: BackupCreate, orch: Orch, who: AnyCaller) -> dict[str, Any]:
-    """Back up the running VM's root disk: incremental on its last backup in the store when possible."""
+    """Back up the running VM's disks (root disk and data volumes) in one job: each incremental on its last
+    backup in the store when possible."""
     vm = orch.vm(name)
     who.check_project(vm.project_id, "vm", name)
     return orch.backups.create(name, body.store, body.full, project_id=_scope(who))
@@ -88,13 +89,14 @@ def verify_backup(backup_id: BackupId, orch: Orch, who: AnyCaller) -> dict[str, 
 
 @router.post("/backups/{backup_id}/restore", status_code=201)
 def restore_backup(backup_id: BackupId, body: RestoreRequest, orch: Orch, who: AnyCaller) -> dict[str, Any]:
-    """A new VM of what the backed-up VM was, its root disk a full copy of the backup's chain; or (in_place)
-    the backed-up VM itself, stopped, its root disk replaced by that copy."""
+    """A new VM of what the backed-up VM was, each disk a full copy of the backup's chain (a data disk a new
+    volume NAME-<device>, attached); or (in_place) the backed-up VM itself, stopped, its disks replaced by
+    those copies."""
     if body.in_place and body.name is None:
-        return orch.backups.restore_in_place(backup_id, project_id=_scope(who))
+        return orch.backup_restores.restore_in_place(backup_id, project_id=_scope(who))
     if body.in_place or body.name is None:
         raise Invalid("give the new VM's name, or in_place (one of them)", field="name")
-    return orch.backups.restore(backup_id, body.name, body.start, body.pool, project_id=_scope(who))
+    return orch.backup_restores.restore(backup_id, body.name, body.start, body.pool, project_id=_scope(who))
 
 
 @router.delete("/backups/{backup_id}", status_code=204)

@@ -4,7 +4,7 @@ from fastapi import APIRouter
 
 from vmplane.api.deps import Admin, AnyCaller, Orch
 from vmplane.api.paging import StrictQueryRoute
-from vmplane.api.schemas import PoolCreate, PoolOut, VolumeAttach, VolumeCreate, VolumeOut, VolumeResize
+from vmplane.api.schemas import PoolCreate, PoolOut, VolumeAttach, VolumeCreate, VolumeMove, VolumeOut, VolumeResize
 from vmplane.api.views import pool_out, volume_out
 
 router = APIRouter(tags=["storage"], route_class=StrictQueryRoute)
@@ -75,6 +75,16 @@ def resize_volume(name: str, body: VolumeResize, orch: Orch, who: AnyCaller):
     """Grow a volume or a root disk: live (blockResize) while its VM runs, else offline; the increase is
     charged to the storage quota first and given back if the host refuses."""
     return volume_out(orch.volumes.resize(name, body.size_mib, _project(who)))
+
+
+@router.post("/volumes/{name}/move", response_model=VolumeOut)
+def move_volume(name: str, body: VolumeMove, orch: Orch, who: AnyCaller):
+    """Move a volume (a root disk too) to another pool: live by a block copy while its VM runs, else copied by
+    a host that sees both pools. The target pool's space is claimed first; the project's charge does not
+    change. It switches to the new file once read back there; its old file is then deleted. Refused (4xx
+    naming the field, nothing changed): an unknown or the same pool, a pool its VM's host does not see, a
+    volume with snapshots or moving already, a pool without room."""
+    return volume_out(orch.volume_moves.move(name, body.pool, _project(who)))
 
 
 @router.delete("/volumes/{name}", status_code=204)

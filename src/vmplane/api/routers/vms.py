@@ -9,6 +9,7 @@ from vmplane.api.deps import AnyCaller, Caller, Orch
 from vmplane.api.paging import Paging, StrictQueryRoute, paged, paged_json
 from vmplane.api.routers.networks import nic_requests
 from vmplane.api.schemas import (
+    ColdMigrationOut,
     ExecRequest,
     ExecResult,
     MigrateRequest,
@@ -178,7 +179,9 @@ def delete_vm(name: str, orch: Orch, who: AnyCaller, keep_disk: bool = False):
     "/vms/{name}/migrate",
     status_code=202,
     response_model=MigrationOut | MigrationPlan,
-    responses={200: {"model": MigrationPlan, "description": "dry run: the plan"}},
+    responses={
+        200: {"model": MigrationPlan | ColdMigrationOut, "description": "dry run: the plan; a stopped VM: moved"}
+    },
 )
 def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     """Live-migrate a running VM. Quota-neutral: the project's usage does not change. The target is
@@ -186,8 +189,12 @@ def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
     Choosing the target host (`to`) needs an admin token: tenants do not pick hypervisors. So does tuning
     the copy (bandwidth, post-copy, downtime): members choose a named `policy` only. A post-copy bandwidth
     below `vmplane.migration.postcopy.min.bandwidth` (default 64 MiB/s) is refused (422): a post-copy can not be
-    aborted."""
-    _act_on(orch, who, name)
+    aborted.
+
+    A stopped VM migrates cold (200): its local disks are copied to local pools of the target host (a disk
+    on a shared pool the target opens stays), all switched together once read back there; it stays stopped
+    and starts on the target next."""
+    vm = _act_on(orch, who, name)
     if body.to is not None and not who.is_admin:
         raise Forbidden(
             "choosing the target host needs an admin token; leave out `to` and placement picks one", field="to"
@@ -209,6 +216,9 @@ def migrate_vm(name: str, body: MigrateRequest, orch: Orch, who: AnyCaller):
         raise (Forbidden if kind == "forbidden" else Invalid)(message, field=field)
     if body.policy != "vmplane":
         overrides["policy"] = body.policy
+    if vm.state == "stopped" and not overrides:  # a cold migration (issue 32)
+        cold = orch.volume_moves.migrate_stopped(name, to=body.to, dry_run=body.dry_run)
+        return JSONResponse(ColdMigrationOut(**cold).model_dump(mode="json"), status_code=200)
     result = orch.migrator.migrate(name, to=body.to, dry_run=body.dry_run, params=overrides or None)
     if body.dry_run:
         return JSONResponse(MigrationPlan(**result).model_dump(mode="json"), status_code=200)

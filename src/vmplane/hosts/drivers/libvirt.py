@@ -47,6 +47,7 @@ from vmplane.hosts import hostnet
 from vmplane.hosts.drivers.domainxml import domain_xml
 from vmplane.hosts.drivers.libvirtagent import AgentMixin, AgentUnavailable
 from vmplane.hosts.drivers.libvirtbackups import BackupMixin
+from vmplane.hosts.drivers.libvirtblockcopy import BlockCopyMixin
 from vmplane.hosts.drivers.libvirtconsole import ConsoleMixin
 from vmplane.hosts.drivers.libvirtdomains import discard_domain, is_absent, undefine
 from vmplane.hosts.drivers.libvirtnics import NicMixin
@@ -167,6 +168,7 @@ class LibvirtDriver(
     SnapshotMixin,
     CommitMixin,
     CloneMixin,
+    BlockCopyMixin,
     BackupMixin,
     NicMixin,
     AgentMixin,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape, quoteattr
@@ -20,20 +21,28 @@ from vmplane.hosts.drivers.libvirtstorage import disks_of
 POLL_S = 0.2
 
 
-def backup_xml(targets: list[str], target: str, path: str, incremental: str | None) -> str:
-    disks = "".join(
-        f"<disk name={quoteattr(t)} type='file'><target file={quoteattr(path)}/><driver type='qcow2'/></disk>"
-        if t == target
-        else f"<disk name={quoteattr(t)} backup='no'/>"
-        for t in targets
-    )
-    since = f"<incremental>{escape(incremental)}</incremental>" if incremental else ""
-    return f"<domainbackup>{since}<disks>{disks}</disks></domainbackup>"
+def backup_xml(targets: list[str], disks: dict[str, tuple[str, bool]], since: str | None) -> str:
+    """Push mode, each disk into its file; an incremental disk names the checkpoint its changes are since (a
+    disk's own `backupmode`: a disk new since that checkpoint is copied whole in the same job)."""
+
+    def one(t: str) -> str:
+        if t not in disks:
+            return f"<disk name={quoteattr(t)} backup='no'/>"
+        path, incremental = disks[t]
+        mode = (
+            f"backupmode='incremental' incremental={quoteattr(since)}" if incremental and since else "backupmode='full'"
+        )
+        return (
+            f"<disk name={quoteattr(t)} type='file' {mode}><target file={quoteattr(path)}/>"
+            "<driver type='qcow2'/></disk>"
+        )
+
+    return f"<domainbackup><disks>{''.join(one(t) for t in targets)}</disks></domainbackup>"
 
 
-def checkpoint_xml(targets: list[str], target: str, name: str) -> str:
-    disks = "".join(f"<disk name={quoteattr(t)} checkpoint='{'bitmap' if t == target else 'no'}'/>" for t in targets)
-    return f"<domaincheckpoint><name>{escape(name)}</name><disks>{disks}</disks></domaincheckpoint>"
+def checkpoint_xml(targets: list[str], disks: dict[str, tuple[str, bool]], name: str) -> str:
+    marks = "".join(f"<disk name={quoteattr(t)} checkpoint='{'bitmap' if t in disks else 'no'}'/>" for t in targets)
+    return f"<domaincheckpoint><name>{escape(name)}</name><disks>{marks}</disks></domaincheckpoint>"
 
 
 class BackupMixin:
@@ -47,17 +56,19 @@ class BackupMixin:
         def _vol(self, pool: Any, name: str) -> Any: ...
         def _refresh(self, pool: Any) -> None: ...
 
-    def backup_disk(
-        self, name: str, target: str, path: str, incremental: str | None, checkpoint: str, timeout_s: float = 3600.0
-    ) -> int:
+    def backup_disks(
+        self, name: str, disks: dict[str, tuple[str, bool]], since: str | None, checkpoint: str,
+        timeout_s: float = 3600.0, on_progress: Callable[[int, int], None] | None = None,
+    ) -> int:  # fmt: skip
         dom = self._dom(name)
         targets = list(disks_of(self._xml(dom)))
-        if target not in targets:
-            raise DriverError(self.host, f"backup of {name}: the domain has no disk {target}")
+        missing = sorted(set(disks) - set(targets))
+        if missing:
+            raise DriverError(self.host, f"backup of {name}: the domain has no disk {', '.join(missing)}")
         try:
             dom.backupBegin(
-                backup_xml(targets, target, path, incremental),
-                checkpoint_xml(targets, target, checkpoint),
+                backup_xml(targets, disks, since),
+                checkpoint_xml(targets, disks, checkpoint),
                 libvirt.VIR_DOMAIN_BACKUP_BEGIN_REUSE_EXTERNAL,
             )
         except libvirt.libvirtError as exc:
@@ -68,6 +79,10 @@ class BackupMixin:
                 if time.monotonic() > deadline:
                     dom.abortJob()
                     raise DriverError(self.host, f"backup of {name} did not end within {timeout_s:g} s")
+                if on_progress is not None:
+                    now = dom.jobStats(0)
+                    if now.get("disk_total"):
+                        on_progress(int(now.get("disk_processed", 0)), int(now["disk_total"]))
                 time.sleep(POLL_S)
             stats = dom.jobStats(libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED)
         except libvirt.libvirtError as exc:

@@ -52,6 +52,7 @@ from vmplane.core.driver import (
     Resized,
 )
 from vmplane.core.hostnet import Applied, HostNetworks
+from vmplane.hosts.drivers.simblockcopy import SimBlockCopyMixin
 from vmplane.hosts.drivers.simconsole import SimConsole
 from vmplane.hosts.drivers.simevents import (
     CRASHED,
@@ -74,7 +75,7 @@ from vmplane.hosts.drivers.simsnapshots import SimSnapshotMixin
 from vmplane.hosts.drivers.simstorage import CopyPlan, SimStorageDriver, SimStorageError
 
 
-class SimDriver(SimStorageDriver, SimSnapshotMixin, Driver):
+class SimDriver(SimStorageDriver, SimSnapshotMixin, SimBlockCopyMixin, Driver):
     kind = "sim"
     blocking_calls = False  # in-process, serialised by the fabric's lock: one call after another
     UNPLUG_TRIES = 3  # as the libvirt driver

@@ -5,6 +5,7 @@ base while the overlay holds none of its own (simstorage.read_marker)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vmplane.core.driver import DriverError
@@ -129,54 +130,56 @@ def clone(fabric: SimFabric, host: str, pool: str, name: str, source: str) -> No
         )
 
 
-def backup(fabric: SimFabric, host: str, name: str, target: str, path: str, since: str | None, checkpoint: str) -> int:
-    """A push-mode backup that completes at once: the file at `path` (made beforehand in the backup store)
-    receives what the disk holds (its chain's data) or, `since` a checkpoint, what was written into the disk's
-    file since; it carries the marker a guest reads now. Checkpoint `checkpoint` is taken on the disk's file.
-    The MiB transferred."""
+def backup(
+    fabric: SimFabric, host: str, name: str, disks: dict[str, tuple[str, bool]], since: str | None, checkpoint: str
+) -> int:
+    """A push-mode backup of several disks that completes at once: each disk's file (made beforehand in the
+    backup store) receives what the disk holds (its chain's data) or, incremental `since` a checkpoint, what
+    was written into the disk's file since; it carries the marker a guest reads now. Checkpoint `checkpoint`
+    is taken on each disk's file. All or nothing (one transaction); the MiB transferred."""
     with fabric._tx() as db:
         if (
             db.execute(f"SELECT 1 FROM domains WHERE host = ? AND name = ? AND {_ACTIVE}", (host, name)).fetchone()
             is None
         ):
             raise SimStorageError(f"domain {name} is not running here")
-        storage, active = fabric._disk_file(db, host, name, target)
-        written = db.execute(
-            "SELECT written_mib FROM files WHERE storage = ? AND path = ?", (storage, active)
-        ).fetchone()[0]
-        if since is not None:
-            bitmap = db.execute(
-                "SELECT written_mib FROM bitmaps WHERE storage = ? AND path = ? AND name = ?", (storage, active, since)
-            ).fetchone()
-            if bitmap is None:
-                raise SimStorageError(f"checkpoint '{since}' has no bitmap in disk {target}'s image")
-            data = written - bitmap[0]
-        else:
-            files = _chain(db, host, storage, active)
-            data = sum(
-                db.execute("SELECT allocation_mib FROM files WHERE storage = ? AND path = ?", (storage, f)).fetchone()[
-                    0
-                ]
-                for f in files
-            )
-        target_storage = storage_of(host, path)
-        row = db.execute(
-            "SELECT 1 FROM files WHERE storage = ? AND path = ?", (target_storage, _clean(path))
+        return sum(_backup_one(fabric, db, host, name, target, path, since if inc else None, checkpoint)
+                   for target, (path, inc) in sorted(disks.items()))  # fmt: skip
+
+
+def _backup_one(fabric: SimFabric, db, host: str, name: str, target: str, path: str, since: str | None,
+                checkpoint: str) -> int:  # fmt: skip
+    storage, active = fabric._disk_file(db, host, name, target)
+    written = db.execute("SELECT written_mib FROM files WHERE storage = ? AND path = ?", (storage, active)).fetchone()[
+        0
+    ]
+    if since is not None:
+        bitmap = db.execute(
+            "SELECT written_mib FROM bitmaps WHERE storage = ? AND path = ? AND name = ?", (storage, active, since)
         ).fetchone()
-        if row is None:
-            raise SimStorageError(f"Unable to open resource {path}: No such file or directory")
-        if data > fabric._available(db, target_storage):
-            raise SimStorageError(f"backup of disk {target}: No space left on device")
-        marker = _visible_marker(db, host, storage, active)
-        db.execute(
-            "UPDATE files SET allocation_mib = allocation_mib + ?, marker = ? WHERE storage = ? AND path = ?",
-            (data, marker, target_storage, _clean(path)),
-        )
-        db.execute(
-            "INSERT OR REPLACE INTO bitmaps (storage, path, name, written_mib) VALUES (?, ?, ?, ?)",
-            (storage, active, checkpoint, written),
-        )
-        return data
+        if bitmap is None:
+            raise SimStorageError(f"missing or broken bitmap '{since}' for disk '{target}'")
+        data = written - bitmap[0]
+    else:
+        files = _chain(db, host, storage, active)
+        q = "SELECT allocation_mib FROM files WHERE storage = ? AND path = ?"
+        data = sum(db.execute(q, (storage, f)).fetchone()[0] for f in files)
+    target_storage = storage_of(host, path)
+    row = db.execute("SELECT 1 FROM files WHERE storage = ? AND path = ?", (target_storage, _clean(path))).fetchone()
+    if row is None:
+        raise SimStorageError(f"Unable to open resource {path}: No such file or directory")
+    if data > fabric._available(db, target_storage):
+        raise SimStorageError(f"backup of disk {target}: No space left on device")
+    marker = _visible_marker(db, host, storage, active)
+    db.execute(
+        "UPDATE files SET allocation_mib = allocation_mib + ?, marker = ? WHERE storage = ? AND path = ?",
+        (data, marker, target_storage, _clean(path)),
+    )
+    db.execute(
+        "INSERT OR REPLACE INTO bitmaps (storage, path, name, written_mib) VALUES (?, ?, ?, ?)",
+        (storage, active, checkpoint, written),
+    )
+    return int(data)
 
 
 def _visible_marker(db, host: str, storage: str, path: str) -> str | None:
@@ -227,15 +230,18 @@ class SimSnapshotMixin:
         self._partial(f"clone {source} into {name}")
         return self.fabric.volume(self.host, pool, name)
 
-    def backup_disk(
-        self, name: str, target: str, path: str, incremental: str | None, checkpoint: str, timeout_s: float = 3600.0
-    ) -> int:
-        self._call(f"back up {name}'s {target}")
+    def backup_disks(
+        self, name: str, disks: dict[str, tuple[str, bool]], since: str | None, checkpoint: str,
+        timeout_s: float = 3600.0, on_progress: Callable[[int, int], None] | None = None,
+    ) -> int:  # fmt: skip
+        self._call(f"back up {name}'s disks")
+        if on_progress is not None:
+            on_progress(0, 1)  # (the sim's job completes at once: its start is all there is to see)
         try:
-            mib = backup(self.fabric, self.host, name, target, path, incremental, checkpoint)
+            mib = backup(self.fabric, self.host, name, disks, since, checkpoint)
         except SimStorageError as exc:
             raise DriverError(self.host, f"backup of {name}: {exc}") from None
-        self._partial(f"back up {name}'s {target}")
+        self._partial(f"back up {name}'s disks")
         return mib << 20
 
     def checkpoint_xml(self, name: str, checkpoint: str) -> str:
