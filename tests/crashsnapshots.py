@@ -65,7 +65,13 @@ def delete_backup(o, rng, n):
         o.backups.delete(rng.choice(leaves))
 
 
-ACTIONS = ((take, 2), (revert, 1), (delete, 1), (backup, 2), (delete_backup, 1))
+def prune(o, rng, n):
+    """A VM's backups pruned to its newest one (made whole first when it builds on another)."""
+    if pick := sorted({b["vm"] for b in o.backups.listing() if b["state"] == "ready"}):
+        o.backups.prune(rng.choice(pick), keep_last=1, keep_daily=None)
+
+
+ACTIONS = ((take, 2), (revert, 1), (delete, 1), (backup, 2), (delete_backup, 1), (prune, 1))
 
 
 def _first(attempts) -> bool:
@@ -119,7 +125,19 @@ def toward_backup(o, rng, n):
     _create(o, rng, n)
 
 
+def toward_rewrite(o, rng, n):
+    """A VM whose newest backup is incremental pruned to it (made whole: its file rewritten); else a backup."""
+    newest: dict[str, dict] = {}
+    for b in o.backups.listing():
+        if b["state"] == "ready":
+            newest[b["vm"]] = b
+    if _first([lambda v=v: o.backups.prune(v, 1, None) for v, b in newest.items() if b["parent"]][:TRIES]):
+        return
+    toward_backup(o, rng, n)
+
+
 TOWARD = {
+    "backup.mid-rewrite": toward_rewrite,
     "backup.before-write": toward_backup,
     "backup.after-write": toward_backup,
     "snapshot.before-take": toward_take,
@@ -139,9 +157,20 @@ def problems(o, waiting_pools: set[str]) -> list[str]:
         volumes = {v.id: v for v in SL.volume_rows(conn)}
         from vmplane.store import backups as BK
 
+        ready = BK.backup_rows(conn, states=("ready",))
         for b in BK.backup_rows(conn):
             if b.state != "ready":
                 out.append(f"backup {b.id} of vm {b.vm_name} left {b.state}")
+        disks = BK.disk_rows(conn, [b.id for b in ready])
+    for b in ready:  # every backup left restores: each of its files, and its base's, in the store
+        chain = [b] + [p for p in ready if p.id == b.parent_id]
+        for d in (d for x in chain for d in disks[x.id]):
+            if d.whole_file is not None:
+                out.append(f"backup {b.id}'s {d.device} left half made whole")
+            if o.backups._store_driver(b).volume(f"backup-{b.store}", d.file) is None:
+                out.append(f"backup {b.id}: its chain's file {d.file} is not in the store")
+    with o.db.read() as s:
+        conn = s.connection()
         for r in S.unfinished(conn):
             out.append(f"snapshot {r.name} of vm id {r.vm_id} left {r.state}")
         for f in S.chain_files(conn):

@@ -4,6 +4,8 @@ restart; a restore to a new VM that reads both disks as they were; retention tha
 restorable. Its own cluster (test_storage_real.py holds the snapshots and clones), so that the two modules run
 side by side under `--dist loadfile`."""
 
+import subprocess
+
 import pytest
 
 from .realguest import guest, libvirt_cluster, run_json, wait_until
@@ -16,6 +18,21 @@ def live(tmp_path_factory):
     run_json(server, "offering", "create", "disk", "--kind", "fixed", "--vcpus", "1", "--memory", "384MiB")
     yield server
     server.stop()
+
+
+ROUNDS = 20
+SHARED_DIR = "/var/lib/vmplane/shared/shared"  # the pool `shared`, as every host of the cluster sees it
+BACKUP_DIR = "/var/lib/vmplane/shared/backup-bk"  # the backup store `bk`'s default directory
+
+
+def same_bytes(live, a: str, b: str) -> bool:
+    """Whether two disk files show a guest the same bytes (`qemu-img compare`: every sector, through each
+    file's backing chain), read in a host's mount namespace (where the chains' paths resolve)."""
+    pid = (live.home / "hosts" / "lv1" / "libvirtd.pid").read_text().strip()
+    compare = ["nsenter", f"--target={pid}", "--mount", "qemu-img", "compare", "-U", a, b]
+    r = subprocess.run(compare, capture_output=True, text=True)
+    assert r.returncode in (0, 1), r.stderr  # 0: identical, 1: they differ, else: an error
+    return r.returncode == 0
 
 
 def mount_data(live, vm: str) -> None:
@@ -87,7 +104,20 @@ def test_incremental_backups_transfer_what_was_written_across_stop_start_migrati
     after_snapshot = run_json(live, "backup", "create", "saved")
     assert after_snapshot["kind"] == "full" and "snapshot" in after_snapshot["why"], after_snapshot
     write_file(live, "saved", "/mnt/v/w5", 4)
-    assert run_json(live, "backup", "create", "saved")["kind"] == "incremental"
+    last = run_json(live, "backup", "create", "saved")
+    assert last["kind"] == "incremental"
+
+    # 20 restores to new VMs, the four backups left in turn (whole, incremental on it, full, incremental): every
+    # disk of each is byte for byte what its backup's chain shows
+    backups = [run_json(live, "backup", "show", str(b)) for b in (*pruned["kept"], after_snapshot["id"], last["id"])]
+    for n in range(ROUNDS):
+        b = backups[n % len(backups)]
+        run_json(live, "backup", "restore", str(b["id"]), "--to", f"r{n}")
+        for d in b["disks"]:
+            restored = run_json(live, "volume", "show", f"r{n}-root" if d["role"] == "root" else f"r{n}-{d['device']}")
+            assert same_bytes(live, f"{BACKUP_DIR}/{d['file']}", f"{SHARED_DIR}/{restored['file']}"), (n, b["id"], d)
+        run_json(live, "vm", "delete", f"r{n}")
+        assert live.cli("volume", "delete", f"r{n}-vdb").returncode == 0
     assert run_json(live, "audit")["ok"]
     for vm in ("saved", "rebuilt"):
         run_json(live, "vm", "stop", vm, "--force")

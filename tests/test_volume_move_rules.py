@@ -59,7 +59,7 @@ def requests(draw) -> M.MoveRequest:
     )
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(requests())
 def test_a_plan_is_only_made_when_every_rule_holds_and_a_refusal_names_a_field(r):
     plan = M.plan_move(r)
@@ -99,7 +99,7 @@ def test_the_refusals_a_user_meets_say_why():
 disks = st.lists(st.tuples(st.integers(1, 400), st.sampled_from(["s", "l1", "l2", "o"])), min_size=1, max_size=4)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(disks, st.integers(0, 900), st.integers(0, 900), st.sampled_from(["h1", "h2"]))
 def test_a_cold_migrations_disks_all_end_where_the_target_opens_them_and_no_pool_is_overfilled(ds, free2, free3, to):
     pools_ = [

@@ -10,6 +10,7 @@ their sha256. A failed backup leaves no file and no charge. Restores: controller
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -64,11 +65,19 @@ class Backups:
     def settle(self, force: bool = False) -> None:
         """Backups a crash (or a host that did not answer) left `running` or `deleting`: a running one is
         undone (its job aborted, its checkpoint and file deleted, its charge given back: an unfinished backup
-        is never taken for a backup); a deleting one's file deleted again."""
+        is never taken for a backup); a deleting one's file deleted again; a backup a prune was making whole
+        gets its files rewritten from the whole copies it named."""
         with self.plane.db.read() as s:
             conn = s.connection()
             stuck = [r for r in B.backup_rows(conn, states=("running", "deleting")) if r.id not in self._busy]
             vms = {r.id: (L.vm_row(conn, vm_id=r.vm_id) if r.vm_id is not None else None) for r in stuck}
+            rewrites = B.rewrites(conn, utcnow() - dt.timedelta(seconds=0 if force else BUSY_S))
+        for backup_id in rewrites:  # a prune a crash cut short while it made a backup whole
+            if backup_id not in self._busy and self._settles_store(backup_id):
+                try:
+                    self._rewrite_whole(backup_id)
+                except (DriverError, Conflict) as exc:
+                    log.info("backup %s not made whole yet: %s", backup_id, exc)
         now = utcnow()
         for r in stuck:
             vm = vms[r.id]
@@ -479,51 +488,90 @@ class Backups:
         made_whole = []
         for backup_id, kids in rules.prune_order(pruned, {r.id: r.parent_id for r in rows}):
             for kid in kids:
-                self._make_whole(kid)
+                self._busy.add(kid)
+                try:
+                    self._make_whole(kid)
+                finally:
+                    self._busy.discard(kid)
                 made_whole.append(kid)
             self.delete(backup_id)
         return {"vm": vm, "kept": sorted(keep), "deleted": sorted(pruned), "made_whole": made_whole}
 
     def _make_whole(self, backup_id: int) -> None:
-        """An incremental backup replaced by full copies of its chain (each incremental disk's file copied with
-        its parents' data), read back; it then builds on nothing. Its checkpoint stays: the next incremental
-        still builds on it."""
+        """An incremental backup made whole before its base goes: each incremental disk's file rewritten in
+        place (later backups' files keep it as their backing file: its name must stay) with a full copy of its
+        chain. The copy is made and read back first, and named on the disk (`whole_file`) before the file is
+        rewritten from it: a crash in between is finished by the settle pass. Its checkpoint stays: the next
+        incremental still builds on it."""
         with self.plane.db.read() as s:
             conn = s.connection()
             b = B.backup_row(conn, backup_id)
             disks = B.disk_rows(conn, [backup_id])[backup_id]
         driver = self._store_driver(b)
         pool = pool_of(b.store)
-        copies: dict[int, tuple[str, str, int]] = {}
+        copies: list[str] = []
         try:
             for d in disks:
-                if d.mode == "incremental":
+                if d.mode == "incremental" and d.whole_file is None:
                     file = f"vmb-{b.vm_name}-{d.device}-{uuid.uuid4().hex[:12]}.qcow2"
                     driver.clone_volume(pool, file, f"{b.store_path}/{d.file}")
-                    copies[d.id] = (file, *driver.volume_sha256(pool, file))
+                    copies.append(file)
+                    driver.volume_sha256(pool, file)  # read back before anything names it
+                    with self.plane.db.transaction() as conn:
+                        B.set_disk(conn, d.id, whole_file=file, whole_at=utcnow())
         except DriverError as exc:
-            for file, _sha, _size in copies.values():
+            for file in copies:
                 self._forget_file(driver, pool, file)
+            with self.plane.db.transaction() as conn:
+                for d in disks:
+                    if d.whole_file is None:  # (named by an earlier try: the settle pass uses it)
+                        B.set_disk(conn, d.id, whole_file=None, whole_at=None)
             raise Conflict(
                 f"backup {backup_id} could not be made whole: {exc}; nothing was pruned after it", field="backup"
             ) from None
-        sizes = [copies[d.id][2] if d.id in copies else d.bytes or 0 for d in disks]
-        after = rules.charge_after_mib(sizes)
+        self._rewrite_whole(backup_id)
+
+    def _settles_store(self, backup_id: int) -> bool:
+        """Whether this process settles the backup's store (the one that owns the host it is reached through)."""
+        with self.plane.db.read() as s:
+            b = B.backup_row(s.connection(), backup_id)
+        try:
+            return self.plane.membership.settles(self._store_driver(b).host)
+        except Conflict:
+            return False
+
+    def _rewrite_whole(self, backup_id: int) -> None:
+        """Each disk with a whole copy: its file deleted and made again from the copy (same name, no backing
+        file), read back and recorded, the copy deleted; then the backup builds on nothing."""
+        with self.plane.db.read() as s:
+            conn = s.connection()
+            b = B.backup_row(conn, backup_id)
+            disks = B.disk_rows(conn, [backup_id])[backup_id]
+        driver = self._store_driver(b)
+        pool = pool_of(b.store)
+        for d in disks:
+            if d.whole_file is None:
+                continue
+            try:
+                driver.delete_volume(pool, d.file)
+                failpoints.hit("backup.mid-rewrite")
+                driver.clone_volume(pool, d.file, f"{b.store_path}/{d.whole_file}")
+                sha256, size = driver.volume_sha256(pool, d.file)
+            except DriverError as exc:
+                raise Conflict(
+                    f"backup {backup_id}'s {d.device} is being made whole: {exc}; the settle pass finishes it",
+                    field="backup",
+                ) from None
+            with self.plane.db.transaction() as conn:
+                B.set_disk(conn, d.id, mode="full", bytes=size, sha256=sha256, whole_file=None, whole_at=None)
+            self._forget_file(driver, pool, d.whole_file)
         with self.plane.db.transaction() as conn:
-            for disk_id, (file, sha256, size) in copies.items():
-                B.set_disk(conn, disk_id, file=file, mode="full", bytes=size, sha256=sha256)
+            disks = B.disk_rows(conn, [backup_id])[backup_id]
+            sizes = [d.bytes or 0 for d in disks]
+            after = rules.charge_after_mib(sizes)
             B.set_backup(conn, b.id, parent_id=None, kind="full", bytes=sum(sizes), charged_mib=after)
             B.charge(conn, b.project_id, after - b.charged_mib)
-            B.event(
-                conn,
-                b,
-                "ready",
-                "ready",
-                f"made whole (full copies of its chain, {sum(sizes)} bytes) before its base went",
-            )
-        for d in disks:
-            if d.id in copies:
-                self._forget_file(driver, pool, d.file)
+            B.event(conn, b, "ready", "ready", f"made whole ({sum(sizes)} bytes) before its base went")
 
     @staticmethod
     def _forget_file(driver, pool: str, file: str) -> None:

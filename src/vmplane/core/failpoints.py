@@ -47,6 +47,7 @@ POINTS = (
     "snapshot.before-merge",  # a chain file recorded merging; the live block commit not asked
     "backup.before-write",  # a backup recorded running and charged; its file not made, no job
     "backup.after-write",  # the job wrote the file and took the checkpoint; the store says running
+    "backup.mid-rewrite",  # a prune deleted a kept backup's file to make it whole; its whole copy not put back
     "network.before-apply",  # a host is about to be brought to the store's view; it holds what it held before
     "ha.before-fenced",  # a fence agent confirmed the host off; the store still says fencing
     "ha.fenced",  # the host is recorded fenced; none of its VMs restarted yet

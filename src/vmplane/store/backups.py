@@ -118,6 +118,13 @@ def disk_rows(conn: Connection, backup_ids: list[int]) -> dict[int, list[Row[Any
     return out
 
 
+def rewrites(conn: Connection, before: Any) -> list[int]:
+    """Backups with a disk whose file is being rewritten whole since before `before` (a prune a crash cut short,
+    or one still in progress in another process: the caller's `before` leaves it time)."""
+    q = select(_D.backup_id).where(_D.whole_file.is_not(None), _D.whole_at < before).distinct().order_by(_D.backup_id)
+    return [r[0] for r in conn.execute(q)]
+
+
 def insert_disk(conn: Connection, **fields: Any) -> None:
     conn.execute(insert(DISKS).values(**fields))
 

@@ -395,7 +395,8 @@ class Backup(Base):
 class BackupDisk(Base):
     """One disk of a backup: the volume it was (`volume`, its `device`, `role` and `pool` then), the disk's active
     file when it was taken (`disk_file`: an incremental builds on it only while it still is), its file in the
-    store (`mode` full, or incremental: backed by the parent backup's file of the same volume), read back."""
+    store (`mode` full, or incremental: backed by the parent backup's file of the same volume; a later backup's
+    file may be backed by it: its name never changes), read back."""
 
     __tablename__ = "backup_disks"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -410,6 +411,10 @@ class BackupDisk(Base):
     file: Mapped[str] = mapped_column(String(128))
     bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # a whole copy of the disk's chain, made to rewrite `file` in place (a prune deletes its base: later backups'
+    # files keep `file` as their backing file, so it must stay at that name); while set, the settle finishes it
+    whole_file: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    whole_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)  # when it was named
 
 
 class BackupSchedule(Base):

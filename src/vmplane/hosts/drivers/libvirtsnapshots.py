@@ -4,6 +4,7 @@ and switches QEMU to them in one step (`ATOMIC`: no disk switched unless all are
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree
@@ -138,9 +139,23 @@ class CloneMixin:
         def _pool_or_raise(self, name: str) -> Any: ...
         def volume(self, pool: str, name: str) -> Any: ...
 
+    def _vol_by_path(self, path: str) -> Any:
+        """The volume at `path`; a file another host of a shared directory made is found once this host's pool
+        of that directory is refreshed (libvirt lists what it saw at its last refresh)."""
+        try:
+            return self.conn.storageVolLookupByPath(path)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_VOL:
+                raise
+        folder = os.path.dirname(path)
+        for p in self.conn.listAllStoragePools(libvirt.VIR_CONNECT_LIST_STORAGE_POOLS_ACTIVE):
+            if ElementTree.fromstring(p.XMLDesc(0)).findtext("./target/path") == folder:
+                p.refresh(0)
+        return self.conn.storageVolLookupByPath(path)
+
     def clone_volume(self, pool: str, name: str, source: str) -> Any:
         try:
-            src = self.conn.storageVolLookupByPath(source)
+            src = self._vol_by_path(source)
             capacity = src.info()[1]
         except libvirt.libvirtError as exc:
             raise DriverError(self.host, f"clone {source}: {exc.get_error_message()}") from None

@@ -116,6 +116,10 @@ def clone(fabric: SimFabric, host: str, pool: str, name: str, source: str) -> No
         ]
         if not rows or rows[0] is None:
             raise SimStorageError(f"Cannot access storage file '{source}': No such file or directory")
+        if None in rows:  # as qemu-img: a chain whose backing file is gone can not be read
+            missing = files[rows.index(None)]
+            raise SimStorageError(f"Could not open '{source}': Could not open backing file: Could not open "
+                                  f"'{missing}': No such file or directory")  # fmt: skip
         path = f"{directory}/{name}"
         if db.execute("SELECT 1 FROM files WHERE storage = ? AND path = ?", (storage, path)).fetchone():
             raise SimStorageError(f"storage volume name '{name}' already in use")

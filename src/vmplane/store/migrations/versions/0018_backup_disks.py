@@ -29,6 +29,8 @@ def upgrade() -> None:
         sa.Column("file", sa.String(length=128), nullable=False),
         sa.Column("bytes", sa.BigInteger(), nullable=True),
         sa.Column("sha256", sa.String(length=64), nullable=True),
+        sa.Column("whole_file", sa.String(length=128), nullable=True),
+        sa.Column("whole_at", sa.DateTime(), nullable=True),
         sa.ForeignKeyConstraint(["backup_id"], ["backups.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )
