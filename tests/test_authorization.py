@@ -133,6 +133,33 @@ MEMBER_SCOPED = {
 
 @pytest.fixture
 def tenants(orch, api):
+    return make_tenants(orch, api)
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory):
+    """One cluster for the refusal matrices (each request is refused and changes nothing, which each test
+    checks): a fresh cluster per route cost the suite more than the routes themselves."""
+    from fastapi.testclient import TestClient
+
+    from vmplane.server import create_app
+    from vmplane.store import Database
+
+    from .conftest import _orchestrator
+    from .stores import store_url
+
+    database = Database(store_url(tmp_path_factory.mktemp("refusals"), migrated=True))
+    database.migrate()
+    made = _orchestrator(database)
+    orch = next(made)
+    orch.catalog.ensure_admin_token("admin", ADMIN_TOKEN)
+    with TestClient(create_app(orch), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as api:
+        yield make_tenants(orch, api)
+    made.close()
+    database.dispose()
+
+
+def make_tenants(orch, api):
     add_sim_hosts(orch, 2)
     orch.catalog.set_setting("enable.dynamic.scale.vm", "true", "zone", "z1")
     orch.catalog.create_offering(Offering("o", OfferingKind.fixed, vcpus=1, memory_mib=512, dynamic_scaling=True))
@@ -179,8 +206,8 @@ def test_the_api_schema_says_every_route_needs_the_bearer_token_and_health_does_
 
 
 @pytest.mark.parametrize("method,path", sorted(ADMIN_ONLY))
-def test_admin_only_routes_refuse_a_member_with_403_and_change_nothing(tenants, method, path):
-    api, tokens, _ = tenants
+def test_admin_only_routes_refuse_a_member_with_403_and_change_nothing(refusals, method, path):
+    api, tokens, _ = refusals
     before = api.get("/api/v1/hosts").json(), api.get("/api/v1/projects").json()
     url = "/api/v1" + path.format(name="h1", key="cpu.overprovisioning.factor")
     body = {
@@ -230,8 +257,8 @@ def test_admin_only_routes_refuse_a_member_with_403_and_change_nothing(tenants, 
         ("POST", "/volumes", {"name": "sneaky", "project": "b", "size_mib": 64}),
     ],
 )
-def test_a_member_of_a_can_not_touch_project_b(tenants, method, path, body):
-    api, tokens, _ = tenants
+def test_a_member_of_a_can_not_touch_project_b(refusals, method, path, body):
+    api, tokens, _ = refusals
     before = api.get("/api/v1/vms").json(), api.get("/api/v1/projects/b/usage").json()
     r = api.request(method, "/api/v1" + path, json=body, headers=as_member(tokens["a"]))
     assert r.status_code in (403, 404), (method, path, r.status_code, r.text)

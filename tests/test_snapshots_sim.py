@@ -208,9 +208,10 @@ def test_a_clone_of_a_stopped_vm_or_of_a_snapshot_reads_the_sources_data_and_out
 
     r = api.post(f"{V}/web/clone", json={"name": "c1"})
     assert (r.status_code, r.json()["field"]) == (409, "vm") and "--snapshot" in r.json()["message"]
-    r = api.post(f"{V}/web/clone", json={"name": "c1", "snapshot": "s1", "start": True})
+    r = api.post(f"{V}/web/clone", json={"name": "c1", "snapshot": "s1", "start": True, "full": True})
     assert r.status_code == 201, r.text
     assert r.json()["vm"]["offering"] == "small" and r.json()["copied"] == o.volumes.row("c1-root").file_name
+    assert r.json()["linked"] is False
     assert marker(o, "c1") == "at-snapshot"  # what the snapshot kept, not what the source wrote since
 
     o.stop_vm("web", force=True)
@@ -223,6 +224,47 @@ def test_a_clone_of_a_stopped_vm_or_of_a_snapshot_reads_the_sources_data_and_out
     assert marker(o, "c1") == "at-snapshot" and marker(o, "c2") == "later"
     size = o.volumes.row("c1-root").size_mib
     assert usage(o, "p").storage_mib == 2 * size and o.audit() == []
+
+
+def test_a_linked_clone_reads_the_snapshots_base_which_its_source_keeps_unmerged_until_the_clone_goes(cluster, api):
+    o = cluster
+    o.catalog.set_quota("p", storage_mib=8192)
+    vm(o, "web")
+    write(o, "web", "at-snapshot")
+    assert api.post(f"{V}/web/snapshots", json={"name": "s1"}).status_code == 201
+    write(o, "web", "later")
+    r = api.post(f"{V}/web/clone", json={"name": "c1", "snapshot": "s1", "start": True})
+    assert r.status_code == 201 and r.json()["linked"] is True, r.text
+    host = o.pools.hosts_of(o.pools.row("shared"))[0]
+    (base,) = o.snapshots.listing("web")[0]["disks"].values()
+    made = o.drivers[host].volume("shared", o.volumes.row("c1-root").file_name)
+    assert made.backing == f"{o.pools.row('shared').path}/{base}", made  # an empty overlay on s1's base
+    assert marker(o, "c1") == "at-snapshot"
+    size = o.volumes.row("c1-root").size_mib
+    assert usage(o, "p").storage_mib == 3 * size  # web's base and overlay, and the clone's overlay
+
+    # the snapshot deleted: its base stays (the clone reads it), never merged into while the source runs
+    assert api.delete(f"{V}/web/snapshots/s1").status_code == 204
+    o.snapshots.settle(force=True)
+    write(o, "web", "after-delete")
+    assert marker(o, "c1") == "at-snapshot" and marker(o, "web") == "after-delete"
+    assert usage(o, "p").storage_mib == 3 * size and o.audit() == []
+    o.stop_vm("web", force=True)
+    r = api.delete(f"{V}/web")
+    assert (r.status_code, r.json()["field"]) == (409, "vm") and "linked clones (c1-root" in r.text, r.text
+    # the clone on a local pool could not live-migrate; on the shared pool it does, reading the same base
+    o.migrator.migrate("c1")
+    assert marker(o, "c1") == "at-snapshot"
+
+    o.stop_vm("c1", force=True)
+    o.delete_vm("c1")
+    o.start_vm("web")
+    o.snapshots.settle(force=True)  # nothing reads the base any more: merged, one file again
+    assert marker(o, "web") == "after-delete"
+    assert usage(o, "p").storage_mib == size and o.audit() == []
+    o.stop_vm("web", force=True)
+    o.delete_vm("web")
+    assert pool_files(o, "shared") == set() and o.audit() == []
 
 
 def test_a_clone_refused_leaves_no_vm_and_no_file(cluster, api):

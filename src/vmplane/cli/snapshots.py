@@ -62,12 +62,14 @@ def snapshot_delete(vm: str, name: str, client: Client):
 def vm_clone(
     vm: str,
     new: str,
-    snapshot: str | None = typer.Option(None, help="copy what this snapshot of VM kept (VM may run)"),
-    start: bool = typer.Option(False, help="start the new VM once its disk is copied"),
+    snapshot: str | None = typer.Option(None, help="what this snapshot of VM kept (VM may run): a linked clone"),
+    full: bool = typer.Option(False, help="a full copy that stands alone (always, without --snapshot)"),
+    start: bool = typer.Option(False, help="start the new VM once its disk is made"),
     *,
     client: Client,
 ):
-    """A new VM NEW whose root disk is a full copy of VM's (VM stopped), or of one of its snapshots; the
-    same offering, template, size and project. Data volumes are not cloned."""
-    body = {"name": new, "start": start} | ({"snapshot": snapshot} if snapshot else {})
+    """A new VM NEW of the same offering, template, size and project as VM, whose root disk holds what one of
+    VM's snapshots kept: linked (an overlay on the snapshot's base, made at once; VM keeps that base while NEW
+    exists) or --full (a copy); or a full copy of a stopped VM's disk. Data volumes are not cloned."""
+    body = {"name": new, "start": start, "full": full} | ({"snapshot": snapshot} if snapshot else {})
     return client.post(f"/vms/{vm}/clone", body)

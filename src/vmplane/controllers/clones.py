@@ -1,9 +1,17 @@
-"""Full clones (issue 32): `vm clone VM NEW [--snapshot S] [--start]`. A new VM of the source's offering,
+"""Clones (issue 32): `vm clone VM NEW [--snapshot S] [--full] [--start]`. A new VM of the source's offering,
 template, size and project, whose root disk holds what the source's root disk showed: a stopped VM's disk
-as it is, or (from a running or stopped VM) what one of its snapshots kept (its base is read-only: the copy is
-consistent while the VM runs). The copy stands alone (no backing file): it outlives its source and any of its
-snapshots. The new VM is created (and charged) first, as `vm create` makes it; its root disk is then replaced
-by the copy made on the source disk's pool and read back; a copy the pool refuses deletes the new VM again.
+as it is, or (from a running or stopped VM) what one of its snapshots kept (its base is read-only: consistent
+while the VM runs).
+
+- **Linked** (of a snapshot, the default there): the new root disk is an empty qcow2 overlay on the snapshot's
+  base, in the same pool: made at once, whatever the disk's size. The source keeps that base while a clone
+  reads it (store/snapshots.linked_clones: it counts as one more snapshot: never merged into, never deleted),
+  and the source VM can not be deleted before its clones. A clone on a local pool does not live-migrate.
+- **Full** (`--full`, and always of a stopped VM's disk): a copy that stands alone (no backing file): it
+  outlives its source and any of its snapshots.
+
+The new VM is created (and charged) first, as `vm create` makes it; its root disk is then replaced by the
+overlay or the copy made on the source disk's pool and read back; a pool that refuses deletes the new VM again.
 Data volumes are not cloned (a clone has the root disk only)."""
 
 from __future__ import annotations
@@ -34,9 +42,10 @@ class Clones:
         self.plane, self.vms, self.volumes, self.pools, self.reads = plane, vms, volumes, pools, reads
 
     def clone(
-        self, source: str, new: str, snapshot: str | None = None, start: bool = False, project_id: int | None = None
-    ) -> dict[str, Any]:
-        """Clone `source` into a new VM `new`; what was copied (the source file and the new one)."""
+        self, source: str, new: str, snapshot: str | None = None, start: bool = False, project_id: int | None = None,
+        full: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Clone `source` into a new VM `new`: linked on a snapshot's base, or a full copy."""
         with self.plane.db.read() as s:
             conn = s.connection()
             src = L.vm_row(conn, name=source)
@@ -73,10 +82,49 @@ class Clones:
             pool=root.pool_name,
             root_disk_mib=root.size_mib,
         )
-        copied = self.copy_into(new, f"{root.pool_path}/{base}", f"vm {source}'s {base}")
+        linked = snapshot is not None and not full
+        if snapshot is not None and not full:
+            copied = self._link(source, snapshot, new, root, base)
+        else:
+            copied = self.copy_into(new, f"{root.pool_path}/{base}", f"vm {source}'s {base}")
         if start:
             self.vms.start_vm(new)
-        return {"vm": new, "source": source, "snapshot": snapshot, "copied": copied}
+        return {"vm": new, "source": source, "snapshot": snapshot, "linked": linked, "copied": copied}
+
+    def _link(self, source: str, snapshot: str, new: str, root: Any, base: str) -> str:
+        """The new VM's root disk made an empty overlay on `base` (the snapshot's base of the source's root
+        disk). The link is recorded first (the source keeps `base` from then on, unmerged), checked against the
+        source as it is then; the overlay is made and read back; then the disk switches to it."""
+        what = f"snapshot {snapshot} of vm {source}"
+        target = self.volumes.row(f"{new}-root")
+        try:
+            with self.plane.db.transaction() as conn:
+                src = L.vm_row(conn, name=source, lock=True)
+                snap = S.snapshot_row(conn, src.id, snapshot)
+                if snap is None or S.bases(conn, [snap.id]).get(snap.id, {}).get(root.id) != base:
+                    raise Conflict(f"{what} was deleted meanwhile", field="snapshot")
+                busy = S.busy_problem(conn, src.id, source)
+                if busy:
+                    raise Conflict(busy, field="vm")
+                SL.set_volume(conn, SL.volume_row(conn, target.name, lock=True), base_file=base,
+                              note=f"a linked clone of {what} (its base {base})")  # fmt: skip
+            pool = self.pools.row(target.pool_name)
+            file = new_file_name(target.name, "qcow2")
+            driver = self.pools.driver_for(pool)
+            driver.create_volume(pool.name, file, target.size_mib, "qcow2", f"{root.pool_path}/{base}", "qcow2")
+            if driver.volume(pool.name, file) is None:
+                raise DriverError(driver.host, f"{file} is not in pool {pool.name} after it was made")
+        except (DriverError, Conflict) as exc:
+            try:
+                self.vms.delete_vm(new)
+            except VmplaneError as undo:
+                log.warning("%s: the new vm %s was not deleted again: %s", what, new, undo)
+            raise Conflict(f"{what} could not be linked into vm {new}: {exc}; {new} was not kept", field="vm") from None
+        with self.plane.db.transaction() as conn:
+            SL.set_volume(conn, SL.volume_row(conn, target.name, lock=True), file_name=file,
+                          note=f"an overlay on {base} of vm {source}")  # fmt: skip
+        self.forget(driver, pool.name, file_of(target))  # the template's thin overlay it was made with
+        return file
 
     def copy_into(self, new: str, source: str, what: str) -> str:
         """Replace the new VM's root disk by a full copy of the file at `source` (a volume of a pool, or a

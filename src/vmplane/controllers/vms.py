@@ -477,6 +477,9 @@ class Vms:
                 raise Conflict(f"vm {name} changed while its hosts were asked; delete it again", field="state")
             L.lock_project(conn, vm.project_id)
             self.volumes.check_settled(conn, vm.id, name)
+            clones = None if keep_disk else SNAP.clones_problem(conn, f"vm {name}", vm_id=vm.id)
+            if clones:
+                raise Conflict(clones, field="vm")
             doomed = self.volumes.release_disks(conn, vm.id, keep_disk)
             freed = L.release_vm(conn, vm.id)
             L.add_to_ledger(conn, vm.project_id, Usage(vms=-1))

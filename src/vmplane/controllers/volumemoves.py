@@ -133,7 +133,7 @@ class VolumeMoves:
                 target=view(target),
                 source_hosts=frozenset(self.pools.hosts_of(source)),
                 target_hosts=frozenset(self.pools.hosts_of(target)),
-                overlays=SS.extra_files(conn, v.id),
+                overlays=SS.extra_files(conn, v.id) + (1 if v.base_file else 0),  # a linked clone's base too
                 copying=v.copy_pool_name,
                 vm=vm.name if vm is not None else None,
                 vm_state=vm.state if vm is not None else None,
@@ -423,11 +423,13 @@ class VolumeMoves:
                 raise Conflict(f"vm {vm_name}: no other host of its cluster to migrate it to", field="to")
             assert chosen is not None
             moved = [f for f in follows if f.target is not None]
-            chains = [f.volume for f in moved if SS.extra_files(conn, next(d.id for d in disks if d.name == f.volume))]
+            named = {d.name: d for d in disks}
+            chains = [f.volume for f in moved if SS.extra_files(conn, named[f.volume].id) or named[f.volume].base_file]
             if chains:
                 raise Conflict(
-                    f"vm {vm_name}'s disk(s) {', '.join(chains)} are chains of snapshot overlays on a local pool: "
-                    "delete its snapshots before migrating it to another host",
+                    f"vm {vm_name}'s disk(s) {', '.join(chains)} are chains of files on a local pool (snapshot "
+                    "overlays, or a linked clone's overlay on another disk's file): delete its snapshots (a linked "
+                    "clone: clone it --full) before migrating it to another host",
                     field="vm",
                 )
             result = {

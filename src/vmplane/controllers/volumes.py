@@ -381,6 +381,9 @@ class Volumes:
                     + "; only an available (detached) volume can be deleted",
                     field="volume",
                 )
+            clones = SS.clones_problem(conn, f"volume {name}", volume_id=v.id)
+            if clones:
+                raise Conflict(clones, field="volume")
             SL.set_volume(conn, v, state="deleting")
         self._unmake(name)
 

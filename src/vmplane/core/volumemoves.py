@@ -66,7 +66,8 @@ def plan_move(r: MoveRequest) -> MovePlan | Refusal:
         return Refusal(
             "conflict",
             "volume",
-            f"volume {v} is a chain of {r.overlays} snapshot overlay(s) on its file: delete its VM's snapshots "
+            f"volume {v} is a chain of {r.overlays} file(s) beyond its own (snapshot overlays, or a linked clone's "
+            "base): delete its VM's snapshots (a linked clone: clone it --full) "
             "before moving it (a move copies one file)",
         )
     if r.vm is not None and r.vm_state not in MOVABLE_VM_STATES:

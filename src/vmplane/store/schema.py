@@ -273,6 +273,9 @@ class Volume(Base):
     # its file in the pool (and in a copy's pool): unique per volume, so a new volume never meets a file
     # an older one of the same name left behind (review N2); None: the name's file (rows made before 0010)
     file_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # a linked clone's (issue 32): the file of another volume of the same pool its first file is an overlay on (a
+    # snapshot's base: read-only; that volume keeps it, unmerged, while a clone reads it)
+    base_file: Mapped[str | None] = mapped_column(String(128), nullable=True)
     size_mib: Mapped[int] = mapped_column(Integer)
     format: Mapped[str] = mapped_column(String(16), default="qcow2")
     role: Mapped[str] = mapped_column(String(8), default="data")  # root / data

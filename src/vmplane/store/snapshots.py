@@ -85,9 +85,43 @@ def disks(conn: Connection, volumes: list[Row[Any]], active: dict[int, str]) -> 
 
 
 def ready_snapshots(conn: Connection, vm_id: int) -> list[rules.Snapshot]:
+    """The VM's snapshots, and its linked clones as snapshots too (a clone reads a base of one of its volumes:
+    that file is kept and never merged into, exactly as a snapshot's base is)."""
     rows = [r for r in snapshot_rows(conn, vm_id) if r.state != "taking"]
     found = bases(conn, [r.id for r in rows])
-    return [rules.Snapshot(r.name, {str(v): f for v, f in found.get(r.id, {}).items()}) for r in rows]
+    snaps = [rules.Snapshot(r.name, {str(v): f for v, f in found.get(r.id, {}).items()}) for r in rows]
+    return snaps + [rules.Snapshot(f"linked clone {c}", {str(v): f}) for c, v, f in linked_clones(conn, vm_id)]
+
+
+def clones_problem(conn: Connection, what: str, vm_id: int | None = None, volume_id: int | None = None) -> str | None:
+    """Why `what` (a VM, or a volume) can not be deleted now: linked clones read a file of it."""
+    clones = sorted({c for c, _v, _f in linked_clones(conn, vm_id, volume_id)})
+    if clones:
+        return f"{what} has linked clones ({', '.join(clones)}: they read a file of it); delete them first"
+    return None
+
+
+def linked_clones(
+    conn: Connection, vm_id: int | None = None, volume_id: int | None = None
+) -> list[tuple[str, int, str]]:
+    """(clone volume, the source volume's id, the file of it the clone reads) of every linked clone of the VM's
+    volumes (or of one volume)."""
+    from vmplane.store.schema import Volume
+
+    mine = Volume.__table__.alias("mine")
+    clone = Volume.__table__.alias("clone")
+    which = mine.c.vm_id == vm_id if volume_id is None else mine.c.id == volume_id
+    files = select(_VF.volume_id.label("volume_id"), _VF.file.label("file")).union(
+        select(mine.c.id, mine.c.file_name).where(which)
+    ).subquery()  # fmt: skip
+    q = (
+        select(clone.c.name, mine.c.id, clone.c.base_file)
+        .join(files, files.c.file == clone.c.base_file)
+        .join(mine, (mine.c.id == files.c.volume_id) & (mine.c.pool_id == clone.c.pool_id))
+        .where(which, clone.c.base_file.is_not(None), clone.c.id != mine.c.id)
+        .order_by(clone.c.name)
+    )
+    return [(r[0], r[1], r[2]) for r in conn.execute(q)]
 
 
 def insert_snapshot(conn: Connection, vm_id: int, name: str, live: bool, quiesced: bool) -> int:
@@ -205,9 +239,9 @@ def busy_problem(conn: Connection, vm_id: int, vm: str) -> str | None:
 
 def migration_problem(conn: Connection, vm_id: int, volumes: list[Row[Any]]) -> str | None:
     """Why the VM can not live-migrate now (core/snapshots.migration_problem): a snapshot step in flight, or
-    a chain on a local pool."""
+    a chain on a local pool (a linked clone's overlay on another volume's file is one)."""
     local = [v for v in volumes if v.pool_kind == "local"]
-    extra = sum(extra_files(conn, v.id) for v in local)
+    extra = sum(extra_files(conn, v.id) + (1 if v.base_file else 0) for v in local)
     return rules.migration_problem(bool(local), extra)
 
 

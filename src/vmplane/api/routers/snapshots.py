@@ -70,13 +70,19 @@ def delete_snapshot(name: str, orch: Orch, who: AnyCaller, snapshot: str = Snaps
 
 class CloneRequest(Request):
     name: str = Field(max_length=63, description="the new VM's name")
-    snapshot: str | None = Field(None, max_length=63, description="copy what this snapshot kept (any VM state)")
-    start: bool = Field(False, description="start the new VM once its disk is copied")
+    snapshot: str | None = Field(None, max_length=63, description="what this snapshot kept (any VM state)")
+    full: bool = Field(False, description="a full copy; else, of a snapshot, a linked clone (an overlay on its base)")
+    start: bool = Field(False, description="start the new VM once its disk is made")
 
 
 @router.post("/vms/{name}/clone", status_code=201)
 def clone_vm(name: str, body: CloneRequest, orch: Orch, who: AnyCaller) -> dict:
-    """A new VM (the source's offering, template, size and project) whose root disk is a full copy of the
-    stopped source's, or of what one of its snapshots kept. Data volumes are not cloned."""
-    done = orch.clones.clone(name, body.name, body.snapshot, body.start, project_id=_project(orch, who, name))
-    return {"source": name, "snapshot": body.snapshot, "copied": done["copied"], "vm": vm_body(orch.db, body.name)}
+    """A new VM (the source's offering, template, size and project) whose root disk holds what one of the
+    source's snapshots kept: a linked clone (an empty overlay on the snapshot's base, which the source keeps
+    while the clone exists) or, `full`, a copy; or a full copy of a stopped source's disk. Data volumes are not
+    cloned."""
+    done = orch.clones.clone(
+        name, body.name, body.snapshot, body.start, project_id=_project(orch, who, name), full=body.full
+    )
+    return {"source": name, "snapshot": body.snapshot, "linked": done["linked"], "copied": done["copied"],
+            "vm": vm_body(orch.db, body.name)}  # fmt: skip
