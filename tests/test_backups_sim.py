@@ -108,9 +108,13 @@ def test_bad_input_is_refused_naming_the_field(cluster, api):
         ({"name": "bk", "cluster": "c1"}, 409, "name"),
         ({"name": "b2", "cluster": "nope"}, 404, "cluster"),
         ({"name": "b2", "cluster": "c1", "path": "relative"}, 422, "path"),
+        ({"name": "b2", "cluster": "c1", "path": "/srv/backups"}, 409, "path"),  # each host's own disk there
     ):
         r = api.post("/api/v1/backup-stores", json=body)
         assert (r.status_code, r.json()["field"]) == (status, field), r.text
+    assert "not seen by every host" in r.text
+    assert [st["name"] for st in api.get("/api/v1/backup-stores").json()] == ["bk"]
+    assert all(d.pool_info("backup-b2") is None for d in o.drivers.values())  # no pool left defined
     r = api.post(f"{V}/web/backups", json={"store": "nope"})
     assert (r.status_code, r.json()["field"]) == (404, "store")
     o.catalog.create_template("bare", "tiny-linux")  # a kernel and initrd, no disk

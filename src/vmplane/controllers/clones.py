@@ -97,6 +97,7 @@ class Clones:
         source as it is then; the overlay is made and read back; then the disk switches to it."""
         what = f"snapshot {snapshot} of vm {source}"
         target = self.volumes.row(f"{new}-root")
+        made: tuple[Any, str, str] | None = None
         try:
             with self.plane.db.transaction() as conn:
                 src = L.vm_row(conn, name=source, lock=True)
@@ -111,15 +112,14 @@ class Clones:
             pool = self.pools.row(target.pool_name)
             file = new_file_name(target.name, "qcow2")
             driver = self.pools.driver_for(pool)
+            made = (driver, pool.name, file)
             driver.create_volume(pool.name, file, target.size_mib, "qcow2", f"{root.pool_path}/{base}", "qcow2")
             if driver.volume(pool.name, file) is None:
                 raise DriverError(driver.host, f"{file} is not in pool {pool.name} after it was made")
         except (DriverError, Conflict) as exc:
-            try:
-                self.vms.delete_vm(new)
-            except VmplaneError as undo:
-                log.warning("%s: the new vm %s was not deleted again: %s", what, new, undo)
-            raise Conflict(f"{what} could not be linked into vm {new}: {exc}; {new} was not kept", field="vm") from None
+            if made is not None:
+                self.forget(*made)  # (an overlay made, then an error)
+            raise self._unmade(new, f"{what} could not be linked into vm {new}: {exc}") from None
         with self.plane.db.transaction() as conn:
             SL.set_volume(conn, SL.volume_row(conn, target.name, lock=True), file_name=file,
                           note=f"an overlay on {base} of vm {source}")  # fmt: skip
@@ -133,11 +133,15 @@ class Clones:
         try:
             return self.copy_volume(f"{new}-root", source, what)
         except (DriverError, Conflict) as exc:
-            try:
-                self.vms.delete_vm(new)
-            except VmplaneError as undo:
-                log.warning("%s: the new vm %s was not deleted again: %s", what, new, undo)
-            raise Conflict(f"{what} could not be copied into vm {new}: {exc}; {new} was not kept", field="vm") from None
+            raise self._unmade(new, f"{what} could not be copied into vm {new}: {exc}") from None
+
+    def _unmade(self, new: str, why: str) -> Conflict:
+        """The new VM deleted again (nothing half-made); the error that says so."""
+        try:
+            self.vms.delete_vm(new)
+        except VmplaneError as undo:
+            log.warning("the new vm %s was not deleted again: %s", new, undo)
+        return Conflict(f"{why}; {new} was not kept", field="vm")
 
     def copy_volume(self, volume: str, source: str, what: str) -> str:
         """Volume `volume`'s file replaced by a full copy of the file at `source`, made on its pool and read
