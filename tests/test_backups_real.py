@@ -116,8 +116,7 @@ def test_incremental_backups_transfer_what_was_written_across_stop_start_migrati
         for d in b["disks"]:
             restored = run_json(live, "volume", "show", f"r{n}-root" if d["role"] == "root" else f"r{n}-{d['device']}")
             assert same_bytes(live, f"{BACKUP_DIR}/{d['file']}", f"{SHARED_DIR}/{restored['file']}"), (n, b["id"], d)
-        run_json(live, "vm", "delete", f"r{n}")
-        assert live.cli("volume", "delete", f"r{n}-vdb").returncode == 0
+        # (kept: twenty stopped VMs cost nothing but their disks; the cluster goes with the module)
     assert run_json(live, "audit")["ok"]
     for vm in ("saved", "rebuilt"):
         run_json(live, "vm", "stop", vm, "--force")

@@ -332,7 +332,10 @@ class HaMode:
     host_faults: dict = field(
         default_factory=lambda: {"host_flap": 0.02, "host_partition": 0.006, "host_reboot": 0.004}
     )  # per driver call
-    ask_every: float = 0.25  # share of the steps that ask for a scheduled failure (while any)
+    # share of the steps that ask for a scheduled failure (while any): 0.25 left the schedule unmet in one of
+    # CI's runs once snapshot, backup and prune steps joined the workload (a step that finds no HA VM to fail
+    # makes one instead)
+    ask_every: float = 0.4
 
 
 @dataclass(frozen=True)
