@@ -165,3 +165,40 @@ def test_restarting_vmplane_up_finds_running_vms_again(live, g1):
         assert everywhere.count(f"vmplane-{name}") == 1 and len(qemu_pids(f"vmplane-{name}", live.home)) == 1
     assert float(guest(live, "g1", "cut -d' ' -f1 /proc/uptime")) > uptime  # no reboot
     assert run_json(live, "audit") == {"ok": True, "problems": []}
+
+
+def test_a_reboot_inside_the_guest_and_vm_reboot_keep_the_vm_running_on_its_host(live, g1):
+    """Issue 33 (audit): a reboot from inside the guest kept nothing running (on_reboot destroy); every domain
+    restarts in place now, and `vm reboot` asks the guest (its agent, else ACPI) or resets it (--force)."""
+    host = run_json(live, "vm", "show", g1)["host"]
+
+    def uptime() -> float:
+        return float(guest(live, g1, "cut -d' ' -f1 /proc/uptime"))
+
+    def rebooted(since: float) -> bool:
+        try:
+            return uptime() < since
+        except AssertionError:  # not answering while it boots again
+            return False
+
+    wait_until(lambda: uptime() > 8, 60, "g1 up for a while")  # so that a reboot shows as a smaller uptime
+    up = uptime()
+    guest(live, g1, "(sleep 1; reboot -f) >/dev/null 2>&1 &")  # from inside the guest
+    wait_until(lambda: rebooted(up + 30), 120, "g1 answering again after its own reboot")
+    shown = run_json(live, "vm", "show", g1)
+    assert (shown["state"], shown["host"]) == ("running", host), shown
+    assert domains_on(live, host).count(f"vmplane-{g1}") == 1
+
+    wait_until(lambda: uptime() > 8, 60, "g1 up for a while")
+    up = uptime()
+    r = run_json(live, "vm", "reboot", g1, "--force")
+    assert (r["host"], r["how"]) == (host, "reset (forced)"), r
+    wait_until(lambda: rebooted(up), 120, "g1 answering again after vm reboot --force")
+    assert run_json(live, "vm", "show", g1)["state"] == "running"
+    events = run_json(live, "events", "--vm", g1, "--limit", "5")
+    assert any("reboot: reset (forced)" in e["message"] for e in events), events
+    run_json(live, "vm", "create", "down", "--project", "p", "--offering", "one", "--template", "tiny-linux")
+    r = live.cli("vm", "reboot", "down", "--output", "json")
+    assert r.returncode == 1 and "only a running VM is rebooted" in r.stdout, r.stdout
+    assert run_json(live, "audit") == {"ok": True, "problems": []}
+    live.cli("vm", "delete", "down")

@@ -33,6 +33,7 @@ from vmplane.controllers.migrator import Migrator
 from vmplane.controllers.networking import Networking
 from vmplane.controllers.nics import Nics
 from vmplane.controllers.pools import Pools
+from vmplane.controllers.reboots import Reboots
 from vmplane.controllers.reconcile import reconcile as reconcile_running
 from vmplane.controllers.recovery import Recovery
 from vmplane.controllers.scaler import Scaler
@@ -130,6 +131,7 @@ class Orchestrator:
         self.reads = Reads(db, catalog)
         self.clones = Clones(plane, self.vms_ctl, self.volumes, self.pools, self.reads)  # full clones of root disks
         self.backups = Backups(plane, self.pools)  # backup stores, backups of every disk of a VM
+        self.reboots = Reboots(plane)  # `vm reboot`: the guest asked (or reset), the VM keeps running
         self.backup_restores = BackupRestores(plane, self.backups, self.vms_ctl, self.volumes, self.pools, self.clones)
         self.backup_schedules = BackupSchedules(plane, self.backups)  # cron runs, exactly once across processes
         ops.register(

@@ -212,6 +212,17 @@ def vm_stop(
     return _shown(_follow(client, client.post(f"/vms/{name}/stop", {"force": force}), wait), wait, output)
 
 
+@api_command(groups["vm"], "reboot")
+def vm_reboot(
+    name: str,
+    force: bool = typer.Option(False, help="reset at once (a hardware reset: unwritten data is lost)"),
+    *,
+    client: Client,
+):
+    """Reboot a running VM: its guest is asked (through its guest agent, else ACPI); it keeps running."""
+    return client.post(f"/vms/{name}/reboot", {"force": force})
+
+
 @groups["vm"].command("exec")
 def vm_exec(
     name: str,

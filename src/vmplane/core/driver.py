@@ -280,6 +280,12 @@ class Driver(abc.ABC):
         """Stop a domain (graceful first, then forced) and remove its definition; how it went, in words,
         when the host can say (asked through the guest agent or ACPI, forced after the timeout)."""
 
+    def reboot(self, name: str, force: bool = False) -> str:
+        """Ask a running domain's guest to reboot (its guest agent, else ACPI), or with `force` reset it (a
+        hardware reset: what the guest had not written is lost); the domain keeps running either way. How it
+        was asked, in words. DriverError when the host has no such running domain or refuses."""
+        raise DriverError(self.host, f"the {self.kind} driver can not reboot a domain")
+
     def undefine_if_shut_off(self, name: str) -> bool:
         """Remove the definition of a domain only if it is shut off now; never stops a domain (what a
         settle removes was read shut off earlier, and may have been started since). True: removed, or

@@ -158,6 +158,14 @@ def stop_vm(name: str, orch: Orch, who: AnyCaller, body: VmStop | None = None):
     return _accepted(orch, orch.stop_vm(name, force=body.force if body else False))
 
 
+@router.post("/vms/{name}/reboot")
+def reboot_vm(name: str, orch: Orch, who: AnyCaller, body: VmStop | None = None) -> dict:
+    """Ask the running guest to reboot (its guest agent, else ACPI), or with `force` reset it at once; the VM
+    keeps running (a reboot from inside the guest keeps it running too). 409 naming why when it can not."""
+    _act_on(orch, who, name)
+    return orch.reboots.reboot(name, force=body.force if body else False)
+
+
 @router.post("/vms/{name}/exec", response_model=ExecResult)
 def exec_in_vm(name: str, body: ExecRequest, orch: Orch, who: AnyCaller):
     """Run a command in the guest through its QEMU guest agent, or its serial console without one (libvirt

@@ -155,7 +155,7 @@ def domain_xml(
     lines += [
         "  </cpu>",
         "  <on_poweroff>destroy</on_poweroff>",
-        "  <on_reboot>destroy</on_reboot>",
+        "  <on_reboot>restart</on_reboot>",  # a reboot inside the guest keeps the VM running
         "  <on_crash>destroy</on_crash>",
         "  <devices>",
         f"    <emulator>{EMULATOR}</emulator>",

@@ -407,6 +407,26 @@ class LibvirtDriver(
         self._discard(dom, "stop")  # returns only once the host confirms the domain gone
         return how
 
+    def reboot(self, name: str, force: bool = False) -> str:
+        dom = self._lookup(name)
+        if dom is None or not self._is_active(dom):
+            raise DriverError(self.host, f"domain {name} is not running here")
+        if force:
+            self._call(f"reset {name}", dom.reset, 0)
+            return "reset (forced)"
+        for flag, way in (
+            (libvirt.VIR_DOMAIN_REBOOT_GUEST_AGENT, "its guest agent"),
+            (libvirt.VIR_DOMAIN_REBOOT_ACPI_POWER_BTN, "ACPI"),
+        ):
+            try:
+                dom.reboot(flag)
+                return f"asked through {way}"
+            except libvirt.libvirtError:
+                continue
+        raise DriverError(
+            self.host, f"reboot {name}: neither its guest agent nor ACPI took the request (--force resets)"
+        )
+
     def _ask_power_off(self, dom) -> str:
         """Ask the guest to power off: its guest agent (`guest-shutdown`) first, else ACPI; which one took it."""
         for flag, way in (

@@ -193,6 +193,15 @@ class SimDriver(SimStorageDriver, SimSnapshotMixin, SimBlockCopyMixin, Driver):
                 raise DriverError(self.host, f"stop {name}: the reply was lost (the domain was destroyed)")
         return None  # (the sim does not say how: its guests power off at once)
 
+    def reboot(self, name: str, force: bool = False) -> str:
+        self._call(f"reboot {name}")
+        info = self.fabric.domain(self.host, name)
+        if info is None or not info.running:
+            raise DriverError(self.host, f"domain {name} is not running here")
+        if self._chance("partial"):
+            raise DriverError(self.host, f"reboot {name}: the reply was lost (the guest was asked)")
+        return "reset (forced)" if force else "asked through its guest agent"
+
     def undefine_if_shut_off(self, name: str) -> bool:
         self._call(f"undefine {name} if shut off")
         if self.fabric.remove(self.host, name, shut_off_only=True):
