@@ -193,7 +193,10 @@ class Vms:
                 SN.add_vm_nics(conn, vm_id, p.id, zone_id, networks, secgroups)
             if disk_mib:
                 meta = self.plane.capacity.hosts.get(host) if host else None
-                chosen = self.volumes.root_pool(conn, disk_mib, pool, host, meta.cluster if meta else scope.cluster)
+                zone_clusters = None if meta else admission.clusters_of(conn, scope)  # not placed: its scope's
+                chosen = self.volumes.root_pool(
+                    conn, disk_mib, pool, host, meta.cluster if meta else scope.cluster, zone_clusters
+                )
                 if ha_chosen == "restart" and chosen.kind != "shared":
                     raise Invalid(
                         f"--ha restart needs its root disk on a shared pool: {chosen.name} is a "

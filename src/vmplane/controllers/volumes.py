@@ -519,9 +519,12 @@ class Volumes:
         )
 
     def root_pool(
-        self, conn: Connection, size_mib: int, pool: str | None, host: str | None, cluster: str | None
-    ) -> R.PoolView:
-        return R.choose_pool(self.pools.views(conn), size_mib, name=pool, host=host, cluster=cluster)
+        self, conn: Connection, size_mib: int, pool: str | None, host: str | None, cluster: str | None,
+        clusters: frozenset[str] | None = None,
+    ) -> R.PoolView:  # fmt: skip
+        """A new root disk's pool: on its host, in its cluster, or (not placed yet) in one of the `clusters` of
+        its zone, so that the VM can start there."""
+        return R.choose_pool(self.pools.views(conn), size_mib, name=pool, host=host, cluster=cluster, clusters=clusters)
 
     def reach_for_new(self, conn: Connection, size_mib: int, pool: str | None, cluster: str | None) -> frozenset[str]:
         """Hosts a new VM with a root disk of this size could start on: those that open a pool with room."""

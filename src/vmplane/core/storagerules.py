@@ -107,23 +107,25 @@ def choose_pool(
     host: str | None = None,
     cluster: str | None = None,
     hosts_in_scope: Iterable[str] | None = None,
+    clusters: Iterable[str] | None = None,
 ) -> PoolView:
     """The pool a new disk goes to. Named: that pool, if it has room and reaches `host` (when the VM
     is placed). Else: a shared pool of the VM's cluster (its VM can then run on any host of it), else a
     local pool of its host (or, while it is not placed, of any host in scope), the one with the most
-    room first. Refusals name each pool and why."""
+    room first; `clusters`: only in those (a VM not placed yet: its zone's). Refusals name each pool and why."""
+    allowed = set(clusters) if clusters is not None else None
     if name is not None:
         pool = next((p for p in pools if p.name == name), None)
         if pool is None:
             raise Invalid(f"pool {name!r} does not exist", field="pool")
-        reason = pool_refusal(pool, need_mib, host, cluster, None)
+        reason = pool_refusal(pool, need_mib, host, cluster, None, allowed)
         if reason:
             raise InsufficientCapacity(f"pool {name}: {reason}", field="pool")
         return pool
     scope = set(hosts_in_scope) if hosts_in_scope is not None else None
     fits, refusals = [], []
     for pool in pools:
-        reason = pool_refusal(pool, need_mib, host, cluster, scope)
+        reason = pool_refusal(pool, need_mib, host, cluster, scope, allowed)
         (refusals.append(f"{pool.name}: {reason}") if reason else fits.append(pool))
     if not fits:
         shown = "; ".join(refusals[:5]) or "no pool exists (pool create)"
@@ -132,14 +134,21 @@ def choose_pool(
 
 
 def pool_refusal(
-    pool: PoolView, need_mib: int, host: str | None, cluster: str | None, scope: set[str] | None
+    pool: PoolView,
+    need_mib: int,
+    host: str | None,
+    cluster: str | None,
+    scope: set[str] | None,
+    clusters: set[str] | None = None,
 ) -> str | None:
     """Why `pool` can not take a disk of `need_mib` for a VM on `host` / in `cluster` / within the hosts
-    of `scope` (each None: any), in words; None when it can."""
+    of `scope` / in one of `clusters` (each None: any), in words; None when it can."""
     if pool.state != "running":
         return f"is {pool.state}"
     if cluster is not None and pool.cluster != cluster:
         return f"is in cluster {pool.cluster}, not {cluster}"
+    if clusters is not None and pool.cluster not in clusters:
+        return f"is in cluster {pool.cluster}, outside the VM's zone"
     if host is not None and pool.kind == "local" and pool.host != host:
         return f"is local to {pool.host}, the VM runs on {host}"
     if scope is not None and pool.kind == "local" and pool.host not in scope:

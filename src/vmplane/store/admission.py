@@ -338,6 +338,14 @@ def scope_of(conn: Connection, zone: str | None, cluster: str | None) -> tuple[S
     return scope, ids.get(("zone", scope.zone)), ids.get(("cluster", scope.cluster))
 
 
+def clusters_of(conn: Connection, scope: Scope) -> frozenset[str]:
+    """The clusters a VM of `scope` may be in: its cluster, or every cluster of its zone."""
+    if scope.cluster is not None:
+        return frozenset({scope.cluster})
+    zones, _ids = once_per_transaction(conn, _ZONES_AND_CLUSTERS, lambda: _zones_and_clusters(conn))
+    return frozenset(zones.get(scope.zone or "", []))
+
+
 def _zones_and_clusters(conn: Connection) -> tuple[dict[str, list[str]], dict[tuple[str, str], int]]:
     zones: dict[str, list[str]] = {}
     ids: dict[tuple[str, str], int] = {}
