@@ -20,7 +20,8 @@ def test_a_vm_created_in_a_zone_without_start_gets_its_root_disk_in_that_zone_so
     o.pools.create("a-far", "shared", cluster="c2")  # first by name, and as roomy: chosen before the fix
     body = {"name": "web", "project": "p", "offering": "small", "template": "disk", "zone": "z1"}
     r = api.post("/api/v1/vms", json=body)
-    assert (r.status_code, r.json()["field"]) == (409, "pool") and "a-far: is in cluster c2, outside the VM's zone" in r.text
+    assert (r.status_code, r.json()["field"]) == (409, "pool")
+    assert "a-far: is in cluster c2, outside the VM's zone" in r.text, r.text
     assert api.get("/api/v1/vms").json() == []  # nothing made
 
     o.pools.create("z-near", "shared", cluster="c1")
