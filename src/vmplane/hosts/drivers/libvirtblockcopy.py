@@ -16,7 +16,7 @@ from xml.sax.saxutils import quoteattr
 import libvirt
 
 from vmplane.core.driver import DriverError
-from vmplane.hosts.drivers.libvirtsnapshots import chain_of, mirror_ready
+from vmplane.hosts.drivers.libvirtsnapshots import chain_of
 from vmplane.hosts.drivers.libvirtstorage import volume_xml
 
 
@@ -54,13 +54,18 @@ class BlockCopyMixin:
         def _dom(self, name: str) -> Any: ...
         def _xml(self, dom: Any, inactive: bool = False) -> str: ...
         def _job(self, dom: Any, target: str) -> bool: ...
+        def _abort_block_job(self, dom: Any, target: str) -> None: ...
+        def _await_job(
+            self, dom: Any, name: str, target: str, pivot_to: str | None, timeout_s: float, what: str
+        ) -> None: ...
+
+        POLL_S: float
+
         def _lookup(self, name: str) -> Any: ...
         def _pool_or_raise(self, name: str) -> Any: ...
         def _vol(self, pool: Any, name: str) -> Any: ...
         def volume(self, pool: str, name: str) -> Any: ...
         def delete_volume(self, pool: str, name: str) -> None: ...
-
-    COPY_POLL_S = 0.1
 
     def copy_disk(self, name: str, target: str, dest: str, timeout_s: float = 3600.0) -> None:
         dom = self._dom(name)
@@ -77,19 +82,7 @@ class BlockCopyMixin:
                     raise DriverError(
                         self.host, f"copy {name}'s {target} to {dest}: {exc.get_error_message()}"
                     ) from None
-            deadline = time.monotonic() + timeout_s
-            while self._job(dom, target):
-                if mirror_ready(self._xml(dom), target):
-                    try:
-                        dom.blockJobAbort(target, libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
-                    except libvirt.libvirtError as exc:
-                        raise DriverError(
-                            self.host, f"pivot {name}'s {target} to {dest}: {exc.get_error_message()}"
-                        ) from None
-                if time.monotonic() > deadline:
-                    self._abort(dom, target)
-                    raise DriverError(self.host, f"copy of {name}'s {target} did not end within {timeout_s:g} s")
-                time.sleep(self.COPY_POLL_S)
+            self._await_job(dom, name, target, dest, timeout_s, f"copy of {name}'s {target}")
             now = chain_of(self._xml(dom), target)
             if not now or now[0] != dest:
                 raise DriverError(
@@ -120,21 +113,15 @@ class BlockCopyMixin:
         if chain_of(self._xml(dom, inactive=True), target)[:1] != [dest]:
             raise DriverError(self.host, f"the definition of {name} does not read {dest} for {target} after the update")
 
-    def _abort(self, dom: Any, target: str) -> None:
-        try:
-            dom.blockJobAbort(target, 0)
-        except libvirt.libvirtError:
-            pass
-
     def abort_disk_copy(self, name: str, target: str) -> None:
         dom = self._lookup(name)
         if dom is None:
             return
         if self._job(dom, target):
-            self._abort(dom, target)
+            self._abort_block_job(dom, target)
             deadline = time.monotonic() + 30
             while self._job(dom, target) and time.monotonic() < deadline:
-                time.sleep(self.COPY_POLL_S)
+                time.sleep(self.POLL_S)
             if self._job(dom, target):
                 raise DriverError(self.host, f"the block job of {name}'s {target} did not end after its abort")
 

@@ -107,22 +107,30 @@ class CommitMixin:
                 dom.blockCommit(target, base, None if active else top, 0, flags)
             except libvirt.libvirtError as exc:
                 raise DriverError(self.host, f"commit {top} into {base}: {exc.get_error_message()}") from None
+        self._await_job(dom, name, target, base if active else None, timeout_s, f"commit {top} into {base}")
+
+    def _await_job(self, dom: Any, name: str, target: str, pivot_to: str | None, timeout_s: float, what: str) -> None:
+        """Wait until the block job on `target` ended: a mirroring one (an active commit, a copy) is pivoted to
+        `pivot_to` once it is ready; one still running past `timeout_s` is aborted (DriverError naming `what`)."""
         deadline = time.monotonic() + timeout_s
         while self._job(dom, target):
-            if active and mirror_ready(self._xml(dom), target):
+            if pivot_to is not None and mirror_ready(self._xml(dom), target):
                 try:
                     dom.blockJobAbort(target, libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_PIVOT)
                 except libvirt.libvirtError as exc:
                     raise DriverError(
-                        self.host, f"pivot {name}'s {target} to {base}: {exc.get_error_message()}"
+                        self.host, f"pivot {name}'s {target} to {pivot_to}: {exc.get_error_message()}"
                     ) from None
             if time.monotonic() > deadline:
-                try:
-                    dom.blockJobAbort(target, 0)
-                except libvirt.libvirtError:
-                    pass
-                raise DriverError(self.host, f"commit {top} into {base} did not end within {timeout_s:g} s")
+                self._abort_block_job(dom, target)
+                raise DriverError(self.host, f"{what} did not end within {timeout_s:g} s")
             time.sleep(self.POLL_S)
+
+    def _abort_block_job(self, dom: Any, target: str) -> None:
+        try:
+            dom.blockJobAbort(target, 0)
+        except libvirt.libvirtError:
+            pass
 
     def _job(self, dom: Any, target: str) -> bool:
         try:
