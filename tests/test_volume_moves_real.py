@@ -5,6 +5,7 @@ other host, its local disks copied between the hosts' pools; it starts there wit
 import pytest
 
 from .realguest import guest, libvirt_cluster, run_json, wait_until
+from .test_backups_real import mount_data
 from .test_storage_real import md5, write_file
 
 
@@ -14,11 +15,6 @@ def live(tmp_path_factory):
     run_json(server, "offering", "create", "disk", "--kind", "fixed", "--vcpus", "1", "--memory", "384MiB")
     yield server
     server.stop()
-
-
-def mount_data(live, vm: str) -> None:
-    wait_until(lambda: "vdb" in guest(live, vm, "cat /proc/partitions"), 60, f"{vm} to see vdb")
-    guest(live, vm, "mkdir -p /mnt/v && mount /dev/vdb /mnt/v")
 
 
 def test_a_volume_moves_live_and_its_stopped_vm_migrates_cold_with_its_local_disks(live):
