@@ -9,8 +9,9 @@ and a few others, requested one after another:
   HTTP parsing and the socket are in too.
 
 usage: .venv/bin/python bench/ui.py [--hosts 500] [--vms 10000] [--requests 100] [--mode asgi,uvicorn]
-       [--no-write] [--reuse FILE] [--profile PAGE]
+       [--no-write] [--reuse FILE] [--profile PAGE] [--graphs ROUNDS]
   --profile: cProfile one page's requests, the top functions printed; nothing written
+  --graphs: run the usage sampler ROUNDS times first (a minute apart): the pages draw an hour of usage graphs
 """
 
 from __future__ import annotations
@@ -120,8 +121,22 @@ def measure(get, urls: dict, n: int, warmup: int = 3) -> dict[str, list[float]]:
 
 
 def check(r, label: str) -> None:
-    if r.status_code != 200 or len(r.content) < 40:
+    if r.status_code != 200 or len(r.content) < 40 or "login-form" in r.text:  # (not the login page)
         raise RuntimeError(f"{label}: {r.status_code} {r.text[:300]}")
+
+
+def session_cookie(app) -> dict:
+    """A console session of the admin token, logged in through the form (the cookie holds a session id kept
+    in the store, not the token)."""
+    from fastapi.testclient import TestClient
+
+    from vmplane.ui.session import COOKIE
+
+    with TestClient(app, follow_redirects=False, client=("127.0.0.1", 50000)) as c:
+        r = c.post("/ui/login", data={"token": TOKEN})
+        if r.status_code != 303:
+            raise RuntimeError(f"login: {r.status_code} {r.text[:300]}")
+        return {COOKIE: r.cookies[COOKIE]}
 
 
 class ThreadedUvicorn:
@@ -161,6 +176,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print the table only (trial runs)")
     ap.add_argument("--reuse", help="keep the store in this file, or use it if it exists (trial runs)")
     ap.add_argument("--profile", help="a page label's start (e.g. 'overview'): profile it in-process and stop")
+    ap.add_argument("--graphs", type=int, default=0, help="usage sampler rounds first, a minute apart (60: an hour)")
     args = ap.parse_args()
     from fastapi.testclient import TestClient
 
@@ -172,9 +188,15 @@ def main() -> None:
             f"{args.vms} VMs in {built['vms_s']:.0f} s, {built['events']} events",
             flush=True,
         )
+        if args.graphs:  # the VM, host and project pages then draw their usage graphs with points
+            start = time.time() - args.graphs * 60
+            t0 = time.perf_counter()
+            for i in range(args.graphs):
+                o.stats.sample(start + i * 60)
+            print(f"{args.graphs} usage sampler rounds in {time.perf_counter() - t0:.0f} s", flush=True)
         app = create_app(o)
         urls = pages(-(-args.vms // PER_PROJECT), args.hosts)
-        cookies = {"vmplane_session": TOKEN}
+        cookies = session_cookie(app)
         results: dict[str, dict[str, list[float]]] = {}
         try:
             if args.profile:
@@ -223,7 +245,13 @@ def main() -> None:
     if args.no_write:
         print(body)
         return
-    write_section(f"Web console: {args.hosts} hosts, {args.vms} VMs (bench/ui.py)", body)
+    if args.graphs:
+        body += (
+            f" Usage graphs: {args.graphs} sampler rounds first (the last hour's points of every running VM, host "
+            f"and project), drawn on the VM, host and project pages."
+        )
+    graphs = f", graphs of {args.graphs} rounds" if args.graphs else ""
+    write_section(f"Web console: {args.hosts} hosts, {args.vms} VMs{graphs} (bench/ui.py)", body)
 
 
 if __name__ == "__main__":

@@ -5,25 +5,33 @@ guest that ignores ACPI (the test guest's init does) goes through the agent, not
 `vm exec` runs through the agent. Timings are printed, never asserted (bench/scale.py measures them)."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 
+import httpx
 import libvirt
 import pytest
 
 from vmplane.core.driver import DriverError
 
-from .realguest import guest, run_json, scalable_cluster
+from . import stores
+from .conftest import ADMIN_TOKEN
+from .realguest import busy, calm, guest, run_json, scalable_cluster
 
 DOMAIN = "vmplane-ag"
 BOUND_S = 180.0  # generous: TCG on a shared 2-core machine
+STATS_S = 2.0  # the usage sampler's interval in this module's server (60 s by default)
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    server = scalable_cluster(tmp_path_factory.mktemp("agentvm"), 2, 1024, {"f1": (1, "256MiB"), "f2": (2, "256MiB")})
+    with stores.env("VMPLANE_STATS_INTERVAL_S", STATS_S):  # the server reads it at its start
+        server = scalable_cluster(
+            tmp_path_factory.mktemp("agentvm"), 2, 1024, {"f1": (1, "256MiB"), "f2": (2, "256MiB")}
+        )
     run_json(server, "network", "create", "a-net", "--project", "p", "--cidr", "10.30.0.0/24")
     # a root disk (ext4, /data in the test guest): what a freeze freezes
     run_json(server, "template", "create", "scalable-disk", "--image", "tiny-linux", "--disk", "tiny-linux",
@@ -75,6 +83,55 @@ def test_a_hot_plugged_vcpu_is_online_with_a_person_on_the_console(live, vm):
     finally:
         held.abort()
         conn.close()
+
+
+def test_a_busy_guest_shows_in_its_cpu_graph_within_two_sampling_intervals(live, vm):
+    """A CPU loop on each vCPU inside the guest: the VM page's CPU chart (its latest value, as a screen reader
+    reads it) climbs from the idle guest's. Waited on with BOUND_S; the time taken is printed in intervals."""
+    seen: list[tuple[float, float | None]] = []  # (when, the chart's value): printed
+    with httpx.Client(base_url=live.url, timeout=30) as page:
+        assert page.post("/ui/login", data={"token": ADMIN_TOKEN}).status_code == 303  # (the session cookie)
+
+        def chart_cpu() -> float | None:
+            r = page.get(f"/ui/vms/{vm}")
+            r.raise_for_status()
+            m = re.search(r'<figure [^>]*data-graph="CPU">.*?<b data-latest="cpu_pct">([\d.]+) %</b>', r.text, re.S)
+            value = float(m.group(1)) if m else None
+            if not seen or seen[-1][1] != value:
+                seen.append((time.monotonic(), value))
+            return value
+
+        wait_for(chart_cpu, lambda v: v is not None, "a CPU point for the idle guest")
+        calm_until = time.monotonic() + 60  # a guest that just booted is busy a while (TCG): its quietest value
+        while (idle := min(v for _at, v in seen if v is not None)) > 25.0 and time.monotonic() < calm_until:
+            chart_cpu()
+            time.sleep(0.5)
+        vcpus = run_json(live, "vm", "show", vm)["vcpus"]
+        busy(live, vm, loops=vcpus)
+        t0 = time.monotonic()
+        goal = min(max(50.0, idle + 25.0), 90.0)
+        try:
+            shown = wait_for(chart_cpu, lambda v: v is not None and v >= goal, "the busy CPU")
+            took = time.monotonic() - t0
+            api = run_json(live, "vm", "show", vm)  # (the API's series agrees: GET /vms/{name}/stats)
+            with live.client() as c:
+                latest = c.get(f"/vms/{vm}/stats").json()["latest"]["cpu_pct"]
+                host = c.get(f"/hosts/{api['host']}/stats").json()["latest"]  # its own CPU and memory (getCPUStats)
+        finally:
+            calm(live, vm)
+    print(f"\nidle {idle:.1f} %, busy {shown:.1f} % on the chart {took:.1f} s ({took / STATS_S:.1f} sampling "
+          f"intervals) after the loops started; API latest {latest:.1f} % ({api['vcpus']} vCPUs); the chart: "
+          + ", ".join(f"{v} at {at - t0:+.1f} s" for at, v in seen))  # fmt: skip
+    assert latest >= 40.0  # the API's series agrees with the chart
+    assert host["cpu_pct"] is not None and host["mem_used_mib"] > 0 and host["mem_total_mib"] > 0, host
+
+
+def wait_for(read, done, what: str):
+    deadline = time.monotonic() + BOUND_S
+    while not done(value := read()):
+        assert time.monotonic() < deadline, f"{what}: not shown within {BOUND_S:g} s (last: {value})"
+        time.sleep(0.2)
+    return value
 
 
 @pytest.fixture(scope="module")

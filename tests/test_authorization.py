@@ -46,10 +46,12 @@ ADMIN_ONLY = {
     ("GET", "/pools/{name}"),
     ("DELETE", "/pools/{name}"),
     ("GET", "/clusters/{name}"),
+    ("PATCH", "/clusters/{name}"),
     ("POST", "/hosts/{name}/fence"),
     ("PUT", "/hosts/{name}/fence-agents"),
     ("POST", "/hosts/{name}/fail"),
     ("POST", "/hosts/{name}/recover"),
+    ("GET", "/hosts/{name}/stats"),
 }
 MEMBER_SCOPED = {
     ("GET", "/projects"),
@@ -70,6 +72,7 @@ MEMBER_SCOPED = {
     ("POST", "/vms/{name}/console/ticket"),
     ("POST", "/vms/{name}/snapshots"),
     ("GET", "/vms/{name}/snapshots"),
+    ("GET", "/vms/{name}/stats"),
     ("POST", "/vms/{name}/snapshots/{snapshot}/revert"),
     ("DELETE", "/vms/{name}/snapshots/{snapshot}"),
     ("POST", "/vms/{name}/clone"),
@@ -237,6 +240,7 @@ def test_admin_only_routes_refuse_a_member_with_403_and_change_nothing(refusals,
     "method,path,body",
     [
         ("GET", "/vms/b-run", None),
+        ("GET", "/vms/b-run/stats", None),
         ("POST", "/vms/b-off/start", None),
         ("POST", "/vms/b-run/stop", {}),
         ("DELETE", "/vms/b-off", None),

@@ -57,6 +57,8 @@ def test_tables_fit_80_columns_and_never_cut_an_id(cluster):
         assert "…" not in out, out
     wide = table(live, "host", "list", "--wide")
     assert "memory_capacity_mib" in wide and "…" not in wide
+    ops = table(live, "operation", "list")  # when and who asked (issue 33's audit)
+    assert "asked" in ops and "up-admin" in ops and re.search(r"\d\d-\d\d \d\d:\d\d", ops), ops
 
 
 def test_an_operation_is_found_by_a_unique_prefix_of_its_id(cluster):

@@ -4,6 +4,7 @@ who sees what, filters and paging, retention, and `vmplane events` (with --follo
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -334,6 +335,11 @@ def test_cli_events_of_a_vm(live):
     assert max(len(line) for line in lines) <= 80
     text = table.stdout
     assert "starting -> running" in text and "user up-admin" in text and "other" not in text
+    # one line for the VM's start (its whole chain), the header saying the time zone; the date on each line
+    assert "- -> starting -> running" in text, text  # created and started: one line
+    assert re.match(r"time \(\w+\)", lines[0]) and re.match(r"\d\d-\d\d \d\d:\d\d:\d\d  vm ", lines[1]), text
+    every = live.cli("events", "--vm", "web", "--kind", "vm", "--every").stdout
+    assert len(every.splitlines()) > len(lines) and "- -> starting -> running" not in every
     assert live.cli("events", "--kind", "nope").returncode == 2
 
 

@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import time
+from xml.etree import ElementTree
 
 import pytest
 
@@ -144,10 +145,28 @@ def test_killing_the_destination_mid_copy_leaves_the_vm_healthy_on_its_source(li
     assert run_json(live, "audit")["ok"]  # the target claim is gone, the source claim remains
 
 
+def _domain_cpu_model(live, host: str, vm: str) -> str | None:
+    """The <cpu><model> of a VM's live domain on a host, as libvirt has it."""
+    import libvirt
+
+    conn = libvirt.open(host_of(live, host).uri)
+    try:
+        return ElementTree.fromstring(conn.lookupByName(f"vmplane-{vm}").XMLDesc(0)).findtext("cpu/model")
+    finally:
+        conn.close()
+
+
 def test_a_real_host_drains_by_live_migration_and_comes_back(live, steady):
     running = [v for v in run_json(live, "vm", "list") if v["state"] == "running"]
     host = running[0]["host"]
     on_host = sorted(v["name"] for v in running if v["host"] == host)
+    # issue 33: the guests run the cluster's CPU model (its hosts' baseline under TCG), not a fixed qemu64, and
+    # a live migration carries it (the guest sees the same CPU after the move)
+    cluster = run_json(live, "cluster", "show", "cluster1")
+    model = cluster["effective_cpu_model"]
+    assert model == cluster["cpu_baseline"] and model != "qemu64", cluster
+    assert {vm: _domain_cpu_model(live, host, vm) for vm in on_host} == dict.fromkeys(on_host, model)
+    cpuinfo = guest(live, on_host[0], "grep -m1 'model name' /proc/cpuinfo")
     plan = run_json(live, "host", "maintenance", "enter", host, "--dry-run")
     assert sorted(m["vm"] for m in plan["migrations"]) == on_host and plan["unplaceable"] == []
     assert run_json(live, "host", "show", host)["state"] == "enabled"  # a dry run changes nothing
@@ -156,7 +175,10 @@ def test_a_real_host_drains_by_live_migration_and_comes_back(live, steady):
     result = json.loads(r.stdout)
     assert sorted(m["vm"] for m in result["migrations"]) == on_host
     assert all(m["state"] == "succeeded" for m in result["migrations"])
-    assert all(v["host"] != host for v in run_json(live, "vm", "list") if v["state"] == "running")
+    moved = {v["name"]: v["host"] for v in run_json(live, "vm", "list") if v["state"] == "running"}
+    assert all(where != host for where in moved.values())
+    assert {vm: _domain_cpu_model(live, moved[vm], vm) for vm in on_host} == dict.fromkeys(on_host, model)
+    assert guest(live, on_host[0], "grep -m1 'model name' /proc/cpuinfo") == cpuinfo
     assert domains_on(live, host) == []
     assert run_json(live, "host", "maintenance", "exit", host)["state"] == "enabled"
     assert run_json(live, "audit")["ok"]

@@ -65,8 +65,8 @@ def cluster(tmp_path_factory):
         live = LiveServer(tmp, hosts=0, driver="libvirt").start()
         for host in hosts:
             assert host.uri.startswith(f"qemu+tls://{host.address}/system?pkipath=")
-            run_json(live, "host", "add", host.name, "--cluster", "cluster1", "--uri", host.uri)
-            run_json(live, "pool", "create", f"local-{host.name}", "--kind", "local", "--host", host.name)
+            run_json(live, "host", "add", host.name, "--cluster", "cluster1", "--uri", host.uri)  # + local-NAME
+            assert run_json(live, "pool", "show", f"local-{host.name}")["host"] == host.name
         run_json(live, "pool", "create", "shared", "--kind", "shared", "--cluster", "cluster1")
         with live.client() as c:
             c.put(
@@ -167,8 +167,7 @@ def test_a_host_added_by_ssh_uri_takes_the_guest_peer_to_peer_over_ssh(cluster):
         pytest.skip(f"no sshd at {localhosts.SSHD} (openssh-server, or VMPLANE_SSHD)")
     host = localhosts.start(cluster.base, "ssh3", 2, netns=True, ssh=True)
     assert host.uri.startswith(f"qemu+ssh://root@{host.address}/system?")
-    run_json(live, "host", "add", "ssh3", "--cluster", "cluster1", "--uri", host.uri)
-    run_json(live, "pool", "create", "local-ssh3", "--kind", "local", "--host", "ssh3")
+    run_json(live, "host", "add", "ssh3", "--cluster", "cluster1", "--uri", host.uri)  # and its pool local-ssh3
     source = next(h for h in cluster.hosts if h.name == run_json(live, "vm", "show", "tv")["host"])
     r = live.cli("vm", "migrate", "tv", "--to", "ssh3", "--wait", "--output", "json", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

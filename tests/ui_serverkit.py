@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from vmplane.core.model import Offering, OfferingKind
 from vmplane.orchestrator import InlineExecutor, Orchestrator
 from vmplane.server import create_app
+from vmplane.ui.render import mib
 from vmplane.ui.session import COOKIE, csrf_token
 
 from .conftest import add_sim_hosts
@@ -120,23 +121,26 @@ def block(markup: str, attr: str, name: str) -> str:
 
 
 def bars(markup: str) -> dict[str, dict]:
-    """The bars of a block: label -> {used, total, pct, overhead} as rendered (title and label agree)."""
+    """The bars of a block: label -> {used, total, pct, overhead} as rendered (title and label agree). A bar in
+    MiB is keyed "memory (MiB)": its title is exact in MiB, its label in human units (mib: 3 GiB)."""
     out = {}
     for title, label in re.findall(
         r'<div class="bar" title="([^"]*)">\s*<div class="bar-label"><span>[^<]*</span>'
         r"<span>([^<]*)</span>",
         markup,
     ):
-        m = re.match(r"(.+?): (-?\d+) of (\d+)(?: \((\d+) overhead\))?$", html.unescape(title))
+        m = re.match(r"(.+?): (-?\d+) of (\d+)( MiB)?(?: \((\d+)(?: MiB)? overhead\))?$", html.unescape(title))
         assert m, title
-        lm = re.match(r"(-?\d+) / (\d+) · ([\d.]+)%", html.unescape(label))
+        lm = re.match(r"(.+?) / (.+?) · ([\d.]+)%", html.unescape(label))
         assert lm, label
-        assert (lm.group(1), lm.group(2)) == (m.group(2), m.group(3))  # the label says what the title says
-        out[m.group(1)] = {
+        used, total = (int(m.group(2)), int(m.group(3)))
+        said = (mib(used), mib(total)) if m.group(4) else (str(used), str(total))
+        assert (lm.group(1), lm.group(2)) == said  # the label says what the title says
+        out[m.group(1) + (" (MiB)" if m.group(4) else "")] = {
             "used": int(m.group(2)),
             "total": int(m.group(3)),
             "pct": float(lm.group(3)),
-            "overhead": int(m.group(4) or 0),
+            "overhead": int(m.group(5) or 0),
         }
     return out
 

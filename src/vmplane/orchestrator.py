@@ -40,12 +40,13 @@ from vmplane.controllers.scaler import Scaler
 from vmplane.controllers.seeds import Seeds
 from vmplane.controllers.snapshots import Snapshots
 from vmplane.controllers.starts import Starts
+from vmplane.controllers.stats import Stats
 from vmplane.controllers.storagesettle import StorageSettle
 from vmplane.controllers.vms import Admitted, Vms
 from vmplane.controllers.volumemoves import VolumeMoves
 from vmplane.controllers.volumes import Volumes
 from vmplane.core.model import HostState
-from vmplane.core.names import domain_name
+from vmplane.core.names import domain_name, local_pool_name
 from vmplane.core.placement import CapacityIndex
 from vmplane.hosts import images
 from vmplane.plane.capacity import Capacity
@@ -56,6 +57,7 @@ from vmplane.plane.overdue import OverdueOperations
 from vmplane.plane.settle import after_failed_operation
 from vmplane.store import Database, admission
 from vmplane.store.catalog import Catalog
+from vmplane.store.lifecycle import check_host_unused
 from vmplane.store.reads import Reads
 from vmplane.store.schema import Host, Operation, Vm
 
@@ -134,6 +136,7 @@ class Orchestrator:
         self.reboots = Reboots(plane)  # `vm reboot`: the guest asked (or reset), the VM keeps running
         self.backup_restores = BackupRestores(plane, self.backups, self.vms_ctl, self.volumes, self.pools, self.clones)
         self.backup_schedules = BackupSchedules(plane, self.backups)  # cron runs, exactly once across processes
+        self.stats = Stats(db, plane.drivers, capacity, plane.membership)  # usage graphs: sampled every minute
         ops.register(
             "start",
             on_fail=self.vms_ctl.fail_start_stop,
@@ -199,6 +202,7 @@ class Orchestrator:
             self.snapshots,
             self.backups,
             self.backup_schedules,
+            self.stats,
         )
 
     def close(self) -> None:
@@ -236,10 +240,26 @@ class Orchestrator:
         """One pass of the host monitor (hostmonitor.HostMonitor.check)."""
         return self.monitor.check()
 
-    def add_host(self, *args: Any, **kwargs: Any) -> Host:
-        return self.host_admin.add_host(*args, **kwargs)
+    def add_host(self, *args: Any, local_pool: bool = False, **kwargs: Any) -> Host:
+        """Register a host; with `local_pool`, its local pool `local-NAME` too (as `vmplane up` makes), so
+        that it can take VMs with disks at once. A pool its host refuses undoes the add: nothing is left."""
+        host = self.host_admin.add_host(*args, **kwargs)
+        if local_pool:
+            try:
+                self.pools.create(local_pool_name(host.name), "local", host=host.name)
+            except Exception:
+                self.host_admin.remove_host(host.name)
+                raise
+        return host
 
-    def remove_host(self, name: str) -> None:
+    def remove_host(self, name: str, local_pools: bool = False) -> None:
+        """Delete a host that holds nothing; with `local_pools`, its empty local pools go with it (checked
+        first: a host still in use is refused before any pool is deleted)."""
+        if local_pools:
+            check_host_unused(self.catalog, name)
+            for pool in self.pools.rows():
+                if pool.kind == "local" and pool.host_name == name:
+                    self.pools.delete(pool.name)
         self.host_admin.remove_host(name)
 
     def set_host_state(self, name: str, state: HostState) -> None:
@@ -255,7 +275,15 @@ class Orchestrator:
         return self.host_admin.host(name)
 
     def create_vm(self, *args: Any, **kwargs: Any) -> Admitted:
-        return self.vms_ctl.create_vm(*args, **kwargs)
+        admitted = self.vms_ctl.create_vm(*args, **kwargs, dry_run=False)
+        assert isinstance(admitted, Admitted)
+        return admitted
+
+    def plan_vm(self, *args: Any, **kwargs: Any) -> dict:
+        """A create's dry run: its plan (host, pool, charge) or its refusal; nothing is written."""
+        plan = self.vms_ctl.create_vm(*args, **kwargs, dry_run=True)
+        assert isinstance(plan, dict)
+        return plan
 
     def start_vm(self, name: str) -> Admitted:
         return self.vms_ctl.start_vm(name)

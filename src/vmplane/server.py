@@ -16,6 +16,7 @@ from sqlalchemy import update
 
 from vmplane.api.app import create_api
 from vmplane.core.errors import Invalid, NotFound
+from vmplane.core.names import local_pool_name
 from vmplane.hosts import localhosts
 from vmplane.hosts.guest import build as guest
 from vmplane.orchestrator import Orchestrator
@@ -130,7 +131,9 @@ def prepare_local_cluster(orch: Orchestrator, hosts: int, driver: str, host_memo
             if local is not None:
                 host = orch.add_host(name, UP_CLUSTER, "libvirt", uri=local.uri, migration_address=local.address)
             else:
-                host = orch.add_host(name, UP_CLUSTER, "sim", **{**SIM_HOST, "memory_mib": memory_mib})
+                host = orch.add_host(
+                    name, UP_CLUSTER, "sim", SIM_HOST["cores"], SIM_HOST["cpu_mhz"], memory_mib=memory_mib
+                )
         if host.memory_mib != memory_mib and (driver == "libvirt" or host_memory_mib is not None):
             set_host_memory(orch, name, memory_mib)
         names.append(name)
@@ -144,8 +147,8 @@ def _prepare_pools(orch: Orchestrator, hosts: list[str]) -> None:
     """A local pool on each host (`local-HOST`, its own folder) and one shared pool for the cluster."""
     existing = {p.name for p in orch.pools.rows()}
     for name in hosts:
-        if f"local-{name}" not in existing:
-            orch.pools.create(f"local-{name}", "local", host=name)
+        if local_pool_name(name) not in existing:
+            orch.pools.create(local_pool_name(name), "local", host=name)
     if UP_SHARED_POOL not in existing and hosts:
         orch.pools.create(UP_SHARED_POOL, "shared", cluster=UP_CLUSTER)
 

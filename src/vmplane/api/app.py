@@ -34,6 +34,7 @@ from vmplane.api.routers import (
 )
 from vmplane.api.routers import networks as network_routes
 from vmplane.api.routers import snapshots as snapshot_routes
+from vmplane.api.routers import stats as stat_routes
 from vmplane.api.schemas import ErrorBody
 from vmplane.api.timing import RequestTiming
 from vmplane.core.errors import VmplaneError
@@ -170,6 +171,7 @@ def create_api(orch: Orchestrator, insecure_cookies: bool = False) -> FastAPI:
         tokens,
         event_routes,
         controller_routes,
+        stat_routes,
     ):
         app.include_router(module.router, prefix=API, responses=ERRORS)
     api = APIRouter(prefix=API, responses=ERRORS, route_class=StrictQueryRoute)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import func, select
 
+from vmplane.api import statsmetrics
 from vmplane.core import networks
 from vmplane.core.migration import ACTIVE as ACTIVE_MIGRATION_STATES
 from vmplane.core.model import CHARGED_STATES, IN_FLIGHT_OPERATION_STATES, ClaimKind, HostState, VmState
@@ -227,6 +228,7 @@ class StateCollector:
             pools = conn.execute(POOLS).all()
             networks = conn.execute(NETWORKS).all()
             nics = dict(conn.execute(NICS_BY_STATE).tuples().all())
+            usage = [_family(*g) for g in statsmetrics.gauges(conn)]  # the graphs' latest points (issue 33)
         now = utcnow()
         states = [st.value for st in VmState] + sorted(set(vms) - {st.value for st in VmState})  # unknown ones too
         out = [Family("vmplane_vms", "VMs by state", ("state",), (states,), [vms.get(st, 0) for st in states])]
@@ -291,7 +293,7 @@ class StateCollector:
                 [used * MIB for _, _, used in pools],
             )
         )
-        return out + self._networks(networks, nics)
+        return out + self._networks(networks, nics) + usage
 
     @staticmethod
     def _networks(networks, nics: dict) -> list[Family]:

@@ -60,14 +60,29 @@ class ZoneOut(Response):
     name: str
 
 
+CpuModel = Annotated[str, Field(min_length=1, max_length=63, description="a named CPU model (libvirt's names)")]
+
+
 class ClusterCreate(Request):
     name: Name
     zone: Name
+    cpu_model: CpuModel | None = Field(None, description="its guests' CPU model; null: the baseline of its hosts")
+
+
+class ClusterUpdate(Request):
+    cpu_model: CpuModel | None = Field(
+        description="a named model every host of the cluster runs (else 409 naming the host), or null: the "
+        "baseline of its hosts; VMs running keep theirs until they start again"
+    )
 
 
 class ClusterOut(Response):
     name: str
     zone: str
+    cpu_model: str | None = Field(None, description="the admin's model; null: the baseline")
+    cpu_baseline: str | None = Field(None, description="the baseline of its hosts (recomputed as hosts join/leave)")
+    cpu_baseline_why: str | None = Field(None, description="why the baseline is not the hypervisor's own")
+    effective_cpu_model: str = Field("qemu64", description="what a VM started now gets (unless its offering says)")
 
 
 class HostCreate(Request):
@@ -79,6 +94,8 @@ class HostCreate(Request):
     memory_mib: Positive | None = None
     uri: Annotated[str, Field(max_length=1024)] | None = None
     migration_address: Annotated[str, Field(max_length=255, pattern=r"^[A-Za-z0-9.:\[\]-]+$")] | None = None
+    local_pool: StrictBool = Field(True, description="make its local pool local-NAME too (as `vmplane up` does)")
+    cpu_model: CpuModel | None = Field(None, description="a sim host's CPU family (a libvirt host says its own)")
 
 
 class HostOut(Response):
@@ -99,6 +116,7 @@ class HostOut(Response):
     state_reason: str | None = Field(None, description="why it is down, fencing or fenced")
     down_since: UtcDatetime | None = Field(None, description="since when it does not answer")
     fence_agents: list[str] = Field(default_factory=list, description="its fence agents, in order (kinds only)")
+    cpu_model: str | None = Field(None, description="its CPU for guests (libvirt's host-model; a sim host's family)")
 
 
 class FenceRequest(Request):
@@ -184,6 +202,11 @@ class OfferingCreate(Request):
     root_disk_mib: Positive | None = Field(None, description="root disk size; null: the template image's size")
     max_root_disk_mib: Positive | None = Field(None, description="a VM may ask for a root disk up to this")
     ha_policy: HaPolicy = Field("off", description="its VMs' default HA policy")
+    cpu_model: CpuModel | None = Field(
+        None,
+        description="its VMs' guest CPU: null (their cluster's), host-model (the host's own CPU: a live migration "
+        "to a host with another CPU may be refused) or a named model (a host that can not run it refuses the VM)",
+    )
 
 
 class OfferingOut(Response):
@@ -201,6 +224,7 @@ class OfferingOut(Response):
     root_disk_mib: int | None = None
     max_root_disk_mib: int | None = None
     ha_policy: str = "off"
+    cpu_model: str | None = Field(None, description="null: the cluster's")
     retired: bool = Field(description="takes no new VMs; VMs using it keep it")
 
 
@@ -298,6 +322,9 @@ class VmCreate(Request):
         None, description="cloud-init user data: a #cloud-config YAML mapping or a #! script, at most 64 KiB"
     )
     project_keys: StrictBool = Field(True, description="add the project's SSH keys (project key add) to the seed")
+    dry_run: StrictBool = Field(
+        False, description="check everything (quota, placement, pool) and answer the plan; nothing is created"
+    )
 
 
 class VmUpdate(Request):
@@ -347,6 +374,18 @@ class VmOut(Response):
         description="the addresses its guest holds (`eth0 10.0.0.5/24`), as its agent reports them; beside the "
         "NICs' recorded ones (a difference is drift: `vmplane audit`); null without an agent",
     )
+    cpu_cap_percent: float | None = Field(
+        None, description="its CPU cap: the share of one host CPU each vCPU may use (%); null: not capped"
+    )
+    group: str | None = Field(None, description="its placement group")
+    disks: list[str] | None = Field(
+        None, description="its disks, one a line: device, volume, size, pool (vm show only; null in lists)"
+    )
+    live_scaling: str | None = Field(
+        None,
+        description="whether it can be live-scaled, and up to what or why not: its offering, template and zone "
+        "setting and what it was prepared for at start, together (vm show only)",
+    )
 
 
 class OperationOut(Response):
@@ -361,6 +400,9 @@ class OperationOut(Response):
     result: dict | None
     created_at: UtcDatetime
     updated_at: UtcDatetime
+    requested_by: str | None = Field(
+        None, description="who asked for it: its first event's cause (`user <token>`, or a loop's name)"
+    )
 
 
 class EventOut(Response):

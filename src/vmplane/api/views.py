@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import String, bindparam, cast, func, literal_column, select
 
 from vmplane.api import schemas
 from vmplane.core import guestagent as agent_rules
 from vmplane.core.errors import NotFound
+from vmplane.core.scaling import ScalingFlags
 from vmplane.core.storagerules import volume_file
+from vmplane.core.units import format_mib
 from vmplane.orchestrator import Orchestrator
 from vmplane.store import Database
 from vmplane.store import guestagents as guest_agents
+from vmplane.store import storageledger as SL
 from vmplane.store.prepared import prepared
 from vmplane.store.schema import (
     Cluster,
+    Group,
     Host,
     Network,
     Nic,
@@ -50,6 +56,7 @@ def host_out(orch: Orchestrator, h: Host) -> schemas.HostOut:
         state_reason=h.state_reason,
         down_since=h.down_since,
         fence_agents=[a.get("agent", "?") for a in h.fence_agents or []],
+        cpu_model=h.cpu_model,
     )
 
 
@@ -153,6 +160,8 @@ def vm_out(vm: Vm, agent: guest_agents.AgentView | None = None) -> schemas.VmOut
         created_at=vm.created_at,
         hostname=vm.hostname,
         ssh_keys=len(vm.ssh_keys or ()),
+        cpu_cap_percent=vm.cpu_cap_percent,
+        group=vm.group.name if vm.group else None,
     )
 
 
@@ -162,7 +171,7 @@ def _vm_view():
     v, p, o, t = Vm.__table__.c, Project.__table__, Offering.__table__, Template.__table__
     h, z, c = Host.__table__.alias("h"), Zone.__table__.alias("z"), Cluster.__table__.alias("c")
     hc, hz = Cluster.__table__.alias("hc"), Zone.__table__.alias("hz")  # the host's, for _zone_of
-    ga = guest_agents.AGENTS
+    ga, g = guest_agents.AGENTS, Group.__table__
     joined = (
         Vm.__table__.join(p, p.c.id == v.project_id)
         .join(o, o.c.id == v.offering_id)
@@ -173,6 +182,7 @@ def _vm_view():
         .outerjoin(hc, hc.c.id == h.c.cluster_id)
         .outerjoin(hz, hz.c.id == hc.c.zone_id)
         .outerjoin(ga, ga.c.vm_id == v.id)
+        .outerjoin(g, g.c.id == v.group_id)
     )
     return (
         select(
@@ -200,6 +210,15 @@ def _vm_view():
             v.ssh_keys,
             ga.c.state.label("agent"),
             ga.c.interfaces.label("guest_addresses"),
+            v.cpu_cap_percent,
+            g.c.name.label("group"),
+            literal_column("NULL").label("disks"),
+            literal_column("NULL").label("live_scaling"),
+            v.prepared,
+            v.id,
+            o.c.dynamic_scaling.label("offering_dynamic"),
+            t.c.dynamically_scalable.label("template_dynamic"),
+            c.c.name.label("cluster_name"),
         )
         .select_from(joined)
         .where(v.name == bindparam("name"))
@@ -268,11 +287,52 @@ assert set(_VM_FIELDS) <= set(_VM_VIEW.selected_columns.keys()), "VmOut has a fi
 
 
 def vm_body(db: Database, name: str, project_id: int | None = None) -> dict:
-    """GET /vms/{name}'s JSON body (as vm_out(...).model_dump(mode="json"): tests/test_api_polish.py
+    """A VM's JSON body as in lists (as vm_out(...).model_dump(mode="json"): tests/test_api_polish.py
     pins the two alike). `project_id`: a member's project; another project's VM does not exist for it."""
+    return _vm_body(_vm_row(db, name, project_id))
+
+
+def vm_detail(db: Database, name: str, project_id: int | None, scale_setting: Callable[[Any, Any], bool]) -> dict:
+    """GET /vms/{name}'s body: vm_body and what `vm show` adds, its disks and whether it can be live-scaled
+    (`scale_setting(zone, cluster)`: enable.dynamic.scale.vm where it is)."""
+    row = _vm_row(db, name, project_id)
+    body = _vm_body(row)
+    with db.read() as s:
+        vols = SL.vm_volumes(s.connection(), row["id"])
+    body["disks"] = [f"{v.device or '-'} {v.name} {format_mib(v.size_mib)} on {v.pool_name}" for v in vols]
+    flags = ScalingFlags(
+        scale_setting(row["zone"], row["cluster_name"]),
+        bool(row["offering_dynamic"]),
+        bool(row["template_dynamic"]),
+        bool(row["dynamic_scaling"]),
+    )
+    body["live_scaling"] = scaling_words(
+        row["state"], bool(row["prepared"]), flags, row["max_vcpus"], row["max_memory_mib"]
+    )
+    return body
+
+
+def scaling_words(state: str, prepared: bool, flags: ScalingFlags, max_vcpus, max_memory_mib) -> str:
+    """`vm show`'s live_scaling: yes and up to what (running, prepared at start), or why not."""
+    off = flags.first_off()
+    if state == "running" and prepared:
+        return f"yes: up to {max_vcpus} vCPUs / {format_mib(max_memory_mib)} (prepared at start)"
+    if state == "running":
+        why = f"{off} is off" if off else "the switches are on now, but it started before: stop and start it"
+        return f"no: it started unprepared ({why}); a scale restarts it or is refused"
+    if off:
+        return f"no: {off} is off (a scale of the stopped VM changes its size for its next start)"
+    return "yes, once started: its offering, template, zone setting and its own flag allow it"
+
+
+def _vm_row(db: Database, name: str, project_id: int | None) -> Any:
     row = prepared(db.engine, _VM_VIEW).first(name=name)
     if row is None or (project_id is not None and row["project_id"] != project_id):
         raise NotFound(f"vm {name!r} does not exist", field="vm")
+    return row
+
+
+def _vm_body(row: Any) -> dict:
     body = {field: row[field] for field in _VM_FIELDS}
     body["created_at"] = schemas.utc_iso(body["created_at"])
     body["nics"] = _nics_of_text(body["nics"])
@@ -282,7 +342,7 @@ def vm_body(db: Database, name: str, project_id: int | None = None) -> dict:
     return body
 
 
-def operation_out(op: Operation | None) -> schemas.OperationOut | None:
+def operation_out(op: Operation | None, requested_by: str | None = None) -> schemas.OperationOut | None:
     """The store's `target` is the VM's name, or the host's for a drain: the API names which."""
     if op is None:
         return None
@@ -299,6 +359,7 @@ def operation_out(op: Operation | None) -> schemas.OperationOut | None:
         result=op.result,
         created_at=op.created_at,
         updated_at=op.updated_at,
+        requested_by=requested_by,
     )
 
 

@@ -164,10 +164,15 @@ def offering_create(
         str | None, typer.Option(help=size_help("VMs may ask for a root disk up to this"), metavar="SIZE")
     ] = None,
     ha: str | None = typer.Option(None, help="its VMs' default HA policy: restart or off"),
+    cpu_model: str | None = typer.Option(
+        None,
+        help="its VMs' guest CPU: a named model, or host-model (the host's CPU: may block live migration to "
+        "another CPU); default: their cluster's",
+    ),
     *,
     client: Client,
 ):
-    """Create a compute offering: fixed sizes or ranges, CPU speed, cap, live scaling, root disk size."""
+    """Create a compute offering: fixed sizes or ranges, CPU speed, cap, live scaling, root disk size, CPU model."""
     body = {
         "name": name,
         "kind": kind,
@@ -183,6 +188,7 @@ def offering_create(
         "cpu_cap": cpu_cap,
         "dynamic_scaling": dynamic_scaling,
         "ha_policy": ha,
+        "cpu_model": cpu_model,
     }
     return client.post("/offerings", {k: v for k, v in body.items() if v is not None})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import functools
 import inspect
@@ -96,7 +97,7 @@ def size_help(what: str) -> str:
 Size = Annotated[str | None, typer.Option(help=SIZE_RULE, metavar="SIZE")]
 
 
-# API field names as the CLI's flags, for errors (`memory_mib is required` -> `--memory is required`)
+# API field names as the CLI's flags, for errors (`memory_mib: field required` -> `--memory: field required`)
 FLAGS = {
     "memory_mib": "--memory",
     "min_memory_mib": "--min-memory",
@@ -116,16 +117,22 @@ FLAGS = {
     "max_downtime_ms": "--max-downtime",
     "timeout_s": "--timeout",
 }
-_FIELD_WORD = re.compile(r"\b(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")\b")
+
+
+_FIELD_WORD = re.compile(r"(?<![\w.-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")(?![\w-])")
 
 
 def in_cli_words(body: dict) -> dict:
-    """An API error as the CLI says it: field names that are flags become the flags."""
+    """An API error as the CLI says it: only a refused input (422 `invalid`) whose field is a flag speaks in
+    flags (its field, and the input fields its message names). Anything else (a quota, a conflict, a
+    setting, a sort key) keeps the API's words: its field did not come from a flag."""
     out = dict(body)
+    field = out.get("field")
+    if out.get("error") != "invalid" or field not in FLAGS:
+        return out
+    out["field"] = FLAGS[field]
     if isinstance(out.get("message"), str):
         out["message"] = _FIELD_WORD.sub(lambda m: FLAGS[m.group(1)], out["message"])
-    if out.get("field") in FLAGS:
-        out["field"] = FLAGS[out["field"]]
     return out
 
 
@@ -192,13 +199,32 @@ HOST_COLUMNS = [
     Col("memory MiB", lambda r: f"{r['used_memory_mib']}/{r['memory_capacity_mib']}"),
 ]
 VM_COLUMNS = ["name", "project", "state", "host", "vcpus", Col("memory MiB", "memory_mib"), "offering"]
-# What fits 80 columns beside a whole 36-character id; `--wide` shows every field, `show` one object.
+
+
+def local_time(iso: str | None, fmt: str = "%Y-%m-%d %H:%M:%S %Z") -> str:
+    """An API timestamp (UTC) in this machine's time zone, with the zone said; "-" for none."""
+    if not iso:
+        return "-"
+    try:
+        return dt.datetime.fromisoformat(iso).astimezone().strftime(fmt)
+    except ValueError:
+        return iso
+
+
+# What fits 80 columns beside a whole 36-character id (the others wrap, never cut); `--wide` shows every
+# field, `show` one object.
 OP_COLUMNS = [
     "id",
     "kind",
     Col("on", lambda r: r.get("vm") or r.get("host") or r.get("target")),
-    "state",
-    Col("%", "progress"),
+    Col("state", lambda r: r["state"] + (f" {r['progress']}%" if r["state"] in ("pending", "running") else "")),
+    Col(
+        "asked",
+        lambda r: (
+            f"{local_time(r.get('created_at'), '%m-%d %H:%M')} by "
+            f"{(r.get('requested_by') or '?').removeprefix('user ')}"
+        ),
+    ),
 ]
 MIGRATION_COLUMNS: list[str | Col] = ["id", "vm", "source", "target", "state", Col("%", "progress")]
 

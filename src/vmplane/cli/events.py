@@ -19,6 +19,7 @@ import typer
 from vmplane.cli.client import Client
 from vmplane.cli.common import Limit, Offset, api_command, app
 from vmplane.cli.output import console, note
+from vmplane.core.eventfold import chain, fold
 
 WIDTH = 80
 INDENT = 4  # a message's lines start here
@@ -44,10 +45,8 @@ def _local(row: dict) -> dt.datetime | None:
         return None
 
 
-def time_format(rows: list[dict]) -> str:
-    """Hours only when every event is from today (this machine's clock), else the date too."""
-    today = dt.datetime.now().astimezone().date()
-    return "%H:%M:%S" if all((_local(r) or dt.datetime.min).date() == today for r in rows) else "%m-%d %H:%M:%S"
+TIME_FORMAT = "%m-%d %H:%M:%S"  # this machine's time zone, said in the header (and on each line followed)
+FOLLOW_FORMAT = TIME_FORMAT + " %Z"
 
 
 def subject(row: dict) -> str:
@@ -57,7 +56,7 @@ def subject(row: dict) -> str:
 
 
 def change(row: dict) -> str:
-    return f"{row.get('old_state') or '-'} -> {row.get('new_state') or '-'}"
+    return chain(row)
 
 
 def event_lines(row: dict, fmt: str, widths: tuple[int, int, int]) -> list[str]:
@@ -83,15 +82,15 @@ def event_lines(row: dict, fmt: str, widths: tuple[int, int, int]) -> list[str]:
 
 
 def print_events(rows: list[dict]) -> None:
-    fmt = time_format(rows)
+    fmt = TIME_FORMAT
     widths = tuple(
         max(len(h), *(len(f(r)) for r in rows))
         for h, f in (("kind", lambda r: r["kind"]), ("subject", subject), ("old -> new", change))
     )
-    at_width = len(dt.datetime(2000, 1, 1).strftime(fmt))
+    at_width = len(dt.datetime.now().astimezone().strftime(fmt))
     header = "  ".join(
         [
-            "time".ljust(at_width),
+            f"time ({dt.datetime.now().astimezone().strftime('%Z')})".ljust(at_width),
             "kind".ljust(widths[0]),
             "subject".ljust(widths[1]),
             "old -> new".ljust(widths[2]),
@@ -106,7 +105,7 @@ def print_events(rows: list[dict]) -> None:
 
 def _emit(rows: list[dict], output: str) -> None:
     for row in rows:
-        text = json.dumps(row) if output == "json" else "\n".join(event_lines(row, "%m-%d %H:%M:%S", FOLLOW_WIDTHS))
+        text = json.dumps(row) if output == "json" else "\n".join(event_lines(row, FOLLOW_FORMAT, FOLLOW_WIDTHS))
         sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
@@ -117,19 +116,24 @@ def events(
     host: str | None = typer.Option(None, help="only this host's events and those of what runs on it"),
     kind: Kind | None = typer.Option(None, help="vm, host, migration, operation, volume or pool"),
     since: str | None = typer.Option(
-        None, help="an event id (the events after it) or an ISO 8601 timestamp (those at or after it)"
+        None, help="an event id (the events after it), a span back from now (30m, 1h, 2d) or an ISO 8601 date or time"
     ),
     limit: int | None = Limit(),
     offset: int | None = Offset,
     follow: bool = typer.Option(
         False, "--follow", "-f", help="then print new events as they happen, until Ctrl-C (JSON lines with -o json)"
     ),
+    every: bool = typer.Option(
+        False, "--every", help="every change on its own line (by default one task's changes of an object are one)"
+    ),
     wide: bool = False,
     output: str = "table",
     *,
     client: Client,
 ):
-    """State changes of VMs, hosts, migrations and operations with their cause, newest first.
+    """State changes of VMs, hosts, migrations and operations with their cause, newest first, in this
+    machine's time zone. One line per object per task (a stop: the VM `running -> stopping -> stopped`, its
+    operation `- -> pending -> running -> succeeded`); --every, --wide and -o json show every change.
 
     --follow prints the last few oldest first, then each new one as it comes (checked every 0.5 s)."""
     filters = {"vm": vm, "host": host, "kind": kind.value if kind else None}
@@ -141,7 +145,7 @@ def events(
     if not rows:
         note("no events" + (f" at this offset ({total} in all)" if total else ""))
         return None
-    print_events(rows)
+    print_events(rows if every else fold(rows))
     if total is not None and total > len(rows):
         note(f"showing {len(rows)} of {total}, newest first (use --limit/--offset)")
     return None

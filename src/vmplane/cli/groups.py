@@ -51,10 +51,19 @@ def group_delete(name: str, client: Client):
     note(f"group {name} deleted")
 
 
+def cpu_model_words(c: dict) -> str:
+    """What a VM started in the cluster now gets, and where that comes from."""
+    baseline = c.get("cpu_baseline") or "not computed yet"
+    if c.get("cpu_model"):
+        return f"{c['cpu_model']} (set on the cluster; its hosts' baseline: {baseline})"
+    return f"{c.get('effective_cpu_model', '-')} (its hosts' baseline)"
+
+
 @api_command(groups["cluster"], "show")
 def cluster_show(name: str, output: str, client: Client):
-    """A cluster, its hosts and its failover capacity: k (vmplane.ha.host.failures.tolerated), the reserve
-    held back for the HA VMs of k failed hosts, and whether it survives k failures now (naming the worst case)."""
+    """A cluster, its hosts, its guests' CPU model (its own or its hosts' baseline) and its failover capacity: k
+    (vmplane.ha.host.failures.tolerated), the reserve held back for the HA VMs of k failed hosts, and whether it
+    survives k failures now (naming the worst case)."""
     c = client.get(f"/clusters/{name}")
     if output != "table":
         return c
@@ -73,6 +82,8 @@ def cluster_show(name: str, output: str, client: Client):
         "name": c["name"],
         "zone": c["zone"],
         "hosts": c["hosts"],
+        "cpu model": cpu_model_words(c),
+        **({"cpu baseline note": c["cpu_baseline_why"]} if c.get("cpu_baseline_why") else {}),
         "host failures tolerated": f"{f['failures_tolerated']} ({f['setting']})",
         "reserve": f"{f['reserve_vcpus']} vCPU / {f['reserve_memory_mib']} MiB",
         "HA VMs claim": f"{f['ha_vcpus']} vCPU / {f['ha_memory_mib']} MiB",

@@ -76,16 +76,41 @@ def zone_delete(name: str, client: Client):
     note(f"zone {name} deleted")
 
 
+CPU_MODEL_HELP = "its guests' CPU model, a named model every host runs (default: the baseline of its hosts)"
+
+
 @api_command(groups["cluster"], "create")
-def cluster_create(name: str, zone: str = typer.Option(..., help="zone of the cluster"), *, client: Client):
+def cluster_create(
+    name: str,
+    zone: str = typer.Option(..., help="zone of the cluster"),
+    cpu_model: str | None = typer.Option(None, help=CPU_MODEL_HELP),
+    *,
+    client: Client,
+):
     """Create a cluster of hosts in a zone."""
-    return client.post("/clusters", {"name": name, "zone": zone})
+    body = {"name": name, "zone": zone, "cpu_model": cpu_model}
+    return client.post("/clusters", {k: v for k, v in body.items() if v is not None})
+
+
+@api_command(groups["cluster"], "update")
+def cluster_update(
+    name: str,
+    cpu_model: str | None = typer.Option(None, help=CPU_MODEL_HELP),
+    baseline: bool = typer.Option(False, "--baseline", help="back to the baseline of its hosts"),
+    *,
+    client: Client,
+):
+    """Set the cluster's guest CPU model (refused naming a host that can not run it), or --baseline. VMs that
+    run keep their model until they start again."""
+    if (cpu_model is None) == (not baseline):
+        raise typer.BadParameter("give either --cpu-model MODEL or --baseline")
+    return client.call("PATCH", f"/clusters/{name}", json={"cpu_model": cpu_model})
 
 
 @api_command(groups["cluster"], "list", lists=True)
 def cluster_list(client: Client):
-    """List clusters and their zones."""
-    return client.get("/clusters"), ["name", "zone"], "clusters"
+    """List clusters, their zones and the CPU model a VM started there gets."""
+    return client.get("/clusters"), ["name", "zone", Col("cpu model", "effective_cpu_model")], "clusters"
 
 
 @api_command(groups["cluster"], "delete")
@@ -104,10 +129,13 @@ def host_add(
     mhz: int | None = typer.Option(None),
     memory: Size = None,
     uri: str | None = typer.Option(None, help="libvirt URI of the host"),
+    cpu: str | None = typer.Option(None, help="a sim host's CPU family (Westmere, Haswell, ...; default Broadwell)"),
+    local_pool: bool = typer.Option(True, help="make its local pool local-NAME too, so that it takes VMs at once"),
     *,
     client: Client,
 ):
-    """Register a host: simulated (--sim --cores --mhz --memory) or real (--uri)."""
+    """Register a host: simulated (--sim --cores --mhz --memory) or real (--uri); with its local pool
+    `local-NAME` (--no-local-pool: none)."""
     if sim == bool(uri):
         raise typer.BadParameter("give either --sim (with --cores, --mhz, --memory) or --uri")
     body = {
@@ -118,6 +146,8 @@ def host_add(
         "cores": cores,
         "cpu_mhz": mhz,
         "memory_mib": mib(memory),
+        "local_pool": local_pool,
+        "cpu_model": cpu,
     }
     return client.post("/hosts", {k: v for k, v in body.items() if v is not None})
 

@@ -105,11 +105,12 @@ def vm_create(
     ),
     hostname: str | None = typer.Option(None, help="the guest's hostname (cloud-init)"),
     no_project_keys: bool = typer.Option(False, help="leave the project's SSH keys (project key add) out"),
+    dry_run: bool = typer.Option(False, help="check quota, placement and pool, print the plan; create nothing"),
     *,
     client: Client,
 ):
     """Create a VM (charging one of its project's `vms`, and its root disk's storage); with --start, admit
-    and start it too."""
+    and start it too. --dry-run: the plan (host, pool, charge) or the refusal; nothing is created."""
     body = {
         "name": name,
         "project": project,
@@ -132,8 +133,11 @@ def vm_create(
         "user_data": user_data.read_text() if user_data else None,
         "hostname": hostname,
         "project_keys": False if no_project_keys else None,
+        "dry_run": True if dry_run else None,
     }
     accepted = client.post("/vms", {k: v for k, v in body.items() if v is not None})
+    if dry_run:
+        return accepted
     return _shown(_follow(client, accepted, wait), wait, output)
 
 

@@ -651,7 +651,13 @@ class HostRecovery:
         except Exception as exc:  # noqa: BLE001 - every failure is settled by asking the host
             return self._restart_failed(op_id, op, vm, exc)
         with plane.db.transaction() as conn:
-            L.set_vm(conn, vm.id, note=f"restarted by HA after {op.result['from']} failed", state=VmState.running)
+            L.set_vm(
+                conn,
+                vm.id,
+                note=f"restarted by HA after {op.result['from']} failed",
+                state=VmState.running,
+                cpu_model=spec.cpu_model,
+            )
             L.set_operation(
                 conn,
                 op_id,

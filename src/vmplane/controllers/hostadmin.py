@@ -6,11 +6,14 @@ it is added (and refused, naming its URI, when it does not answer); a sim host i
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from vmplane.core.driver import Driver, DriverError, HostInfo
+from vmplane.controllers import clustercpu
+from vmplane.core import cpumodels
+from vmplane.core.driver import Driver, DriverError, HostCpu, HostInfo
 from vmplane.core.errors import Conflict, Invalid, NotFound
 from vmplane.core.model import UNREACHABLE_HOST_STATES, HostState
 from vmplane.core.names import check_name
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from vmplane.plane.context import Plane
 
 UNREACHABLE = {st.value for st in UNREACHABLE_HOST_STATES}
+log = logging.getLogger("vmplane.hostadmin")
 
 
 def libvirt_driver(host: str, uri: str | None) -> Driver:
@@ -51,7 +55,10 @@ class HostAdmin:
     def _make_driver(self, host: Host) -> Driver:
         if host.driver == "sim":
             return SimDriver(
-                host.name, HostInfo(host.cores, host.cpu_mhz, host.memory_mib), SimFabric.for_store(self.plane.db.url)
+                host.name,
+                HostInfo(host.cores, host.cpu_mhz, host.memory_mib),
+                SimFabric.for_store(self.plane.db.url),
+                cpu_family=host.cpu_model,
             )
         return libvirt_driver(host.name, host.uri)
 
@@ -97,14 +104,23 @@ class HostAdmin:
         memory_mib: int | None = None,
         uri: str | None = None,
         migration_address: str | None = None,
+        cpu_model: str | None = None,
     ) -> Host:
+        """Register a host. `cpu_model` is a sim host's CPU family (core/cpumodels.FAMILIES); a libvirt host
+        says its own. Its cluster's CPU baseline is recomputed (controllers/clustercpu.py)."""
         check_name(name)
+        cpu: HostCpu | None = None
         if driver == "sim":
             for field, value in (("cores", cores), ("cpu_mhz", cpu_mhz), ("memory_mib", memory_mib)):
                 if value is None:
                     raise Invalid(f"a sim host needs {field}", field=field)
                 if value <= 0:
                     raise Invalid(f"{field} must be greater than 0, got {value}", field=field)
+            why = cpumodels.check_name(cpu_model) if cpu_model is not None else None
+            if why:
+                raise Invalid(why, field="cpu_model")
+            family = cpu_model or cpumodels.SIM_FAMILY
+            cpu = HostCpu(family, cpumodels.runnable(family))
         elif driver == "libvirt":
             if not uri:
                 raise Invalid(
@@ -114,6 +130,7 @@ class HostAdmin:
             probe = libvirt_driver(name, uri)
             try:
                 info = probe.host_info()
+                cpu = self._host_cpu(probe)
             except DriverError as exc:
                 raise Invalid(f"cannot reach libvirt at {uri}: {exc}", field="uri") from None
             finally:
@@ -125,6 +142,7 @@ class HostAdmin:
             with self.plane.db.write() as s:
                 ensure_new(s, Host, name)
                 c = get_by_name(s, Cluster, cluster, field="cluster")
+                clustercpu.check_host_joins(c, name, cpu)
                 s.add(
                     Host(
                         name=name,
@@ -139,24 +157,37 @@ class HostAdmin:
                         used_memory_mib=0,
                         migration_address=migration_address,
                         fence_agents=default_agents(driver, uri),
+                        **clustercpu.stored(cpu),
                     )
                 )
             host = self.host(name)
             self.plane.drivers[name] = self._make_driver(host)
             self.plane.capacity.put_host(host)
+        clustercpu.recompute(self.plane, cluster)
         if self.plane.membership.epoch is not None:
             self.plane.membership.balance()  # its listener: this process or another, from now on
-        return host
+        return self.host(name)
+
+    @staticmethod
+    def _host_cpu(probe: Driver) -> HostCpu | None:
+        """What a new host says of its CPU; None (not known: never checked) when it can not say."""
+        try:
+            return probe.host_cpu()
+        except DriverError as exc:
+            log.warning("host %s did not describe its CPU: %s", probe.host, exc)
+            return None
 
     def remove_host(self, name: str) -> None:
         """Delete a host that holds nothing (lifecycle.delete_host_row says what still uses it), with
         its driver and its row in the capacity index."""
+        cluster = self.host(name).cluster.name
         with self.plane.capacity.lock:
             delete_host_row(self.plane.catalog, name)
             driver = self.plane.drivers.pop(name, None)
             self.plane.capacity.drop_host(name)
         if driver is not None:
             driver.close()
+        clustercpu.recompute(self.plane, cluster)
 
     def hosts(self) -> list[Host]:
         with self.plane.db.read() as s:

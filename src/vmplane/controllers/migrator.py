@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import select
 
+from vmplane.controllers import clustercpu
 from vmplane.controllers.diskmoves import DiskMoves
 from vmplane.controllers.hostmonitor import probe
 from vmplane.core import failpoints
@@ -239,6 +240,9 @@ class Migrator:
                 if problem:
                     raise Conflict(f"vm {vm_name} can not live-migrate now: {problem}", field="state")
                 placement = self.plan(vm, to)
+                problem = clustercpu.migration_problem(conn, vm, placement.host)
+                if problem:
+                    raise Conflict(f"vm {vm_name} can not live-migrate to {placement.host}: {problem}", field="to")
                 if dry_run:
                     return {
                         "vm": vm_name,

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, TypeVar
 from sqlalchemy.engine import Connection, Row
 
 from vmplane.core import failpoints
-from vmplane.core.domain import spec_of
+from vmplane.core.domain import cpu_model_of, spec_of
 from vmplane.core.driver import NicSpec
 from vmplane.core.errors import Interrupted, NotFound
 from vmplane.core.model import OperationState, VmState
@@ -330,7 +330,7 @@ class Starts:
     @staticmethod
     def _confirm(conn: Connection, s: _Start) -> _Start:
         with events.acting_as(s.cause):
-            L.set_vm(conn, s.vm.id, state=VmState.running)
+            L.set_vm(conn, s.vm.id, state=VmState.running, cpu_model=cpu_model_of(s.vm))
             L.set_operation(
                 conn,
                 s.op_id,

@@ -89,6 +89,43 @@ class Claimed:
     memory_mib: int
 
 
+class _Planned(Exception):
+    """A dry run's admission, done and to be rolled back: its plan."""
+
+    def __init__(self, plan: dict):
+        super().__init__("dry run")
+        self.plan = plan
+
+
+def create_plan(
+    name: str, project: str, size: Size, delta: Usage, placement: tuple[Placement, int] | None, pool
+) -> dict:
+    """What a create would do: where it runs (if started), its root disk's pool, what its project is charged."""
+    chosen = placement[0] if placement else None
+    reason = (
+        f"{chosen.host} has room for {size.vcpus} vCPU(s) / {chosen.memory_mib} MiB (with overhead)"
+        if chosen
+        else "created stopped: no host is chosen until it starts"
+    )
+    return {
+        "vm": name,
+        "project": project,
+        "dry_run": True,
+        "vcpus": size.vcpus,
+        "memory_mib": size.memory_mib,
+        "host": chosen.host if chosen else None,
+        "overhead_mib": chosen.overhead_mib if chosen else 0,
+        "pool": pool.name if pool is not None else None,
+        "charge": {
+            "vms": delta.vms,
+            "vcpus": delta.vcpus,
+            "memory_mib": delta.memory_mib,
+            "storage_mib": delta.storage_mib,
+        },
+        "reason": reason,
+    }
+
+
 class Vms:
     def __init__(self, plane: Plane, volumes: Volumes, starts: Starts):
         self.plane = plane
@@ -119,14 +156,16 @@ class Vms:
         ssh_keys: Sequence[str] = (),
         user_data: bytes | None = None,
         project_keys: bool = True,
+        dry_run: bool = False,
         _tries: int = OUTDATED_TRIES,
-    ) -> Admitted:
+    ) -> Admitted | dict:
         """Create a VM (charging one `vms`, and its root disk's storage when its template has a disk
         image) in a zone (and a cluster when given), and with `start` admit its start in the same
         transaction: either all of it is committed or nothing is. The root disk is then made on its
         pool (read back) before the start runs; a pool that refuses it undoes the whole create.
         `ha_policy` (restart or off; None: the offering's) says what happens when its host fails; `group`
-        is its placement group (of its project)."""
+        is its placement group (of its project). `dry_run`: the whole admission runs and is rolled back;
+        the answer is its plan (host, pool, charge), or the refusal the create would meet."""
         check_name(name)
         keys = [CI.check_ssh_key(k) for k in ssh_keys]  # the seed's rules (core/cloudinit), before anything
         host_name_asked = CI.check_hostname(hostname) if hostname is not None else None
@@ -158,7 +197,13 @@ class Vms:
                 if start
                 else None
             )
-            placement, delta = self._admit(conn, p, size, base, start, scope, reach, rules)
+            new_disk = (  # said of each host where it can not go
+                f"does not open pool {pool} (asked for the new VM's root disk)"
+                if pool
+                else f"has no pool with room for the new VM's {disk_mib} MiB root disk (no local pool of "
+                "its own, no shared pool of its cluster)"
+            )
+            placement, delta = self._admit(conn, p, size, base, start, scope, reach, rules, new_disk)
             seed_keys = keys + (
                 [k.key for k in SS.project_keys(conn, p.id) if k.key not in keys] if project_keys else []
             )
@@ -206,10 +251,14 @@ class Vms:
                     )
                 self.volumes.add_root(conn, vm_id, name, p.id, t.id, disk_mib, chosen)
             claimed = self._claim(conn, vm_id, name, p.id, size, placement) if placement else None
+            if dry_run:  # everything checked: roll it all back (nothing mirrored yet) and answer the plan
+                raise _Planned(create_plan(name, p.name, size, delta, placement, chosen if disk_mib else None))
             return vm_id, host, self._mirror(claimed)
 
         try:
             vm_id, host, claimed = self.plane.admissions.run(admit)
+        except _Planned as planned:
+            return planned.plan
         except Outdated:  # the offering or template was deleted (or made again) meanwhile: read again
             if _tries <= 1:
                 raise Conflict(
@@ -239,6 +288,7 @@ class Vms:
                 ssh_keys=ssh_keys,
                 user_data=user_data,
                 project_keys=project_keys,
+                dry_run=dry_run,
                 _tries=_tries - 1,
             )
         if disk_mib:
@@ -322,6 +372,7 @@ class Vms:
         scope: Scope = Scope(None, None),
         reach: frozenset[str] | None = None,
         rules: dict | None = None,
+        storage_reason: str = "can not open the VM's disks (their pools are not on it)",
     ) -> tuple[tuple[Placement, int] | None, Usage]:
         """Quota and placement for `base` (+ a start): returns the locked host and the ledger delta.
         `rules`: the group and failover-reserve fields of the placement (reserves.placement_rules).
@@ -341,6 +392,7 @@ class Vms:
                 scope,
                 reach,
                 rules,
+                storage_reason,
                 check=lambda chosen: check_admission(
                     p.name, quota, ledger, base + running_charge(size, chosen.overhead_mib, p.count_overhead)
                 ),
@@ -397,6 +449,7 @@ class Vms:
         scope: Scope,
         reach: frozenset[str] | None = None,
         rules: dict | None = None,
+        storage_reason: str = "can not open the VM's disks (their pools are not on it)",
         check: Callable[[Placement], None] | None = None,
     ) -> tuple[Placement, int]:
         """Pick a host within the VM's zone (and cluster) and take its capacity (take_placement)."""
@@ -405,7 +458,7 @@ class Vms:
             zone=scope.zone,
             cluster=scope.cluster,
             storage_hosts=reach,
-            storage_reason="can not open the VM's disks (their pools are not on it)",
+            storage_reason=storage_reason,
             **(rules or {}),
         )
         return self.plane.capacity.take_placement(conn, request, check)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from vmplane.core.hostnet import Applied, HostNetworks
+from vmplane.core.stats import HostCounters
 
 
 class DriverError(Exception):
@@ -64,6 +65,17 @@ class HostInfo:
 
 
 @dataclass(frozen=True)
+class HostCpu:
+    """A host's CPU as its hypervisor reports it for guests: `model` its own (libvirt's host-model, a sim host's
+    family), `usable` the named models it runs, `xml` libvirt's host-model CPU description (what a baseline is
+    computed from; "" for the sim)."""
+
+    model: str
+    usable: tuple[str, ...]
+    xml: str = ""
+
+
+@dataclass(frozen=True)
 class CpuCap:
     """CFS bandwidth applied to each vCPU: quota_us of CPU time every period_us."""
 
@@ -112,6 +124,7 @@ class DomainSpec:
     cpu_cap: CpuCap | None = None
     disks: tuple[DiskSpec, ...] = ()
     nics: tuple[NicSpec, ...] = ()
+    cpu_model: str = "qemu64"  # a named model or "host-model" (core/cpumodels.py chooses it)
 
     @property
     def prepared(self) -> bool:
@@ -271,6 +284,15 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def host_info(self) -> HostInfo: ...
 
+    def host_cpu(self) -> HostCpu:
+        """The host's CPU for guests (core/cpumodels.py); a driver that can not say runs the default model."""
+        return HostCpu("qemu64", ("qemu64",))
+
+    def baseline_cpu(self, cpus: list[HostCpu]) -> str:
+        """The newest named CPU model all of `cpus` run (asked of this host's hypervisor: libvirt's
+        baselineHypervisorCPU); core/cpumodels.choose_baseline checks it is usable on each host."""
+        return "qemu64"
+
     @abc.abstractmethod
     def start(self, spec: DomainSpec) -> None:
         """Define and start a domain; returns once the hypervisor runs it."""
@@ -337,6 +359,11 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     def guest_view(self, name: str) -> GuestView: ...
+
+    def domain_stats(self) -> HostCounters:
+        """Every running domain's usage counters and the host's own, read now (libvirt's bulk stats call):
+        what the graphs' sampler (controllers/stats.py) turns into rates."""
+        raise DriverError(self.host, f"the {self.kind} driver has no usage counters")
 
     # -- storage (pools of volumes; every method reads back what it changed) ---------------------
     def _no_storage(self) -> DriverError:

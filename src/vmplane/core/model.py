@@ -120,6 +120,7 @@ class Offering:
     root_disk_mib: int | None = None
     max_root_disk_mib: int | None = None
     ha_policy: str = "off"  # its VMs' default: restart them elsewhere when their host fails, or not
+    cpu_model: str | None = None  # its VMs' guest CPU: None (the cluster's), "host-model" or a named model
 
 
 @dataclass(frozen=True)

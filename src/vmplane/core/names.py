@@ -26,3 +26,9 @@ DOMAIN_PREFIX = "vmplane-"  # a VM's libvirt domain is named DOMAIN_PREFIX + its
 def domain_name(vm_name: str) -> str:
     """The libvirt domain of VM `vm_name`."""
     return DOMAIN_PREFIX + vm_name
+
+
+def local_pool_name(host: str) -> str:
+    """The local pool `host add` and `vmplane up` make on a host: `local-HOST` (cut to a name's 63
+    characters)."""
+    return f"local-{host}"[:63].rstrip("-")

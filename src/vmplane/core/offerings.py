@@ -57,11 +57,12 @@ def size_for(o: Offering, vcpus: int | None, memory_mib: int | None) -> Size:
     _positive(vcpus, "vcpus")
     _positive(memory_mib, "memory_mib")
     if o.kind == OfferingKind.fixed:
-        for field, asked, fixed in (("vcpus", vcpus, o.vcpus), ("memory_mib", memory_mib, o.memory_mib)):
+        for field, asked, fixed, unit in (
+            ("vcpus", vcpus, o.vcpus, "vCPU(s)"),
+            ("memory_mib", memory_mib, o.memory_mib, "MiB of memory"),
+        ):
             if asked is not None and asked != fixed:
-                raise Invalid(
-                    f"offering {o.name} is fixed at {field}={fixed}; {asked} cannot be asked for", field=field
-                )
+                raise Invalid(f"offering {o.name} is fixed at {fixed} {unit}; {asked} cannot be asked for", field=field)
         return Size(o.vcpus, o.memory_mib)  # type: ignore[arg-type]
     for field, asked in (("vcpus", vcpus), ("memory_mib", memory_mib)):
         if asked is None:

@@ -19,6 +19,7 @@ from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.orm import Session
 
+from vmplane.core import cpumodels
 from vmplane.core import settings as settings_rules
 from vmplane.core.errors import AlreadyExists, Conflict, Invalid, NotFound, Unauthorized
 from vmplane.core.model import (
@@ -211,11 +212,15 @@ class Catalog:
         with self.db.read() as s:
             return list(s.scalars(select(Zone).order_by(Zone.name)))
 
-    def create_cluster(self, name: str, zone: str) -> Cluster:
+    def create_cluster(self, name: str, zone: str, cpu_model: str | None = None) -> Cluster:
+        """`cpu_model`: its guests' CPU model (None: its hosts' baseline; controllers/clustercpu.py)."""
+        why = cpumodels.check_cluster_model(cpu_model)
+        if why:
+            raise Invalid(why, field="cpu_model")
         with self.db.write() as s:
             ensure_new(s, Cluster, name)
             z = get_by_name(s, Zone, zone, field="zone")
-            cluster = Cluster(name=name, zone_id=z.id)
+            cluster = Cluster(name=name, zone_id=z.id, cpu_model=cpu_model)
             s.add(cluster)
             s.flush()
             s.refresh(cluster)
@@ -369,6 +374,9 @@ class Catalog:
     def create_offering(self, data: OfferingData) -> Offering:
         check_name(data.name)
         validate_offering(data)
+        why = cpumodels.check_offering_model(data.cpu_model)
+        if why:
+            raise Invalid(why, field="cpu_model")
         with self.db.write() as s:
             ensure_new(s, Offering, data.name)
             row = Offering(
@@ -386,6 +394,7 @@ class Catalog:
                 root_disk_mib=data.root_disk_mib,
                 max_root_disk_mib=data.max_root_disk_mib,
                 ha_policy=data.ha_policy,
+                cpu_model=data.cpu_model,
             )
             s.add(row)
         return row

@@ -149,6 +149,18 @@ def cause_of(conn: Connection, kind: str, subject: str, vm: str | None = None, h
     return conn.execute(stmt, {"kind": kind, "subject": subject, "vm": vm, "host": host}).scalar()
 
 
+def first_causes(db: Database, kind: str, subjects: list[str]) -> dict[str, str]:
+    """Who asked for each of a page of operations or migrations: the cause of each subject's first event
+    (one query; a subject whose first event was pruned is left out)."""
+    if not subjects:
+        return {}
+    first = (
+        select(func.min(_E.id)).where(_E.kind == kind, _E.subject.in_(subjects)).group_by(_E.subject).scalar_subquery()
+    )
+    with db.read() as s:
+        return {r.subject: r.cause for r in s.execute(select(_E.subject, _E.cause).where(_E.id.in_(first)))}
+
+
 def remembered(subject: str) -> str | None:
     """The cause this process recorded when `subject` (an operation or migration id) was created."""
     with _causes_lock:

@@ -101,6 +101,7 @@ _OPERATION = select(OPERATIONS).where(_O.id == bindparam("id"))
 _VM_ID_BY_NAME = select(_V.id).where(_V.name == bindparam("name"))
 _F = Offering.__table__.c
 _VM_ZONE, _VM_CLUSTER = Zone.__table__.alias("vm_zone"), Cluster.__table__.alias("vm_cluster")
+_HOST_CLUSTER = Cluster.__table__.alias("host_cluster")  # its host's: the guest CPU model (core/cpumodels.py)
 _VM_WITH_HOST = (
     select(
         VMS,
@@ -112,12 +113,16 @@ _VM_WITH_HOST = (
         _F.cpu_speed_mhz.label("offering_cpu_mhz"),
         _VM_ZONE.c.name.label("zone_name"),
         _VM_CLUSTER.c.name.label("cluster_name"),
+        _F.cpu_model.label("offering_cpu_model"),
+        _HOST_CLUSTER.c.cpu_model.label("host_cluster_cpu_model"),
+        _HOST_CLUSTER.c.cpu_baseline.label("host_cluster_cpu_baseline"),
     )
     .join(TEMPLATES, _T.id == _V.template_id)
     .join(Offering.__table__, _F.id == _V.offering_id)
     .outerjoin(HOSTS, _H.id == _V.host_id)
     .outerjoin(_VM_ZONE, _VM_ZONE.c.id == _V.zone_id)  # the VM's placement scope
     .outerjoin(_VM_CLUSTER, _VM_CLUSTER.c.id == _V.cluster_id)
+    .outerjoin(_HOST_CLUSTER, _HOST_CLUSTER.c.id == _H.cluster_id)
 )
 _VM_BY_ID = _VM_WITH_HOST.where(_V.id == bindparam("id"))
 _VM_BY_NAME = _VM_WITH_HOST.where(_V.name == bindparam("name"))

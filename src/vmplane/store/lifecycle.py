@@ -126,24 +126,32 @@ def delete_cluster(catalog: Catalog, name: str) -> None:
 
 
 def delete_host_row(catalog: Catalog, name: str) -> None:
-    """Delete a host that holds nothing: no VM on it, no claim, no active migration from or to it.
-    Its finished migrations leave the history with it (they point at the host's row)."""
+    """Delete a host that holds nothing: no VM on it, no claim, no active migration from or to it, no
+    local pool. Its finished migrations leave the history with it (they point at the host's row)."""
     with catalog.db.write() as s:
         h = get_by_name(s, Host, name, field="host", for_update=True)
+        _refuse_if_used("host", name, _host_uses(s, h, pools=True))
         touches = or_(Migration.source_host_id == h.id, Migration.target_host_id == h.id)
-        active = Migration.state.in_([st.value for st in ACTIVE])
-        claimed = select(Vm.name).join(Claim, Claim.vm_id == Vm.id).where(Claim.host_id == h.id).subquery()
-        _refuse_if_used(
-            "host",
-            name,
-            [
-                _few(s, Vm.name, Vm.host_id == h.id, "VM"),
-                _few(s, Vm.name, Vm.name.in_(select(claimed.c.name)), "claim of VM"),
-                _few(s, Migration.vm_name, touches & active, "active migration of VM"),
-                _few(s, Pool.name, Pool.host_id == h.id, "local pool"),
-            ],
-        )
         s.execute(delete(Migration).where(touches))
         # stopped VMs that last ran here forget it (a delete of one then asks its cluster's hosts)
         s.execute(update(Vm).where(Vm.last_host_id == h.id).values(last_host_id=None))
         s.delete(h)
+
+
+def check_host_unused(catalog: Catalog, name: str) -> None:
+    """Refuse (409, naming them) if anything but its local pools is on the host: what `host delete`
+    checks before it deletes the host's empty local pools, so that a refusal changes nothing."""
+    with catalog.db.read() as s:
+        _refuse_if_used("host", name, _host_uses(s, get_by_name(s, Host, name, field="host"), pools=False))
+
+
+def _host_uses(s: Session, h: Host, pools: bool) -> list[str | None]:
+    touches = or_(Migration.source_host_id == h.id, Migration.target_host_id == h.id)
+    active = Migration.state.in_([st.value for st in ACTIVE])
+    claimed = select(Vm.name).join(Claim, Claim.vm_id == Vm.id).where(Claim.host_id == h.id).subquery()
+    return [
+        _few(s, Vm.name, Vm.host_id == h.id, "VM"),
+        _few(s, Vm.name, Vm.name.in_(select(claimed.c.name)), "claim of VM"),
+        _few(s, Migration.vm_name, touches & active, "active migration of VM"),
+        _few(s, Pool.name, Pool.host_id == h.id, "local pool") if pools else None,
+    ]

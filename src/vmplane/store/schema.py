@@ -44,6 +44,11 @@ class Cluster(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)
     zone_id: Mapped[int] = mapped_column(ForeignKey("zones.id"), index=True)
+    # Guest CPU (issue 33, core/cpumodels.py): the admin's named model (None: the baseline), the baseline of its
+    # hosts (recomputed when a host joins or leaves) and, when the hypervisor's baseline was not usable, why not
+    cpu_model: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    cpu_baseline: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    cpu_baseline_why: Mapped[str | None] = mapped_column(Text, nullable=True)
     zone: Mapped[Zone] = relationship(lazy="joined")
 
 
@@ -57,6 +62,11 @@ class Host(Base):
     cores: Mapped[int] = mapped_column(Integer)
     cpu_mhz: Mapped[int] = mapped_column(Integer)
     memory_mib: Mapped[int] = mapped_column(Integer)
+    # Its CPU for guests (issue 33): its own model (libvirt's host-model, a sim host's family), the named models
+    # it runs (space-separated) and libvirt's host-model CPU XML (a baseline's input); None: never asked
+    cpu_model: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    cpu_models: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cpu_xml: Mapped[str | None] = mapped_column(Text, nullable=True)
     state: Mapped[str] = mapped_column(String(16), default="enabled")
     # Where QEMU on this host listens for incoming migrations (None: derived from the URI).
     migration_address: Mapped[str | None] = mapped_column(String(255), nullable=True)
@@ -113,6 +123,7 @@ class Offering(Base):
     root_disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_root_disk_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
     ha_policy: Mapped[str] = mapped_column(String(8), default="off")  # its VMs' default: restart / off
+    cpu_model: Mapped[str | None] = mapped_column(String(64), nullable=True)  # None: the cluster's; host-model
 
 
 class Template(Base):
@@ -191,6 +202,7 @@ class Vm(Base):
     boot_memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Started with a live-scaling ceiling (all four switches were on then).
     prepared: Mapped[bool] = mapped_column(Boolean, default=False)
+    cpu_model: Mapped[str | None] = mapped_column(String(64), nullable=True)  # its domain's, set at each start
     state: Mapped[str] = mapped_column(String(16), default="stopped", index=True)
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True, index=True)
     # The host it was last placed on (kept when it stops): where a leftover domain of it can be; a delete asks it.
@@ -656,3 +668,24 @@ class Lease(Base):
     holder: Mapped[int | None] = mapped_column(Integer, nullable=True)
     epoch: Mapped[int] = mapped_column(Integer, default=0)
     acquired_at: Mapped[float] = mapped_column(Float)
+
+
+class StatSample(Base):
+    """One object's usage in one bucket of a tier (issue 33's graphs: core/stats.py's rules, store/stats.py).
+    `kind` vm, host or project; `obj_id` its id; `bucket` the bucket's start in seconds since 1970. Written by
+    upsert on the whole key: a round written twice (two processes, a retry) leaves one point."""
+
+    __tablename__ = "stat_samples"
+    __table_args__ = (Index("ix_stat_samples_tier_bucket", "tier", "bucket"),)  # pruning, the latest round
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    obj_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tier: Mapped[str] = mapped_column(String(4), primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    cpu_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cpu_cores: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mem_used_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mem_total_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    disk_rd_bps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    disk_wr_bps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    net_rx_bps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    net_tx_bps: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -14,14 +14,14 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vmplane.core.errors import VmplaneError
-from vmplane.ui import actions, auth, consolesocket, netpages, pages, stream
+from vmplane.ui import actions, auth, bulk, consolesocket, forms, manage, netpages, pages, stream
 from vmplane.ui.render import HERE, is_htmx, render
 from vmplane.ui.session import LoginRequired
 
 
 def install(app: FastAPI) -> None:
     app.mount("/ui/static", StaticFiles(directory=str(HERE / "static")), name="ui-static")
-    for module in (auth, stream, actions, pages, netpages, consolesocket):
+    for module in (auth, stream, actions, bulk, forms, manage, pages, netpages, consolesocket):
         app.include_router(module.router)
 
     @app.exception_handler(LoginRequired)

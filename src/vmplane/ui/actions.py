@@ -25,6 +25,7 @@ from vmplane.api.routers.backups import BackupCreate, RestoreRequest
 from vmplane.api.routers.snapshots import SnapshotCreate
 from vmplane.api.schemas import MaintenanceRequest, MigrateRequest, ScaleRequest, VmStop
 from vmplane.core.errors import Invalid, VmplaneError
+from vmplane.store import events
 from vmplane.ui.render import error_fragment, render
 from vmplane.ui.session import Actor, Viewer
 
@@ -67,13 +68,24 @@ def _done(request: Request, message: str, operation: dict | None = None) -> HTML
     return render(request, "fragments/action_done.html", message=message, operation=operation)
 
 
-async def _attempt(request: Request, action) -> HTMLResponse:
-    """`action` (the API's work, blocking) in the thread pool; a refusal becomes the error fragment (the
-    API's status and words) in the action's slot."""
+async def attempt(request: Request, action, error_slot: str | None = None) -> HTMLResponse:
+    """`action` (the API's work, blocking) in the thread pool, recorded as caused by the session's token
+    (as an API request is: `user <token>`); a refusal becomes the error fragment (the API's status and
+    words) in the action's slot, or in `error_slot` (a CSS selector) where the action's target is a list
+    that must stay."""
+    cause = events.user_cause(request.state.caller.name)
+
+    def as_caller():
+        with events.acting_as(cause):
+            return action()
+
     try:
-        return await run_in_threadpool(action)
+        return await run_in_threadpool(as_caller)
     except VmplaneError as exc:
-        return error_fragment(request, exc)
+        refused = error_fragment(request, exc)
+        if error_slot:
+            refused.headers.update({"HX-Retarget": error_slot, "HX-Reswap": "innerHTML"})
+        return refused
 
 
 # -- VMs -----------------------------------------------------------------------------------------
@@ -83,7 +95,7 @@ async def start(request: Request, name: str, who: Actor):
         body = _body(api_vms.start_vm(name, request.app.state.orchestrator, who))
         return _done(request, f"starting {name}", body.get("operation"))
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/vms/{name}/stop")
@@ -95,7 +107,7 @@ async def stop(request: Request, name: str, who: Actor):
         body = _body(api_vms.stop_vm(name, request.app.state.orchestrator, who, stop_body))
         return _done(request, f"stopping {name}", body.get("operation"))
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/vms/{name}/delete")
@@ -104,7 +116,7 @@ async def delete(request: Request, name: str, who: Actor):
         api_vms.delete_vm(name, request.app.state.orchestrator, who)
         return HTMLResponse(f"<p>{name} deleted</p>", headers={"HX-Redirect": "/ui/vms"})
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/vms/{name}/migrate/plan")
@@ -117,7 +129,7 @@ async def migrate_plan(request: Request, name: str, who: Actor):
         )
         return render(request, "fragments/migrate_plan.html", vm=name, plan=plan, to=to or "")
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/vms/{name}/migrate")
@@ -128,7 +140,7 @@ async def migrate(request: Request, name: str, who: Actor):
         mig = _body(api_vms.migrate_vm(name, _model(MigrateRequest, to=to), request.app.state.orchestrator, who))
         return render(request, "fragments/migrate_started.html", vm=name, migration=mig)
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/vms/{name}/snapshots")
@@ -140,7 +152,7 @@ async def snapshot_create(request: Request, name: str, who: Actor):
         snap = api_snapshots.create_snapshot(name, body, request.app.state.orchestrator, who)
         return _done_now(request, f"snapshot {snap['name']} of {name} taken ({snap['pause_ms']} ms pause)")
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/vms/{name}/snapshots/{snapshot}/revert")
@@ -149,7 +161,7 @@ async def snapshot_revert(request: Request, name: str, snapshot: str, who: Actor
         api_snapshots.revert_snapshot(name, request.app.state.orchestrator, who, snapshot)
         return _done_now(request, f"{name} reverted to snapshot {snapshot}: it starts as it was then")
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/vms/{name}/snapshots/{snapshot}/delete")
@@ -158,7 +170,7 @@ async def snapshot_delete(request: Request, name: str, snapshot: str, who: Actor
         api_snapshots.delete_snapshot(name, request.app.state.orchestrator, who, snapshot)
         return _done_now(request, f"snapshot {snapshot} of {name} deleted")
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/vms/{name}/backups")
@@ -167,7 +179,7 @@ async def backup_create(request: Request, name: str, who: Actor):
         b = api_backups.create_backup(name, BackupCreate(), request.app.state.orchestrator, who)
         return _done_now(request, f"backup {b['id']} of {name} taken: {b['kind']} ({b['why']})")
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/backups/{backup_id}/restore")
@@ -179,7 +191,7 @@ async def backup_restore(request: Request, backup_id: api_backups.BackupId, who:
         done = api_backups.restore_backup(backup_id, body, request.app.state.orchestrator, who)
         return _done_now(request, f"backup {backup_id} restored to a new VM {done['vm']} (stopped)")
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/backups/{backup_id}/delete")
@@ -188,7 +200,7 @@ async def backup_delete(request: Request, backup_id: api_backups.BackupId, who: 
         api_backups.delete_backup(backup_id, request.app.state.orchestrator, who)
         return _done_now(request, f"backup {backup_id} deleted")
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 def _done_now(request: Request, message: str) -> HTMLResponse:
@@ -221,7 +233,7 @@ async def scale_plan(request: Request, name: str, who: Actor):
             asked={k: form.get(k, "") for k in ("offering", "vcpus", "memory_mib", "cpu_cap")},
         )
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 @router.post("/vms/{name}/scale")
@@ -232,7 +244,7 @@ async def scale(request: Request, name: str, who: Actor):
         body = _body(api_vms.scale_vm(name, _scale_request(form, dry_run=False), request.app.state.orchestrator, who))
         return _done(request, f"scaling {name}", body.get("operation"))
 
-    return await _attempt(request, act)
+    return await attempt(request, act)
 
 
 # -- hosts ---------------------------------------------------------------------------------------
@@ -268,4 +280,4 @@ async def maintenance(request: Request, name: str, step: str, who: Actor):
             host = _host(request, name)
         return render(request, "fragments/maintenance.html", status_code=status, host=host, plan=plan, error=error)
 
-    return await _attempt(request, act)
+    return await attempt(request, act)

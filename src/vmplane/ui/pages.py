@@ -10,16 +10,18 @@ from fastapi import APIRouter, Query, Request
 
 from vmplane.api.paging import StrictQueryRoute
 from vmplane.core.errors import Forbidden, Invalid, VmplaneError
+from vmplane.core.eventfold import fold
 from vmplane.core.model import VmState
-from vmplane.store import events
+from vmplane.store import events, groupstore
 from vmplane.store.listing import Page
-from vmplane.ui import netqueries, queries
+from vmplane.ui import charts, netqueries, queries
 from vmplane.ui.render import PAGE_SIZE, error_fragment, render
 from vmplane.ui.session import Viewer
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=StrictQueryRoute)
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
 Text = Annotated[str | None, Query(max_length=63)]
+Range = Annotated[str | None, Query(alias="range", max_length=8)]  # the graphs' span: hour, day, month
 
 
 def _orch(request: Request):
@@ -108,7 +110,7 @@ def _host_list(request: Request, state, cluster, sort, offset) -> dict:
 
 
 @router.get("/hosts/{name}")
-def host_page(request: Request, name: str, who: Viewer):
+def host_page(request: Request, name: str, who: Viewer, graph_range: Range = None):
     _admin(who)
     o = _orch(request)
     host = o.host(name)
@@ -117,6 +119,7 @@ def host_page(request: Request, name: str, who: Viewer):
     migrations = o.migrator.list(host=name, active_only=True, limit=PAGE_SIZE)
     overhead = queries.overhead_by_host(o.db, [name]).get(name, 0)
     evs, _ = events.page(o.db, Page(limit=20), host=name)
+    evs = fold(evs)
     networks, network_total = netqueries.host_networks(o.db, host.cluster.zone_id, host.id, PAGE_SIZE)
     return render(
         request,
@@ -134,6 +137,7 @@ def host_page(request: Request, name: str, who: Viewer):
         networks=networks,
         network_total=network_total,
         net_failure=o.networking.failures.get(name),
+        **charts.graphs(o.db, "host", host.id, graph_range),
     )
 
 
@@ -171,7 +175,7 @@ def vms_fragment(
         context = _vm_list(request, who, project, host, state, name, sort, offset)
     except VmplaneError as exc:  # a bad sort or filter: said where the list would be
         return error_fragment(request, exc)
-    return render(request, "fragments/vm_list.html", **context)
+    return render(request, "fragments/vm_list.html", selectable=True, **context)
 
 
 def _vm_list(request: Request, who, project, host, state, name, sort, offset) -> dict:
@@ -193,8 +197,8 @@ def _vm_list(request: Request, who, project, host, state, name, sort, offset) ->
 
 
 @router.get("/vms/{name}")
-def vm_page(request: Request, name: str, who: Viewer):
-    return render(request, "vm.html", section="vms", **_vm_detail(request, who, name))
+def vm_page(request: Request, name: str, who: Viewer, graph_range: Range = None):
+    return render(request, "vm.html", section="vms", **_vm_detail(request, who, name, graph_range))
 
 
 @router.get("/f/vms/{name}")
@@ -202,11 +206,12 @@ def vm_fragment(request: Request, name: str, who: Viewer):
     return render(request, "fragments/vm_detail.html", **_vm_detail(request, who, name))
 
 
-def _vm_detail(request: Request, who, name: str) -> dict:
+def _vm_detail(request: Request, who, name: str, graph_range: str | None = None) -> dict:
     o = _orch(request)
     vm = o.vm(name)
     who.check_project(vm.project_id, "vm", name)
     evs, _ = events.page(o.db, Page(limit=20), vm=name, project_id=_scope(who))
+    evs = fold(evs)
     migrations, _ = o.migrator.page(Page(limit=5), vm=name, project_id=_scope(who))
     offerings = [off for off in o.catalog.offerings() if not off.retired]
     return dict(
@@ -219,6 +224,7 @@ def _vm_detail(request: Request, who, name: str) -> dict:
         agent=netqueries.vm_agent(o.db, vm.id, vm.state),
         snapshots=o.snapshots.listing(name),
         backups=o.backups.listing(name, project_id=_scope(who)),
+        **charts.graphs(o.db, "vm", vm.id, graph_range),
     )
 
 
@@ -234,7 +240,7 @@ def projects_fragment(request: Request, who: Viewer, offset: Offset = 0, cards: 
 
 
 @router.get("/projects/{name}")
-def project_page(request: Request, name: str, who: Viewer, offset: Offset = 0):
+def project_page(request: Request, name: str, who: Viewer, offset: Offset = 0, graph_range: Range = None):
     o = _orch(request)
     p = o.catalog.project(name)
     who.check_project(p.id, "project", name)
@@ -242,6 +248,7 @@ def project_page(request: Request, name: str, who: Viewer, offset: Offset = 0):
     overhead = queries.overhead_by_project(o.db, [p.id]).get(p.id, 0)
     networks, network_total = netqueries.network_page(o.db, p.id, PAGE_SIZE)
     groups, group_total = netqueries.project_groups(o.db, p.id, PAGE_SIZE)
+    placement = groupstore.rows(o.db, p.id)
     return render(
         request,
         "project.html",
@@ -256,6 +263,9 @@ def project_page(request: Request, name: str, who: Viewer, offset: Offset = 0):
         network_total=network_total,
         groups=groups,
         group_total=group_total,
+        project_groups=placement,
+        group_project=p.name,
+        **charts.graphs(o.db, "project", p.id, graph_range),
     )
 
 
@@ -283,8 +293,10 @@ def events_fragment(request: Request, who: Viewer, kind: Text = None, offset: Of
 
 
 def events_context(o, who, limit: int = 12) -> dict:
-    rows, _ = events.page(o.db, Page(limit=limit), project_id=_scope(who))
-    return dict(events=rows)
+    """The pane's newest events, one line per object per task (core/eventfold.py): read three times as many
+    changes as lines shown."""
+    rows, _ = events.page(o.db, Page(limit=limit * 3), project_id=_scope(who))
+    return dict(events=fold(rows)[:limit])
 
 
 def _events(request: Request, who, kind, offset: int, limit: int) -> dict:
@@ -292,4 +304,5 @@ def _events(request: Request, who, kind, offset: int, limit: int) -> dict:
     if kind is not None and kind not in ("vm", "host", "migration", "operation", "volume", "pool"):
         kind = None
     rows, total = events.page(o.db, Page(limit=limit, offset=offset), kind=kind, project_id=_scope(who))
+    # the Events page is the log itself, every change (paged exactly); the pane and a VM's or host's page fold
     return dict(events=rows, total=total, offset=offset, params=dict(kind=kind))

@@ -10,27 +10,15 @@ from fastapi import APIRouter, Query, Response
 from vmplane.api.deps import AnyCaller, Orch
 from vmplane.api.paging import Paging, StrictQueryRoute, paged
 from vmplane.api.schemas import EventOut
-from vmplane.core.errors import Invalid
+from vmplane.core import since as since_rules
 from vmplane.store import events
 
 router = APIRouter(tags=["events"], route_class=StrictQueryRoute)
 
 
 def parse_since(since: str | None) -> int | dt.datetime | None:
-    """An event id (digits: the events after it) or an ISO 8601 timestamp (the events at or after it;
-    without an offset it is UTC)."""
-    if since is None:
-        return None
-    text = since.strip()
-    if text.isdigit():
-        return int(text)
-    try:
-        return dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise Invalid(
-            f"since: {since!r} is neither an event id nor an ISO 8601 timestamp (e.g. 2025-01-31T12:00:00+00:00)",
-            field="since",
-        ) from None
+    """core/since.py's rules, now."""
+    return since_rules.parse_since(since, dt.datetime.now(dt.UTC))
 
 
 @router.get("/events", response_model=list[EventOut])
@@ -48,7 +36,7 @@ def list_events(
         str | None,
         Query(
             max_length=40,
-            description=("an event id: only the events after it; or an ISO 8601 timestamp: only those at or after it"),
+            description=f"{since_rules.HELP}: only the events after the id, or at or after the moment",
         ),
     ] = None,
 ):

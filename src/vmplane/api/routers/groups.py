@@ -9,7 +9,7 @@ from pydantic import Field, StrictBool
 
 from vmplane.api.deps import AnyCaller, Orch
 from vmplane.api.paging import StrictQueryRoute
-from vmplane.api.schemas import Name, Request, Response, UtcDatetime
+from vmplane.api.schemas import ClusterOut, Name, Request, Response, UtcDatetime
 from vmplane.store import groupstore
 
 router = APIRouter(tags=["placement groups"], route_class=StrictQueryRoute)
@@ -87,8 +87,6 @@ class ClusterFailover(Response):
     shortfall_memory_mib: int
 
 
-class ClusterDetail(Response):
-    name: str
-    zone: str
+class ClusterDetail(ClusterOut):
     hosts: list[str]
     failover: ClusterFailover

@@ -23,6 +23,8 @@ def add_host(body: HostCreate, orch: Orch, _: Admin):
         memory_mib=body.memory_mib,
         uri=body.uri,
         migration_address=body.migration_address,
+        local_pool=body.local_pool,
+        cpu_model=body.cpu_model,
     )
     return host_out(orch, h)
 
@@ -55,8 +57,9 @@ def list_hosts(
 @router.delete("/hosts/{name}", status_code=204)
 def delete_host(name: str, orch: Orch, _: Admin) -> None:
     """Refused (409) while anything is placed on the host (VMs, claims, active migrations), naming it.
-    Enter maintenance first to drain it."""
-    orch.remove_host(name)
+    Enter maintenance first to drain it. Its local pools go with it when empty (a volume left on one is
+    named in the refusal)."""
+    orch.remove_host(name, local_pools=True)
 
 
 @router.get("/hosts/{name}", response_model=HostOut)

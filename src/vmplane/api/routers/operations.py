@@ -8,6 +8,7 @@ from vmplane.api.deps import Admin, AnyCaller, Orch
 from vmplane.api.paging import Paging, StrictQueryRoute, paged
 from vmplane.api.schemas import AuditOut, OperationOut
 from vmplane.api.views import operation_out
+from vmplane.store import events
 
 router = APIRouter(tags=["operations"], route_class=StrictQueryRoute)
 
@@ -28,14 +29,16 @@ def list_operations(
     ops, total = orch.operation_page(
         page, state=state, kind=kind, vm=vm, host=host, project_id=None if who.is_admin else who.project_id
     )
-    return paged(response, [operation_out(op) for op in ops], total)
+    by = events.first_causes(orch.db, "operation", [op.id for op in ops])
+    return paged(response, [operation_out(op, by.get(op.id)) for op in ops], total)
 
 
 @router.get("/operations/{op_id}", response_model=OperationOut)
 def show_operation(op_id: str, orch: Orch, who: AnyCaller):
     """By id, or by a unique prefix of it (at least 4 characters; 409 naming the matches when several).
     A member sees its project's operations only (a drain belongs to no project)."""
-    return operation_out(orch.find_operation(op_id, None if who.is_admin else who.project_id))
+    op = orch.find_operation(op_id, None if who.is_admin else who.project_id)
+    return operation_out(op, events.first_causes(orch.db, "operation", [op.id]).get(op.id))
 
 
 @router.get("/audit", response_model=AuditOut)

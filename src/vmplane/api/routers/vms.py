@@ -23,7 +23,7 @@ from vmplane.api.schemas import (
     VmSyncOut,
     VmUpdate,
 )
-from vmplane.api.views import migration_out, operation_out, vm_body, vm_out
+from vmplane.api.views import migration_out, operation_out, vm_detail, vm_out
 from vmplane.controllers import adopt
 from vmplane.controllers.vms import Admitted
 from vmplane.core.errors import Forbidden, Invalid, NotFound
@@ -61,14 +61,18 @@ def _act_on(orch, who: Caller, name: str):
 def show_vm(name: str, orch: Orch, who: AnyCaller):
     # first: the router tries its routes in order and this is the hottest read. The body built by one
     # Core select and answered as is (no ORM load, no response_model validation)
-    return JSONResponse(vm_body(orch.db, name, project_id=None if who.is_admin else who.project_id))
+    setting = lambda zone, cluster: bool(orch.catalog.effective("enable.dynamic.scale.vm", zone, cluster))  # noqa: E731
+    return JSONResponse(vm_detail(orch.db, name, None if who.is_admin else who.project_id, setting))
 
 
 @router.post(
     "/vms",
     status_code=201,
     response_model=VmAccepted,
-    responses={202: {"model": VmAccepted, "description": "created and starting"}},
+    responses={
+        202: {"model": VmAccepted, "description": "created and starting"},
+        200: {"description": "dry_run: the plan (host, pool, charge); nothing created"},
+    },
 )
 def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
     if not who.is_admin:
@@ -89,7 +93,8 @@ def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
             "user_data": body.user_data.encode() if body.user_data is not None else None,
             "project_keys": body.project_keys,
         }
-    admitted = orch.create_vm(
+    admit = orch.plan_vm if body.dry_run else orch.create_vm
+    admitted = admit(
         body.name,
         body.project,
         body.offering,
@@ -107,6 +112,8 @@ def create_vm(body: VmCreate, orch: Orch, who: AnyCaller):
         group=body.group,
         **wired,
     )
+    if isinstance(admitted, dict):  # the dry run's plan
+        return JSONResponse(admitted)
     return _accepted(orch, admitted, created=True)
 
 

@@ -13,6 +13,9 @@ stale cached pages; the pools are on ext4, which supports O_DIRECT; tmpfs does n
 A spec with `image == ""` boots from its first disk (`<boot dev='hd'/>`, no kernel); else the kernel
 and initrd are booted directly and the disks are only data disks.
 
+The guest CPU is the spec's `cpu_model` (core/cpumodels.py: the offering's, else the cluster's baseline or
+named model): a named model exactly, or libvirt's host-model.
+
 Every domain has the QEMU guest agent's channel (a virtio-serial port named org.qemu.guest_agent.0; libvirt
 picks the host's socket path and knows whether an agent listens on it): a guest that runs `qemu-ga` answers
 the driver's agent calls (libvirtagent.py), one that does not is simply without an agent.
@@ -27,7 +30,8 @@ from vmplane.core.driver import DiskSpec, DomainSpec, NicSpec
 
 MEMORY_SLOTS = 16
 EMULATOR = "/usr/bin/qemu-system-x86_64"
-CPU_MODEL = "qemu64"  # `-cpu host` crashes under these machines' KVM backend; a named model is portable
+CPU_MODEL = "qemu64"  # the default; `-cpu host` crashes under these machines' KVM backend (named models are portable)
+HOST_MODEL = "host-model"
 DISK_CACHE = "none"  # see the module docstring
 # pcie-root-ports: on q35 every hot-plugged disk or NIC needs a free one; libvirt also puts the domain's own
 # PCI devices on them (disks, NICs, balloon, SCSI and virtio-serial controllers): one more since the
@@ -41,6 +45,18 @@ CONSOLE_LOG_DIR = "/var/log/libvirt/qemu"  # each local host's own log folder (m
 def console_log(domain: str) -> str:
     """Where QEMU writes what a domain's serial console printed (next to libvirt's `DOMAIN.log`)."""
     return f"{CONSOLE_LOG_DIR}/{domain}.console.log"
+
+
+def cpu_open(model: str) -> list[str]:
+    """The opening of a domain's <cpu> (its NUMA cell, if any, goes inside): a named model exactly, without a
+    silent fallback to another (`check='none'`: libvirt does not re-check the CPU QEMU made, which under TCG
+    differs in features QEMU emulates anyway), or `host-model` (the host's own CPU as libvirt describes it,
+    checked partially: migration to a host with another CPU may be refused)."""
+    if model == HOST_MODEL:
+        return ["  <cpu mode='host-model' check='partial'>"]
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", model):
+        raise ValueError(f"a CPU model is a name (letters, digits, _ . -) or host-model, not {model!r}")
+    return ["  <cpu mode='custom' match='exact' check='none'>", f"    <model fallback='forbid'>{model}</model>"]
 
 
 def disk_xml(disk: DiskSpec, indent: str = "") -> str:
@@ -145,8 +161,7 @@ def domain_xml(
     lines += [
         "  </os>",
         "  <features><acpi/><apic/></features>",
-        "  <cpu mode='custom' match='exact' check='none'>",
-        f"    <model fallback='forbid'>{CPU_MODEL}</model>",
+        *cpu_open(spec.cpu_model),
     ]
     if prepared:
         lines.append(

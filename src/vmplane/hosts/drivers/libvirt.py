@@ -49,9 +49,11 @@ from vmplane.hosts.drivers.libvirtagent import AgentMixin, AgentUnavailable
 from vmplane.hosts.drivers.libvirtbackups import BackupMixin
 from vmplane.hosts.drivers.libvirtblockcopy import BlockCopyMixin
 from vmplane.hosts.drivers.libvirtconsole import ConsoleMixin
+from vmplane.hosts.drivers.libvirtcpu import CpuMixin
 from vmplane.hosts.drivers.libvirtdomains import discard_domain, is_absent, undefine
 from vmplane.hosts.drivers.libvirtnics import NicMixin
 from vmplane.hosts.drivers.libvirtsnapshots import CloneMixin, CommitMixin, SnapshotMixin
+from vmplane.hosts.drivers.libvirtstats import StatsMixin
 from vmplane.hosts.drivers.libvirtstorage import StorageMixin
 from vmplane.hosts.guest import build as guest
 
@@ -173,9 +175,12 @@ class LibvirtDriver(
     NicMixin,
     AgentMixin,
     ConsoleMixin,
+    StatsMixin,
+    CpuMixin,
     Driver,
 ):
     kind = "libvirt"
+    _ensure_events = staticmethod(_EventLoop.ensure)  # (for the mixins' own connections: libvirtstats.py)
 
     def __init__(self, host: str, uri: str, accel: str | None = None):
         super().__init__(host)
@@ -334,6 +339,7 @@ class LibvirtDriver(
             )
 
     def close(self) -> None:
+        self._close_stats()
         with self._poll_lock:
             if self._poll_conn is not None:
                 self._let_go(self._poll_conn)

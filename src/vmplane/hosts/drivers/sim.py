@@ -35,6 +35,7 @@ import os
 import threading
 import time
 
+from vmplane.core import cpumodels
 from vmplane.core import driver as base
 from vmplane.core.driver import (
     CpuCap,
@@ -44,6 +45,7 @@ from vmplane.core.driver import (
     DriverError,
     GuestInterface,
     GuestView,
+    HostCpu,
     HostInfo,
     MigrationParams,
     MigrationStats,
@@ -72,18 +74,27 @@ from vmplane.hosts.drivers.simevents import (
 from vmplane.hosts.drivers.simfabric import SimFabric
 from vmplane.hosts.drivers.simfaults import SimFaults
 from vmplane.hosts.drivers.simsnapshots import SimSnapshotMixin
+from vmplane.hosts.drivers.simstats import SimStatsMixin
 from vmplane.hosts.drivers.simstorage import CopyPlan, SimStorageDriver, SimStorageError
 
 
-class SimDriver(SimStorageDriver, SimSnapshotMixin, SimBlockCopyMixin, Driver):
+class SimDriver(SimStorageDriver, SimSnapshotMixin, SimBlockCopyMixin, SimStatsMixin, Driver):
     kind = "sim"
     blocking_calls = False  # in-process, serialised by the fabric's lock: one call after another
     UNPLUG_TRIES = 3  # as the libvirt driver
     UNPLUG_WAIT_S = 0.15  # per request (libvirt: 5 s; a sim guest answers faster or never)
 
-    def __init__(self, host: str, info: HostInfo, fabric: SimFabric | None = None, faults: SimFaults | None = None):
+    def __init__(
+        self,
+        host: str,
+        info: HostInfo,
+        fabric: SimFabric | None = None,
+        faults: SimFaults | None = None,
+        cpu_family: str | None = None,
+    ):
         super().__init__(host)
         self._info = info
+        self.cpu_family = cpu_family or cpumodels.SIM_FAMILY  # its CPU: it runs this model and the older ones
         self.fabric = fabric or SimFabric()
         self.faults = faults  # None: the fabric's (fabric.faults), which is None unless switched on
         # None: a migration is instant; else memory is copied at this rate (for limit and drain timelines)
@@ -171,10 +182,29 @@ class SimDriver(SimStorageDriver, SimSnapshotMixin, SimBlockCopyMixin, Driver):
         self.fabric.check_host(self.host, "get the host's info")
         return self._info
 
+    def host_cpu(self) -> HostCpu:
+        self.fabric.check_host(self.host, "get the host's CPU")
+        return HostCpu(self.cpu_family, cpumodels.runnable(self.cpu_family))
+
+    def baseline_cpu(self, cpus: list[HostCpu]) -> str:
+        return cpumodels.family_baseline(c.model for c in cpus)
+
+    def _check_cpu(self, spec: DomainSpec, what: str, family: str | None = None) -> None:
+        """Refuse a domain whose CPU model this host does not run, as QEMU would (`family`: the CPU a
+        host-model domain got where it started)."""
+        model = family or spec.cpu_model
+        if model != cpumodels.HOST_MODEL and model not in cpumodels.runnable(self.cpu_family):
+            raise DriverError(
+                self.host,
+                f"{what} {spec.name}: the guest CPU model {model} is not usable on this host (its CPU is "
+                f"{self.cpu_family})",
+            )
+
     def start(self, spec: DomainSpec) -> None:
         self._call(f"start {spec.name}")
         if not spec.image and not spec.disks:
             raise DriverError(self.host, f"start {spec.name}: no kernel image and no disk to boot from")
+        self._check_cpu(spec, "start")
         try:
             started = self.fabric.put(self.host, spec)
         except SimStorageError as e:
@@ -360,6 +390,8 @@ class SimDriver(SimStorageDriver, SimSnapshotMixin, SimBlockCopyMixin, Driver):
             raise DriverError(self.host, "a sim host can only migrate to another sim host")
         self._call(f"migrate {name}")
         spec = self._spec(name)
+        # a host-model guest has this host's CPU: the target must run this host's family
+        target._check_cpu(spec, "migrate", self.cpu_family if spec.cpu_model == cpumodels.HOST_MODEL else None)
         self._ends_answer(name, target)
         t0 = time.monotonic()
         try:

@@ -113,6 +113,7 @@ class SimFabric(HostFabric, StorageFabric, NetFabric, AgentFabric):
                 "state TEXT NOT NULL DEFAULT 'running'",
                 "reason TEXT NOT NULL DEFAULT 'booted'",
                 "nics TEXT NOT NULL DEFAULT '[]'",  # the domain's interfaces: [[mac, bridge, tap, mtu]]
+                "cpu_model TEXT NOT NULL DEFAULT 'qemu64'",  # its guest CPU model (a migration carries it)
             ):
                 try:  # a fabric file from before states
                     self._db.execute(f"ALTER TABLE domains ADD COLUMN {column}")
@@ -264,7 +265,9 @@ class SimFabric(HostFabric, StorageFabric, NetFabric, AgentFabric):
             if row is None:
                 return None
             disks = self._disks(self._db, host, name)
-            (nics,) = self._db.execute("SELECT nics FROM domains WHERE host = ? AND name = ?", (host, name)).fetchone()
+            nics, cpu_model = self._db.execute(
+                "SELECT nics, cpu_model FROM domains WHERE host = ? AND name = ?", (host, name)
+            ).fetchone()
         name, vcpus, max_vcpus, memory, max_memory, image, period, quota, _state, _reason = row
         return DomainSpec(
             name,
@@ -276,6 +279,7 @@ class SimFabric(HostFabric, StorageFabric, NetFabric, AgentFabric):
             CpuCap(period, quota) if period else None,
             disks,
             tuple(NicSpec(*n) for n in json.loads(nics)),
+            cpu_model,
         )
 
     def hosts_of(self, name: str) -> list[str]:
@@ -327,7 +331,10 @@ class SimFabric(HostFabric, StorageFabric, NetFabric, AgentFabric):
                 ),
             )
             nics = json.dumps([[n.mac, n.bridge, n.tap, n.mtu] for n in spec.nics])
-            db.execute("UPDATE domains SET nics = ? WHERE host = ? AND name = ?", (nics, host, spec.name))
+            db.execute(
+                "UPDATE domains SET nics = ?, cpu_model = ? WHERE host = ? AND name = ?",
+                (nics, spec.cpu_model, host, spec.name),
+            )
         return True
 
     def remove(self, host: str, name: str, shut_off_only: bool = False) -> bool:
@@ -392,8 +399,8 @@ class SimFabric(HostFabric, StorageFabric, NetFabric, AgentFabric):
             except sqlite3.IntegrityError:
                 return False
             self._db.execute(
-                "UPDATE domains SET nics = (SELECT nics FROM domains WHERE host = ? AND name = ?) "
-                "WHERE host = ? AND name = ?",
+                "UPDATE domains SET (nics, cpu_model) = (SELECT nics, cpu_model FROM domains WHERE host = ? AND "
+                "name = ?) WHERE host = ? AND name = ?",
                 (source, name, target, name),
             )
             self._db.execute(
@@ -521,8 +528,8 @@ class SimFabric(HostFabric, StorageFabric, NetFabric, AgentFabric):
             except sqlite3.IntegrityError:
                 return False
             self._db.execute(
-                "UPDATE domains SET nics = (SELECT nics FROM domains WHERE host = ? AND name = ?) "
-                "WHERE host = ? AND name = ?",
+                "UPDATE domains SET (nics, cpu_model) = (SELECT nics, cpu_model FROM domains WHERE host = ? AND "
+                "name = ?) WHERE host = ? AND name = ?",
                 (source, name, target, name),
             )
             self._db.execute(
