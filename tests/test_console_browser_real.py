@@ -130,7 +130,8 @@ def test_a_browser_types_in_a_real_guests_console_a_second_one_watches_read_only
     # the terminal follows the window's size (xterm.js's fit addon)
     screen = admin.page.locator(".xterm-screen")
     wide = screen.bounding_box()["width"]
-    admin.page.set_viewport_size({"width": 900, "height": 700})
+    # (below 1000 px the live panes go under the page: the main column is the window's width less its margins)
+    admin.page.set_viewport_size({"width": 700, "height": 700})
     admin.page.wait_for_function(
         "w => document.querySelector('.xterm-screen').getBoundingClientRect().width < w - 100", arg=wide
     )

@@ -49,11 +49,17 @@ def test_the_guest_reads_its_seed_and_keeps_it_through_a_live_migration(live, ke
         r = c.post("/vms", json=body)
         assert r.status_code in (201, 202), r.text
     wait_until(lambda: _vm(live, "seeded")["state"] == "running", 300, "seeded running")
-    wait_until(
-        lambda: "from-user-data" in guest(live, "seeded", "cat /tmp/user-data-ran 2>/dev/null || true", timeout=30),
-        120,
-        "the user data run",
-    )
+    said: list[str] = []
+
+    def user_data_ran() -> bool:  # a guest still booting on a loaded machine may not answer one exec in time
+        r = live.cli("vm", "exec", "seeded", "--timeout", "30", "--", "cat /tmp/user-data-ran 2>/dev/null || true")
+        said.append(r.stdout + r.stderr)
+        return r.returncode == 0 and "from-user-data" in r.stdout
+
+    try:
+        wait_until(user_data_ran, 180, "the user data run")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the guest's last answers: {said[-3:]}") from None
     assert guest(live, "seeded", "hostname").split()[-1] == "seeded-one"
     assert key.split()[1] in guest(live, "seeded", "cat /root/.ssh/authorized_keys")
     before = _vm(live, "seeded")["host"]
