@@ -235,3 +235,20 @@ def test_the_unknown_settle_interval_is_a_bounded_global_setting():
         with pytest.raises(Invalid) as refused:
             parse_value("vmplane.unknown.settle.interval", "global", bad)
         assert refused.value.field == "value" and "[0.1, 3600]" in refused.value.message
+
+
+def test_a_shut_off_domain_has_no_migration_job_and_an_absent_one_neither():
+    """A migration's source left shut off (its destination failed the finish) is asked whether it still copies:
+    it answers no (libvirt refuses a shut-off domain's job: it was taken for a host that does not answer, and the
+    settle asked again forever instead of finding the VM run by neither host)."""
+    libvirt = pytest.importorskip("libvirt")
+    from vmplane.hosts.drivers.libvirt import LibvirtDriver
+
+    driver = LibvirtDriver("t", "test:///default")
+    driver._conn = conn = libvirt.open("test:///default")  # (one per process: a domain of this test's own)
+    dom = conn.defineXML("<domain type='test'><name>left</name><memory>1024</memory><os><type>hvm</type></os></domain>")
+    dom.create()
+    dom.destroy()  # shut off, still defined: as a migration's source after a failed finish
+    assert driver.migration_active("left") is False
+    assert driver.migration_active("no-such-domain") is False
+    dom.undefine()

@@ -1026,9 +1026,12 @@ class LibvirtDriver(
     def migration_active(self, name: str) -> bool:
         """Whether libvirtd still runs a migration job of `name` here. A p2p migration belongs to the
         source daemon: it goes on (or fails) on its own when the control plane that asked for it dies.
-        False only when the host says so (no domain, or no job); a host that can not be asked raises."""
+        False only when the host says so (no domain, a shut-off one, or no job); a host that can not be asked
+        raises. A shut-off domain has no job (libvirt refuses to say: "domain is not running"): a source left shut
+        off by a migration whose destination failed its finish was asked again forever as a host that did not
+        answer (CI, stop 45), and its VM, run by neither host, never settled as gone."""
         dom = self._lookup(name)
-        if dom is None:
+        if dom is None or not self._is_active(dom):
             return False
         try:
             kind = dom.jobInfo()[0]
