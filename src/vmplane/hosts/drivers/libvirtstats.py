@@ -75,6 +75,7 @@ class StatsMixin:
 
         def _open(self) -> Any: ...
         def _ensure_events(self) -> None: ...
+        def _let_go(self, conn: Any) -> None: ...
 
     _stats_conn: Any = None
     _stats_lock_: threading.Lock | None = None
@@ -133,13 +134,5 @@ class StatsMixin:
 
     def _close_stats(self) -> None:
         conn, self._stats_conn = self._stats_conn, None  # (no lock: a read stuck on it must not hold a close)
-        if conn is None:
-            return
-        try:
-            if conn.isAlive():
-                conn.close()
-                return
-        except libvirt.libvirtError:
-            pass
-        with self._conn_lock:
-            self._dead.append(conn)
+        if conn is not None:
+            self._let_go(conn)  # closed, or kept when dead (as the console's connections)
